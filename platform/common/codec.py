@@ -1,0 +1,104 @@
+"""Encodings shared by every component: message properties, tag hashes, hosts.
+
+Properties travel as ``key\\x01value\\x02`` pairs (RocketMQ's layout), so neither
+separator may appear in a key or a value.  Hosts are 20 bytes: a 16-byte IPv6
+address (IPv4-mapped for IPv4) and a 4-byte little-endian port.
+"""
+from __future__ import annotations
+
+import ipaddress
+import zlib
+from typing import Mapping
+
+from .errors import ErrorCode, SparkMQError
+
+__all__ = [
+    "NAME_SEPARATOR",
+    "PAIR_SEPARATOR",
+    "encode_properties",
+    "decode_properties",
+    "tag_hash",
+    "pack_host",
+    "unpack_host",
+    "split_host",
+]
+
+NAME_SEPARATOR = "\x01"
+PAIR_SEPARATOR = "\x02"
+_HOST_SIZE = 20
+
+
+def encode_properties(properties: Mapping[str, str]) -> bytes:
+    """Encode a str→str mapping; MESSAGE_ILLEGAL for separators, empty keys or non-strings."""
+    parts: list[str] = []
+    for key, value in properties.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, f"property {key!r} must map a string to a string")
+        if not key:
+            raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, "property names must not be empty")
+        if NAME_SEPARATOR in key or PAIR_SEPARATOR in key or NAME_SEPARATOR in value or PAIR_SEPARATOR in value:
+            raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL,
+                               f"property {key!r} contains a reserved control character (\\x01 or \\x02)")
+        parts.append(key)
+        parts.append(NAME_SEPARATOR)
+        parts.append(value)
+        parts.append(PAIR_SEPARATOR)
+    return "".join(parts).encode("utf-8")
+
+
+def decode_properties(raw: bytes) -> dict[str, str]:
+    """Inverse of ``encode_properties``."""
+    if not raw:
+        return {}
+    out: dict[str, str] = {}
+    for pair in raw.decode("utf-8").split(PAIR_SEPARATOR):
+        if pair:
+            key, _, value = pair.partition(NAME_SEPARATOR)
+            out[key] = value
+    return out
+
+
+def tag_hash(tag: str | None) -> int:
+    """The consume-queue hash of a tag: CRC-32 of its UTF-8 bytes; 0 for no tag.
+
+    Filtering matches hashes on the broker and re-checks the tag string, so a
+    collision costs a skipped message, never a wrong delivery.
+    """
+    if not tag:
+        return 0
+    return zlib.crc32(tag.encode("utf-8"))
+
+
+def split_host(address: str) -> tuple[str, int]:
+    """"host:port" or "[v6]:port" → (host, port); INVALID_ARGUMENT when malformed."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not port_text.isdigit() or not host:
+        raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"address {address!r} is not host:port")
+    port = int(port_text)
+    if port > 65535:
+        raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"port {port} in {address!r} is out of range")
+    return host.strip("[]"), port
+
+
+def pack_host(address: str | None) -> bytes:
+    """"ip:port" → the 20-byte host field; None or "" → all zero."""
+    if not address:
+        return bytes(_HOST_SIZE)
+    host, port = split_host(address)
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"{host!r} is not an IP address") from None
+    packed = ip.packed if ip.version == 6 else ipaddress.IPv6Address(f"::ffff:{ip}").packed
+    return packed + port.to_bytes(4, "little")
+
+
+def unpack_host(raw: bytes) -> str:
+    """The 20-byte host field → "ip:port" ("[v6]:port" for IPv6); "" when all zero."""
+    if not any(raw):
+        return ""
+    ip = ipaddress.IPv6Address(bytes(raw[:16]))
+    port = int.from_bytes(raw[16:20], "little")
+    if ip.ipv4_mapped is not None:
+        return f"{ip.ipv4_mapped}:{port}"
+    return f"[{ip}]:{port}"

@@ -1,0 +1,66 @@
+"""Stable error codes of sparkmq, each mapped once to an HTTP status.
+
+Every API answers bad input with one of these codes; the hot path returns status
+values instead (see ``platform.store.status``), and the processor layer turns both
+into responses.  Codes are part of the public contract: never rename one.
+"""
+from __future__ import annotations
+
+from enum import Enum
+
+__all__ = ["ErrorCode", "SparkMQError"]
+
+
+class ErrorCode(Enum):
+    """(HTTP status, one-line meaning) of every stable error code."""
+
+    INVALID_ARGUMENT = (400, "a parameter is missing, of the wrong type or out of range")
+    TOPIC_ILLEGAL = (400, "the topic name is empty, too long or has characters outside [%|a-zA-Z0-9_-]")
+    GROUP_ILLEGAL = (400, "the group name is empty, too long or has characters outside [%|a-zA-Z0-9_-]")
+    MESSAGE_ILLEGAL = (400, "the message is malformed (empty body, bad property names or values, bad tag)")
+    MESSAGE_TOO_LARGE = (413, "the message body exceeds the maximum message size")
+    PROPERTIES_TOO_LARGE = (413, "the encoded message properties exceed the limit")
+    QUEUE_ID_ILLEGAL = (400, "the queue id is negative or not below the topic's queue count")
+    OFFSET_ILLEGAL = (400, "the offset is negative, not an integer, or not the start of a message")
+    MESSAGE_ID_ILLEGAL = (400, "the message id cannot be decoded")
+    TOPIC_NOT_EXIST = (404, "the topic does not exist")
+    MESSAGE_NOT_FOUND = (404, "no message at that id or offset")
+    NO_PERMISSION = (403, "the topic's perm forbids this operation")
+    STORE_LOCKED = (409, "another process has the store open")
+    SERVICE_NOT_AVAILABLE = (503, "the service is starting, stopping or read-only")
+    SLAVE_NOT_AVAILABLE = (503, "no in-sync slave is available for a SYNC_MASTER write")
+    FLUSH_DISK_TIMEOUT = (504, "the message was stored but not flushed within the timeout")
+    DISK_FULL = (507, "the disk has no room for the store")
+    STORE_CORRUPT = (500, "the store's files are damaged")
+    INTERNAL_ERROR = (500, "an unexpected failure")
+
+    @property
+    def http_status(self) -> int:
+        """The HTTP status this code maps to."""
+        return self.value[0]
+
+    @property
+    def description(self) -> str:
+        """One line saying what the code means."""
+        return self.value[1]
+
+
+class SparkMQError(Exception):
+    """An error with a stable code; ``str()`` gives ``CODE: message``."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(code, message)
+        self.code = code
+        self.message = message
+
+    @property
+    def http_status(self) -> int:
+        """The HTTP status for this error."""
+        return self.code.http_status
+
+    def to_dict(self) -> dict[str, str]:
+        """The JSON body APIs return for this error."""
+        return {"code": self.code.name, "message": self.message}
+
+    def __str__(self) -> str:
+        return f"{self.code.name}: {self.message}"

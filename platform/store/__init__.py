@@ -1,0 +1,17 @@
+"""The store: MessageStore over the native commit log (put, get, flush, recover, retain, verify)."""
+from .config import FlushMode, StoreConfig
+from .message_store import MessageStore
+from .status import GetResult, GetStatus, PutResult, PutStatus
+from .verify import VerifyReport, verify_store
+
+__all__ = [
+    "FlushMode",
+    "StoreConfig",
+    "MessageStore",
+    "GetResult",
+    "GetStatus",
+    "PutResult",
+    "PutStatus",
+    "VerifyReport",
+    "verify_store",
+]

@@ -1,0 +1,88 @@
+"""The store's configuration: one frozen object, defaults and validation at construction."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..common.codec import pack_host
+from ..common.validation import DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_MAX_PROPERTIES_SIZE
+
+__all__ = ["FlushMode", "StoreConfig"]
+
+
+class FlushMode(str, enum.Enum):
+    """When an append counts as durable."""
+
+    #: A background thread fdatasyncs every ``flush_interval_ms``; a send returns at once.
+    ASYNC_FLUSH = "ASYNC_FLUSH"
+    #: A send returns after an fdatasync covers it; concurrent sends share one sync (group commit).
+    SYNC_FLUSH = "SYNC_FLUSH"
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Every setting of a ``MessageStore``; defaults follow RocketMQ."""
+
+    #: Directory holding commitlog/, consumequeue/, checkpoint, abort and lock.
+    root: Path
+    #: Bytes per commit-log segment (a multiple of 4096).
+    segment_size: int = 1 << 30
+    #: 20-byte units per consume-queue file.
+    cq_units_per_file: int = 300_000
+    flush_mode: FlushMode = FlushMode.ASYNC_FLUSH
+    #: ASYNC_FLUSH: how often the background thread syncs.
+    flush_interval_ms: int = 500
+    #: SYNC_FLUSH: how long a send waits for its sync before FLUSH_DISK_TIMEOUT.
+    sync_flush_timeout_ms: int = 5000
+    #: How often the checkpoint (the recovery starting point) is rewritten.
+    checkpoint_interval_ms: int = 1000
+    #: Segments whose last write is older than this are deleted.
+    file_reserved_hours: float = 72.0
+    #: Hours of the day (0-23) at which expired segments are deleted; empty = any hour.
+    delete_when_hours: tuple[int, ...] = (4,)
+    #: Above this disk use, expired segments are deleted at any hour.
+    disk_max_used_ratio: float = 0.75
+    #: Above this disk use, the oldest segments are deleted even if not expired.
+    disk_force_clean_ratio: float = 0.85
+    #: Above this disk use, the store logs a warning (and refuses nothing).
+    disk_warning_ratio: float = 0.90
+    #: How often retention runs.
+    retention_interval_ms: int = 10_000
+    #: Segments deleted per retention run at most.
+    delete_segments_per_run: int = 10
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    max_properties_size: int = DEFAULT_MAX_PROPERTIES_SIZE
+    #: "ip:port" written into every record and into offsetMsgIds.
+    store_host: str = "127.0.0.1:10911"
+    #: Start the flush and retention threads (False for tools that only read).
+    background_services: bool = field(default=True)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+        object.__setattr__(self, "flush_mode", FlushMode(self.flush_mode))
+        object.__setattr__(self, "delete_when_hours", tuple(self.delete_when_hours))
+        if self.segment_size < 4096 or self.segment_size % 4096:
+            raise ValueError(f"segment_size must be a multiple of 4096 and at least 4096, got {self.segment_size}")
+        if self.cq_units_per_file < 1:
+            raise ValueError(f"cq_units_per_file must be positive, got {self.cq_units_per_file}")
+        for name in ("flush_interval_ms", "sync_flush_timeout_ms", "checkpoint_interval_ms",
+                     "retention_interval_ms", "delete_segments_per_run", "max_message_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 0 <= self.max_properties_size <= 65535:
+            raise ValueError(f"max_properties_size must be in [0, 65535], got {self.max_properties_size}")
+        if self.file_reserved_hours <= 0:
+            raise ValueError(f"file_reserved_hours must be positive, got {self.file_reserved_hours}")
+        for hour in self.delete_when_hours:
+            if not 0 <= hour <= 23:
+                raise ValueError(f"delete_when_hours must be hours 0-23, got {hour}")
+        ratios = (self.disk_max_used_ratio, self.disk_force_clean_ratio, self.disk_warning_ratio)
+        if not all(0 < r <= 1 for r in ratios):
+            raise ValueError(f"disk ratios must be in (0, 1], got {ratios}")
+        # the largest record must fit in one segment (header 120 + topic + properties)
+        if self.max_message_size + self.max_properties_size + 400 > self.segment_size:
+            raise ValueError(
+                f"segment_size {self.segment_size} cannot hold a message of max_message_size "
+                f"{self.max_message_size} with its properties; raise segment_size or lower the limits")
+        pack_host(self.store_host)  # validates "ip:port"

@@ -1,0 +1,435 @@
+"""MessageStore: the store's public face over the native commit log.
+
+It validates messages (stable error codes, nothing written on bad input), stamps
+them (unique id, tags, keys), appends them, makes them durable according to the
+flush mode, keeps the checkpoint and abort marker that recovery needs, applies
+retention, and reads them back through the consume queues.
+"""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+import time
+from typing import Callable, Collection, Iterable, Optional, Sequence
+
+from ...storage_native import CommitLog, StoreError, decode_record
+from ...storage_native import errors as native_errors
+from ...storage_native.layout import record_size
+from ..common.codec import encode_properties, pack_host, tag_hash
+from ..common.errors import ErrorCode, SparkMQError
+from ..common.ids import UniqueIdGenerator, decode_offset_msg_id, encode_offset_msg_id
+from ..common.message import (
+    KEY_SEPARATOR,
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQUE_ID,
+    Message,
+    StoredMessage,
+)
+from ..common.validation import validate_topic
+from .checkpoint import read_checkpoint, write_checkpoint
+from .config import FlushMode, StoreConfig
+from .flush import FlushService
+from .paths import StorePaths
+from .retention import RetentionDecision, RetentionPolicy
+from .status import GetResult, GetStatus, PutResult, PutStatus
+
+__all__ = ["MessageStore", "translate_store_error"]
+
+log = logging.getLogger(__name__)
+
+_NATIVE_TO_CODE = {
+    native_errors.INVALID_ARGUMENT: ErrorCode.INVALID_ARGUMENT,
+    native_errors.OFFSET_ILLEGAL: ErrorCode.OFFSET_ILLEGAL,
+    native_errors.OFFSET_TOO_SMALL: ErrorCode.OFFSET_ILLEGAL,
+    native_errors.OFFSET_OVERFLOW: ErrorCode.OFFSET_ILLEGAL,
+    native_errors.CORRUPT_RECORD: ErrorCode.STORE_CORRUPT,
+    native_errors.CORRUPT_STORE: ErrorCode.STORE_CORRUPT,
+    native_errors.DISK_FULL: ErrorCode.DISK_FULL,
+    native_errors.IO_ERROR: ErrorCode.INTERNAL_ERROR,
+    native_errors.CLOSED: ErrorCode.SERVICE_NOT_AVAILABLE,
+}
+
+
+def translate_store_error(exc: StoreError) -> SparkMQError:
+    """The platform error for a native ``StoreError`` (translated once, here)."""
+    return SparkMQError(_NATIVE_TO_CODE.get(exc.code, ErrorCode.INTERNAL_ERROR), exc.message)
+
+
+def _check_offset(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SparkMQError(ErrorCode.OFFSET_ILLEGAL, f"{name} must be an integer, got {type(value).__name__}")
+    if value < 0:
+        raise SparkMQError(ErrorCode.OFFSET_ILLEGAL, f"{name} must be >= 0, got {value}")
+    return value
+
+
+class MessageStore:
+    """Put, get and find messages in one broker's store.
+
+    Example::
+
+        store = MessageStore(StoreConfig(root="/data/store"))
+        store.start()
+        result = store.put(Message("orders", b"hello", tags="new"), queue_id=0)
+        got = store.get_messages("orders", 0, result.queue_offset, 32)
+        store.shutdown()
+    """
+
+    def __init__(self, config: StoreConfig,
+                 queue_count_of: Optional[Callable[[str], Optional[int]]] = None) -> None:
+        """``queue_count_of(topic)`` gives a topic's queue count so puts can check the
+        queue id (the broker passes its topic table); without it any id in [0, 65535] goes."""
+        self.config = config
+        self.paths = StorePaths(config.root)
+        self._queue_count_of = queue_count_of
+        self._ids = UniqueIdGenerator()
+        self._store_host = pack_host(config.store_host)
+        self._log: Optional[CommitLog] = None
+        self._lock_fd: Optional[int] = None
+        self._flusher: Optional[FlushService] = None
+        self._stop = threading.Event()
+        self._retention_thread: Optional[threading.Thread] = None
+        self._checkpoint_lock = threading.Lock()
+        self._last_checkpoint_ms = 0
+        self._retention = RetentionPolicy(config)
+        self.clean_start: Optional[bool] = None
+        self.recovery: dict[str, int] = {}
+
+    # -- lifecycle ------------------------------------------------------------
+    def start(self) -> "MessageStore":
+        """Lock the directory, recover, and start the flush and retention threads."""
+        root = self.config.root
+        root.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(self.paths.lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            raise SparkMQError(ErrorCode.STORE_LOCKED, f"{root} is open in another process") from None
+        self.clean_start = not self.paths.abort.exists()
+        checkpoint = read_checkpoint(self.paths.checkpoint)
+        check_from = checkpoint.flushed_offset if checkpoint else 0
+        try:
+            self._log = self._open_log(check_from)
+        except SparkMQError:
+            self._release_lock()
+            raise
+        self.recovery = self._log.recovery
+        if not self.clean_start:
+            log.warning("store %s was not shut down cleanly; recovered from offset %d: %s",
+                        root, check_from, self.recovery)
+        self.paths.abort.write_bytes(b"")
+        write_checkpoint(self.paths.checkpoint, self._log.flushed_offset)
+        if self.config.background_services:
+            self._flusher = FlushService(self._log, self.config.flush_interval_ms, self._maybe_checkpoint,
+                                         group_commit=self.config.flush_mode is FlushMode.SYNC_FLUSH)
+            self._flusher.start()
+            self._retention_thread = threading.Thread(target=self._retention_loop, name="sparkmq-retention",
+                                                      daemon=True)
+            self._retention_thread.start()
+        return self
+
+    def _open_log(self, check_from: int) -> CommitLog:
+        cfg = self.config
+        try:
+            return CommitLog(str(cfg.root), segment_size=cfg.segment_size,
+                             cq_units_per_file=cfg.cq_units_per_file, check_from=check_from)
+        except StoreError as exc:
+            if exc.code == native_errors.CORRUPT_STORE and check_from:
+                # a checkpoint that disagrees with the files: trust the files, scan them all
+                log.warning("checkpoint %d rejected (%s); scanning the whole log", check_from, exc)
+                try:
+                    return CommitLog(str(cfg.root), segment_size=cfg.segment_size,
+                                     cq_units_per_file=cfg.cq_units_per_file, check_from=0)
+                except StoreError as exc2:
+                    raise translate_store_error(exc2) from None
+            raise translate_store_error(exc) from None
+
+    def shutdown(self) -> None:
+        """Flush, write the final checkpoint, remove the abort marker, release the directory."""
+        if self._log is None:
+            return
+        self._stop.set()
+        if self._flusher is not None:
+            self._flusher.stop()
+        if self._retention_thread is not None:
+            self._retention_thread.join()
+        flushed = self._log.flush()
+        self._log.close()
+        write_checkpoint(self.paths.checkpoint, flushed)
+        self.paths.abort.unlink(missing_ok=True)
+        self._log = None
+        self._release_lock()
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def __enter__(self) -> "MessageStore":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    @property
+    def commit_log(self) -> CommitLog:
+        """The native log (for dispatchers, replication and tools)."""
+        if self._log is None:
+            raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, "the store is not started")
+        return self._log
+
+    # -- durability -----------------------------------------------------------
+    def _maybe_checkpoint(self, flushed: int) -> None:
+        now = time.monotonic_ns() // 1_000_000
+        with self._checkpoint_lock:
+            if now - self._last_checkpoint_ms < self.config.checkpoint_interval_ms:
+                return
+            self._last_checkpoint_ms = now
+            write_checkpoint(self.paths.checkpoint, flushed)
+
+    def flush(self) -> int:
+        """Sync now and move the checkpoint; returns the flushed offset."""
+        flushed = self.commit_log.flush()
+        with self._checkpoint_lock:
+            write_checkpoint(self.paths.checkpoint, flushed)
+        return flushed
+
+    def _await_durable(self, end_offset: int) -> PutStatus:
+        if self.config.flush_mode is not FlushMode.SYNC_FLUSH:
+            return PutStatus.PUT_OK
+        if self._flusher is None:
+            self.commit_log.flush()
+            return PutStatus.PUT_OK
+        ok = self._flusher.wait_flushed(end_offset, self.config.sync_flush_timeout_ms / 1000.0)
+        return PutStatus.PUT_OK if ok else PutStatus.FLUSH_DISK_TIMEOUT
+
+    # -- writing --------------------------------------------------------------
+    def _check_queue(self, topic: str, queue_id: object) -> int:
+        if isinstance(queue_id, bool) or not isinstance(queue_id, int):
+            raise SparkMQError(ErrorCode.QUEUE_ID_ILLEGAL, f"queue id must be an integer, got {queue_id!r}")
+        count = self._queue_count_of(topic) if self._queue_count_of else 65536
+        if count is None:
+            raise SparkMQError(ErrorCode.TOPIC_NOT_EXIST, f"topic {topic!r} does not exist")
+        if not 0 <= queue_id < count:
+            raise SparkMQError(ErrorCode.QUEUE_ID_ILLEGAL,
+                               f"queue id {queue_id} is out of range for topic {topic!r} ({count} queues)")
+        return queue_id
+
+    def _encode(self, msg: Message, now_ms: int) -> tuple[bytes, bytes, int, str]:
+        """(body, properties, tag_hash, unique id) of a validated message."""
+        validate_topic(msg.topic)
+        body = msg.body
+        if not isinstance(body, (bytes, bytearray, memoryview)):
+            raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, f"the body must be bytes, got {type(body).__name__}")
+        if len(body) == 0:
+            raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, "the body must not be empty")
+        if len(body) > self.config.max_message_size:
+            raise SparkMQError(ErrorCode.MESSAGE_TOO_LARGE,
+                               f"the body is {len(body)} bytes, the limit is {self.config.max_message_size}")
+        props = dict(msg.properties)
+        if msg.tags is not None:
+            if not isinstance(msg.tags, str) or not msg.tags or "||" in msg.tags or msg.tags.strip() != msg.tags:
+                raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, f"the tag {msg.tags!r} is empty, padded or has '||'")
+            props[PROPERTY_TAGS] = msg.tags
+        if msg.keys:
+            keys = [msg.keys] if isinstance(msg.keys, str) else list(msg.keys)
+            if any(not isinstance(k, str) or not k or KEY_SEPARATOR in k for k in keys):
+                raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, "keys must be non-empty strings without spaces")
+            props[PROPERTY_KEYS] = KEY_SEPARATOR.join(keys)
+        unique_id = props.get(PROPERTY_UNIQUE_ID) or self._ids.next_id(now_ms)
+        props[PROPERTY_UNIQUE_ID] = unique_id
+        raw_props = encode_properties(props)
+        if len(raw_props) > self.config.max_properties_size:
+            raise SparkMQError(ErrorCode.PROPERTIES_TOO_LARGE,
+                               f"the properties are {len(raw_props)} bytes encoded, "
+                               f"the limit is {self.config.max_properties_size}")
+        return bytes(body), raw_props, tag_hash(msg.tags), unique_id
+
+    def put(self, msg: Message, queue_id: int, *, born_host: Optional[str] = None,
+            born_timestamp: Optional[int] = None, reconsume_times: int = 0, sys_flag: int = 0,
+            prepared_offset: int = 0) -> PutResult:
+        """Append one message to ``queue_id`` of its topic.
+
+        Bad input raises ``SparkMQError`` and writes nothing.  Under SYNC_FLUSH the
+        call returns after a sync covers the message (FLUSH_DISK_TIMEOUT if none
+        did in time: the message is stored all the same).
+        """
+        now_ms = time.time_ns() // 1_000_000
+        qid = self._check_queue(msg.topic, queue_id)
+        body, props, thash, unique_id = self._encode(msg, now_ms)
+        born = born_timestamp if born_timestamp is not None else now_ms
+        try:
+            offset, queue_offset, store_ts = self.commit_log.append(
+                msg.topic, qid, body, props, thash, msg.flag, sys_flag, born, pack_host(born_host),
+                0, self._store_host, reconsume_times, prepared_offset)
+        except StoreError as exc:
+            raise translate_store_error(exc) from None
+        size = _record_size(body, msg.topic, props)
+        status = self._await_durable(offset + size)
+        return PutResult(status, unique_id, encode_offset_msg_id(self.config.store_host, offset), msg.topic, qid,
+                         queue_offset, offset, store_ts, size)
+
+    def put_batch(self, topic: str, queue_id: int, messages: Sequence[Message], *,
+                  born_host: Optional[str] = None, born_timestamp: Optional[int] = None) -> list[PutResult]:
+        """Append messages of one topic to one queue in one call (consecutive queue offsets).
+
+        Every message is validated first; one bad message rejects the whole batch.
+        """
+        validate_topic(topic)
+        qid = self._check_queue(topic, queue_id)
+        if not messages:
+            raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, "the batch is empty")
+        now_ms = time.time_ns() // 1_000_000
+        born = born_timestamp if born_timestamp is not None else now_ms
+        host = pack_host(born_host)
+        items = []
+        ids = []
+        sizes = []
+        for i, msg in enumerate(messages):
+            if msg.topic != topic:
+                raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL,
+                                   f"message {i} is for topic {msg.topic!r}, the batch is for {topic!r}")
+            try:
+                body, props, thash, unique_id = self._encode(msg, now_ms)
+            except SparkMQError as exc:
+                raise SparkMQError(exc.code, f"message {i}: {exc.message}") from None
+            items.append((body, props, thash, msg.flag, 0, born, host, 0, 0))
+            ids.append(unique_id)
+            sizes.append(_record_size(body, topic, props))
+        try:
+            first, store_ts, offsets = self.commit_log.append_batch(topic, qid, items, 0, self._store_host)
+        except StoreError as exc:
+            raise translate_store_error(exc) from None
+        status = self._await_durable(offsets[-1] + sizes[-1])
+        host_text = self.config.store_host
+        return [PutResult(status, ids[i], encode_offset_msg_id(host_text, off), topic, qid, first + i, off,
+                          store_ts, sizes[i]) for i, off in enumerate(offsets)]
+
+    # -- reading --------------------------------------------------------------
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        """Smallest queue offset still served (0 for a queue never written)."""
+        cq = self.commit_log.consume_queue(topic, queue_id)
+        return cq.min_offset if cq is not None else 0
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """Queue offset the next message will get (0 for a queue never written)."""
+        cq = self.commit_log.consume_queue(topic, queue_id)
+        return cq.max_offset if cq is not None else 0
+
+    def get_messages(self, topic: str, queue_id: int, offset: int, max_count: int = 32,
+                     tags: Optional[Collection[str]] = None, max_bytes: int = 0) -> GetResult:
+        """Up to ``max_count`` messages of a queue from ``offset``.
+
+        ``tags``: deliver only messages with one of these tags (None = all); the
+        consume queue's tag hash is matched first, then the tag string re-checked.
+        """
+        validate_topic(topic)
+        offset = _check_offset("offset", offset)
+        if isinstance(queue_id, bool) or not isinstance(queue_id, int) or not 0 <= queue_id <= 65535:
+            raise SparkMQError(ErrorCode.QUEUE_ID_ILLEGAL, f"queue id must be in [0, 65535], got {queue_id!r}")
+        if isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"max_count must be a positive integer, got {max_count!r}")
+        log_ = self.commit_log
+        cq = log_.consume_queue(topic, queue_id)
+        if cq is None:
+            return GetResult(GetStatus.NO_MATCHED_QUEUE, 0, 0, 0)
+        lo, hi = cq.min_offset, cq.max_offset
+        if offset < lo:
+            return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, hi)
+        if offset == hi:
+            return GetResult(GetStatus.NO_NEW_MSG, hi, lo, hi)
+        if offset > hi:
+            return GetResult(GetStatus.OFFSET_OVERFLOW, hi, lo, hi)
+        wanted = frozenset(tags) if tags is not None else None
+        hashes = frozenset(tag_hash(t) for t in wanted) if wanted is not None else None
+        try:
+            next_offset, records = log_.get(topic, queue_id, offset, max_count, hashes, max_bytes)
+        except StoreError as exc:
+            if exc.code == native_errors.OFFSET_TOO_SMALL:  # retention moved the queue meanwhile
+                lo = cq.min_offset
+                return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, cq.max_offset)
+            raise translate_store_error(exc) from None
+        messages = [StoredMessage.from_decoded(decode_record(rec)) for _q, _c, rec in records]
+        if wanted is not None:
+            messages = [m for m in messages if m.tags in wanted]
+        status = GetStatus.FOUND if messages else GetStatus.NO_MATCHED_MSG
+        return GetResult(status, next_offset, lo, cq.max_offset, messages)
+
+    def read_message(self, commitlog_offset: int) -> StoredMessage:
+        """The message stored at ``commitlog_offset``; MESSAGE_NOT_FOUND when none starts there."""
+        offset = _check_offset("commitlog offset", commitlog_offset)
+        try:
+            return StoredMessage.from_decoded(decode_record(self.commit_log.read(offset)))
+        except StoreError as exc:
+            if exc.code in (native_errors.OFFSET_ILLEGAL, native_errors.OFFSET_TOO_SMALL,
+                            native_errors.OFFSET_OVERFLOW):
+                raise SparkMQError(ErrorCode.MESSAGE_NOT_FOUND, exc.message) from None
+            raise translate_store_error(exc) from None
+
+    def read_by_offset_msg_id(self, offset_msg_id: str) -> StoredMessage:
+        """The message an offsetMsgId points to, if it was stored here."""
+        decoded = decode_offset_msg_id(offset_msg_id)
+        if decoded.store_host != self.config.store_host:
+            raise SparkMQError(ErrorCode.MESSAGE_NOT_FOUND,
+                               f"{offset_msg_id} was stored on {decoded.store_host}, not on {self.config.store_host}")
+        return self.read_message(decoded.commitlog_offset)
+
+    def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """First queue offset whose store time is >= ``timestamp_ms`` (max offset if none)."""
+        log_ = self.commit_log
+        cq = log_.consume_queue(topic, queue_id)
+        if cq is None:
+            return 0
+        lo, hi = cq.min_offset, cq.max_offset
+        while lo < hi:  # invariant: every offset < lo is too early; hi is a candidate
+            mid = (lo + hi) // 2
+            try:
+                ts = log_.store_timestamp_at(cq.unit(mid)[0])
+            except StoreError as exc:
+                if exc.code == native_errors.OFFSET_TOO_SMALL:
+                    lo = mid + 1  # deleted under us: earlier than anything retained
+                    continue
+                raise translate_store_error(exc) from None
+            if ts < timestamp_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    # -- retention ------------------------------------------------------------
+    def run_retention(self, now_ms: Optional[int] = None) -> RetentionDecision:
+        """One retention pass (the background thread calls this on its interval)."""
+        log_ = self.commit_log
+        decision = self._retention.decide(log_.segments(), log_.segment_size, now_ms)
+        if decision.segments:
+            deleted = log_.delete_segments_before(decision.delete_before)
+            log.info("retention deleted %d segment(s) (%s); min offset now %d", deleted, decision.reason,
+                     log_.min_offset)
+        return decision
+
+    def _retention_loop(self) -> None:
+        while not self._stop.wait(self.config.retention_interval_ms / 1000.0):
+            try:
+                self.run_retention()
+            except Exception:  # a failed pass is retried next interval
+                log.exception("retention pass failed")
+
+
+def _record_size(body: bytes, topic: str, props: bytes) -> int:
+    return record_size(len(body), len(topic.encode("utf-8")), len(props))
+
+
+def iter_all(store: MessageStore, topic: str, queue_id: int, batch: int = 256) -> Iterable[StoredMessage]:
+    """Every retained message of a queue, in order (a convenience for tools and tests)."""
+    offset = store.min_offset(topic, queue_id)
+    while True:
+        got = store.get_messages(topic, queue_id, offset, batch)
+        if got.status is not GetStatus.FOUND and got.status is not GetStatus.NO_MATCHED_MSG:
+            return
+        yield from got.messages
+        offset = got.next_offset

@@ -1,0 +1,52 @@
+"""The storage core: commit log + consume queues, in C with a pure-Python twin.
+
+``CommitLog``, ``ConsumeQueue`` and ``decode_record`` come from the C extension
+unless it is missing or ``SPARKMQ_STORE_IMPL=python`` forces the twin.  ``IMPL``
+says which one is in use; ``implementations()`` gives both for parity tests.
+The contract is ``_commitlog.pyi``; the byte formats are ``layout.py``.
+"""
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+from . import layout
+from .errors import StoreError
+
+__all__ = ["CommitLog", "ConsumeQueue", "decode_record", "StoreError", "IMPL", "implementations", "layout"]
+
+#: Environment variable that selects the implementation: "native" (default) or "python".
+IMPL_ENV = "SPARKMQ_STORE_IMPL"
+
+
+def implementations() -> dict[str, ModuleType]:
+    """Every importable implementation by name ("native", "python")."""
+    from . import pycommitlog
+
+    found: dict[str, ModuleType] = {"python": pycommitlog}
+    try:
+        from . import _commitlog
+    except ImportError:
+        pass
+    else:
+        found["native"] = _commitlog
+    return found
+
+
+def _select() -> tuple[str, ModuleType]:
+    wanted = os.environ.get(IMPL_ENV, "native").strip().lower() or "native"
+    if wanted not in ("native", "python"):
+        raise ValueError(f"{IMPL_ENV} must be 'native' or 'python', got {wanted!r}")
+    available = implementations()
+    if wanted == "native" and "native" not in available:
+        raise ImportError(
+            "the C extension sparkmq.storage_native._commitlog is not built; "
+            f"run `python3 build.py setup`, or set {IMPL_ENV}=python to use the slow twin"
+        )
+    return wanted, available[wanted]
+
+
+IMPL, _module = _select()
+CommitLog = _module.CommitLog
+ConsumeQueue = _module.ConsumeQueue
+decode_record = _module.decode_record

@@ -1,0 +1,51 @@
+"""The one error type of the storage layer, shared by the C core and the Python twin.
+
+Both implementations raise ``StoreError(code, message)`` with the same code and the
+same message for the same fault, so callers (and the parity tests) can rely on them.
+Wrong Python types raise ``TypeError`` as usual.
+"""
+from __future__ import annotations
+
+__all__ = [
+    "StoreError",
+    "INVALID_ARGUMENT",
+    "OFFSET_ILLEGAL",
+    "OFFSET_TOO_SMALL",
+    "OFFSET_OVERFLOW",
+    "CORRUPT_RECORD",
+    "CORRUPT_STORE",
+    "DISK_FULL",
+    "IO_ERROR",
+    "CLOSED",
+]
+
+#: An argument is out of range (sizes, ids, host length, segment size …).
+INVALID_ARGUMENT = "INVALID_ARGUMENT"
+#: An offset inside the log that is not the start of a record.
+OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
+#: An offset below the oldest retained byte / unit.
+OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+#: An offset at or past the end of what is written.
+OFFSET_OVERFLOW = "OFFSET_OVERFLOW"
+#: A record whose magic, size or CRC does not check out.
+CORRUPT_RECORD = "CORRUPT_RECORD"
+#: The files of a store do not fit together (gaps, wrong sizes, bad names).
+CORRUPT_STORE = "CORRUPT_STORE"
+#: No space left to create or extend a file.
+DISK_FULL = "DISK_FULL"
+#: Any other operating-system error; the message carries errno's text.
+IO_ERROR = "IO_ERROR"
+#: The log was closed.
+CLOSED = "CLOSED"
+
+
+class StoreError(Exception):
+    """A storage fault with a stable ``code`` (one of the constants above)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(code, message)
+        self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"

@@ -1,0 +1,133 @@
+"""On-disk formats of the commit log and the consume queue (format version 1).
+
+This module is the single description of the bytes; the C core
+(``_commitlog.c``) and the pure-Python twin (``pycommitlog.py``) both follow it,
+and the parity tests prove they write identical files.
+
+All integers are little-endian.  Offsets are absolute byte positions in the
+logical commit log (segment start offset + position inside the segment).
+
+Commit-log record (``RECORD_HEADER_SIZE`` = 120 fixed bytes, then the variable part)::
+
+    offset  size  field
+    ------  ----  -----------------------------------------------------------
+         0     4  total_size         uint32, whole record including this field
+         4     4  magic              uint32, RECORD_MAGIC (low byte = format version)
+         8     4  crc32              uint32, zlib CRC-32 of bytes [12, total_size):
+                                     everything after this field, body included
+        12     4  queue_id           int32
+        16     4  flag               int32, the producer's free-form flag
+        20     8  queue_offset       int64, position of the record in its consume queue
+        28     8  commitlog_offset   int64, this record's own offset (resync marker)
+        36     4  sys_flag           int32, SYS_FLAG_* bits
+        40     8  born_timestamp     int64, ms since the epoch, set by the producer
+        48    20  born_host          16-byte IPv6 address (IPv4-mapped for v4) + uint32 port
+        68     8  store_timestamp    int64, ms since the epoch, set at append
+        76    20  store_host         as born_host
+        96     4  reconsume_times    int32
+       100     8  prepared_offset    int64, prepared-transaction offset (0 if none)
+       108     8  tag_hash           int64, the consume-queue tag hash (kept so recovery
+                                     can rewrite a lost unit)
+       116     4  body_length        uint32
+       120     B  body
+     120+B     1  topic_length       uint8
+     121+B     T  topic              UTF-8
+   121+B+T     2  properties_length  uint16
+   123+B+T     P  properties         "key\\x01value\\x02" pairs (see platform.common.codec)
+
+A record never straddles two segments.  When the next record does not fit, the
+rest of the segment is closed by a blank marker (8 bytes: total_size = bytes left
+in the segment, magic = BLANK_MAGIC) and the record goes to the next segment.
+Every record leaves at least ``BLANK_MARKER_SIZE`` bytes free or ends exactly at
+the segment end, so a blank marker always fits.  A total_size of 0 marks the end
+of the written log (segments are created zero-filled).
+
+Consume-queue unit (``CQ_UNIT_SIZE`` = 20 bytes)::
+
+         0     8  commitlog_offset   int64
+         8     4  size               int32, total_size of the record (> 0 when written)
+        12     8  tag_hash           int64, platform.common.codec.tag_hash(tag) or 0
+
+Files::
+
+    <root>/commitlog/<20-digit start offset>                 segment_size bytes each
+    <root>/consumequeue/<topic>/<queue_id>/<20-digit start>  cq_units_per_file * 20 bytes each
+                                                             (start = first unit index * 20)
+"""
+from __future__ import annotations
+
+import struct
+
+__all__ = [
+    "FORMAT_VERSION",
+    "RECORD_MAGIC",
+    "BLANK_MAGIC",
+    "RECORD_HEADER",
+    "RECORD_HEADER_SIZE",
+    "BLANK_MARKER_SIZE",
+    "MIN_RECORD_SIZE",
+    "CQ_UNIT",
+    "CQ_UNIT_SIZE",
+    "HOST_SIZE",
+    "MAX_TOPIC_BYTES",
+    "MAX_PROPERTIES_BYTES",
+    "MAX_QUEUE_ID",
+    "DEFAULT_SEGMENT_SIZE",
+    "DEFAULT_CQ_UNITS_PER_FILE",
+    "MIN_SEGMENT_SIZE",
+    "SYS_FLAG_COMPRESSED",
+    "SYS_FLAG_MULTI_TAGS",
+    "SYS_FLAG_TRANSACTION_PREPARED",
+    "SYS_FLAG_TRANSACTION_COMMIT",
+    "SYS_FLAG_TRANSACTION_ROLLBACK",
+    "record_size",
+    "segment_file_name",
+]
+
+FORMAT_VERSION = 1
+#: "SMQ" + version byte.  A reader refuses any other value.
+RECORD_MAGIC = 0x534D5100 | FORMAT_VERSION
+#: Closes a segment whose remaining space cannot hold the next record.
+BLANK_MAGIC = 0x534D51FF
+
+#: total_size, magic, crc32, queue_id, flag, queue_offset, commitlog_offset,
+#: sys_flag, born_timestamp, born_host, store_timestamp, store_host,
+#: reconsume_times, prepared_offset, tag_hash, body_length
+RECORD_HEADER = struct.Struct("<IIIiiqqiq20sq20siqqI")
+RECORD_HEADER_SIZE = RECORD_HEADER.size  # 120
+assert RECORD_HEADER_SIZE == 120
+
+BLANK_MARKER_SIZE = 8
+#: header + topic_length + properties_length with an empty body, topic and properties.
+MIN_RECORD_SIZE = RECORD_HEADER_SIZE + 1 + 2
+
+CQ_UNIT = struct.Struct("<qiq")
+CQ_UNIT_SIZE = CQ_UNIT.size  # 20
+assert CQ_UNIT_SIZE == 20
+
+HOST_SIZE = 20
+MAX_TOPIC_BYTES = 255
+MAX_PROPERTIES_BYTES = 65535
+MAX_QUEUE_ID = 65535
+
+DEFAULT_SEGMENT_SIZE = 1 << 30
+DEFAULT_CQ_UNITS_PER_FILE = 300_000
+#: Segments are mmap'd, so they are whole pages.
+MIN_SEGMENT_SIZE = 4096
+
+# sys_flag bits (mirroring RocketMQ's MessageSysFlag where it has one).
+SYS_FLAG_COMPRESSED = 0x1
+SYS_FLAG_MULTI_TAGS = 0x2
+SYS_FLAG_TRANSACTION_PREPARED = 0x4
+SYS_FLAG_TRANSACTION_COMMIT = 0x8
+SYS_FLAG_TRANSACTION_ROLLBACK = 0xC
+
+
+def record_size(body_len: int, topic_len: int, properties_len: int) -> int:
+    """Total bytes a record with these variable parts occupies in the log."""
+    return RECORD_HEADER_SIZE + body_len + 1 + topic_len + 2 + properties_len
+
+
+def segment_file_name(start_offset: int) -> str:
+    """The 20-digit zero-padded name of the file that starts at ``start_offset``."""
+    return f"{start_offset:020d}"

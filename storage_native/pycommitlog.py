@@ -1,0 +1,907 @@
+"""Pure-Python twin of the C storage core (``_commitlog.c``).
+
+Same contract (``_commitlog.pyi``), same files (``layout.py``), same errors
+(``errors.py``).  It is the readable reference of the algorithms and the fallback
+where the extension cannot be built; ``SPARKMQ_STORE_IMPL=python`` forces it.
+It is about ten times slower than the C core and keeps no RSS budget of its own.
+"""
+from __future__ import annotations
+
+import errno
+import mmap
+import operator
+import os
+import re
+import struct
+import threading
+import time
+import zlib
+from typing import Optional, Sequence
+
+from .errors import (
+    CLOSED,
+    CORRUPT_RECORD,
+    CORRUPT_STORE,
+    DISK_FULL,
+    INVALID_ARGUMENT,
+    IO_ERROR,
+    OFFSET_ILLEGAL,
+    OFFSET_OVERFLOW,
+    OFFSET_TOO_SMALL,
+    StoreError,
+)
+from .layout import (
+    BLANK_MAGIC,
+    BLANK_MARKER_SIZE,
+    CQ_UNIT,
+    CQ_UNIT_SIZE,
+    DEFAULT_CQ_UNITS_PER_FILE,
+    DEFAULT_SEGMENT_SIZE,
+    FORMAT_VERSION,
+    HOST_SIZE,
+    MAX_PROPERTIES_BYTES,
+    MAX_QUEUE_ID,
+    MAX_TOPIC_BYTES,
+    MIN_RECORD_SIZE,
+    MIN_SEGMENT_SIZE,
+    RECORD_HEADER,
+    RECORD_HEADER_SIZE,
+    RECORD_MAGIC,
+    segment_file_name,
+)
+
+__all__ = ["CommitLog", "ConsumeQueue", "decode_record", "FORMAT_VERSION"]
+
+_NAME = re.compile(r"^\d{20}$")
+_ZERO_HOST = bytes(HOST_SIZE)
+_PAGE = 4096
+_GET_MAX_EXAMINED = 16384
+_SIZE_MAGIC = struct.Struct("<II")
+_STORE_TS_AT = 68
+_TOPIC_LEN_MAX = MAX_TOPIC_BYTES
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _err(code: str, message: str) -> StoreError:
+    return StoreError(code, message)
+
+
+def _io_error(what: str, exc: OSError) -> StoreError:
+    if exc.errno == errno.ENOSPC:
+        return StoreError(DISK_FULL, f"{what}: {os.strerror(exc.errno)}")
+    return StoreError(IO_ERROR, f"{what}: {os.strerror(exc.errno or 0)}")
+
+
+def _int(value: object) -> int:
+    return operator.index(value)  # TypeError for non-integers, as the C core
+
+
+class _MappedFile:
+    """One fixed-size file mapped read/write; the unit of both segments and queue files."""
+
+    __slots__ = ("start", "path", "size", "mm", "_fd")
+
+    def __init__(self, path: str, start: int, size: int, create: bool) -> None:
+        self.start = start
+        self.path = path
+        self.size = size
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        try:
+            self._fd = os.open(path, flags, 0o644)
+        except OSError as exc:
+            raise _io_error(f"open {path}", exc) from None
+        try:
+            if create:
+                try:
+                    os.posix_fallocate(self._fd, 0, size)
+                except OSError as exc:
+                    if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                        raise
+                    os.ftruncate(self._fd, size)
+            self.mm = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as exc:
+            os.close(self._fd)
+            if create:
+                os.unlink(path)
+            raise _io_error(f"create {path}", exc) from None
+
+    def sync(self) -> None:
+        try:
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            raise _io_error(f"fdatasync {self.path}", exc) from None
+
+    def close(self) -> None:
+        self.mm.close()
+        os.close(self._fd)
+
+    def delete(self) -> None:
+        self.close()
+        os.unlink(self.path)
+
+
+def _zero_tail(f: _MappedFile, pos: int) -> bool:
+    """Zero [pos, …) page by page until a page (from ``pos`` on) is already all zero.
+
+    Returns True when a non-zero byte was met.  Stopping at the first zero page
+    avoids touching (and allocating) the untouched rest of a 1 GiB segment.
+    """
+    met_non_zero = False
+    start = pos
+    while start < f.size:
+        page_end = min((start // _PAGE + 1) * _PAGE, f.size)
+        if not f.mm[start:page_end].strip(b"\0"):
+            break
+        f.mm[start:page_end] = bytes(page_end - start)
+        met_non_zero = True
+        start = page_end
+    return met_non_zero
+
+
+def decode_record(buf, verify_crc: bool = False) -> tuple:
+    """Decode one whole record; see ``_commitlog.pyi``."""
+    mv = memoryview(buf)
+    if mv.nbytes < RECORD_HEADER_SIZE:
+        raise _err(CORRUPT_RECORD, "record is malformed: buffer shorter than the header")
+    (total, magic, crc, queue_id, flag, queue_offset, clog_offset, sys_flag, born_ts, born_host,
+     store_ts, store_host, reconsume, prepared, tag_hash, body_len) = RECORD_HEADER.unpack_from(mv, 0)
+    if magic != RECORD_MAGIC:
+        raise _err(CORRUPT_RECORD, f"record is malformed: bad magic 0x{magic:08x}")
+    if total != mv.nbytes:
+        raise _err(CORRUPT_RECORD, f"record is malformed: total_size {total} != buffer length {mv.nbytes}")
+    pos = RECORD_HEADER_SIZE + body_len
+    if pos + 1 > total:
+        raise _err(CORRUPT_RECORD, "record is malformed: lengths overrun the record")
+    topic_len = mv[pos]
+    ppos = pos + 1 + topic_len
+    if ppos + 2 > total:
+        raise _err(CORRUPT_RECORD, "record is malformed: lengths overrun the record")
+    props_len = int.from_bytes(mv[ppos:ppos + 2], "little")
+    if ppos + 2 + props_len != total:
+        raise _err(CORRUPT_RECORD, "record is malformed: lengths overrun the record")
+    try:
+        topic = str(mv[pos + 1:ppos], "utf-8")
+    except UnicodeDecodeError:
+        raise _err(CORRUPT_RECORD, "record is malformed: topic is not UTF-8") from None
+    if verify_crc and zlib.crc32(mv[12:]) != crc:
+        raise _err(CORRUPT_RECORD, "record fails its CRC check")
+    return (total, crc, queue_id, flag, queue_offset, clog_offset, sys_flag, born_ts, born_host,
+            store_ts, store_host, reconsume, prepared, tag_hash,
+            bytes(mv[RECORD_HEADER_SIZE:pos]), topic, bytes(mv[ppos + 2:total]))
+
+
+def _check_topic(topic: object) -> bytes:
+    if not isinstance(topic, str):
+        raise TypeError(f"topic must be str, not {type(topic).__name__}")
+    raw = topic.encode("utf-8")
+    if not raw:
+        raise _err(INVALID_ARGUMENT, "topic must not be empty")
+    if len(raw) > _TOPIC_LEN_MAX:
+        raise _err(INVALID_ARGUMENT, f"topic is {len(raw)} bytes, the limit is {_TOPIC_LEN_MAX}")
+    if b"/" in raw or b"\0" in raw or raw in (b".", b".."):
+        raise _err(INVALID_ARGUMENT, "topic contains a character not allowed in a file name")
+    return raw
+
+
+def _check_queue_id(queue_id: object) -> int:
+    qid = _int(queue_id)
+    if not 0 <= qid <= MAX_QUEUE_ID:
+        raise _err(INVALID_ARGUMENT, f"queue_id must be in [0, {MAX_QUEUE_ID}], got {qid}")
+    return qid
+
+
+def _check_host(host: object, name: str, prefix: str = "") -> bytes:
+    if host is None:
+        return _ZERO_HOST
+    raw = bytes(memoryview(host))  # TypeError for non-bytes-like
+    if len(raw) != HOST_SIZE:
+        raise _err(INVALID_ARGUMENT, f"{prefix}{name} must be {HOST_SIZE} bytes, got {len(raw)}")
+    return raw
+
+
+class _Encoded:
+    """A validated record waiting for its offsets (the parts that do not depend on them)."""
+
+    __slots__ = ("size", "queue_id", "flag", "sys_flag", "born_ts", "born_host",
+                 "reconsume", "prepared", "tag_hash", "body", "tail")
+
+    def __init__(self, raw_topic: bytes, queue_id: int, body: object, properties: object, tag_hash: object,
+                 flag: object, sys_flag: object, born_ts: object, born_host: object, reconsume: object,
+                 prepared: object, segment_size: int, prefix: str = "") -> None:
+        self.body = bytes(memoryview(body))
+        props = bytes(memoryview(properties))
+        self.tag_hash = _int(tag_hash)
+        self.flag = _int(flag)
+        self.sys_flag = _int(sys_flag)
+        self.born_ts = _int(born_ts)
+        self.reconsume = _int(reconsume)
+        self.prepared = _int(prepared)
+        self.born_host = _check_host(born_host, "born_host", prefix)
+        if len(props) > MAX_PROPERTIES_BYTES:
+            raise _err(INVALID_ARGUMENT,
+                       f"{prefix}properties are {len(props)} bytes, the limit is {MAX_PROPERTIES_BYTES}")
+        self.queue_id = queue_id
+        self.tail = (bytes((len(raw_topic),)) + raw_topic + len(props).to_bytes(2, "little") + props)
+        self.size = RECORD_HEADER_SIZE + len(self.body) + len(self.tail)
+        if self.size > segment_size - BLANK_MARKER_SIZE:
+            raise _err(INVALID_ARGUMENT,
+                       f"{prefix}record of {self.size} bytes does not fit in a segment of {segment_size} bytes")
+
+    def to_bytes(self, queue_offset: int, clog_offset: int, store_ts: int, store_host: bytes) -> bytes:
+        header = RECORD_HEADER.pack(
+            self.size, RECORD_MAGIC, 0, self.queue_id, self.flag, queue_offset, clog_offset, self.sys_flag,
+            self.born_ts, self.born_host, store_ts, store_host, self.reconsume, self.prepared, self.tag_hash,
+            len(self.body))
+        record = bytearray(header)
+        record += self.body
+        record += self.tail
+        crc = zlib.crc32(memoryview(record)[12:])
+        record[8:12] = crc.to_bytes(4, "little")
+        return bytes(record)
+
+
+class ConsumeQueue:
+    """The 20-byte-unit index of one (topic, queue_id); see ``_commitlog.pyi``."""
+
+    def __init__(self, log: "CommitLog", topic: str, queue_id: int, directory: str) -> None:
+        self._log = log
+        self._topic = topic
+        self._queue_id = queue_id
+        self._dir = directory
+        self._files: list[_MappedFile] = []
+        self._min = 0
+        self._max = 0
+        self._dirty: set[_MappedFile] = set()
+
+    # -- properties ---------------------------------------------------------
+    @property
+    def topic(self) -> str:
+        return self._topic
+
+    @property
+    def queue_id(self) -> int:
+        return self._queue_id
+
+    @property
+    def min_offset(self) -> int:
+        with self._log._lock:
+            return self._min
+
+    @property
+    def max_offset(self) -> int:
+        with self._log._lock:
+            return self._max
+
+    # -- loading ------------------------------------------------------------
+    def _load(self, log_min_offset: int) -> None:
+        per_file = self._log._cq_units_per_file
+        file_size = per_file * CQ_UNIT_SIZE
+        names = sorted((n for n in os.listdir(self._dir) if _NAME.match(n)), key=int)
+        for name in names:
+            path = os.path.join(self._dir, name)
+            actual = os.path.getsize(path)
+            if actual != file_size:
+                raise _err(CORRUPT_STORE,
+                           f"queue file {self._topic}/{self._queue_id}/{name}: size {actual} != {file_size}")
+            self._files.append(_MappedFile(path, int(name), file_size, create=False))
+        if not self._files:
+            return
+        first_index = self._files[0].start // CQ_UNIT_SIZE
+        # max: one past the last unit with size > 0 (scan the newest files backwards)
+        self._max = first_index
+        for f in reversed(self._files):
+            base = f.start // CQ_UNIT_SIZE
+            last = self._last_written_in(f)
+            if last >= 0:
+                self._max = base + last + 1
+                break
+        # min: the first unit pointing at or above the log's minimum offset
+        self._min = first_index
+        while self._min < self._max:
+            clog, _size, _tag = self._unit(self._min)
+            if clog >= log_min_offset:
+                break
+            self._min += 1
+
+    def _last_written_in(self, f: _MappedFile) -> int:
+        """Index of the last unit with size > 0 in ``f``, or -1."""
+        used = len(f.mm[:].rstrip(b"\0"))
+        for i in range((used - 1) // CQ_UNIT_SIZE, -1, -1):
+            if CQ_UNIT.unpack_from(f.mm, i * CQ_UNIT_SIZE)[1] > 0:
+                return i
+        return -1
+
+    # -- unit access (lock held by the caller) ---------------------------------
+    def _locate(self, index: int, create: bool) -> tuple[_MappedFile, int]:
+        per_file = self._log._cq_units_per_file
+        file_start = (index // per_file) * per_file * CQ_UNIT_SIZE
+        for f in reversed(self._files):
+            if f.start == file_start:
+                return f, (index % per_file) * CQ_UNIT_SIZE
+            if f.start < file_start:
+                break
+        if not create:
+            raise KeyError(index)
+        os.makedirs(self._dir, exist_ok=True)
+        f = _MappedFile(os.path.join(self._dir, segment_file_name(file_start)), file_start,
+                        per_file * CQ_UNIT_SIZE, create=True)
+        self._files.append(f)
+        self._files.sort(key=lambda x: x.start)
+        return f, (index % per_file) * CQ_UNIT_SIZE
+
+    def _unit(self, index: int) -> tuple[int, int, int]:
+        f, pos = self._locate(index, create=False)
+        return CQ_UNIT.unpack_from(f.mm, pos)
+
+    def _write(self, index: int, clog: int, size: int, tag_hash: int) -> None:
+        f, pos = self._locate(index, create=True)
+        CQ_UNIT.pack_into(f.mm, pos, clog, size, tag_hash)
+        self._dirty.add(f)
+
+    def _check_offset(self, queue_offset: object, allow_max: bool) -> int:
+        off = _int(queue_offset)
+        if off < 0:
+            raise _err(INVALID_ARGUMENT, f"queue offset must be >= 0, got {off}")
+        if off < self._min:
+            raise _err(OFFSET_TOO_SMALL, f"queue offset {off} is below the minimum queue offset {self._min}")
+        if off > self._max or (off == self._max and not allow_max):
+            raise _err(OFFSET_OVERFLOW, f"queue offset {off} is at or past the maximum queue offset {self._max}")
+        return off
+
+    # -- public -------------------------------------------------------------
+    def unit(self, queue_offset: int) -> tuple[int, int, int]:
+        """(commitlog_offset, size, tag_hash) of one unit."""
+        with self._log._lock:
+            self._log._check_open()
+            return self._unit(self._check_offset(queue_offset, allow_max=False))
+
+    def units(self, queue_offset: int, max_count: int) -> list[tuple[int, int, int]]:
+        """Up to ``max_count`` units from ``queue_offset``."""
+        with self._log._lock:
+            self._log._check_open()
+            off = self._check_offset(queue_offset, allow_max=True)
+            count = _int(max_count)
+            if count < 1:
+                raise _err(INVALID_ARGUMENT, f"max_count must be >= 1, got {count}")
+            return [self._unit(i) for i in range(off, min(self._max, off + count))]
+
+    def truncate(self, max_queue_offset: int) -> None:
+        """Drop every unit at or above ``max_queue_offset``."""
+        with self._log._lock:
+            self._log._check_open()
+            off = _int(max_queue_offset)
+            if off < 0:
+                raise _err(INVALID_ARGUMENT, f"queue offset must be >= 0, got {off}")
+            if off < self._min:
+                raise _err(OFFSET_TOO_SMALL, f"queue offset {off} is below the minimum queue offset {self._min}")
+            self._truncate(off)
+
+    def _truncate(self, off: int) -> int:
+        if off >= self._max:
+            return 0
+        dropped = self._max - off
+        per_file = self._log._cq_units_per_file
+        keep: list[_MappedFile] = []
+        for f in self._files:
+            first = f.start // CQ_UNIT_SIZE
+            if first >= off and f is not self._files[0]:
+                self._dirty.discard(f)
+                f.delete()
+                continue
+            keep.append(f)
+            if first + per_file > off:
+                lo = max(off - first, 0) * CQ_UNIT_SIZE
+                hi = min(self._max - first, per_file) * CQ_UNIT_SIZE
+                if hi > lo:
+                    f.mm[lo:hi] = bytes(hi - lo)
+                    self._dirty.add(f)
+        self._files = keep
+        self._max = off
+        return dropped
+
+    def _correct_min(self, log_min_offset: int) -> None:
+        while self._min < self._max and self._unit(self._min)[0] < log_min_offset:
+            self._min += 1
+        per_file = self._log._cq_units_per_file
+        while len(self._files) > 1 and (self._files[0].start // CQ_UNIT_SIZE) + per_file <= self._min:
+            f = self._files.pop(0)
+            self._dirty.discard(f)
+            f.delete()
+
+    def _sync(self) -> None:
+        dirty, self._dirty = self._dirty, set()
+        for f in dirty:
+            f.sync()
+
+    def _close(self) -> None:
+        for f in self._files:
+            f.close()
+        self._files = []
+
+
+class CommitLog:
+    """Append-only log of mmap'd segments plus its consume queues; see ``_commitlog.pyi``."""
+
+    def __init__(self, root: str, segment_size: int = DEFAULT_SEGMENT_SIZE,
+                 cq_units_per_file: int = DEFAULT_CQ_UNITS_PER_FILE, check_from: int = 0) -> None:
+        segment_size = _int(segment_size)
+        cq_units_per_file = _int(cq_units_per_file)
+        check_from = _int(check_from)
+        if segment_size < MIN_SEGMENT_SIZE or segment_size % MIN_SEGMENT_SIZE:
+            raise _err(INVALID_ARGUMENT,
+                       f"segment_size must be a multiple of 4096 and at least 4096, got {segment_size}")
+        if cq_units_per_file < 1:
+            raise _err(INVALID_ARGUMENT, f"cq_units_per_file must be positive, got {cq_units_per_file}")
+        if check_from < 0:
+            raise _err(INVALID_ARGUMENT, f"check_from must be >= 0, got {check_from}")
+        self._root = os.fspath(root)
+        self._segment_size = segment_size
+        self._cq_units_per_file = cq_units_per_file
+        self._lock = threading.Lock()
+        self._closed = False
+        self._segments: list[_MappedFile] = []
+        self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._dirty_segments: set[_MappedFile] = set()
+        self._clog_dir = os.path.join(self._root, "commitlog")
+        self._cq_dir = os.path.join(self._root, "consumequeue")
+        try:
+            os.makedirs(self._clog_dir, exist_ok=True)
+            os.makedirs(self._cq_dir, exist_ok=True)
+        except OSError as exc:
+            raise _io_error(f"mkdir {self._root}", exc) from None
+        try:
+            self._load_segments()
+            self._recovery = self._recover(check_from)
+        except BaseException:
+            self._release()
+            raise
+
+    # -- opening --------------------------------------------------------------
+    def _load_segments(self) -> None:
+        names = sorted((n for n in os.listdir(self._clog_dir) if _NAME.match(n)), key=int)
+        prev: Optional[str] = None
+        for name in names:
+            path = os.path.join(self._clog_dir, name)
+            actual = os.path.getsize(path)
+            start = int(name)
+            if actual != self._segment_size:
+                raise _err(CORRUPT_STORE, f"segment {name}: size {actual} != segment_size {self._segment_size}")
+            if start % self._segment_size:
+                raise _err(CORRUPT_STORE, f"segment {name} is not aligned to segment_size {self._segment_size}")
+            if prev is not None and start != int(prev) + self._segment_size:
+                raise _err(CORRUPT_STORE, f"segment {name} does not follow {prev}")
+            self._segments.append(_MappedFile(path, start, self._segment_size, create=False))
+            prev = name
+
+    def _load_queues(self, log_min_offset: int) -> None:
+        for topic in sorted(os.listdir(self._cq_dir)):
+            tdir = os.path.join(self._cq_dir, topic)
+            if not os.path.isdir(tdir):
+                continue
+            for qname in sorted(os.listdir(tdir)):
+                qdir = os.path.join(tdir, qname)
+                if not (qname.isdigit() and os.path.isdir(qdir)):
+                    continue
+                cq = ConsumeQueue(self, topic, int(qname), qdir)
+                cq._load(log_min_offset)
+                if cq._files:
+                    self._queues[(topic, int(qname))] = cq
+
+    def _files_end(self) -> int:
+        return self._segments[-1].start + self._segment_size if self._segments else 0
+
+    def _valid_record_at(self, pos: int) -> Optional[tuple[int, bytes]]:
+        """(size, record) when a CRC-valid record starts at ``pos``, else None; size -1 = blank."""
+        seg = self._segment_for(pos)
+        rel = pos - seg.start
+        left = self._segment_size - rel
+        if left < BLANK_MARKER_SIZE:
+            return None
+        total, magic = _SIZE_MAGIC.unpack_from(seg.mm, rel)
+        if magic == BLANK_MAGIC and total == left:
+            return -1, b""
+        if magic != RECORD_MAGIC or total < MIN_RECORD_SIZE or total > left:
+            return None
+        record = seg.mm[rel:rel + total]
+        if zlib.crc32(memoryview(record)[12:]) != int.from_bytes(record[8:12], "little"):
+            return None
+        try:
+            decoded = decode_record(record)
+        except StoreError:
+            return None
+        if decoded[5] != pos:
+            return None
+        return total, record
+
+    def _recover(self, check_from: int) -> dict[str, int]:
+        min_offset = self._segments[0].start if self._segments else 0
+        files_end = self._files_end()
+        if check_from > files_end:
+            raise _err(CORRUPT_STORE, f"check_from {check_from} is past the end of the log files ({files_end})")
+        pos = max(check_from, min_offset)
+        stats = {"check_from": pos, "end_offset": 0, "records_checked": 0, "torn": 0,
+                 "discarded_segments": 0, "cq_units_truncated": 0, "cq_units_redone": 0}
+        scanned: list[tuple[int, bytes]] = []
+        while pos < files_end:
+            found = self._valid_record_at(pos)
+            if found is None:
+                break
+            size, record = found
+            if size < 0:
+                pos = (pos // self._segment_size + 1) * self._segment_size
+                continue
+            scanned.append((pos, record))
+            stats["records_checked"] += 1
+            pos += size
+        end = pos
+        stats["end_offset"] = end
+        # cut the tail: zero what follows the end, drop later segments
+        if end < files_end:
+            seg = self._segment_for(end)
+            if _zero_tail(seg, end - seg.start):
+                stats["torn"] = 1
+            self._dirty_segments.add(seg)
+            while self._segments and self._segments[-1].start > seg.start:
+                self._segments.pop().delete()
+                stats["discarded_segments"] += 1
+                stats["torn"] = 1
+        self._max = end
+        self._load_queues(self._segments[0].start if self._segments else 0)
+        for cq in self._queues.values():
+            cut = cq._max
+            while cut > cq._min and cq._unit(cut - 1)[0] >= end:
+                cut -= 1
+            stats["cq_units_truncated"] += cq._truncate(cut)
+        for offset, record in scanned:
+            (total, _crc, queue_id, _flag, queue_offset, _clog, _sys, _bts, _bh, _sts, _sh, _rc, _prep,
+             tag_hash, _body, topic, _props) = decode_record(record)
+            cq = self._queue(topic, queue_id)
+            expected = (offset, total, tag_hash)
+            if queue_offset < cq._max and queue_offset >= cq._min:
+                if cq._unit(queue_offset) == expected:
+                    continue
+            elif queue_offset < cq._min:
+                continue
+            cq._write(queue_offset, offset, total, tag_hash)
+            cq._max = max(cq._max, queue_offset + 1)
+            stats["cq_units_redone"] += 1
+        self._flushed = 0
+        self._sync_all()
+        self._flushed = end
+        return stats
+
+    # -- helpers (lock held) ----------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise _err(CLOSED, "commit log is closed")
+
+    def _segment_for(self, offset: int) -> _MappedFile:
+        index = (offset - self._segments[0].start) // self._segment_size
+        return self._segments[index]
+
+    def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        cq = self._queues.get((topic, queue_id))
+        if cq is None:
+            cq = ConsumeQueue(self, topic, queue_id, os.path.join(self._cq_dir, topic, str(queue_id)))
+            self._queues[(topic, queue_id)] = cq
+        return cq
+
+    def _check_read_offset(self, offset: object, allow_max: bool = False) -> int:
+        off = _int(offset)
+        if off < 0:
+            raise _err(INVALID_ARGUMENT, f"offset must be >= 0, got {off}")
+        min_offset = self._segments[0].start if self._segments else 0
+        if off < min_offset:
+            raise _err(OFFSET_TOO_SMALL, f"offset {off} is below the minimum offset {min_offset}")
+        if off > self._max or (off == self._max and not allow_max):
+            raise _err(OFFSET_OVERFLOW, f"offset {off} is at or past the maximum offset {self._max}")
+        return off
+
+    def _record_bounds(self, off: int) -> tuple[_MappedFile, int, int]:
+        """(segment, position, total_size) of the record at ``off``; OFFSET_ILLEGAL if none starts there."""
+        seg = self._segment_for(off)
+        rel = off - seg.start
+        left = self._segment_size - rel
+        if left >= BLANK_MARKER_SIZE:
+            total, magic = _SIZE_MAGIC.unpack_from(seg.mm, rel)
+            if (magic == RECORD_MAGIC and MIN_RECORD_SIZE <= total <= left
+                    and int.from_bytes(seg.mm[rel + 28:rel + 36], "little", signed=True) == off):
+                return seg, rel, total
+        raise _err(OFFSET_ILLEGAL, f"no record starts at offset {off}")
+
+    def _roll(self) -> _MappedFile:
+        start = self._files_end()
+        seg = _MappedFile(os.path.join(self._clog_dir, segment_file_name(start)), start,
+                          self._segment_size, create=True)
+        self._segments.append(seg)
+        return seg
+
+    def _place(self, size: int) -> tuple[_MappedFile, int]:
+        """Segment and position for a record of ``size`` bytes, closing the segment if needed."""
+        if not self._segments or self._max >= self._files_end():
+            seg = self._roll()
+            self._max = seg.start
+            return seg, 0
+        seg = self._segment_for(self._max)
+        rel = self._max - seg.start
+        left = self._segment_size - rel
+        if size == left or size <= left - BLANK_MARKER_SIZE:
+            return seg, rel
+        _SIZE_MAGIC.pack_into(seg.mm, rel, left, BLANK_MAGIC)
+        self._dirty_segments.add(seg)
+        seg = self._roll()
+        self._max = seg.start
+        return seg, 0
+
+    def _write_one(self, topic: str, enc: _Encoded, queue_offset: int, store_ts: int, store_host: bytes) -> int:
+        seg, rel = self._place(enc.size)
+        offset = seg.start + rel
+        record = enc.to_bytes(queue_offset, offset, store_ts, store_host)
+        # size last: a kill -9 mid-copy leaves a zero size, never a plausible record
+        seg.mm[rel + 4:rel + enc.size] = record[4:]
+        seg.mm[rel:rel + 4] = record[:4]
+        self._dirty_segments.add(seg)
+        self._max = offset + enc.size
+        cq = self._queue(topic, enc.queue_id)
+        cq._write(queue_offset, offset, enc.size, enc.tag_hash)
+        cq._max = queue_offset + 1
+        return offset
+
+    # -- properties ---------------------------------------------------------
+    @property
+    def root(self) -> str:
+        return self._root
+
+    @property
+    def segment_size(self) -> int:
+        return self._segment_size
+
+    @property
+    def cq_units_per_file(self) -> int:
+        return self._cq_units_per_file
+
+    @property
+    def min_offset(self) -> int:
+        with self._lock:
+            return self._segments[0].start if self._segments else 0
+
+    @property
+    def max_offset(self) -> int:
+        with self._lock:
+            return self._max
+
+    @property
+    def flushed_offset(self) -> int:
+        with self._lock:
+            return self._flushed
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def recovery(self) -> dict[str, int]:
+        return dict(self._recovery)
+
+    # -- writing ------------------------------------------------------------
+    def append(self, topic: str, queue_id: int, body, properties=b"", tag_hash: int = 0, flag: int = 0,
+               sys_flag: int = 0, born_timestamp: int = 0, born_host: Optional[bytes] = None,
+               store_timestamp: int = 0, store_host: Optional[bytes] = None, reconsume_times: int = 0,
+               prepared_offset: int = 0) -> tuple[int, int, int]:
+        """Append one record and its unit; returns (commitlog_offset, queue_offset, store_timestamp)."""
+        with self._lock:
+            self._check_open()
+            raw_topic = _check_topic(topic)
+            qid = _check_queue_id(queue_id)
+            enc = _Encoded(raw_topic, qid, body, properties, tag_hash, flag, sys_flag, born_timestamp,
+                           born_host, reconsume_times, prepared_offset, self._segment_size)
+            host = _check_host(store_host, "store_host")
+            store_ts = _int(store_timestamp) or _now_ms()
+            queue_offset = self._queue(topic, qid)._max
+            offset = self._write_one(topic, enc, queue_offset, store_ts, host)
+            return offset, queue_offset, store_ts
+
+    def append_batch(self, topic: str, queue_id: int, messages: Sequence[tuple], store_timestamp: int = 0,
+                     store_host: Optional[bytes] = None) -> tuple[int, int, list[int]]:
+        """Append records to one queue at once; returns (first_queue_offset, store_timestamp, offsets)."""
+        with self._lock:
+            self._check_open()
+            raw_topic = _check_topic(topic)
+            qid = _check_queue_id(queue_id)
+            host = _check_host(store_host, "store_host")
+            store_ts = _int(store_timestamp) or _now_ms()
+            if not isinstance(messages, (list, tuple)):
+                raise TypeError("messages must be a list or tuple")
+            if not messages:
+                raise _err(INVALID_ARGUMENT, "batch is empty")
+            encoded = []
+            for i, item in enumerate(messages):
+                if not isinstance(item, tuple):
+                    raise TypeError(f"message {i} must be a tuple")
+                if len(item) != 9:
+                    raise _err(INVALID_ARGUMENT, f"message {i}: expected 9 fields, got {len(item)}")
+                encoded.append(_Encoded(raw_topic, qid, *item, self._segment_size, prefix=f"message {i}: "))
+            first = self._queue(topic, qid)._max
+            offsets = [self._write_one(topic, enc, first + i, store_ts, host) for i, enc in enumerate(encoded)]
+            return first, store_ts, offsets
+
+    # -- reading ------------------------------------------------------------
+    def read(self, offset: int) -> bytes:
+        """The whole record starting at ``offset`` (a copy)."""
+        with self._lock:
+            self._check_open()
+            seg, rel, total = self._record_bounds(self._check_read_offset(offset))
+            return seg.mm[rel:rel + total]
+
+    def read_view(self, offset: int) -> memoryview:
+        """The record at ``offset`` as a read-only view (the twin copies, the C core does not)."""
+        return memoryview(self.read(offset))
+
+    def store_timestamp_at(self, offset: int) -> int:
+        """store_timestamp of the record at ``offset``."""
+        with self._lock:
+            self._check_open()
+            seg, rel, _total = self._record_bounds(self._check_read_offset(offset))
+            return int.from_bytes(seg.mm[rel + _STORE_TS_AT:rel + _STORE_TS_AT + 8], "little", signed=True)
+
+    def scan(self, offset: int, max_count: int = 1024, max_bytes: int = 4 << 20) -> tuple[int, list]:
+        """Records in log order from ``offset``: (next_offset, [(offset, record)])."""
+        with self._lock:
+            self._check_open()
+            off = self._check_read_offset(offset, allow_max=True)
+            count = _int(max_count)
+            limit = _int(max_bytes)
+            if count < 1:
+                raise _err(INVALID_ARGUMENT, f"max_count must be >= 1, got {count}")
+            out: list[tuple[int, bytes]] = []
+            used = 0
+            while off < self._max and len(out) < count:
+                seg = self._segment_for(off)
+                rel = off - seg.start
+                total, magic = _SIZE_MAGIC.unpack_from(seg.mm, rel)
+                if magic == BLANK_MAGIC:
+                    off = seg.start + self._segment_size
+                    continue
+                seg, rel, total = self._record_bounds(off)
+                if out and used + total > limit:
+                    break
+                out.append((off, seg.mm[rel:rel + total]))
+                used += total
+                off += total
+            return off, out
+
+    def read_raw(self, offset: int, length: int) -> bytes:
+        """Raw bytes from ``offset``, clipped to the end of the log and of its segment."""
+        with self._lock:
+            self._check_open()
+            off = _int(offset)
+            n = _int(length)
+            if off < 0:
+                raise _err(INVALID_ARGUMENT, f"offset must be >= 0, got {off}")
+            if n < 0:
+                raise _err(INVALID_ARGUMENT, f"length must be >= 0, got {n}")
+            off = self._check_read_offset(off, allow_max=True)
+            if off == self._max or n == 0:
+                return b""
+            seg = self._segment_for(off)
+            end = min(off + n, self._max, seg.start + self._segment_size)
+            return seg.mm[off - seg.start:end - seg.start]
+
+    def get(self, topic: str, queue_id: int, queue_offset: int, max_count: int,
+            tag_hashes=None, max_bytes: int = 0) -> tuple[int, list[tuple[int, int, bytes]]]:
+        """Read through the consume queue: (next_queue_offset, [(queue_offset, commitlog_offset, record)])."""
+        with self._lock:
+            self._check_open()
+            off = _int(queue_offset)
+            count = _int(max_count)
+            limit = _int(max_bytes)
+            qid = _int(queue_id)
+            if tag_hashes is not None and not isinstance(tag_hashes, (set, frozenset)):
+                raise TypeError("tag_hashes must be a set or frozenset")
+            if off < 0:
+                raise _err(INVALID_ARGUMENT, f"queue offset must be >= 0, got {off}")
+            if count < 1:
+                raise _err(INVALID_ARGUMENT, f"max_count must be >= 1, got {count}")
+            cq = self._queues.get((topic, qid))
+            if cq is None or off >= cq._max:
+                return off, []
+            if off < cq._min:
+                raise _err(OFFSET_TOO_SMALL, f"queue offset {off} is below the minimum queue offset {cq._min}")
+            min_offset = self._segments[0].start if self._segments else 0
+            out: list[tuple[int, int, bytes]] = []
+            used = 0
+            end = min(cq._max, off + _GET_MAX_EXAMINED)
+            index = off
+            while index < end and len(out) < count:
+                clog, size, tag = cq._unit(index)
+                if clog < min_offset or (tag_hashes is not None and tag not in tag_hashes):
+                    index += 1
+                    continue
+                if limit > 0 and out and used + size > limit:
+                    break
+                seg = self._segment_for(clog)
+                rel = clog - seg.start
+                out.append((index, clog, seg.mm[rel:rel + size]))
+                used += size
+                index += 1
+            return index, out
+
+    # -- queues and segments --------------------------------------------------------
+    def consume_queue(self, topic: str, queue_id: int) -> Optional[ConsumeQueue]:
+        """The queue's index, or None when nothing was ever appended to it."""
+        with self._lock:
+            self._check_open()
+            return self._queues.get((topic, _int(queue_id)))
+
+    def queues(self) -> list[tuple[str, int]]:
+        """Every (topic, queue_id) with a consume queue, sorted."""
+        with self._lock:
+            self._check_open()
+            return sorted(self._queues)
+
+    def segments(self) -> list[tuple[int, str]]:
+        """(start_offset, path) of every segment, oldest first."""
+        with self._lock:
+            self._check_open()
+            return [(s.start, s.path) for s in self._segments]
+
+    def delete_segments_before(self, offset: int) -> int:
+        """Delete whole segments ending at or before ``offset`` (never the newest); returns how many."""
+        with self._lock:
+            self._check_open()
+            off = _int(offset)
+            deleted = 0
+            while len(self._segments) > 1 and self._segments[0].start + self._segment_size <= off:
+                seg = self._segments.pop(0)
+                self._dirty_segments.discard(seg)
+                seg.delete()
+                deleted += 1
+            if deleted:
+                new_min = self._segments[0].start
+                for cq in self._queues.values():
+                    cq._correct_min(new_min)
+            return deleted
+
+    # -- durability and lifetime ------------------------------------------------------
+    def _sync_all(self) -> None:
+        dirty, self._dirty_segments = self._dirty_segments, set()
+        for seg in dirty:
+            seg.sync()
+        for cq in self._queues.values():
+            cq._sync()
+
+    def flush(self) -> int:
+        """fdatasync the log and its queues up to the current end; returns ``flushed_offset``."""
+        with self._lock:
+            self._check_open()
+            end = self._max
+            self._sync_all()
+            self._flushed = max(self._flushed, end)
+            return self._flushed
+
+    def _release(self) -> None:
+        for cq in self._queues.values():
+            cq._close()
+        for seg in self._segments:
+            seg.close()
+        self._segments = []
+        self._queues = {}
+
+    def close(self) -> None:
+        """Flush and unmap everything; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._sync_all()
+            self._flushed = self._max
+            self._closed = True
+            self._release()
+
+    def __enter__(self) -> "CommitLog":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
