@@ -43,7 +43,10 @@ def encode_properties(properties: Mapping[str, str]) -> bytes:
         parts.append(NAME_SEPARATOR)
         parts.append(value)
         parts.append(PAIR_SEPARATOR)
-    return "".join(parts).encode("utf-8")
+    try:
+        return "".join(parts).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, f"properties are not valid Unicode: {exc.reason}") from None
 
 
 def decode_properties(raw: bytes) -> dict[str, str]:

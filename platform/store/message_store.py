@@ -79,10 +79,14 @@ class MessageStore:
     """
 
     def __init__(self, config: StoreConfig,
-                 queue_count_of: Optional[Callable[[str], Optional[int]]] = None) -> None:
+                 queue_count_of: Optional[Callable[[str], Optional[int]]] = None,
+                 commit_log_class: Optional[type] = None) -> None:
         """``queue_count_of(topic)`` gives a topic's queue count so puts can check the
-        queue id (the broker passes its topic table); without it any id in [0, 65535] goes."""
+        queue id (the broker passes its topic table); without it any id in [0, 65535] goes.
+        ``commit_log_class`` picks an implementation (tests run both); by default the
+        one ``storage_native`` selected."""
         self.config = config
+        self._commit_log_class = commit_log_class or CommitLog
         self.paths = StorePaths(config.root)
         self._queue_count_of = queue_count_of
         self._ids = UniqueIdGenerator()
@@ -136,15 +140,15 @@ class MessageStore:
     def _open_log(self, check_from: int) -> CommitLog:
         cfg = self.config
         try:
-            return CommitLog(str(cfg.root), segment_size=cfg.segment_size,
-                             cq_units_per_file=cfg.cq_units_per_file, check_from=check_from)
+            return self._commit_log_class(str(cfg.root), segment_size=cfg.segment_size,
+                                          cq_units_per_file=cfg.cq_units_per_file, check_from=check_from)
         except StoreError as exc:
             if exc.code == native_errors.CORRUPT_STORE and check_from:
                 # a checkpoint that disagrees with the files: trust the files, scan them all
                 log.warning("checkpoint %d rejected (%s); scanning the whole log", check_from, exc)
                 try:
-                    return CommitLog(str(cfg.root), segment_size=cfg.segment_size,
-                                     cq_units_per_file=cfg.cq_units_per_file, check_from=0)
+                    return self._commit_log_class(str(cfg.root), segment_size=cfg.segment_size,
+                                                  cq_units_per_file=cfg.cq_units_per_file, check_from=0)
                 except StoreError as exc2:
                     raise translate_store_error(exc2) from None
             raise translate_store_error(exc) from None
@@ -210,6 +214,7 @@ class MessageStore:
 
     # -- writing --------------------------------------------------------------
     def _check_queue(self, topic: str, queue_id: object) -> int:
+        validate_topic(topic)
         if isinstance(queue_id, bool) or not isinstance(queue_id, int):
             raise SparkMQError(ErrorCode.QUEUE_ID_ILLEGAL, f"queue id must be an integer, got {queue_id!r}")
         count = self._queue_count_of(topic) if self._queue_count_of else 65536

@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""The one entry point of sparkmq: set up, build, run, test, benchmark.
+
+    python3 build.py run            # set up, then start the platform with a demo
+    python3 build.py test           # set up, then run the whole test suite
+    python3 build.py setup          # venv in .venv, dependencies, the C extension
+    python3 build.py bench [GROUP] [--quick]
+    python3 build.py clean          # remove build products (keeps .venv)
+
+Every step is idempotent: a second run skips what is already done.  Only the
+standard library is used here, because this script creates the environment
+everything else runs in.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+VENV_PY = VENV / "bin" / "python"
+STAMP = VENV / ".sparkmq-setup"
+NATIVE_SOURCES = sorted((ROOT / "storage_native").glob("*.[ch]"))
+MIN_PYTHON = (3, 11)
+MIN_JAVA = 17
+
+
+def say(message: str) -> None:
+    """A progress line a person can follow."""
+    print(f"[sparkmq] {message}", flush=True)
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print an error a person can act on and exit."""
+    print(f"[sparkmq] ERROR: {message}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def run(cmd: list[str], **kwargs) -> None:
+    """Run a command, echoing it; stop with its exit code when it fails."""
+    say("$ " + " ".join(str(c) for c in cmd))
+    result = subprocess.run(cmd, **kwargs)
+    if result.returncode != 0:
+        fail(f"command failed with exit code {result.returncode}: {' '.join(str(c) for c in cmd)}",
+             result.returncode)
+
+
+# -- checks -------------------------------------------------------------------
+def check_python() -> None:
+    if sys.version_info < MIN_PYTHON:
+        fail(f"Python {MIN_PYTHON[0]}.{MIN_PYTHON[1]}+ is required, this is {sys.version.split()[0]}; "
+             "run build.py with a newer python3")
+
+
+def java_version() -> int | None:
+    """Major version of the java on PATH (or in JAVA_HOME), None when there is none."""
+    java = shutil.which("java")
+    if os.environ.get("JAVA_HOME"):
+        candidate = Path(os.environ["JAVA_HOME"]) / "bin" / "java"
+        if candidate.exists():
+            java = str(candidate)
+    if not java:
+        return None
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if not match:
+        return None
+    major = int(match.group(1))
+    return int(match.group(2) or 0) if major == 1 else major  # "1.8" means 8
+
+
+def check_java() -> None:
+    version = java_version()
+    if version is None:
+        fail("Java was not found. Spark needs Java 17 or newer: install it "
+             "(Debian/Ubuntu: `sudo apt-get install -y openjdk-17-jre-headless`; macOS: `brew install openjdk@17`) "
+             "or set JAVA_HOME to a JDK 17+, then run this command again.")
+    if version < MIN_JAVA:
+        fail(f"Java {version} was found, Spark needs Java {MIN_JAVA} or newer: install a JDK 17+ "
+             "(Debian/Ubuntu: `sudo apt-get install -y openjdk-17-jre-headless`) or point JAVA_HOME at one.")
+    say(f"java {version} found")
+
+
+# -- setup --------------------------------------------------------------------
+def _setup_fingerprint() -> str:
+    digest = hashlib.sha256()
+    for name in ("pyproject.toml", "setup.py"):
+        digest.update((ROOT / name).read_bytes())
+    digest.update(sys.version.encode())
+    return digest.hexdigest()
+
+
+def _native_built() -> Path | None:
+    built = sorted((ROOT / "storage_native").glob("_commitlog*.so"))
+    return built[0] if built else None
+
+
+def build_native(force: bool = False) -> None:
+    """Compile the C extension in place when a source is newer than the built module."""
+    built = _native_built()
+    newest = max(p.stat().st_mtime for p in NATIVE_SOURCES) if NATIVE_SOURCES else 0
+    if built and not force and built.stat().st_mtime >= newest:
+        say(f"native extension up to date ({built.name})")
+        return
+    say("building the native commit log (C extension)")
+    run([str(VENV_PY), "setup.py", "-q", "build_ext", "--inplace"], cwd=ROOT)
+
+
+def setup(force: bool = False) -> None:
+    """Create .venv, install sparkmq with its dependencies, build the extension."""
+    check_python()
+    check_java()
+    if not VENV_PY.exists():
+        say(f"creating the virtual environment in {VENV}")
+        run([sys.executable, "-m", "venv", str(VENV)])
+    fingerprint = _setup_fingerprint()
+    if force or not STAMP.exists() or STAMP.read_text() != fingerprint:
+        say("installing dependencies (first run: about a minute, pyspark is large)")
+        pip = [str(VENV_PY), "-m", "pip", "--disable-pip-version-check"]
+        run(pip + ["install", "-q", "--upgrade", "pip", "setuptools>=69", "wheel"])
+        run(pip + ["install", "-q", "--no-build-isolation", "-e", ".[test]"], cwd=ROOT)
+        STAMP.write_text(fingerprint)
+    else:
+        say("dependencies up to date")
+    build_native(force=force)
+    say("setup complete")
+
+
+def venv_env() -> dict[str, str]:
+    """Environment for processes run in the venv (Spark workers must use the venv's python)."""
+    env = dict(os.environ)
+    env["PYSPARK_PYTHON"] = str(VENV_PY)
+    env["PYSPARK_DRIVER_PYTHON"] = str(VENV_PY)
+    env["PATH"] = f"{VENV / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+# -- commands -----------------------------------------------------------------
+def cmd_setup(args: argparse.Namespace) -> None:
+    setup(force=args.force)
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    setup()
+    say("starting the embedded platform (Ctrl-C stops it)")
+    cmd = [str(VENV_PY), "-m", "sparkmq.api.cli", "dev"] + args.extra
+    os.execve(str(VENV_PY), cmd, venv_env())
+
+
+def cmd_test(args: argparse.Namespace) -> None:
+    setup()
+    say("running the test suite")
+    started = time.monotonic()
+    cmd = [str(VENV_PY), "-m", "pytest"] + (args.extra or [])
+    result = subprocess.run(cmd, cwd=ROOT, env=venv_env())
+    say(f"tests finished in {time.monotonic() - started:.0f} s with exit code {result.returncode}")
+    sys.exit(result.returncode)
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    setup()
+    scripts = sorted((ROOT / "benchmarks").glob("bench_*.py"))
+    if args.group:
+        scripts = [s for s in scripts if s.stem == f"bench_{args.group}"]
+        if not scripts:
+            fail(f"no benchmark group {args.group!r}; groups: "
+                 + ", ".join(s.stem[6:] for s in sorted((ROOT / 'benchmarks').glob('bench_*.py'))))
+    for script in scripts:
+        say(f"benchmark {script.stem[6:]}{' (quick)' if args.quick else ''}")
+        extra = ["--quick"] if args.quick else []
+        run([str(VENV_PY), str(script)] + extra, cwd=ROOT, env=venv_env())
+
+
+def cmd_clean(args: argparse.Namespace) -> None:
+    for path in [ROOT / "build", *ROOT.glob("*.egg-info"), *(ROOT / "storage_native").glob("_commitlog*.so")]:
+        say(f"removing {path}")
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="build.py", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("setup", help="create .venv, install, build the C extension")
+    p.add_argument("--force", action="store_true", help="reinstall and rebuild even if up to date")
+    p.set_defaults(func=cmd_setup)
+    p = sub.add_parser("run", help="set up, then start name server + broker + gateway with a demo")
+    p.add_argument("extra", nargs=argparse.REMAINDER, help="arguments for `sparkmq dev`")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("test", help="set up, then run the whole test suite (extra args go to pytest)")
+    p.add_argument("extra", nargs=argparse.REMAINDER, help="arguments for pytest")
+    p.set_defaults(func=cmd_test)
+    p = sub.add_parser("bench", help="run benchmarks (all groups, or one)")
+    p.add_argument("group", nargs="?", help="e.g. store")
+    p.add_argument("--quick", action="store_true", help="small sizes, for CI smoke runs")
+    p.set_defaults(func=cmd_bench)
+    p = sub.add_parser("clean", help="remove build products")
+    p.set_defaults(func=cmd_clean)
+    args = parser.parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

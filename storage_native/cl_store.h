@@ -1,0 +1,188 @@
+/* The storage core without Python: mapped files, the commit log, consume queues,
+ * recovery.  Everything here runs with the GIL released, so it never touches a
+ * Python object; failures are reported through cl_err (code + message text, the
+ * texts of _commitlog.pyi) and turned into StoreError by _commitlog.c.
+ *
+ * Locking: cl_log.mu protects every field of the log, its queues and the dirty
+ * list.  Functions named *_locked expect the caller to hold it.  cl_log.flush_mu
+ * serialises flush/close so two flushes cannot publish each other's offsets;
+ * its order is flush_mu before mu.
+ */
+#ifndef SPARKMQ_CL_STORE_H
+#define SPARKMQ_CL_STORE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the on-disk format is little-endian and the store writes it with native stores"
+#endif
+
+/* layout.py, format version 1 */
+#define CL_FORMAT_VERSION 1
+#define CL_RECORD_MAGIC (0x534D5100u | CL_FORMAT_VERSION)
+#define CL_BLANK_MAGIC 0x534D51FFu
+#define CL_HEADER_SIZE 120
+#define CL_BLANK_SIZE 8
+#define CL_MIN_RECORD (CL_HEADER_SIZE + 1 + 2)
+#define CL_UNIT_SIZE 20
+#define CL_HOST_SIZE 20
+#define CL_MAX_TOPIC 255
+#define CL_MAX_PROPS 65535
+#define CL_MAX_QUEUE_ID 65535
+#define CL_MIN_SEGMENT 4096
+#define CL_PAGE 4096
+#define CL_GET_MAX_EXAMINED 16384
+/* Drop page-table entries of cold mappings after this many bytes of I/O. */
+#define CL_TRIM_EVERY ((uint64_t)64 << 20)
+
+/* record field offsets */
+enum {
+    F_TOTAL = 0,
+    F_MAGIC = 4,
+    F_CRC = 8,
+    F_QID = 12,
+    F_FLAG = 16,
+    F_QOFF = 20,
+    F_CLOFF = 28,
+    F_SYSFLAG = 36,
+    F_BORN_TS = 40,
+    F_BORN_HOST = 48,
+    F_STORE_TS = 68,
+    F_STORE_HOST = 76,
+    F_RECONSUME = 96,
+    F_PREPARED = 100,
+    F_TAG = 108,
+    F_BODY_LEN = 116
+};
+
+/* error codes (errors.py) */
+extern const char CL_INVALID_ARGUMENT[], CL_OFFSET_ILLEGAL[], CL_OFFSET_TOO_SMALL[], CL_OFFSET_OVERFLOW[],
+    CL_CORRUPT_RECORD[], CL_CORRUPT_STORE[], CL_DISK_FULL[], CL_IO_ERROR[], CL_CLOSED[];
+
+typedef struct cl_err {
+    const char *code;
+    char msg[4608]; /* room for a PATH_MAX path and errno text */
+} cl_err;
+
+int cl_fail(cl_err *e, const char *code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* IO_ERROR (DISK_FULL for ENOSPC) "<what>: <strerror>" */
+int cl_oserr(cl_err *e, int errnum, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* One fixed-size file mapped MAP_SHARED read/write: a segment or a queue file.
+ * Refcounted so a mapping outlives deletion while a reader (a read_view
+ * memoryview, a copy in progress without the lock) still points into it. */
+typedef struct mfile {
+    atomic_long refs;
+    char *base;
+    size_t size;
+    int64_t start; /* segment: log offset; queue file: byte offset (first unit * 20) */
+    char *path;
+    size_t dlo, dhi; /* dirty byte range not yet synced (mu) */
+    int listed;      /* on the log's dirty list (mu) */
+} mfile;
+
+void mf_ref(mfile *f);
+void mf_unref(mfile *f);
+
+typedef struct cl_queue {
+    char *topic; /* raw bytes (UTF-8 or the directory name as found) */
+    size_t topic_len;
+    int64_t queue_id;
+    char *dir;
+    int64_t min, max; /* served units are [min, max) */
+    mfile **files;    /* sorted by start */
+    size_t nfiles, fcap;
+    struct cl_queue *hnext; /* hash chain */
+    void *py_topic;         /* str cached by the binding (owned by it) */
+} cl_queue;
+
+typedef struct cl_recovery {
+    int64_t check_from, end_offset, records_checked, torn, discarded_segments, cq_units_truncated,
+        cq_units_redone;
+} cl_recovery;
+
+typedef struct cl_log {
+    pthread_mutex_t mu;
+    pthread_mutex_t flush_mu;
+    char *root, *clog_dir, *cq_dir;
+    int64_t seg_size, cq_units;
+    size_t cq_file_size;
+    mfile **segs; /* contiguous, oldest first */
+    size_t nsegs, segcap;
+    int64_t max, flushed;
+    int closed;
+    cl_queue **buckets; /* hash of (topic, queue_id) */
+    size_t nbuckets;
+    cl_queue **queues; /* every queue, creation order; freed only by cl_log_free */
+    size_t nqueues, qcap;
+    mfile **dirty; /* files with unsynced writes, each holding a reference */
+    size_t ndirty, dirtycap;
+    char **dirsync; /* directories that gained entries since the last flush */
+    size_t ndirsync, dirsynccap;
+    uint64_t io_since_trim;
+    cl_recovery rec;
+} cl_log;
+
+/* One message to append; size is filled by cl_record_size. */
+typedef struct cl_msg {
+    const char *body;
+    size_t body_len;
+    const char *props;
+    size_t props_len;
+    int64_t tag_hash, born_ts, prepared;
+    int32_t flag, sys_flag, reconsume;
+    uint8_t born_host[CL_HOST_SIZE];
+    uint64_t size;
+} cl_msg;
+
+/* A located record or byte range, with a reference on its mapping. */
+typedef struct cl_ent {
+    int64_t a, b; /* (offset) or (queue_offset, commitlog_offset) */
+    mfile *f;
+    const char *ptr;
+    size_t len;
+} cl_ent;
+
+typedef struct cl_ents {
+    cl_ent *v;
+    size_t n, cap;
+} cl_ents;
+
+void cl_ents_release(cl_ents *es); /* drops references and frees */
+
+uint64_t cl_record_size(size_t body_len, size_t topic_len, size_t props_len);
+int cl_utf8_valid(const unsigned char *s, size_t n);
+int64_t cl_now_ms(void);
+
+cl_log *cl_log_new(const char *root, int64_t seg_size, int64_t cq_units);
+int cl_log_open(cl_log *c, int64_t check_from, cl_err *e); /* recovery; no lock needed */
+void cl_log_free(cl_log *c);                                /* closes without flushing if still open */
+
+int64_t cl_min_offset_locked(const cl_log *c);
+cl_queue *cl_find_queue_locked(cl_log *c, const char *topic, size_t tlen, int64_t qid);
+
+int cl_append_locked(cl_log *c, const char *topic, size_t tlen, int qid, const cl_msg *msgs, size_t n,
+                     int64_t store_ts, const uint8_t *store_host, int64_t *offsets, int64_t *first_qo,
+                     cl_err *e);
+
+int cl_check_read_offset_locked(cl_log *c, int64_t off, int allow_max, cl_err *e);
+int cl_record_at_locked(cl_log *c, int64_t off, mfile **fp, size_t *relp, uint32_t *sizep, cl_err *e);
+int cl_scan_locked(cl_log *c, int64_t off, int64_t max_count, int64_t max_bytes, cl_ents *out,
+                   int64_t *next, cl_err *e);
+int cl_read_raw_locked(cl_log *c, int64_t off, int64_t len, cl_ents *out, cl_err *e);
+int cl_get_locked(cl_log *c, cl_queue *q, int64_t qoff, int64_t max_count, const int64_t *tags,
+                  size_t ntags, int filter, int64_t max_bytes, cl_ents *out, int64_t *next, cl_err *e);
+int cl_delete_segments_before_locked(cl_log *c, int64_t off, int64_t *deleted, cl_err *e);
+void cl_note_io_locked(cl_log *c, uint64_t bytes);
+
+void cl_queue_unit_locked(cl_log *c, cl_queue *q, int64_t idx, int64_t *clo, int32_t *size, int64_t *tag);
+int cl_queue_truncate_locked(cl_log *c, cl_queue *q, int64_t off, int64_t *dropped, cl_err *e);
+
+/* Take flush_mu and mu themselves (call without either, GIL released). */
+int cl_flush(cl_log *c, int64_t *flushed, cl_err *e);
+int cl_close(cl_log *c, cl_err *e);
+
+#endif

@@ -1,0 +1,49 @@
+"""Shared fixtures: the storage implementations and store factories."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from sparkmq.storage_native import implementations
+
+IMPLS = implementations()
+#: Run the store suites on every implementation that is importable; CI builds both.
+IMPL_NAMES = sorted(IMPLS)
+
+# Child processes (crash tests) must import the same sparkmq.
+os.environ.setdefault("PYTHONUNBUFFERED", "1")
+
+
+@pytest.fixture(params=IMPL_NAMES)
+def impl(request: pytest.FixtureRequest):
+    """Each storage implementation module in turn (``_commitlog`` and ``pycommitlog``)."""
+    return IMPLS[request.param]
+
+
+@pytest.fixture
+def python_exe() -> str:
+    """The interpreter running the tests (for child processes)."""
+    return sys.executable
+
+
+@pytest.fixture
+def store_factory(tmp_path: Path) -> Iterator[Callable[..., object]]:
+    """Make started MessageStores under tmp_path; shuts them down after the test."""
+    from sparkmq.platform.store import MessageStore, StoreConfig
+
+    opened: list[MessageStore] = []
+
+    def make(name: str = "store", impl_module=None, **overrides):
+        cfg = StoreConfig(root=tmp_path / name, **{"segment_size": 1 << 20, "max_message_size": 64 * 1024,
+                                                    "max_properties_size": 8000, **overrides})
+        store = MessageStore(cfg, commit_log_class=impl_module.CommitLog if impl_module else None)
+        opened.append(store.start())
+        return store
+
+    yield make
+    for store in opened:
+        store.shutdown()
