@@ -19,7 +19,13 @@ from dataclasses import dataclass
 
 from .errors import ErrorCode, SparkMQError
 
-__all__ = ["UniqueIdGenerator", "OffsetMessageId", "encode_offset_msg_id", "decode_offset_msg_id"]
+__all__ = [
+    "UniqueIdGenerator",
+    "OffsetMessageId",
+    "offset_msg_id_prefix",
+    "encode_offset_msg_id",
+    "decode_offset_msg_id",
+]
 
 
 def _local_ipv4() -> bytes:
@@ -65,11 +71,19 @@ class OffsetMessageId:
     commitlog_offset: int
 
 
-def encode_offset_msg_id(store_host: str, commitlog_offset: int) -> str:
-    """The offsetMsgId of a message stored on ``store_host`` ("ip:port") at ``commitlog_offset``."""
+def offset_msg_id_prefix(store_host: str) -> str:
+    """The hex digits every offsetMsgId of ``store_host`` ("ip:port") starts with."""
     host, _, port = store_host.rpartition(":")
     ip = ipaddress.ip_address(host.strip("[]"))
-    return (ip.packed + int(port).to_bytes(4, "big") + commitlog_offset.to_bytes(8, "big")).hex().upper()
+    return (ip.packed + int(port).to_bytes(4, "big")).hex().upper()
+
+
+def encode_offset_msg_id(store_host: str, commitlog_offset: int, prefix: str | None = None) -> str:
+    """The offsetMsgId of a message stored on ``store_host`` ("ip:port") at ``commitlog_offset``.
+
+    Pass ``offset_msg_id_prefix(store_host)`` as ``prefix`` on hot paths to skip parsing the host.
+    """
+    return (prefix or offset_msg_id_prefix(store_host)) + f"{commitlog_offset:016X}"
 
 
 def decode_offset_msg_id(msg_id: str) -> OffsetMessageId:

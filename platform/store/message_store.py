@@ -19,7 +19,7 @@ from ...storage_native import errors as native_errors
 from ...storage_native.layout import record_size
 from ..common.codec import encode_properties, pack_host, tag_hash
 from ..common.errors import ErrorCode, SparkMQError
-from ..common.ids import UniqueIdGenerator, decode_offset_msg_id, encode_offset_msg_id
+from ..common.ids import UniqueIdGenerator, decode_offset_msg_id, encode_offset_msg_id, offset_msg_id_prefix
 from ..common.message import (
     KEY_SEPARATOR,
     PROPERTY_KEYS,
@@ -91,6 +91,7 @@ class MessageStore:
         self._queue_count_of = queue_count_of
         self._ids = UniqueIdGenerator()
         self._store_host = pack_host(config.store_host)
+        self._id_prefix = offset_msg_id_prefix(config.store_host)
         self._log: Optional[CommitLog] = None
         self._lock_fd: Optional[int] = None
         self._flusher: Optional[FlushService] = None
@@ -276,7 +277,8 @@ class MessageStore:
             raise translate_store_error(exc) from None
         size = _record_size(body, msg.topic, props)
         status = self._await_durable(offset + size)
-        return PutResult(status, unique_id, encode_offset_msg_id(self.config.store_host, offset), msg.topic, qid,
+        return PutResult(status, unique_id, encode_offset_msg_id(self.config.store_host, offset, self._id_prefix),
+                         msg.topic, qid,
                          queue_offset, offset, store_ts, size)
 
     def put_batch(self, topic: str, queue_id: int, messages: Sequence[Message], *,
@@ -312,7 +314,8 @@ class MessageStore:
             raise translate_store_error(exc) from None
         status = self._await_durable(offsets[-1] + sizes[-1])
         host_text = self.config.store_host
-        return [PutResult(status, ids[i], encode_offset_msg_id(host_text, off), topic, qid, first + i, off,
+        return [PutResult(status, ids[i], encode_offset_msg_id(host_text, off, self._id_prefix), topic, qid,
+                          first + i, off,
                           store_ts, sizes[i]) for i, off in enumerate(offsets)]
 
     # -- reading --------------------------------------------------------------

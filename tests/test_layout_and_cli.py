@@ -1,0 +1,51 @@
+"""The repository layout promises and the command-line entry points."""
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_platform_folder_never_shadows_the_stdlib():
+    assert not (ROOT / "platform" / "__init__.py").exists()
+    out = subprocess.run([sys.executable, "-c", "import platform, sys; print(platform.__file__); print(platform.system())"],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout.splitlines()
+    assert "site-packages" not in out[0] and not out[0].startswith(str(ROOT)) and out[1]
+    for name in ("sparkmq.platform.store", "sparkmq.platform.common.errors", "sparkmq.storage_native"):
+        importlib.import_module(name)
+
+
+def test_error_codes_map_to_http_statuses_once():
+    from sparkmq.platform.common.errors import ErrorCode
+
+    assert len({c.name for c in ErrorCode}) == len(list(ErrorCode))
+    assert all(400 <= c.http_status < 600 and c.description for c in ErrorCode)
+
+
+def test_dev_demo_sends_and_receives(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "sparkmq.api.cli", "dev", "--data-dir", str(tmp_path),
+                             "--messages", "1000"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "received 1000 of 1000" in result.stdout
+
+
+def test_store_verify_command(tmp_path):
+    subprocess.run([sys.executable, "-m", "sparkmq.api.cli", "dev", "--data-dir", str(tmp_path), "--messages", "200"],
+                   check=True, capture_output=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "sparkmq.api.cli", "store", "verify", str(tmp_path / "store"),
+                             "--json"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["ok"] and report["records_ok"] == 200 and report["queue_units_checked"] == 200
+
+
+def test_build_py_explains_missing_java(tmp_path):
+    env = {"PATH": str(tmp_path), "HOME": str(tmp_path)}  # no java on this PATH
+    result = subprocess.run([sys.executable, str(ROOT / "build.py"), "setup"], capture_output=True, text=True,
+                            env=env, timeout=60)
+    assert result.returncode == 2
+    assert "Java was not found" in result.stderr and "openjdk-17" in result.stderr
