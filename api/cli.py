@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path

@@ -129,7 +129,7 @@ def bench_read_sequential(base: Path, impl, count: int) -> tuple[float, float]:
     cfg = StoreConfig(root=root, segment_size=256 << 20, background_services=False)
     with MessageStore(cfg, commit_log_class=impl.CommitLog) as store:
         batch = [Message("Bench", BODY, tags="bench")] * 64
-        for i in range(count // 64):
+        for _i in range(count // 64):
             store.put_batch("Bench", 0, batch)
         log = store.commit_log
         offset, n = 0, 0

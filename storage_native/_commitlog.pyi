@@ -11,7 +11,7 @@ Errors common to every method of an open log: a closed log raises
 ``CLOSED: commit log is closed``; an OS failure raises ``IO_ERROR: <what>: <strerror>``;
 no space for a new file raises ``DISK_FULL``.
 """
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 FORMAT_VERSION: int
 
@@ -25,7 +25,7 @@ DecodedRecord = tuple[int, int, int, int, int, int, int, int, bytes, int, bytes,
 #: One message of a batch: (body, properties, tag_hash, flag, sys_flag,
 #: born_timestamp, born_host, reconsume_times, prepared_offset); born_host is
 #: ``None`` (all zero) or 20 bytes.
-BatchItem = tuple[bytes, bytes, int, int, int, int, Optional[bytes], int, int]
+BatchItem = tuple[bytes, bytes, int, int, int, int, bytes | None, int, int]
 
 
 def decode_record(buf: bytes | memoryview, verify_crc: bool = False) -> DecodedRecord:
@@ -149,9 +149,9 @@ class CommitLog:
         flag: int = 0,
         sys_flag: int = 0,
         born_timestamp: int = 0,
-        born_host: Optional[bytes] = None,
+        born_host: bytes | None = None,
         store_timestamp: int = 0,
-        store_host: Optional[bytes] = None,
+        store_host: bytes | None = None,
         reconsume_times: int = 0,
         prepared_offset: int = 0,
     ) -> tuple[int, int, int]:
@@ -178,7 +178,7 @@ class CommitLog:
         queue_id: int,
         messages: Sequence[BatchItem],
         store_timestamp: int = 0,
-        store_host: Optional[bytes] = None,
+        store_host: bytes | None = None,
     ) -> tuple[int, int, list[int]]:
         """Append records to one queue in one lock hold; returns
         (first_queue_offset, store_timestamp, [commitlog_offset of each]).
@@ -233,7 +233,7 @@ class CommitLog:
         queue_id: int,
         queue_offset: int,
         max_count: int,
-        tag_hashes: Optional[set[int] | frozenset[int]] = None,
+        tag_hashes: set[int] | frozenset[int] | None = None,
         max_bytes: int = 0,
     ) -> tuple[int, list[tuple[int, int, bytes]]]:
         """Read through the consume queue: (next_queue_offset, [(queue_offset, commitlog_offset, record)]).
@@ -250,7 +250,7 @@ class CommitLog:
         ``OFFSET_TOO_SMALL: queue offset %d is below the minimum queue offset %d``.
         """
 
-    def consume_queue(self, topic: str, queue_id: int) -> Optional[ConsumeQueue]:
+    def consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
         """The queue's index, or None when nothing was ever appended to it."""
 
     def queues(self) -> list[tuple[str, int]]:
@@ -272,5 +272,5 @@ class CommitLog:
     def close(self) -> None:
         """Flush and unmap everything; idempotent."""
 
-    def __enter__(self) -> "CommitLog": ...
+    def __enter__(self) -> CommitLog: ...
     def __exit__(self, *exc: object) -> None: ...

@@ -16,7 +16,7 @@ import struct
 import threading
 import time
 import zlib
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from .errors import (
     CLOSED,
@@ -246,7 +246,7 @@ class _Encoded:
 class ConsumeQueue:
     """The 20-byte-unit index of one (topic, queue_id); see ``_commitlog.pyi``."""
 
-    def __init__(self, log: "CommitLog", topic: str, queue_id: int, directory: str) -> None:
+    def __init__(self, log: CommitLog, topic: str, queue_id: int, directory: str) -> None:
         self._log = log
         self._topic = topic
         self._queue_id = queue_id
@@ -462,7 +462,7 @@ class CommitLog:
     # -- opening --------------------------------------------------------------
     def _load_segments(self) -> None:
         names = sorted((n for n in os.listdir(self._clog_dir) if _NAME.match(n)), key=int)
-        prev: Optional[str] = None
+        prev: str | None = None
         for name in names:
             path = os.path.join(self._clog_dir, name)
             actual = os.path.getsize(path)
@@ -493,7 +493,7 @@ class CommitLog:
     def _files_end(self) -> int:
         return self._segments[-1].start + self._segment_size if self._segments else 0
 
-    def _valid_record_at(self, pos: int) -> Optional[tuple[int, bytes]]:
+    def _valid_record_at(self, pos: int) -> tuple[int, bytes] | None:
         """(size, record) when a CRC-valid record starts at ``pos``, else None; size -1 = blank."""
         seg = self._segment_for(pos)
         rel = pos - seg.start
@@ -688,8 +688,8 @@ class CommitLog:
 
     # -- writing ------------------------------------------------------------
     def append(self, topic: str, queue_id: int, body, properties=b"", tag_hash: int = 0, flag: int = 0,
-               sys_flag: int = 0, born_timestamp: int = 0, born_host: Optional[bytes] = None,
-               store_timestamp: int = 0, store_host: Optional[bytes] = None, reconsume_times: int = 0,
+               sys_flag: int = 0, born_timestamp: int = 0, born_host: bytes | None = None,
+               store_timestamp: int = 0, store_host: bytes | None = None, reconsume_times: int = 0,
                prepared_offset: int = 0) -> tuple[int, int, int]:
         """Append one record and its unit; returns (commitlog_offset, queue_offset, store_timestamp)."""
         with self._lock:
@@ -705,7 +705,7 @@ class CommitLog:
             return offset, queue_offset, store_ts
 
     def append_batch(self, topic: str, queue_id: int, messages: Sequence[tuple], store_timestamp: int = 0,
-                     store_host: Optional[bytes] = None) -> tuple[int, int, list[int]]:
+                     store_host: bytes | None = None) -> tuple[int, int, list[int]]:
         """Append records to one queue at once; returns (first_queue_offset, store_timestamp, offsets)."""
         with self._lock:
             self._check_open()
@@ -830,7 +830,7 @@ class CommitLog:
             return index, out
 
     # -- queues and segments --------------------------------------------------------
-    def consume_queue(self, topic: str, queue_id: int) -> Optional[ConsumeQueue]:
+    def consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
         """The queue's index, or None when nothing was ever appended to it."""
         with self._lock:
             self._check_open()
@@ -900,7 +900,7 @@ class CommitLog:
             self._closed = True
             self._release()
 
-    def __enter__(self) -> "CommitLog":
+    def __enter__(self) -> CommitLog:
         return self
 
     def __exit__(self, *exc: object) -> None:

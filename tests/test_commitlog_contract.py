@@ -18,10 +18,8 @@ from conftest import IMPL_NAMES, IMPLS
 from sparkmq.storage_native import StoreError
 from sparkmq.storage_native.layout import (
     BLANK_MAGIC,
-    CQ_UNIT,
     CQ_UNIT_SIZE,
     RECORD_HEADER_SIZE,
-    RECORD_MAGIC,
     record_size,
 )
 

@@ -12,8 +12,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_platform_folder_never_shadows_the_stdlib():
     assert not (ROOT / "platform" / "__init__.py").exists()
-    out = subprocess.run([sys.executable, "-c", "import platform, sys; print(platform.__file__); print(platform.system())"],
-                         cwd=ROOT, capture_output=True, text=True, check=True).stdout.splitlines()
+    probe = "import platform; print(platform.__file__); print(platform.system())"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.splitlines()
     assert "site-packages" not in out[0] and not out[0].startswith(str(ROOT)) and out[1]
     for name in ("sparkmq.platform.store", "sparkmq.platform.common.errors", "sparkmq.storage_native"):
         importlib.import_module(name)

@@ -16,6 +16,9 @@ from sparkmq.platform.common.message import Message
 from sparkmq.platform.store import FlushMode, GetStatus, MessageStore, PutStatus, StoreConfig, verify_store
 from sparkmq.platform.store.message_store import iter_all
 
+#: Characters a property value may hold: not the separators, not lone surrogates.
+PROPERTY_CHARS = st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",))
+
 
 def test_put_then_get_returns_the_message(store_factory, impl):
     store = store_factory(impl_module=impl)
@@ -52,7 +55,7 @@ def test_get_statuses(store_factory, impl):
 @given(batches=st.lists(st.lists(st.tuples(st.binary(min_size=1, max_size=20000),
                                            st.sampled_from([None, "a", "b", "tag-c"]),
                                            st.dictionaries(st.text("abcxyz", min_size=1, max_size=5),
-                                                           st.text(st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)),
+                                                           st.text(PROPERTY_CHARS,
                                                                    max_size=20), max_size=3)),
                                  min_size=1, max_size=10), min_size=1, max_size=12))
 def test_hypothesis_roundtrip_through_the_store(tmp_path_factory, impl, batches):
@@ -66,7 +69,7 @@ def test_hypothesis_roundtrip_through_the_store(tmp_path_factory, impl, batches)
                 results = store.put_batch("R", i % 3, msgs)
             else:
                 results = [store.put(m, i % 3) for m in msgs]
-            sent.extend(zip(msgs, results))
+            sent.extend(zip(msgs, results, strict=False))
     with MessageStore(cfg, commit_log_class=impl.CommitLog) as store:  # and after a reopen
         stored = {m.msg_id: m for q in range(3) for m in iter_all(store, "R", q)}
         assert len(stored) == len(sent)
@@ -84,7 +87,7 @@ def test_offset_by_time_binary_search(store_factory, impl):
         stamps.append(store.put(Message("T", b"x"), 0).store_timestamp)
         if i % 5 == 4:
             time.sleep(0.02)
-    for i, ts in enumerate(stamps):
+    for ts in stamps:
         assert stamps.index(ts) == store.offset_by_time("T", 0, ts)
     assert store.offset_by_time("T", 0, 0) == 0
     assert store.offset_by_time("T", 0, stamps[-1] + 1) == 20
@@ -276,7 +279,7 @@ def test_retention_forces_deletion_when_the_disk_is_full(tmp_path, impl):
     cfg = StoreConfig(root=tmp_path, segment_size=64 * 1024, max_message_size=8 * 1024, max_properties_size=1000,
                       background_services=False)
     with MessageStore(cfg, commit_log_class=impl.CommitLog) as store:
-        for i in range(200):
+        for _i in range(200):
             store.put(Message("K", b"r" * 900), 0)
         segs = store.commit_log.segments()
         store._retention = RetentionPolicy(cfg, disk_usage=lambda _p: 0.95)

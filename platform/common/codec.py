@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import zlib
-from typing import Mapping
+from collections.abc import Mapping
 
 from .errors import ErrorCode, SparkMQError
 

@@ -47,7 +47,7 @@ class UniqueIdGenerator:
         self._next_month_ms = 0
 
     def _roll_month(self, now_ms: int) -> None:
-        now = _dt.datetime.fromtimestamp(now_ms / 1000, _dt.timezone.utc)
+        now = _dt.datetime.fromtimestamp(now_ms / 1000, _dt.UTC)
         start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
         nxt = (start + _dt.timedelta(days=32)).replace(day=1)
         self._month_start_ms = int(start.timestamp() * 1000)

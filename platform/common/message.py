@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from .codec import decode_properties, unpack_host
 from .ids import encode_offset_msg_id
@@ -23,7 +22,7 @@ class Message:
 
     topic: str
     body: bytes
-    tags: Optional[str] = None
+    tags: str | None = None
     keys: tuple[str, ...] = ()
     properties: dict[str, str] = field(default_factory=dict)
     flag: int = 0
@@ -52,7 +51,7 @@ class StoredMessage:
     body_crc: int
 
     @classmethod
-    def from_decoded(cls, decoded: tuple) -> "StoredMessage":
+    def from_decoded(cls, decoded: tuple) -> StoredMessage:
         """Build from ``storage_native.decode_record``'s tuple."""
         (total, crc, queue_id, flag, queue_offset, clog, sys_flag, born_ts, born_host, store_ts,
          store_host, reconsume, prepared, tag_hash, body, topic, props) = decoded
@@ -63,7 +62,7 @@ class StoredMessage:
                    prepared_offset=prepared, tag_hash=tag_hash, body_crc=crc)
 
     @property
-    def tags(self) -> Optional[str]:
+    def tags(self) -> str | None:
         """The message's tag, if any."""
         return self.properties.get(PROPERTY_TAGS)
 

@@ -22,7 +22,6 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 __all__ = ["Checkpoint", "read_checkpoint", "write_checkpoint"]
 
@@ -39,7 +38,7 @@ class Checkpoint:
     timestamp_ms: int
 
 
-def read_checkpoint(path: Path) -> Optional[Checkpoint]:
+def read_checkpoint(path: Path) -> Checkpoint | None:
     """The checkpoint at ``path``, or None when missing or corrupt."""
     try:
         raw = path.read_bytes()

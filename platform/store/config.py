@@ -11,7 +11,7 @@ from ..common.validation import DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_MAX_PROPERTIES
 __all__ = ["FlushMode", "StoreConfig"]
 
 
-class FlushMode(str, enum.Enum):
+class FlushMode(enum.StrEnum):
     """When an append counts as durable."""
 
     #: A background thread fdatasyncs every ``flush_interval_ms``; a send returns at once.

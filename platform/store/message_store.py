@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from typing import Callable, Collection, Iterable, Optional, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from ...storage_native import CommitLog, StoreError, decode_record
 from ...storage_native import errors as native_errors
@@ -79,8 +79,8 @@ class MessageStore:
     """
 
     def __init__(self, config: StoreConfig,
-                 queue_count_of: Optional[Callable[[str], Optional[int]]] = None,
-                 commit_log_class: Optional[type] = None) -> None:
+                 queue_count_of: Callable[[str], int | None] | None = None,
+                 commit_log_class: type | None = None) -> None:
         """``queue_count_of(topic)`` gives a topic's queue count so puts can check the
         queue id (the broker passes its topic table); without it any id in [0, 65535] goes.
         ``commit_log_class`` picks an implementation (tests run both); by default the
@@ -92,19 +92,19 @@ class MessageStore:
         self._ids = UniqueIdGenerator()
         self._store_host = pack_host(config.store_host)
         self._id_prefix = offset_msg_id_prefix(config.store_host)
-        self._log: Optional[CommitLog] = None
-        self._lock_fd: Optional[int] = None
-        self._flusher: Optional[FlushService] = None
+        self._log: CommitLog | None = None
+        self._lock_fd: int | None = None
+        self._flusher: FlushService | None = None
         self._stop = threading.Event()
-        self._retention_thread: Optional[threading.Thread] = None
+        self._retention_thread: threading.Thread | None = None
         self._checkpoint_lock = threading.Lock()
         self._last_checkpoint_ms = 0
         self._retention = RetentionPolicy(config)
-        self.clean_start: Optional[bool] = None
+        self.clean_start: bool | None = None
         self.recovery: dict[str, int] = {}
 
     # -- lifecycle ------------------------------------------------------------
-    def start(self) -> "MessageStore":
+    def start(self) -> MessageStore:
         """Lock the directory, recover, and start the flush and retention threads."""
         root = self.config.root
         root.mkdir(parents=True, exist_ok=True)
@@ -175,7 +175,7 @@ class MessageStore:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def __enter__(self) -> "MessageStore":
+    def __enter__(self) -> MessageStore:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -256,8 +256,8 @@ class MessageStore:
                                f"the limit is {self.config.max_properties_size}")
         return bytes(body), raw_props, tag_hash(msg.tags), unique_id
 
-    def put(self, msg: Message, queue_id: int, *, born_host: Optional[str] = None,
-            born_timestamp: Optional[int] = None, reconsume_times: int = 0, sys_flag: int = 0,
+    def put(self, msg: Message, queue_id: int, *, born_host: str | None = None,
+            born_timestamp: int | None = None, reconsume_times: int = 0, sys_flag: int = 0,
             prepared_offset: int = 0) -> PutResult:
         """Append one message to ``queue_id`` of its topic.
 
@@ -282,7 +282,7 @@ class MessageStore:
                          queue_offset, offset, store_ts, size)
 
     def put_batch(self, topic: str, queue_id: int, messages: Sequence[Message], *,
-                  born_host: Optional[str] = None, born_timestamp: Optional[int] = None) -> list[PutResult]:
+                  born_host: str | None = None, born_timestamp: int | None = None) -> list[PutResult]:
         """Append messages of one topic to one queue in one call (consecutive queue offsets).
 
         Every message is validated first; one bad message rejects the whole batch.
@@ -330,7 +330,7 @@ class MessageStore:
         return cq.max_offset if cq is not None else 0
 
     def get_messages(self, topic: str, queue_id: int, offset: int, max_count: int = 32,
-                     tags: Optional[Collection[str]] = None, max_bytes: int = 0) -> GetResult:
+                     tags: Collection[str] | None = None, max_bytes: int = 0) -> GetResult:
         """Up to ``max_count`` messages of a queue from ``offset``.
 
         ``tags``: deliver only messages with one of these tags (None = all); the
@@ -410,7 +410,7 @@ class MessageStore:
         return lo
 
     # -- retention ------------------------------------------------------------
-    def run_retention(self, now_ms: Optional[int] = None) -> RetentionDecision:
+    def run_retention(self, now_ms: int | None = None) -> RetentionDecision:
         """One retention pass (the background thread calls this on its interval)."""
         log_ = self.commit_log
         decision = self._retention.decide(log_.segments(), log_.segment_size, now_ms)

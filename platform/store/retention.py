@@ -13,9 +13,9 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Callable, Optional
 
 from .config import StoreConfig
 
@@ -37,12 +37,12 @@ class RetentionDecision:
 class RetentionPolicy:
     """Decides which segments to delete; the caller deletes them through the log."""
 
-    def __init__(self, config: StoreConfig, disk_usage: Optional[Callable[[str], float]] = None) -> None:
+    def __init__(self, config: StoreConfig, disk_usage: Callable[[str], float] | None = None) -> None:
         self._config = config
         self._disk_usage = disk_usage or _disk_used_ratio
 
     def decide(self, segments: list[tuple[int, str]], segment_size: int,
-               now_ms: Optional[int] = None) -> RetentionDecision:
+               now_ms: int | None = None) -> RetentionDecision:
         """Look at the segments (oldest first, as ``CommitLog.segments()``) and decide."""
         cfg = self._config
         now_ms = now_ms if now_ms is not None else time.time_ns() // 1_000_000

@@ -9,7 +9,7 @@ from ..common.message import StoredMessage
 __all__ = ["PutStatus", "GetStatus", "PutResult", "GetResult"]
 
 
-class PutStatus(str, enum.Enum):
+class PutStatus(enum.StrEnum):
     """Outcome of a put; anything but PUT_OK still means the message is in the log."""
 
     PUT_OK = "PUT_OK"
@@ -17,7 +17,7 @@ class PutStatus(str, enum.Enum):
     FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
 
 
-class GetStatus(str, enum.Enum):
+class GetStatus(enum.StrEnum):
     """Outcome of a get (RocketMQ's GetMessageStatus, named for readers of both)."""
 
     FOUND = "FOUND"

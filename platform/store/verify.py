@@ -19,7 +19,6 @@ import sys
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from ...storage_native.layout import (
     BLANK_MAGIC,
@@ -71,7 +70,7 @@ def _segments(paths: StorePaths) -> list[tuple[int, Path]]:
     return sorted((int(p.name), p) for p in paths.commitlog.iterdir() if _NAME.match(p.name))
 
 
-def _check_record(buf: mmap.mmap, rel: int, left: int, offset: int) -> tuple[Optional[int], str]:
+def _check_record(buf: mmap.mmap, rel: int, left: int, offset: int) -> tuple[int | None, str]:
     """(size, "") for a valid record at ``rel``, (None, reason) otherwise; size -1 = blank marker."""
     if left < BLANK_MARKER_SIZE:
         return None, "segment tail too short for a record"
@@ -90,7 +89,7 @@ def _check_record(buf: mmap.mmap, rel: int, left: int, offset: int) -> tuple[Opt
     return total, ""
 
 
-def _resync(buf: mmap.mmap, rel: int, base: int) -> Optional[int]:
+def _resync(buf: mmap.mmap, rel: int, base: int) -> int | None:
     """Next position after ``rel`` where a record plausibly starts (its stored offset matches)."""
     pos = rel + 1
     while True:
@@ -167,7 +166,7 @@ def _check_queues(paths: StorePaths, report: VerifyReport, sizes: dict[int, int]
                         Problem(clog, f"queue unit {first_unit + i} points at no valid record of size {size}", where))
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Command line: exit 0 when the store is intact, 1 when damage was found."""
     parser = argparse.ArgumentParser(prog="sparkmq-verify", description=__doc__.splitlines()[0])
     parser.add_argument("root", help="store directory (holds commitlog/ and consumequeue/)")
