@@ -5,8 +5,14 @@ setup(
     ext_modules=[
         Extension(
             "sparkmq.storage_native._commitlog",
-            sources=["storage_native/_commitlog.c"],
-            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            sources=[
+                "storage_native/_commitlog.c",
+                "storage_native/cl_store.c",
+                "storage_native/crc32.c",
+            ],
+            depends=["storage_native/cl_store.h", "storage_native/crc32.h"],
+            extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-pthread"],
+            extra_link_args=["-pthread"],
         )
     ]
 )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import tomllib
 from dataclasses import asdict
 from pathlib import Path
 
@@ -29,11 +30,19 @@ def main() -> None:
 @main.command()
 @click.option("--data-dir", type=click.Path(path_type=Path), default=Path("var/dev"), show_default=True,
               help="where the embedded platform keeps its files")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="a TOML file with a [store] table (see conf/single-node.toml)")
 @click.option("--messages", default=10_000, show_default=True, help="how many demo messages to send")
-def dev(data_dir: Path, messages: int) -> None:
+def dev(data_dir: Path, config_file: Path | None, messages: int) -> None:
     """Start the embedded platform on this machine and run the send/receive demo."""
     store_dir = data_dir / "store"
-    cfg = StoreConfig(root=store_dir, segment_size=64 << 20, flush_mode=FlushMode.ASYNC_FLUSH)
+    settings = {"segment_size": 64 << 20, "flush_mode": FlushMode.ASYNC_FLUSH}
+    if config_file is not None:
+        settings.update(tomllib.loads(config_file.read_text()).get("store", {}))
+    if config_file is None or "root" not in settings:
+        settings["root"] = store_dir
+    cfg = StoreConfig.from_mapping(settings)
+    store_dir = cfg.root
     with MessageStore(cfg) as store:
         console.print(f"store open at [bold]{store_dir}[/] (clean start: {store.clean_start}, "
                       f"recovered to offset {store.recovery.get('end_offset')})")

@@ -50,3 +50,24 @@ def test_build_py_explains_missing_java(tmp_path):
                             env=env, timeout=60)
     assert result.returncode == 2
     assert "Java was not found" in result.stderr and "openjdk-17" in result.stderr
+
+
+def test_dev_reads_the_store_table_of_a_config_file(tmp_path):
+    conf = (ROOT / "conf" / "single-node.toml").read_text().replace('root = "var/dev/store"',
+                                                                     f'root = "{tmp_path / "from-conf"}"')
+    (tmp_path / "node.toml").write_text(conf)
+    result = subprocess.run([sys.executable, "-m", "sparkmq.api.cli", "dev", "--config", str(tmp_path / "node.toml"),
+                             "--messages", "100"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "from-conf" / "commitlog").is_dir()
+
+
+def test_unknown_store_settings_are_refused():
+    import pytest
+
+    from sparkmq.platform.store import StoreConfig
+
+    with pytest.raises(ValueError, match="segmnet_size"):
+        StoreConfig.from_mapping({"root": "x", "segmnet_size": 4096})
+    with pytest.raises(ValueError, match="segment_size must be a multiple of 4096"):
+        StoreConfig.from_mapping({"root": "x", "segment_size": 5000})

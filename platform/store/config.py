@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from ..common.codec import pack_host
 from ..common.validation import DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_MAX_PROPERTIES_SIZE
@@ -57,6 +59,15 @@ class StoreConfig:
     store_host: str = "127.0.0.1:10911"
     #: Start the flush and retention threads (False for tools that only read).
     background_services: bool = field(default=True)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], **overrides: Any) -> StoreConfig:
+        """Build from a config file's ``[store]`` table; unknown keys are an error, not ignored."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown store setting(s) {unknown}; known: {sorted(known)}")
+        return cls(**{**values, **overrides})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root))

@@ -1,0 +1,1479 @@
+/* sparkmq.storage_native._commitlog -- the C core of the message store.
+ *
+ * This file is the CPython binding: argument parsing and validation (with the
+ * exact error texts of _commitlog.pyi), conversion of results, and the GIL/lock
+ * choreography.  The store itself is cl_store.c (no Python API, so it can run
+ * without the GIL) and crc32.c.
+ *
+ * Locking rules (why there is no deadlock between the GIL and the log mutex):
+ *  - a thread holding the GIL never blocks on the mutex: it try-locks, and on
+ *    failure releases the GIL before blocking (lock_log);
+ *  - no Python API is called while the mutex is held, so a garbage-collector
+ *    finaliser can never re-enter the log on a thread that holds the mutex.
+ * Data that outlives the unlock (records being copied, read_view memoryviews)
+ * is pinned by a reference on its mapped file, so deletion and close cannot
+ * unmap it underneath.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cl_store.h"
+#include "crc32.h"
+
+/* Copies larger than this are done with the GIL released. */
+#define BIG_COPY (256 * 1024)
+
+static PyObject *StoreError; /* sparkmq.storage_native.errors.StoreError */
+
+/* ------------------------------------------------------------------ errors */
+
+static PyObject *raise_store(const char *code, PyObject *msg)
+{
+    if (!msg)
+        return NULL;
+    PyObject *exc = PyObject_CallFunction(StoreError, "sO", code, msg);
+    Py_DECREF(msg);
+    if (exc) {
+        PyErr_SetObject(StoreError, exc);
+        Py_DECREF(exc);
+    }
+    return NULL;
+}
+
+static PyObject *store_error(const char *code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    PyObject *msg = PyUnicode_FromFormatV(fmt, ap);
+    va_end(ap);
+    return raise_store(code, msg);
+}
+
+/* A core error.  When `arg` is given, the argument was outside int64 and was
+ * clamped to `clamped`: its real value replaces the clamped one in the text. */
+static PyObject *raise_err_arg(const cl_err *e, PyObject *arg, int64_t clamped)
+{
+    PyObject *msg = PyUnicode_DecodeFSDefault(e->msg);
+    if (msg && arg) {
+        PyObject *old = PyUnicode_FromFormat("%lld", (long long)clamped);
+        PyObject *new = PyObject_Str(arg);
+        PyObject *fixed = old && new ? PyUnicode_Replace(msg, old, new, 1) : NULL;
+        Py_XDECREF(old);
+        Py_XDECREF(new);
+        Py_SETREF(msg, fixed);
+    }
+    return raise_store(e->code, msg);
+}
+
+static PyObject *raise_err(const cl_err *e) { return raise_err_arg(e, NULL, 0); }
+
+/* --------------------------------------------------------- argument parsing */
+
+/* operator.index() semantics.  Values outside int64 are clamped and reported in
+ * *big (+1/-1) when big is given, else they raise OverflowError. */
+static int as_i64(PyObject *o, int64_t *v, int *big, const char *what)
+{
+    PyObject *n = PyLong_Check(o) ? Py_NewRef(o) : PyNumber_Index(o);
+    if (!n)
+        return -1;
+    int ovf = 0;
+    long long x = PyLong_AsLongLongAndOverflow(n, &ovf);
+    Py_DECREF(n);
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    if (ovf) {
+        if (!big) {
+            PyErr_Format(PyExc_OverflowError, "%s does not fit in 64 bits", what);
+            return -1;
+        }
+        x = ovf > 0 ? LLONG_MAX : LLONG_MIN;
+    }
+    if (big)
+        *big = ovf;
+    *v = x;
+    return 0;
+}
+
+static int as_i32(PyObject *o, int32_t *v, const char *what)
+{
+    int64_t x;
+    if (as_i64(o, &x, NULL, what))
+        return -1;
+    if (x < INT32_MIN || x > INT32_MAX) {
+        PyErr_Format(PyExc_OverflowError, "%s does not fit in 32 bits", what);
+        return -1;
+    }
+    *v = (int32_t)x;
+    return 0;
+}
+
+/* an optional int argument (NULL = default) */
+static int opt_i64(PyObject *o, int64_t dflt, int64_t *v, int *big, const char *what)
+{
+    if (!o) {
+        *v = dflt;
+        if (big)
+            *big = 0;
+        return 0;
+    }
+    return as_i64(o, v, big, what);
+}
+
+/* Minimal vectorcall parser: names[i] are interned, cnames[i] their C text. */
+static int parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                      PyObject **names, const char *const *cnames, int nreq, int nmax, PyObject **out)
+{
+    for (int i = 0; i < nmax; i++)
+        out[i] = NULL;
+    if (nargs > nmax) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %d arguments (%zd given)", fname, nmax, nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        out[i] = args[i];
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+        int idx = -1;
+        for (int j = 0; j < nmax && idx < 0; j++)
+            if (names[j] == key)
+                idx = j;
+        for (int j = 0; j < nmax && idx < 0; j++)
+            if (PyUnicode_Compare(key, names[j]) == 0)
+                idx = j;
+        if (idx < 0) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%S'", fname, key);
+            return -1;
+        }
+        if (out[idx]) {
+            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'", fname, cnames[idx]);
+            return -1;
+        }
+        out[idx] = args[nargs + k];
+    }
+    for (int i = 0; i < nreq; i++)
+        if (!out[i]) {
+            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s' (pos %d)", fname, cnames[i], i + 1);
+            return -1;
+        }
+    return 0;
+}
+
+/* keyword tables, interned at module init */
+enum { MAXKW = 13 };
+typedef struct kwtab {
+    const char *const names[MAXKW + 1];
+    PyObject *interned[MAXKW];
+} kwtab;
+
+static kwtab KW_APPEND = {{"topic", "queue_id", "body", "properties", "tag_hash", "flag", "sys_flag", "born_timestamp",
+                           "born_host", "store_timestamp", "store_host", "reconsume_times", "prepared_offset", NULL}, {0}};
+static kwtab KW_BATCH = {{"topic", "queue_id", "messages", "store_timestamp", "store_host", NULL}, {0}};
+static kwtab KW_SCAN = {{"offset", "max_count", "max_bytes", NULL}, {0}};
+static kwtab KW_RAW = {{"offset", "length", NULL}, {0}};
+static kwtab KW_GET = {{"topic", "queue_id", "queue_offset", "max_count", "tag_hashes", "max_bytes", NULL}, {0}};
+static kwtab KW_QUEUE = {{"topic", "queue_id", NULL}, {0}};
+static kwtab KW_UNITS = {{"queue_offset", "max_count", NULL}, {0}};
+static kwtab KW_DECODE = {{"buf", "verify_crc", NULL}, {0}};
+static kwtab KW_CRC = {{"data", "value", NULL}, {0}};
+static kwtab *const ALL_KW[] = {&KW_APPEND, &KW_BATCH, &KW_SCAN, &KW_RAW, &KW_GET,
+                                &KW_QUEUE,  &KW_UNITS, &KW_DECODE, &KW_CRC};
+
+static int intern_kw(void)
+{
+    for (size_t t = 0; t < sizeof ALL_KW / sizeof *ALL_KW; t++)
+        for (int i = 0; ALL_KW[t]->names[i]; i++)
+            if (!(ALL_KW[t]->interned[i] = PyUnicode_InternFromString(ALL_KW[t]->names[i])))
+                return -1;
+    return 0;
+}
+
+#define PARSE(fname, tab, nreq, nmax, out)                                                                         \
+    parse_args(fname, args, nargs, kwnames, (tab).interned, (tab).names, nreq, nmax, out)
+
+/* ------------------------------------------------------------------ objects */
+
+typedef struct {
+    PyObject_HEAD cl_log *c;
+    PyObject *root;
+    PyObject *weakreflist;
+} LogObject;
+
+typedef struct {
+    PyObject_HEAD LogObject *log;
+    cl_queue *q;
+} QueueObject;
+
+/* exporter of read_view: a read-only slice of a mapping it keeps alive */
+typedef struct {
+    PyObject_HEAD mfile *f;
+    char *ptr;
+    Py_ssize_t len;
+} ViewObject;
+
+static PyTypeObject LogType, QueueType, ViewType;
+
+/* Lock with the GIL held, without ever blocking while holding it. */
+static void lock_log(cl_log *c)
+{
+    if (pthread_mutex_trylock(&c->mu) != 0) {
+        Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&c->mu);
+        Py_END_ALLOW_THREADS
+    }
+}
+
+static void unlock_log(cl_log *c) { pthread_mutex_unlock(&c->mu); }
+
+static cl_log *log_of(LogObject *self)
+{
+    if (!self->c) {
+        store_error("CLOSED", "commit log is closed");
+        return NULL;
+    }
+    return self->c;
+}
+
+/* ------------------------------------------------------------ copying out */
+
+/* bytes copies of located entries; the GIL is released for large copies */
+static int copy_out(const cl_ents *es, PyObject **objs)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < es->n; i++) {
+        if (!(objs[i] = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)es->v[i].len))) {
+            while (i-- > 0)
+                Py_DECREF(objs[i]);
+            return -1;
+        }
+        total += es->v[i].len;
+    }
+    if (total >= BIG_COPY) {
+        Py_BEGIN_ALLOW_THREADS for (size_t i = 0; i < es->n; i++)
+            memcpy(PyBytes_AS_STRING(objs[i]), es->v[i].ptr, es->v[i].len);
+        Py_END_ALLOW_THREADS
+    } else {
+        for (size_t i = 0; i < es->n; i++)
+            memcpy(PyBytes_AS_STRING(objs[i]), es->v[i].ptr, es->v[i].len);
+    }
+    return 0;
+}
+
+/* list of (a, bytes) or (a, b, bytes) tuples */
+static PyObject *ents_to_list(const cl_ents *es, int pairs)
+{
+    PyObject **objs = PyMem_Malloc((es->n ? es->n : 1) * sizeof *objs);
+    if (!objs)
+        return PyErr_NoMemory();
+    if (copy_out(es, objs)) {
+        PyMem_Free(objs);
+        return NULL;
+    }
+    PyObject *list = PyList_New((Py_ssize_t)es->n);
+    for (size_t i = 0; i < es->n; i++) {
+        PyObject *t = NULL;
+        if (list)
+            t = pairs ? Py_BuildValue("(LN)", (long long)es->v[i].a, objs[i])
+                      : Py_BuildValue("(LLN)", (long long)es->v[i].a, (long long)es->v[i].b, objs[i]);
+        else
+            Py_DECREF(objs[i]);
+        if (list && !t)
+            Py_CLEAR(list);
+        if (list)
+            PyList_SET_ITEM(list, (Py_ssize_t)i, t);
+    }
+    PyMem_Free(objs);
+    return list;
+}
+
+/* ---------------------------------------------------------- validation */
+
+/* topic as UTF-8, validated in the contract's order */
+static int check_topic(PyObject *topic, const char **s, Py_ssize_t *n)
+{
+    if (!PyUnicode_Check(topic)) {
+        PyErr_Format(PyExc_TypeError, "topic must be str, not %s", Py_TYPE(topic)->tp_name);
+        return -1;
+    }
+    if (!(*s = PyUnicode_AsUTF8AndSize(topic, n)))
+        return -1;
+    if (*n == 0)
+        return store_error("INVALID_ARGUMENT", "topic must not be empty"), -1;
+    if (*n > CL_MAX_TOPIC)
+        return store_error("INVALID_ARGUMENT", "topic is %zd bytes, the limit is %d", *n, CL_MAX_TOPIC), -1;
+    if (memchr(*s, '/', (size_t)*n) || memchr(*s, '\0', (size_t)*n) || !strcmp(*s, ".") || !strcmp(*s, ".."))
+        return store_error("INVALID_ARGUMENT", "topic contains a character not allowed in a file name"), -1;
+    return 0;
+}
+
+static int check_queue_id(PyObject *o, int *qid)
+{
+    int64_t v;
+    int big;
+    if (as_i64(o, &v, &big, "queue_id"))
+        return -1;
+    if (big || v < 0 || v > CL_MAX_QUEUE_ID)
+        return store_error("INVALID_ARGUMENT", "queue_id must be in [0, %d], got %S", CL_MAX_QUEUE_ID, o), -1;
+    *qid = (int)v;
+    return 0;
+}
+
+/* None (all zero) or exactly 20 bytes; *has = 0 for None */
+static int check_host(PyObject *o, const char *name, const char *prefix, uint8_t out[CL_HOST_SIZE], int *has)
+{
+    *has = 0;
+    memset(out, 0, CL_HOST_SIZE);
+    if (!o || o == Py_None)
+        return 0;
+    Py_buffer b;
+    if (PyObject_GetBuffer(o, &b, PyBUF_SIMPLE))
+        return -1;
+    Py_ssize_t len = b.len;
+    if (len == CL_HOST_SIZE)
+        memcpy(out, b.buf, CL_HOST_SIZE);
+    PyBuffer_Release(&b);
+    if (len != CL_HOST_SIZE)
+        return store_error("INVALID_ARGUMENT", "%s%s must be %d bytes, got %zd", prefix, name, CL_HOST_SIZE, len), -1;
+    *has = 1;
+    return 0;
+}
+
+/* body/properties stay exported (zero-copy) until the append returns */
+typedef struct msg_bufs {
+    Py_buffer body, props;
+    int have_body, have_props;
+} msg_bufs;
+
+static void bufs_release(msg_bufs *b)
+{
+    if (b->have_body)
+        PyBuffer_Release(&b->body);
+    if (b->have_props)
+        PyBuffer_Release(&b->props);
+    b->have_body = b->have_props = 0;
+}
+
+/* the fields of one message, in the twin's conversion order; then born_host */
+static int msg_convert(cl_msg *m, msg_bufs *b, PyObject *const f[9], const char *prefix)
+{
+    /* f: body, properties, tag_hash, flag, sys_flag, born_timestamp, born_host, reconsume_times, prepared_offset */
+    memset(m, 0, sizeof *m);
+    if (PyObject_GetBuffer(f[0], &b->body, PyBUF_SIMPLE))
+        return -1;
+    b->have_body = 1;
+    m->body = b->body.buf;
+    m->body_len = (size_t)b->body.len;
+    if (f[1]) {
+        if (PyObject_GetBuffer(f[1], &b->props, PyBUF_SIMPLE))
+            return -1;
+        b->have_props = 1;
+        m->props = b->props.buf;
+        m->props_len = (size_t)b->props.len;
+    } else
+        m->props = "";
+    int has;
+    if ((f[2] && as_i64(f[2], &m->tag_hash, NULL, "tag_hash")) || (f[3] && as_i32(f[3], &m->flag, "flag")) ||
+        (f[4] && as_i32(f[4], &m->sys_flag, "sys_flag")) ||
+        (f[5] && as_i64(f[5], &m->born_ts, NULL, "born_timestamp")) ||
+        (f[7] && as_i32(f[7], &m->reconsume, "reconsume_times")) ||
+        (f[8] && as_i64(f[8], &m->prepared, NULL, "prepared_offset")))
+        return -1;
+    return check_host(f[6], "born_host", prefix, m->born_host, &has);
+}
+
+/* properties limit and the record size against the segment */
+static int msg_limits(const cl_log *c, cl_msg *m, size_t tlen, const char *prefix)
+{
+    if (m->props_len > CL_MAX_PROPS)
+        return store_error("INVALID_ARGUMENT", "%sproperties are %zu bytes, the limit is %d", prefix, m->props_len,
+                           CL_MAX_PROPS),
+               -1;
+    m->size = cl_record_size(m->body_len, tlen, m->props_len);
+    if (m->size > (uint64_t)(c->seg_size - CL_BLANK_SIZE) || m->size > UINT32_MAX)
+        return store_error("INVALID_ARGUMENT", "%srecord of %llu bytes does not fit in a segment of %lld bytes", prefix,
+                           (unsigned long long)m->size, (long long)c->seg_size),
+               -1;
+    return 0;
+}
+
+static int store_ts_arg(PyObject *o, int64_t *ts)
+{
+    if (opt_i64(o, 0, ts, NULL, "store_timestamp"))
+        return -1;
+    if (*ts == 0)
+        *ts = cl_now_ms();
+    return 0;
+}
+
+static int check_open(cl_log *c)
+{
+    /* a racy early exit only; the locked operation checks again */
+    if (c->closed) {
+        store_error("CLOSED", "commit log is closed");
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------- appending */
+
+static PyObject *Log_append(LogObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *a[13];
+    cl_log *c;
+    if (PARSE("append", KW_APPEND, 3, 13, a) || !(c = log_of(self)) || check_open(c))
+        return NULL;
+    const char *topic;
+    Py_ssize_t tlen;
+    int qid, has_shost;
+    uint8_t shost[CL_HOST_SIZE];
+    int64_t store_ts, off = 0, qoff = 0;
+    cl_msg m;
+    msg_bufs b = {0};
+    PyObject *const fields[9] = {a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[11], a[12]};
+    if (check_topic(a[0], &topic, &tlen) || check_queue_id(a[1], &qid) || msg_convert(&m, &b, fields, "") ||
+        check_host(a[10], "store_host", "", shost, &has_shost) || msg_limits(c, &m, (size_t)tlen, "") ||
+        store_ts_arg(a[9], &store_ts)) {
+        bufs_release(&b);
+        return NULL;
+    }
+    cl_err e;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&c->mu);
+    rc = cl_append_locked(c, topic, (size_t)tlen, qid, &m, 1, store_ts, has_shost ? shost : NULL, &off, &qoff, &e);
+    pthread_mutex_unlock(&c->mu);
+    Py_END_ALLOW_THREADS bufs_release(&b);
+    if (rc)
+        return raise_err(&e);
+    return Py_BuildValue("(LLL)", (long long)off, (long long)qoff, (long long)store_ts);
+}
+
+/* validated batch: messages and their exported buffers */
+typedef struct batch {
+    Py_ssize_t n;
+    cl_msg *msgs;
+    msg_bufs *bufs;
+    int64_t *offsets;
+} batch;
+
+static void batch_free(batch *bt)
+{
+    for (Py_ssize_t i = 0; bt->bufs && i < bt->n; i++)
+        bufs_release(&bt->bufs[i]);
+    PyMem_Free(bt->msgs);
+    PyMem_Free(bt->bufs);
+    PyMem_Free(bt->offsets);
+}
+
+static int batch_build(const cl_log *c, PyObject *messages, size_t tlen, batch *bt)
+{
+    memset(bt, 0, sizeof *bt);
+    if (!PyList_Check(messages) && !PyTuple_Check(messages)) {
+        PyErr_SetString(PyExc_TypeError, "messages must be a list or tuple");
+        return -1;
+    }
+    /* a snapshot: converting an item may run Python code that mutates a list */
+    PyObject *items = PyList_Check(messages) ? PyList_AsTuple(messages) : Py_NewRef(messages);
+    if (!items)
+        return -1;
+    Py_ssize_t n = PyTuple_GET_SIZE(items);
+    int rc = -1;
+    if (n == 0) {
+        store_error("INVALID_ARGUMENT", "batch is empty");
+        goto out;
+    }
+    bt->msgs = PyMem_Calloc((size_t)n, sizeof *bt->msgs);
+    bt->bufs = PyMem_Calloc((size_t)n, sizeof *bt->bufs);
+    bt->offsets = PyMem_Calloc((size_t)n, sizeof *bt->offsets);
+    if (!bt->msgs || !bt->bufs || !bt->offsets) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    bt->n = n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(items, i);
+        char prefix[48];
+        if (!PyTuple_Check(item)) {
+            PyErr_Format(PyExc_TypeError, "message %zd must be a tuple", i);
+            goto out;
+        }
+        if (PyTuple_GET_SIZE(item) != 9) {
+            store_error("INVALID_ARGUMENT", "message %zd: expected 9 fields, got %zd", i, PyTuple_GET_SIZE(item));
+            goto out;
+        }
+        snprintf(prefix, sizeof prefix, "message %zd: ", i);
+        if (msg_convert(&bt->msgs[i], &bt->bufs[i], &PyTuple_GET_ITEM(item, 0), prefix) ||
+            msg_limits(c, &bt->msgs[i], tlen, prefix))
+            goto out;
+    }
+    rc = 0;
+out:
+    Py_DECREF(items); /* the exported buffers keep bodies alive */
+    return rc;
+}
+
+static PyObject *Log_append_batch(LogObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *a[5];
+    cl_log *c;
+    if (PARSE("append_batch", KW_BATCH, 3, 5, a) || !(c = log_of(self)) || check_open(c))
+        return NULL;
+    const char *topic;
+    Py_ssize_t tlen;
+    int qid, has_shost;
+    uint8_t shost[CL_HOST_SIZE];
+    int64_t store_ts, first = 0;
+    batch bt;
+    if (check_topic(a[0], &topic, &tlen) || check_queue_id(a[1], &qid) ||
+        check_host(a[4], "store_host", "", shost, &has_shost) || store_ts_arg(a[3], &store_ts))
+        return NULL;
+    if (batch_build(c, a[2], (size_t)tlen, &bt)) {
+        batch_free(&bt);
+        return NULL;
+    }
+    cl_err e;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&c->mu);
+    rc = cl_append_locked(c, topic, (size_t)tlen, qid, bt.msgs, (size_t)bt.n, store_ts, has_shost ? shost : NULL,
+                          bt.offsets, &first, &e);
+    pthread_mutex_unlock(&c->mu);
+    Py_END_ALLOW_THREADS PyObject *res = NULL;
+    if (rc)
+        raise_err(&e);
+    else {
+        PyObject *offs = PyList_New(bt.n);
+        for (Py_ssize_t i = 0; offs && i < bt.n; i++) {
+            PyObject *v = PyLong_FromLongLong(bt.offsets[i]);
+            if (!v)
+                Py_CLEAR(offs);
+            else
+                PyList_SET_ITEM(offs, i, v);
+        }
+        if (offs)
+            res = Py_BuildValue("(LLN)", (long long)first, (long long)store_ts, offs);
+    }
+    batch_free(&bt);
+    return res;
+}
+
+/* ---------------------------------------------------------------- reading */
+
+/* the record at `offset`, pinned: *fp holds a reference for the caller */
+static int locate(cl_log *c, PyObject *arg, mfile **fp, size_t *rel, uint32_t *size)
+{
+    int64_t off;
+    int big;
+    if (as_i64(arg, &off, &big, "offset"))
+        return -1;
+    cl_err e;
+    lock_log(c);
+    int rc = cl_check_read_offset_locked(c, off, 0, &e);
+    if (!rc)
+        rc = cl_record_at_locked(c, off, fp, rel, size, &e);
+    if (!rc) {
+        mf_ref(*fp);
+        cl_note_io_locked(c, *size);
+    }
+    unlock_log(c);
+    if (rc)
+        raise_err_arg(&e, big ? arg : NULL, off);
+    return rc;
+}
+
+static PyObject *Log_read(LogObject *self, PyObject *arg)
+{
+    cl_log *c = log_of(self);
+    mfile *f;
+    size_t rel;
+    uint32_t size;
+    if (!c || locate(c, arg, &f, &rel, &size))
+        return NULL;
+    PyObject *r = PyBytes_FromStringAndSize(f->base + rel, size);
+    mf_unref(f);
+    return r;
+}
+
+static PyObject *Log_read_view(LogObject *self, PyObject *arg)
+{
+    cl_log *c = log_of(self);
+    mfile *f;
+    size_t rel;
+    uint32_t size;
+    if (!c || locate(c, arg, &f, &rel, &size))
+        return NULL;
+    ViewObject *v = PyObject_New(ViewObject, &ViewType);
+    if (!v) {
+        mf_unref(f);
+        return NULL;
+    }
+    v->f = f; /* the reference moves to the exporter */
+    v->ptr = f->base + rel;
+    v->len = size;
+    PyObject *mv = PyMemoryView_FromObject((PyObject *)v);
+    Py_DECREF(v);
+    return mv;
+}
+
+static PyObject *Log_store_timestamp_at(LogObject *self, PyObject *arg)
+{
+    cl_log *c = log_of(self);
+    mfile *f;
+    size_t rel;
+    uint32_t size;
+    if (!c || locate(c, arg, &f, &rel, &size))
+        return NULL;
+    int64_t ts;
+    memcpy(&ts, f->base + rel + F_STORE_TS, 8);
+    mf_unref(f);
+    return PyLong_FromLongLong(ts);
+}
+
+static PyObject *Log_scan(LogObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *a[3];
+    cl_log *c;
+    int64_t off, count, limit, next = 0;
+    int big_off, big_count;
+    if (PARSE("scan", KW_SCAN, 1, 3, a) || !(c = log_of(self)) || as_i64(a[0], &off, &big_off, "offset") ||
+        opt_i64(a[1], 1024, &count, &big_count, "max_count") || opt_i64(a[2], 4 << 20, &limit, NULL, "max_bytes"))
+        return NULL;
+    cl_ents es = {0};
+    cl_err e;
+    lock_log(c);
+    int rc = cl_scan_locked(c, off, count, limit, &es, &next, &e);
+    unlock_log(c);
+    PyObject *res = NULL;
+    if (rc)
+        raise_err_arg(&e, big_off ? a[0] : big_count ? a[1] : NULL, big_off ? off : count);
+    else {
+        PyObject *list = ents_to_list(&es, 1);
+        if (list)
+            res = Py_BuildValue("(LN)", (long long)next, list);
+    }
+    cl_ents_release(&es);
+    return res;
+}
+
+static PyObject *Log_read_raw(LogObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *a[2];
+    cl_log *c;
+    int64_t off, len;
+    int big_off, big_len;
+    if (PARSE("read_raw", KW_RAW, 2, 2, a) || !(c = log_of(self)) || as_i64(a[0], &off, &big_off, "offset") ||
+        as_i64(a[1], &len, &big_len, "length"))
+        return NULL;
+    cl_ents es = {0};
+    cl_err e;
+    lock_log(c);
+    int rc = cl_read_raw_locked(c, off, len, &es, &e);
+    unlock_log(c);
+    PyObject *res = NULL;
+    if (rc)
+        raise_err_arg(&e, big_off ? a[0] : big_len < 0 ? a[1] : NULL, big_off ? off : len);
+    else if (!es.n)
+        res = PyBytes_FromStringAndSize("", 0);
+    else if (copy_out(&es, &res))
+        res = NULL;
+    cl_ents_release(&es);
+    return res;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* the int members of a set, sorted (others can never equal an int64 tag) */
+static int tags_from_set(PyObject *set, int64_t **tags, size_t *n)
+{
+    Py_ssize_t cap = PySet_GET_SIZE(set);
+    *tags = PyMem_Malloc((size_t)(cap ? cap : 1) * sizeof **tags);
+    *n = 0;
+    if (!*tags) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyObject *it = PyObject_GetIter(set), *item;
+    if (!it)
+        return -1;
+    while ((item = PyIter_Next(it))) {
+        int ovf = 0;
+        long long v = 0;
+        int ok = 0;
+        if (PyLong_Check(item)) {
+            v = PyLong_AsLongLongAndOverflow(item, &ovf);
+            ok = !ovf && !(v == -1 && PyErr_Occurred());
+        } else if (PyFloat_Check(item)) { /* 5.0 == 5 in a set */
+            double d = PyFloat_AS_DOUBLE(item);
+            ok = d >= -9223372036854775808.0 && d < 9223372036854775808.0 && d == (double)(long long)d;
+            v = ok ? (long long)d : 0;
+        }
+        Py_DECREF(item);
+        PyErr_Clear();
+        if (ok && (Py_ssize_t)*n < cap)
+            (*tags)[(*n)++] = v;
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred())
+        return -1;
+    qsort(*tags, *n, sizeof **tags, cmp_i64);
+    return 0;
+}
+
+/* UTF-8 of a str key, or NULL (unknown queue) for anything else */
+static const char *topic_key(PyObject *topic, Py_ssize_t *n)
+{
+    if (!PyUnicode_Check(topic))
+        return NULL;
+    const char *s = PyUnicode_AsUTF8AndSize(topic, n);
+    if (!s)
+        PyErr_Clear();
+    return s;
+}
+
+static PyObject *Log_get(LogObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *a[6];
+    cl_log *c;
+    int64_t qoff, count, limit, qid, next = 0;
+    int big_off, big_count, big_qid;
+    if (PARSE("get", KW_GET, 4, 6, a) || !(c = log_of(self)) || check_open(c) ||
+        as_i64(a[2], &qoff, &big_off, "queue_offset") || as_i64(a[3], &count, &big_count, "max_count") ||
+        opt_i64(a[5], 0, &limit, NULL, "max_bytes") || as_i64(a[1], &qid, &big_qid, "queue_id"))
+        return NULL;
+    PyObject *tagset = a[4] && a[4] != Py_None ? a[4] : NULL;
+    if (tagset && !PyAnySet_Check(tagset)) {
+        PyErr_SetString(PyExc_TypeError, "tag_hashes must be a set or frozenset");
+        return NULL;
+    }
+    int64_t *tags = NULL;
+    size_t ntags = 0;
+    if (tagset && tags_from_set(tagset, &tags, &ntags)) {
+        PyMem_Free(tags);
+        return NULL;
+    }
+    Py_ssize_t tlen = 0;
+    const char *topic = topic_key(a[0], &tlen);
+    cl_ents es = {0};
+    cl_err e;
+    lock_log(c);
+    cl_queue *q = topic && !big_qid ? cl_find_queue_locked(c, topic, (size_t)tlen, qid) : NULL;
+    int rc = cl_get_locked(c, q, qoff, count, tags, ntags, tagset != NULL, limit, &es, &next, &e);
+    unlock_log(c);
+    PyMem_Free(tags);
+    PyObject *res = NULL;
+    if (rc)
+        raise_err_arg(&e, big_off ? a[2] : big_count ? a[3] : NULL, big_off ? qoff : count);
+    else {
+        PyObject *list = ents_to_list(&es, 0);
+        PyObject *nx = big_off ? PyNumber_Index(a[2]) : PyLong_FromLongLong(next);
+        if (list && nx)
+            res = PyTuple_Pack(2, nx, list);
+        Py_XDECREF(list);
+        Py_XDECREF(nx);
+    }
+    cl_ents_release(&es);
+    return res;
+}
+
+/* ---------------------------------------------------------- queues/segments */
+
+static PyObject *queue_topic(cl_queue *q)
+{
+    if (!q->py_topic) {
+        PyObject *t = PyUnicode_DecodeFSDefaultAndSize(q->topic, (Py_ssize_t)q->topic_len);
+        if (!t)
+            return NULL;
+        if (q->py_topic) /* filled meanwhile (decoding may run other threads) */
+            Py_DECREF(t);
+        else
+            q->py_topic = t;
+    }
+    return Py_NewRef((PyObject *)q->py_topic);
+}
+
+static PyObject *Log_consume_queue(LogObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *a[2];
+    cl_log *c;
+    int64_t qid;
+    int big;
+    if (PARSE("consume_queue", KW_QUEUE, 2, 2, a) || !(c = log_of(self)) || check_open(c) ||
+        as_i64(a[1], &qid, &big, "queue_id"))
+        return NULL;
+    Py_ssize_t tlen = 0;
+    const char *topic = topic_key(a[0], &tlen);
+    lock_log(c);
+    int closed = c->closed;
+    cl_queue *q = topic && !big && !closed ? cl_find_queue_locked(c, topic, (size_t)tlen, qid) : NULL;
+    unlock_log(c);
+    if (closed)
+        return store_error("CLOSED", "commit log is closed");
+    if (!q)
+        Py_RETURN_NONE;
+    QueueObject *o = PyObject_New(QueueObject, &QueueType);
+    if (!o)
+        return NULL;
+    o->log = (LogObject *)Py_NewRef(self); /* queues live as long as the log object */
+    o->q = q;
+    return (PyObject *)o;
+}
+
+static PyObject *Log_queues(LogObject *self, PyObject *unused)
+{
+    cl_log *c = log_of(self);
+    if (!c)
+        return NULL;
+    lock_log(c);
+    int closed = c->closed;
+    size_t n = c->nqueues;
+    cl_queue **qs = closed ? NULL : malloc((n ? n : 1) * sizeof *qs);
+    if (qs)
+        memcpy(qs, c->queues, n * sizeof *qs);
+    unlock_log(c);
+    if (closed)
+        return store_error("CLOSED", "commit log is closed");
+    if (!qs)
+        return PyErr_NoMemory();
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; list && i < n; i++) {
+        PyObject *t = queue_topic(qs[i]);
+        PyObject *tup = t ? Py_BuildValue("(NL)", t, (long long)qs[i]->queue_id) : NULL;
+        if (!tup)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, (Py_ssize_t)i, tup);
+    }
+    free(qs);
+    if (list && PyList_Sort(list))
+        Py_CLEAR(list);
+    return list;
+}
+
+static PyObject *Log_segments(LogObject *self, PyObject *unused)
+{
+    cl_log *c = log_of(self);
+    if (!c)
+        return NULL;
+    lock_log(c);
+    int closed = c->closed;
+    size_t n = c->nsegs;
+    mfile **fs = closed ? NULL : malloc((n ? n : 1) * sizeof *fs);
+    for (size_t i = 0; fs && i < n; i++) {
+        fs[i] = c->segs[i];
+        mf_ref(fs[i]); /* the path must survive a concurrent delete */
+    }
+    unlock_log(c);
+    if (closed)
+        return store_error("CLOSED", "commit log is closed");
+    if (!fs)
+        return PyErr_NoMemory();
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; i < n; i++) {
+        PyObject *tup = list ? Py_BuildValue("(LN)", (long long)fs[i]->start, PyUnicode_DecodeFSDefault(fs[i]->path))
+                             : NULL;
+        if (list && !tup)
+            Py_CLEAR(list);
+        else if (list)
+            PyList_SET_ITEM(list, (Py_ssize_t)i, tup);
+        mf_unref(fs[i]);
+    }
+    free(fs);
+    return list;
+}
+
+static PyObject *Log_delete_segments_before(LogObject *self, PyObject *arg)
+{
+    cl_log *c = log_of(self);
+    int64_t off, deleted = 0;
+    int big;
+    if (!c || as_i64(arg, &off, &big, "offset"))
+        return NULL;
+    cl_err e;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&c->mu);
+    rc = cl_delete_segments_before_locked(c, off, &deleted, &e);
+    pthread_mutex_unlock(&c->mu);
+    Py_END_ALLOW_THREADS if (rc) return raise_err(&e);
+    return PyLong_FromLongLong(deleted);
+}
+
+static PyObject *Log_flush(LogObject *self, PyObject *unused)
+{
+    cl_log *c = log_of(self);
+    if (!c)
+        return NULL;
+    int64_t flushed = 0;
+    cl_err e;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = cl_flush(c, &flushed, &e);
+    Py_END_ALLOW_THREADS if (rc) return raise_err(&e);
+    return PyLong_FromLongLong(flushed);
+}
+
+static PyObject *Log_close(LogObject *self, PyObject *unused)
+{
+    cl_log *c = self->c;
+    if (!c)
+        Py_RETURN_NONE;
+    cl_err e;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = cl_close(c, &e);
+    Py_END_ALLOW_THREADS if (rc) return raise_err(&e);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Log_enter(LogObject *self, PyObject *unused) { return Py_NewRef((PyObject *)self); }
+
+static PyObject *Log_exit(LogObject *self, PyObject *args)
+{
+    PyObject *r = Log_close(self, NULL);
+    if (!r)
+        return NULL;
+    Py_DECREF(r);
+    Py_RETURN_FALSE; /* exceptions propagate */
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+static int Log_init(LogObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"root", "segment_size", "cq_units_per_file", "check_from", NULL};
+    PyObject *root, *seg_o = NULL, *cq_o = NULL, *cf_o = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|OOO:CommitLog", kwlist, &root, &seg_o, &cq_o, &cf_o))
+        return -1;
+    int64_t seg, cq, cf;
+    int big_seg, big_cq, big_cf;
+    if (opt_i64(seg_o, (int64_t)1 << 30, &seg, &big_seg, "segment_size") ||
+        opt_i64(cq_o, 300000, &cq, &big_cq, "cq_units_per_file") || opt_i64(cf_o, 0, &cf, &big_cf, "check_from"))
+        return -1;
+    if (big_seg || seg < CL_MIN_SEGMENT || seg % CL_MIN_SEGMENT)
+        return store_error("INVALID_ARGUMENT", "segment_size must be a multiple of 4096 and at least 4096, got %S",
+                           seg_o),
+               -1;
+    if (big_cq < 0 || cq < 1)
+        return store_error("INVALID_ARGUMENT", "cq_units_per_file must be positive, got %S", cq_o), -1;
+    if (big_cq > 0 || cq > INT64_MAX / CL_UNIT_SIZE)
+        return PyErr_SetString(PyExc_OverflowError, "cq_units_per_file is too large"), -1;
+    if (big_cf < 0 || cf < 0)
+        return store_error("INVALID_ARGUMENT", "check_from must be >= 0, got %S", cf_o), -1;
+    PyObject *path = PyOS_FSPath(root);
+    if (!path)
+        return -1;
+    if (!PyUnicode_Check(path)) {
+        PyErr_Format(PyExc_TypeError, "root must be a str path, not %s", Py_TYPE(path)->tp_name);
+        Py_DECREF(path);
+        return -1;
+    }
+    PyObject *encoded = PyUnicode_EncodeFSDefault(path);
+    if (!encoded || (size_t)PyBytes_GET_SIZE(encoded) != strlen(PyBytes_AS_STRING(encoded))) {
+        if (encoded)
+            PyErr_SetString(PyExc_ValueError, "embedded null byte");
+        Py_XDECREF(encoded);
+        Py_DECREF(path);
+        return -1;
+    }
+    cl_log *c = cl_log_new(PyBytes_AS_STRING(encoded), seg, cq);
+    Py_DECREF(encoded);
+    if (!c) {
+        Py_DECREF(path);
+        PyErr_NoMemory();
+        return -1;
+    }
+    cl_err e;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = cl_log_open(c, cf, &e);
+    if (rc)
+        cl_log_free(c);
+    Py_END_ALLOW_THREADS if (rc)
+    {
+        Py_DECREF(path);
+        raise_err_arg(&e, big_cf ? cf_o : NULL, cf);
+        return -1;
+    }
+    cl_log *old = self->c;
+    self->c = c;
+    Py_XSETREF(self->root, path);
+    if (old) { /* __init__ called twice: drop the previous log */
+        Py_BEGIN_ALLOW_THREADS cl_log_free(old);
+        Py_END_ALLOW_THREADS
+    }
+    return 0;
+}
+
+static void Log_dealloc(LogObject *self)
+{
+    if (self->weakreflist)
+        PyObject_ClearWeakRefs((PyObject *)self);
+    cl_log *c = self->c;
+    if (c) {
+        for (size_t i = 0; i < c->nqueues; i++)
+            Py_CLEAR(*(PyObject **)&c->queues[i]->py_topic);
+        Py_BEGIN_ALLOW_THREADS cl_log_free(c); /* flushes if still open */
+        Py_END_ALLOW_THREADS
+    }
+    Py_XDECREF(self->root);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Log_repr(LogObject *self)
+{
+    return PyUnicode_FromFormat("<CommitLog root=%R%s>", self->root ? self->root : Py_None,
+                                self->c && !self->c->closed ? "" : " closed");
+}
+
+/* -------------------------------------------------------------- properties */
+
+static PyObject *Log_get_root(LogObject *self, void *x) { return Py_NewRef(self->root ? self->root : Py_None); }
+
+static PyObject *Log_get_segment_size(LogObject *self, void *x)
+{
+    cl_log *c = log_of(self);
+    return c ? PyLong_FromLongLong(c->seg_size) : NULL;
+}
+
+static PyObject *Log_get_cq_units(LogObject *self, void *x)
+{
+    cl_log *c = log_of(self);
+    return c ? PyLong_FromLongLong(c->cq_units) : NULL;
+}
+
+enum { P_MIN, P_MAX, P_FLUSHED, P_CLOSED };
+
+static PyObject *log_counter(LogObject *self, int which)
+{
+    cl_log *c = log_of(self);
+    if (!c)
+        return NULL;
+    lock_log(c);
+    int64_t v = which == P_MIN       ? cl_min_offset_locked(c)
+                : which == P_MAX     ? c->max
+                : which == P_FLUSHED ? c->flushed
+                                     : c->closed;
+    unlock_log(c);
+    if (which == P_CLOSED)
+        return PyBool_FromLong((long)v);
+    return PyLong_FromLongLong(v);
+}
+
+static PyObject *Log_get_min(LogObject *self, void *x) { return log_counter(self, P_MIN); }
+static PyObject *Log_get_max(LogObject *self, void *x) { return log_counter(self, P_MAX); }
+static PyObject *Log_get_flushed(LogObject *self, void *x) { return log_counter(self, P_FLUSHED); }
+static PyObject *Log_get_closed(LogObject *self, void *x)
+{
+    return self->c ? log_counter(self, P_CLOSED) : Py_NewRef(Py_True);
+}
+
+static PyObject *Log_get_recovery(LogObject *self, void *x)
+{
+    cl_log *c = log_of(self);
+    if (!c)
+        return NULL;
+    const cl_recovery *r = &c->rec;
+    return Py_BuildValue("{sLsLsLsLsLsLsL}", "check_from", (long long)r->check_from, "end_offset",
+                         (long long)r->end_offset, "records_checked", (long long)r->records_checked, "torn",
+                         (long long)r->torn, "discarded_segments", (long long)r->discarded_segments,
+                         "cq_units_truncated", (long long)r->cq_units_truncated, "cq_units_redone",
+                         (long long)r->cq_units_redone);
+}
+
+static PyMethodDef Log_methods[] = {
+    {"append", (PyCFunction)(void (*)(void))Log_append, METH_FASTCALL | METH_KEYWORDS,
+     "append(topic, queue_id, body, properties=b'', tag_hash=0, flag=0, sys_flag=0, born_timestamp=0, "
+     "born_host=None, store_timestamp=0, store_host=None, reconsume_times=0, prepared_offset=0)\n--\n\n"
+     "Append one record and its consume-queue unit; returns (commitlog_offset, queue_offset, store_timestamp)."},
+    {"append_batch", (PyCFunction)(void (*)(void))Log_append_batch, METH_FASTCALL | METH_KEYWORDS,
+     "append_batch(topic, queue_id, messages, store_timestamp=0, store_host=None)\n--\n\n"
+     "Append records to one queue in one lock hold; returns (first_queue_offset, store_timestamp, offsets)."},
+    {"read", (PyCFunction)Log_read, METH_O, "read(offset)\n--\n\nThe whole record at offset (a copy)."},
+    {"read_view", (PyCFunction)Log_read_view, METH_O,
+     "read_view(offset)\n--\n\nThe record at offset as a read-only memoryview of the mapping (kept mapped)."},
+    {"store_timestamp_at", (PyCFunction)Log_store_timestamp_at, METH_O,
+     "store_timestamp_at(offset)\n--\n\nstore_timestamp of the record at offset."},
+    {"scan", (PyCFunction)(void (*)(void))Log_scan, METH_FASTCALL | METH_KEYWORDS,
+     "scan(offset, max_count=1024, max_bytes=4194304)\n--\n\nRecords in log order: (next_offset, [(offset, record)])."},
+    {"read_raw", (PyCFunction)(void (*)(void))Log_read_raw, METH_FASTCALL | METH_KEYWORDS,
+     "read_raw(offset, length)\n--\n\nRaw bytes clipped to max_offset and to the segment end."},
+    {"get", (PyCFunction)(void (*)(void))Log_get, METH_FASTCALL | METH_KEYWORDS,
+     "get(topic, queue_id, queue_offset, max_count, tag_hashes=None, max_bytes=0)\n--\n\n"
+     "Read through the consume queue: (next_queue_offset, [(queue_offset, commitlog_offset, record)])."},
+    {"consume_queue", (PyCFunction)(void (*)(void))Log_consume_queue, METH_FASTCALL | METH_KEYWORDS,
+     "consume_queue(topic, queue_id)\n--\n\nThe queue's index, or None."},
+    {"queues", (PyCFunction)Log_queues, METH_NOARGS, "queues()\n--\n\nEvery (topic, queue_id), sorted."},
+    {"segments", (PyCFunction)Log_segments, METH_NOARGS, "segments()\n--\n\n(start_offset, path) of every segment."},
+    {"delete_segments_before", (PyCFunction)Log_delete_segments_before, METH_O,
+     "delete_segments_before(offset)\n--\n\nDelete whole segments ending at or before offset (never the newest)."},
+    {"flush", (PyCFunction)Log_flush, METH_NOARGS, "flush()\n--\n\nfdatasync up to the current end; returns flushed_offset."},
+    {"close", (PyCFunction)Log_close, METH_NOARGS, "close()\n--\n\nFlush and unmap everything; idempotent."},
+    {"__enter__", (PyCFunction)Log_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)Log_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef Log_getset[] = {
+    {"root", (getter)Log_get_root, NULL, "the directory of the store", NULL},
+    {"segment_size", (getter)Log_get_segment_size, NULL, "bytes per segment file", NULL},
+    {"cq_units_per_file", (getter)Log_get_cq_units, NULL, "units per consume-queue file", NULL},
+    {"min_offset", (getter)Log_get_min, NULL, "start offset of the oldest segment (0 for an empty log)", NULL},
+    {"max_offset", (getter)Log_get_max, NULL, "end of the last record", NULL},
+    {"flushed_offset", (getter)Log_get_flushed, NULL, "everything below is fdatasync'ed", NULL},
+    {"closed", (getter)Log_get_closed, NULL, "True after close()", NULL},
+    {"recovery", (getter)Log_get_recovery, NULL, "what opening found", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject LogType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sparkmq.storage_native._commitlog.CommitLog",
+    .tp_basicsize = sizeof(LogObject),
+    .tp_dealloc = (destructor)Log_dealloc,
+    .tp_repr = (reprfunc)Log_repr,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "CommitLog(root, segment_size=1<<30, cq_units_per_file=300000, check_from=0)\n--\n\n"
+              "Append-only log of mmap'd segments plus the consume queues its appends write.",
+    .tp_weaklistoffset = offsetof(LogObject, weakreflist),
+    .tp_methods = Log_methods,
+    .tp_getset = Log_getset,
+    .tp_init = (initproc)Log_init,
+    .tp_new = PyType_GenericNew,
+};
+
+/* ----------------------------------------------------------- ConsumeQueue */
+
+/* lock + CLOSED check; returns the log locked, or NULL with an exception set */
+static cl_log *queue_lock(QueueObject *self)
+{
+    cl_log *c = log_of(self->log);
+    if (!c)
+        return NULL;
+    lock_log(c);
+    if (c->closed) {
+        unlock_log(c);
+        store_error("CLOSED", "commit log is closed");
+        return NULL;
+    }
+    return c;
+}
+
+/* offset checks of unit/units; mu held */
+static int queue_check(cl_queue *q, int64_t off, int allow_max, cl_err *e)
+{
+    if (off < 0)
+        return cl_fail(e, CL_INVALID_ARGUMENT, "queue offset must be >= 0, got %lld", (long long)off);
+    if (off < q->min)
+        return cl_fail(e, CL_OFFSET_TOO_SMALL, "queue offset %lld is below the minimum queue offset %lld",
+                       (long long)off, (long long)q->min);
+    if (off > q->max || (off == q->max && !allow_max))
+        return cl_fail(e, CL_OFFSET_OVERFLOW, "queue offset %lld is at or past the maximum queue offset %lld",
+                       (long long)off, (long long)q->max);
+    return 0;
+}
+
+static PyObject *Queue_unit(QueueObject *self, PyObject *arg)
+{
+    int64_t off, clo = 0, tag = 0;
+    int32_t size = 0;
+    int big;
+    cl_log *c;
+    if (as_i64(arg, &off, &big, "queue_offset") || !(c = queue_lock(self)))
+        return NULL;
+    cl_err e;
+    int rc = queue_check(self->q, off, 0, &e);
+    if (!rc)
+        cl_queue_unit_locked(c, self->q, off, &clo, &size, &tag);
+    unlock_log(c);
+    if (rc)
+        return raise_err_arg(&e, big ? arg : NULL, off);
+    return Py_BuildValue("(LiL)", (long long)clo, (int)size, (long long)tag);
+}
+
+typedef struct unit3 {
+    int64_t clo, tag;
+    int32_t size;
+} unit3;
+
+static PyObject *Queue_units(QueueObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *a[2];
+    int64_t off, count;
+    int big_off, big_count;
+    cl_log *c;
+    if (PARSE("units", KW_UNITS, 2, 2, a) || as_i64(a[0], &off, &big_off, "queue_offset") ||
+        as_i64(a[1], &count, &big_count, "max_count") || !(c = queue_lock(self)))
+        return NULL;
+    cl_err e;
+    cl_queue *q = self->q;
+    unit3 *v = NULL;
+    int64_t n = 0;
+    int rc = queue_check(q, off, 1, &e);
+    if (!rc && count < 1)
+        rc = cl_fail(&e, CL_INVALID_ARGUMENT, "max_count must be >= 1, got %lld", (long long)count);
+    if (!rc) {
+        n = q->max - off < count ? q->max - off : count;
+        if (n && !(v = malloc((size_t)n * sizeof *v)))
+            rc = -2;
+        for (int64_t i = 0; i < n && v; i++)
+            cl_queue_unit_locked(c, q, off + i, &v[i].clo, &v[i].size, &v[i].tag);
+    }
+    unlock_log(c);
+    if (rc == -2)
+        return PyErr_NoMemory();
+    if (rc)
+        return raise_err_arg(&e, big_off ? a[0] : big_count ? a[1] : NULL, big_off ? off : count);
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    for (int64_t i = 0; list && i < n; i++) {
+        PyObject *t = Py_BuildValue("(LiL)", (long long)v[i].clo, (int)v[i].size, (long long)v[i].tag);
+        if (!t)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, (Py_ssize_t)i, t);
+    }
+    free(v);
+    return list;
+}
+
+static PyObject *Queue_truncate(QueueObject *self, PyObject *arg)
+{
+    int64_t off, dropped;
+    int big;
+    cl_log *c = log_of(self->log);
+    if (!c || as_i64(arg, &off, &big, "queue_offset"))
+        return NULL;
+    cl_err e;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&c->mu);
+    rc = cl_queue_truncate_locked(c, self->q, off, &dropped, &e);
+    pthread_mutex_unlock(&c->mu);
+    Py_END_ALLOW_THREADS if (rc) return raise_err_arg(&e, big ? arg : NULL, off);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Queue_get_topic(QueueObject *self, void *x) { return queue_topic(self->q); }
+static PyObject *Queue_get_queue_id(QueueObject *self, void *x) { return PyLong_FromLongLong(self->q->queue_id); }
+
+static PyObject *queue_bound(QueueObject *self, int want_max)
+{
+    cl_log *c = log_of(self->log);
+    if (!c)
+        return NULL;
+    lock_log(c);
+    int64_t v = want_max ? self->q->max : self->q->min;
+    unlock_log(c);
+    return PyLong_FromLongLong(v);
+}
+
+static PyObject *Queue_get_min(QueueObject *self, void *x) { return queue_bound(self, 0); }
+static PyObject *Queue_get_max(QueueObject *self, void *x) { return queue_bound(self, 1); }
+
+static void Queue_dealloc(QueueObject *self)
+{
+    Py_XDECREF(self->log);
+    PyObject_Free(self);
+}
+
+static PyObject *Queue_repr(QueueObject *self)
+{
+    PyObject *t = queue_topic(self->q);
+    if (!t)
+        return NULL;
+    PyObject *r = PyUnicode_FromFormat("<ConsumeQueue topic=%R queue_id=%lld>", t, (long long)self->q->queue_id);
+    Py_DECREF(t);
+    return r;
+}
+
+static PyMethodDef Queue_methods[] = {
+    {"unit", (PyCFunction)Queue_unit, METH_O, "unit(queue_offset)\n--\n\n(commitlog_offset, size, tag_hash) of one unit."},
+    {"units", (PyCFunction)(void (*)(void))Queue_units, METH_FASTCALL | METH_KEYWORDS,
+     "units(queue_offset, max_count)\n--\n\nUp to max_count units from queue_offset."},
+    {"truncate", (PyCFunction)Queue_truncate, METH_O,
+     "truncate(max_queue_offset)\n--\n\nDrop (zero) every unit at or above max_queue_offset."},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef Queue_getset[] = {
+    {"topic", (getter)Queue_get_topic, NULL, NULL, NULL},
+    {"queue_id", (getter)Queue_get_queue_id, NULL, NULL, NULL},
+    {"min_offset", (getter)Queue_get_min, NULL, "smallest queue offset still served", NULL},
+    {"max_offset", (getter)Queue_get_max, NULL, "queue offset of the next appended record", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject QueueType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sparkmq.storage_native._commitlog.ConsumeQueue",
+    .tp_basicsize = sizeof(QueueObject),
+    .tp_dealloc = (destructor)Queue_dealloc,
+    .tp_repr = (reprfunc)Queue_repr,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The 20-byte-unit index of one (topic, queue_id); obtained from CommitLog.consume_queue.",
+    .tp_methods = Queue_methods,
+    .tp_getset = Queue_getset,
+};
+
+/* ---------------------------------------------------------- view exporter */
+
+static int View_getbuffer(ViewObject *self, Py_buffer *view, int flags)
+{
+    return PyBuffer_FillInfo(view, (PyObject *)self, self->ptr, self->len, 1, flags);
+}
+
+static void View_dealloc(ViewObject *self)
+{
+    mf_unref(self->f); /* may unmap a deleted segment */
+    PyObject_Free(self);
+}
+
+static PyBufferProcs View_as_buffer = {(getbufferproc)View_getbuffer, NULL};
+
+static PyTypeObject ViewType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sparkmq.storage_native._commitlog._SegmentView",
+    .tp_basicsize = sizeof(ViewObject),
+    .tp_dealloc = (destructor)View_dealloc,
+    .tp_as_buffer = &View_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Read-only slice of a mapped segment, kept mapped while referenced.",
+};
+
+/* ---------------------------------------------------------- decode_record */
+
+static PyObject *corrupt(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    PyObject *msg = PyUnicode_FromFormatV(fmt, ap);
+    va_end(ap);
+    return raise_store("CORRUPT_RECORD", msg);
+}
+
+static PyObject *decode(const char *p, size_t n, int verify)
+{
+    uint32_t total, magic, crc, body_len;
+    memcpy(&total, p + F_TOTAL, 4);
+    memcpy(&magic, p + F_MAGIC, 4);
+    memcpy(&crc, p + F_CRC, 4);
+    memcpy(&body_len, p + F_BODY_LEN, 4);
+    if (magic != CL_RECORD_MAGIC)
+        return corrupt("record is malformed: bad magic 0x%08x", (unsigned)magic);
+    if (total != n)
+        return corrupt("record is malformed: total_size %u != buffer length %zu", (unsigned)total, n);
+    uint64_t tpos = (uint64_t)CL_HEADER_SIZE + body_len;
+    if (tpos + 1 > total)
+        return corrupt("record is malformed: lengths overrun the record");
+    uint64_t ppos = tpos + 1 + (unsigned char)p[tpos];
+    uint16_t plen = 0;
+    if (ppos + 2 <= total)
+        memcpy(&plen, p + ppos, 2);
+    if (ppos + 2 > total || ppos + 2 + plen != total)
+        return corrupt("record is malformed: lengths overrun the record");
+    PyObject *topic = PyUnicode_DecodeUTF8(p + tpos + 1, (Py_ssize_t)(ppos - tpos - 1), "strict");
+    if (!topic) {
+        PyErr_Clear();
+        return corrupt("record is malformed: topic is not UTF-8");
+    }
+    if (verify) {
+        uint32_t actual;
+        if (n >= BIG_COPY) {
+            Py_BEGIN_ALLOW_THREADS actual = sparkmq_crc32(0, p + F_QID, n - F_QID);
+            Py_END_ALLOW_THREADS
+        } else
+            actual = sparkmq_crc32(0, p + F_QID, n - F_QID);
+        if (actual != crc) {
+            Py_DECREF(topic);
+            return store_error("CORRUPT_RECORD", "record fails its CRC check");
+        }
+    }
+    int32_t qid, flag, sys_flag, reconsume;
+    int64_t qoff, clo, born_ts, store_ts, prepared, tag;
+    memcpy(&qid, p + F_QID, 4);
+    memcpy(&flag, p + F_FLAG, 4);
+    memcpy(&qoff, p + F_QOFF, 8);
+    memcpy(&clo, p + F_CLOFF, 8);
+    memcpy(&sys_flag, p + F_SYSFLAG, 4);
+    memcpy(&born_ts, p + F_BORN_TS, 8);
+    memcpy(&store_ts, p + F_STORE_TS, 8);
+    memcpy(&reconsume, p + F_RECONSUME, 4);
+    memcpy(&prepared, p + F_PREPARED, 8);
+    memcpy(&tag, p + F_TAG, 8);
+    return Py_BuildValue("(kkiiLLiLy#Ly#iLLy#Ny#)", (unsigned long)total, (unsigned long)crc, (int)qid, (int)flag,
+                         (long long)qoff, (long long)clo, (int)sys_flag, (long long)born_ts, p + F_BORN_HOST,
+                         (Py_ssize_t)CL_HOST_SIZE, (long long)store_ts, p + F_STORE_HOST, (Py_ssize_t)CL_HOST_SIZE,
+                         (int)reconsume, (long long)prepared, (long long)tag, p + CL_HEADER_SIZE, (Py_ssize_t)body_len,
+                         topic, p + ppos + 2, (Py_ssize_t)plen);
+}
+
+static PyObject *mod_decode_record(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *a[2];
+    if (PARSE("decode_record", KW_DECODE, 1, 2, a))
+        return NULL;
+    int verify = a[1] ? PyObject_IsTrue(a[1]) : 0;
+    if (verify < 0)
+        return NULL;
+    Py_buffer b;
+    if (PyObject_GetBuffer(a[0], &b, PyBUF_SIMPLE))
+        return NULL;
+    PyObject *r = b.len < CL_HEADER_SIZE ? corrupt("record is malformed: buffer shorter than the header")
+                                         : decode(b.buf, (size_t)b.len, verify);
+    PyBuffer_Release(&b);
+    return r;
+}
+
+static PyObject *mod_crc32(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *a[2];
+    int64_t start = 0;
+    if (PARSE("_crc32", KW_CRC, 1, 2, a) || opt_i64(a[1], 0, &start, NULL, "value"))
+        return NULL;
+    Py_buffer b;
+    if (PyObject_GetBuffer(a[0], &b, PyBUF_SIMPLE))
+        return NULL;
+    uint32_t r = sparkmq_crc32((uint32_t)start, b.buf, (size_t)b.len);
+    PyBuffer_Release(&b);
+    return PyLong_FromUnsignedLong(r);
+}
+
+static PyMethodDef module_methods[] = {
+    {"decode_record", (PyCFunction)(void (*)(void))mod_decode_record, METH_FASTCALL | METH_KEYWORDS,
+     "decode_record(buf, verify_crc=False)\n--\n\nDecode one whole record (as returned by CommitLog.read)."},
+    {"_crc32", (PyCFunction)(void (*)(void))mod_crc32, METH_FASTCALL | METH_KEYWORDS,
+     "_crc32(data, value=0)\n--\n\nThe store's CRC-32 (equal to zlib.crc32); for tests."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT,
+    "sparkmq.storage_native._commitlog",
+    "C core of the sparkmq message store: commit log + consume queues.\n\n"
+    "Implements the contract of _commitlog.pyi over the formats of layout.py;\n"
+    "errors are errors.StoreError(code, message).  Segments and queue files are\n"
+    "mmap'd (MAP_SHARED); the GIL is released around copies, CRC and syncs.",
+    -1,
+    module_methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL};
+
+PyMODINIT_FUNC PyInit__commitlog(void)
+{
+    sparkmq_crc32_init();
+    if (intern_kw() || PyType_Ready(&LogType) || PyType_Ready(&QueueType) || PyType_Ready(&ViewType))
+        return NULL;
+    PyObject *errors = PyImport_ImportModule("sparkmq.storage_native.errors");
+    if (!errors)
+        return NULL;
+    StoreError = PyObject_GetAttrString(errors, "StoreError");
+    Py_DECREF(errors);
+    if (!StoreError)
+        return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (!m)
+        return NULL;
+    if (PyModule_AddIntConstant(m, "FORMAT_VERSION", CL_FORMAT_VERSION) ||
+        PyModule_AddObjectRef(m, "CommitLog", (PyObject *)&LogType) ||
+        PyModule_AddObjectRef(m, "ConsumeQueue", (PyObject *)&QueueType) ||
+        PyModule_AddObjectRef(m, "StoreError", StoreError) ||
+        PyModule_AddStringConstant(m, "CRC32_IMPL", sparkmq_crc32_impl())) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
