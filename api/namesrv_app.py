@@ -1,0 +1,205 @@
+"""The name server's HTTP API: broker registration, routes, topics, cluster view.
+
+Build it with :func:`create_app`; ``sparkmq.api.namesrv_main`` serves it with uvicorn.
+Every error answers ``{"code": CODE, "message": ...}`` with the code's HTTP status.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..platform.common.errors import ErrorCode, SparkMQError
+from ..platform.namesrv import NameServerConfig, RouteTable, TopicConfig
+
+__all__ = ["create_app", "RegisterBrokerRequest", "UnregisterBrokerRequest", "TopicConfigBody"]
+
+log = logging.getLogger("sparkmq.namesrv")
+
+
+# -- request bodies ---------------------------------------------------------------------
+# Strict: a JSON "5" or 5.0 is not a broker id. Ranges and names are checked once, by the
+# route table, so HTTP and in-process callers get the same codes and messages.
+
+class TopicConfigBody(BaseModel):
+    """One topic's config as a broker announces it."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int = Field(description="READ=4 | WRITE=2 | INHERIT=1 (6 = read+write)")
+    topic_sys_flag: int = 0
+
+
+class RegisterBrokerRequest(BaseModel):
+    """A broker's periodic registration (its heartbeat to this name server)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    cluster: str
+    broker_name: str
+    broker_id: int = Field(description="0 = master, > 0 = slave")
+    broker_addr: str = Field(description="host:port clients connect to")
+    ha_addr: str | None = Field(default=None, description="host:port slaves replicate from")
+    data_version: int = Field(description="bumped by the broker whenever its topic configs change")
+    topic_configs: dict[str, TopicConfigBody] = Field(default_factory=dict)
+
+
+class UnregisterBrokerRequest(BaseModel):
+    """A broker leaving on shutdown."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    cluster: str
+    broker_name: str
+    broker_id: int
+    broker_addr: str
+
+
+# -- dependencies -----------------------------------------------------------------------
+
+def _route_table(request: Request) -> RouteTable:
+    return request.app.state.route_table
+
+
+RouteTableDep = Annotated[RouteTable, Depends(_route_table)]
+
+
+# -- routers ----------------------------------------------------------------------------
+
+brokers_router = APIRouter(prefix="/brokers", tags=["brokers"])
+routes_router = APIRouter(tags=["routes"])
+
+
+@brokers_router.post("/register")
+async def register_broker(body: RegisterBrokerRequest, table: RouteTableDep) -> dict[str, Any]:
+    """Register a broker or refresh its heartbeat; answers whether anything changed and the master's addresses."""
+    configs = {topic: TopicConfig(**cfg.model_dump()) for topic, cfg in body.topic_configs.items()}
+    changed = table.register_broker(body.cluster, body.broker_name, body.broker_id, body.broker_addr,
+                                    body.ha_addr, body.data_version, configs)
+    data = table.broker_data(body.broker_name)
+    master = data.master_addr if data else None
+    return {"changed": changed, "master_addr": master,
+            "master_ha_addr": data.ha_addrs.get(0) if data and master else None}
+
+
+@brokers_router.post("/unregister")
+async def unregister_broker(body: UnregisterBrokerRequest, table: RouteTableDep) -> dict[str, bool]:
+    """Remove a broker address that is shutting down; ``removed`` is false if it was not registered as given."""
+    return {"removed": table.unregister_broker(body.cluster, body.broker_name, body.broker_id, body.broker_addr)}
+
+
+@routes_router.get("/routes/{topic}", tags=["routes"])
+async def topic_route(topic: str, table: RouteTableDep) -> dict[str, Any]:
+    """The topic's route: queue data per broker name and those brokers' addresses (404 TOPIC_NOT_EXIST)."""
+    route = table.topic_route(topic)
+    if route is None:
+        raise SparkMQError(ErrorCode.TOPIC_NOT_EXIST, f"no live broker serves topic {topic!r}")
+    return route.to_dict()
+
+
+@routes_router.get("/topics", tags=["topics"])
+async def topic_list(table: RouteTableDep) -> dict[str, list[str]]:
+    """Every topic some live broker serves, sorted."""
+    return {"topics": table.topic_list()}
+
+
+@routes_router.delete("/topics/{topic}", tags=["topics"])
+async def delete_topic(topic: str, table: RouteTableDep,
+                       cluster: Annotated[str | None, Query(description="only this cluster's brokers")] = None,
+                       ) -> dict[str, Any]:
+    """Forget a topic's routes (brokers re-add it when their data version changes); idempotent."""
+    return {"topic": topic, "deleted": table.delete_topic(topic, cluster)}
+
+
+@routes_router.get("/cluster", tags=["cluster"])
+async def cluster_info(table: RouteTableDep) -> dict[str, Any]:
+    """Clusters with their broker names, broker addresses by id, and live broker addresses."""
+    return table.cluster_info().to_dict()
+
+
+@routes_router.get("/health", tags=["health"])
+async def health(table: RouteTableDep) -> dict[str, Any]:
+    """Liveness, with the number of live broker addresses and topics."""
+    info = table.cluster_info()
+    return {"status": "ok", "live_brokers": len(info.live_brokers), "topics": len(table.topic_list())}
+
+
+# -- errors, mapped once ----------------------------------------------------------------
+
+def _error(code: ErrorCode, message: str) -> JSONResponse:
+    return JSONResponse({"code": code.name, "message": message}, status_code=code.http_status)
+
+
+async def _sparkmq_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, SparkMQError)
+    return _error(exc.code, exc.message)
+
+
+async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    parts = []
+    for err in exc.errors()[:5]:
+        if err.get("type") == "json_invalid":
+            # loc is ("body", position); say so in words.
+            position = err.get("loc", ("body", "?"))[-1]
+            parts.append(f"malformed JSON at position {position}: {err.get('ctx', {}).get('error', 'decode error')}")
+            continue
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        parts.append(f"{where}: {err.get('msg', 'invalid')}" if where else str(err.get("msg", "invalid")))
+    return _error(ErrorCode.INVALID_ARGUMENT, "; ".join(parts) or "invalid request")
+
+
+async def _unexpected_error(_: Request, exc: Exception) -> JSONResponse:
+    log.exception("unexpected error", exc_info=exc)
+    return _error(ErrorCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+
+
+# -- the app ----------------------------------------------------------------------------
+
+async def _scan_loop(table: RouteTable, interval_s: float) -> None:
+    """Drop silent brokers every ``interval_s`` (RocketMQ's scanNotActiveBroker)."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            table.scan_expired()
+        except Exception:  # keep scanning: one bad pass must not leave dead brokers in routes forever
+            log.exception("broker expiry scan failed")
+
+
+def create_app(route_table: RouteTable, config: NameServerConfig) -> FastAPI:
+    """The name server app over ``route_table``; its lifespan runs the expiry scan every ``config.scan_interval_s``.
+
+    Example::
+
+        >>> app = create_app(RouteTable(), NameServerConfig())
+        >>> sorted(r.path for r in app.routes if r.path.startswith("/brokers"))
+        ['/brokers/register', '/brokers/unregister']
+    """
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(_scan_loop(route_table, config.scan_interval_s), name="namesrv-expiry-scan")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    app = FastAPI(title="sparkmq name server", version="0.1.0", lifespan=lifespan,
+                  description="Broker registration and expiry, topic routes, cluster view.")
+    app.state.route_table = route_table
+    app.state.config = config
+    app.include_router(brokers_router)
+    app.include_router(routes_router)
+    app.add_exception_handler(SparkMQError, _sparkmq_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(Exception, _unexpected_error)
+    return app
