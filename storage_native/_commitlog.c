@@ -221,7 +221,8 @@ static PyTypeObject LogType, QueueType, ViewType;
 static void lock_log(cl_log *c)
 {
     if (pthread_mutex_trylock(&c->mu) != 0) {
-        Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&c->mu);
+        Py_BEGIN_ALLOW_THREADS
+            pthread_mutex_lock(&c->mu);
         Py_END_ALLOW_THREADS
     }
 }
@@ -252,8 +253,9 @@ static int copy_out(const cl_ents *es, PyObject **objs)
         total += es->v[i].len;
     }
     if (total >= BIG_COPY) {
-        Py_BEGIN_ALLOW_THREADS for (size_t i = 0; i < es->n; i++)
-            memcpy(PyBytes_AS_STRING(objs[i]), es->v[i].ptr, es->v[i].len);
+        Py_BEGIN_ALLOW_THREADS
+            for (size_t i = 0; i < es->n; i++)
+                memcpy(PyBytes_AS_STRING(objs[i]), es->v[i].ptr, es->v[i].len);
         Py_END_ALLOW_THREADS
     } else {
         for (size_t i = 0; i < es->n; i++)
@@ -442,10 +444,13 @@ static PyObject *Log_append(LogObject *self, PyObject *const *args, Py_ssize_t n
     }
     cl_err e;
     int rc;
-    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&c->mu);
-    rc = cl_append_locked(c, topic, (size_t)tlen, qid, &m, 1, store_ts, has_shost ? shost : NULL, &off, &qoff, &e);
-    pthread_mutex_unlock(&c->mu);
-    Py_END_ALLOW_THREADS bufs_release(&b);
+    Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&c->mu);
+        rc = cl_append_locked(c, topic, (size_t)tlen, qid, &m, 1, store_ts, has_shost ? shost : NULL, &off,
+                              &qoff, &e);
+        pthread_mutex_unlock(&c->mu);
+    Py_END_ALLOW_THREADS
+    bufs_release(&b);
     if (rc)
         return raise_err(&e);
     return Py_BuildValue("(LLL)", (long long)off, (long long)qoff, (long long)store_ts);
@@ -536,11 +541,13 @@ static PyObject *Log_append_batch(LogObject *self, PyObject *const *args, Py_ssi
     }
     cl_err e;
     int rc;
-    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&c->mu);
-    rc = cl_append_locked(c, topic, (size_t)tlen, qid, bt.msgs, (size_t)bt.n, store_ts, has_shost ? shost : NULL,
-                          bt.offsets, &first, &e);
-    pthread_mutex_unlock(&c->mu);
-    Py_END_ALLOW_THREADS PyObject *res = NULL;
+    Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&c->mu);
+        rc = cl_append_locked(c, topic, (size_t)tlen, qid, bt.msgs, (size_t)bt.n, store_ts,
+                              has_shost ? shost : NULL, bt.offsets, &first, &e);
+        pthread_mutex_unlock(&c->mu);
+    Py_END_ALLOW_THREADS
+    PyObject *res = NULL;
     if (rc)
         raise_err(&e);
     else {
@@ -575,7 +582,7 @@ static int locate(cl_log *c, PyObject *arg, mfile **fp, size_t *rel, uint32_t *s
         rc = cl_record_at_locked(c, off, fp, rel, size, &e);
     if (!rc) {
         mf_ref(*fp);
-        cl_note_io_locked(c, *size);
+        cl_note_read_locked(c, *fp, *rel, *size);
     }
     unlock_log(c);
     if (rc)
@@ -721,7 +728,8 @@ static int tags_from_set(PyObject *set, int64_t **tags, size_t *n)
     Py_DECREF(it);
     if (PyErr_Occurred())
         return -1;
-    qsort(*tags, *n, sizeof **tags, cmp_i64);
+    if (*n)
+        qsort(*tags, *n, sizeof **tags, cmp_i64);
     return 0;
 }
 
@@ -833,7 +841,7 @@ static PyObject *Log_queues(LogObject *self, PyObject *unused)
     int closed = c->closed;
     size_t n = c->nqueues;
     cl_queue **qs = closed ? NULL : malloc((n ? n : 1) * sizeof *qs);
-    if (qs)
+    if (qs && n)
         memcpy(qs, c->queues, n * sizeof *qs);
     unlock_log(c);
     if (closed)
@@ -896,10 +904,13 @@ static PyObject *Log_delete_segments_before(LogObject *self, PyObject *arg)
         return NULL;
     cl_err e;
     int rc;
-    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&c->mu);
-    rc = cl_delete_segments_before_locked(c, off, &deleted, &e);
-    pthread_mutex_unlock(&c->mu);
-    Py_END_ALLOW_THREADS if (rc) return raise_err(&e);
+    Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&c->mu);
+        rc = cl_delete_segments_before_locked(c, off, &deleted, &e);
+        pthread_mutex_unlock(&c->mu);
+    Py_END_ALLOW_THREADS
+    if (rc)
+        return raise_err(&e);
     return PyLong_FromLongLong(deleted);
 }
 
@@ -911,8 +922,11 @@ static PyObject *Log_flush(LogObject *self, PyObject *unused)
     int64_t flushed = 0;
     cl_err e;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = cl_flush(c, &flushed, &e);
-    Py_END_ALLOW_THREADS if (rc) return raise_err(&e);
+    Py_BEGIN_ALLOW_THREADS
+        rc = cl_flush(c, &flushed, &e);
+    Py_END_ALLOW_THREADS
+    if (rc)
+        return raise_err(&e);
     return PyLong_FromLongLong(flushed);
 }
 
@@ -923,8 +937,11 @@ static PyObject *Log_close(LogObject *self, PyObject *unused)
         Py_RETURN_NONE;
     cl_err e;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = cl_close(c, &e);
-    Py_END_ALLOW_THREADS if (rc) return raise_err(&e);
+    Py_BEGIN_ALLOW_THREADS
+        rc = cl_close(c, &e);
+    Py_END_ALLOW_THREADS
+    if (rc)
+        return raise_err(&e);
     Py_RETURN_NONE;
 }
 
@@ -932,11 +949,7 @@ static PyObject *Log_enter(LogObject *self, PyObject *unused) { return Py_NewRef
 
 static PyObject *Log_exit(LogObject *self, PyObject *args)
 {
-    PyObject *r = Log_close(self, NULL);
-    if (!r)
-        return NULL;
-    Py_DECREF(r);
-    Py_RETURN_FALSE; /* exceptions propagate */
+    return Log_close(self, NULL); /* None: exceptions propagate */
 }
 
 /* ------------------------------------------------------------ lifecycle */
@@ -987,11 +1000,12 @@ static int Log_init(LogObject *self, PyObject *args, PyObject *kwds)
     }
     cl_err e;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = cl_log_open(c, cf, &e);
-    if (rc)
-        cl_log_free(c);
-    Py_END_ALLOW_THREADS if (rc)
-    {
+    Py_BEGIN_ALLOW_THREADS
+        rc = cl_log_open(c, cf, &e);
+        if (rc)
+            cl_log_free(c);
+    Py_END_ALLOW_THREADS
+    if (rc) {
         Py_DECREF(path);
         raise_err_arg(&e, big_cf ? cf_o : NULL, cf);
         return -1;
@@ -1000,7 +1014,8 @@ static int Log_init(LogObject *self, PyObject *args, PyObject *kwds)
     self->c = c;
     Py_XSETREF(self->root, path);
     if (old) { /* __init__ called twice: drop the previous log */
-        Py_BEGIN_ALLOW_THREADS cl_log_free(old);
+        Py_BEGIN_ALLOW_THREADS
+            cl_log_free(old);
         Py_END_ALLOW_THREADS
     }
     return 0;
@@ -1014,7 +1029,8 @@ static void Log_dealloc(LogObject *self)
     if (c) {
         for (size_t i = 0; i < c->nqueues; i++)
             Py_CLEAR(*(PyObject **)&c->queues[i]->py_topic);
-        Py_BEGIN_ALLOW_THREADS cl_log_free(c); /* flushes if still open */
+        Py_BEGIN_ALLOW_THREADS
+            cl_log_free(c); /* flushes if still open */
         Py_END_ALLOW_THREADS
     }
     Py_XDECREF(self->root);
@@ -1243,10 +1259,13 @@ static PyObject *Queue_truncate(QueueObject *self, PyObject *arg)
         return NULL;
     cl_err e;
     int rc;
-    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&c->mu);
-    rc = cl_queue_truncate_locked(c, self->q, off, &dropped, &e);
-    pthread_mutex_unlock(&c->mu);
-    Py_END_ALLOW_THREADS if (rc) return raise_err_arg(&e, big ? arg : NULL, off);
+    Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&c->mu);
+        rc = cl_queue_truncate_locked(c, self->q, off, &dropped, &e);
+        pthread_mutex_unlock(&c->mu);
+    Py_END_ALLOW_THREADS
+    if (rc)
+        return raise_err_arg(&e, big ? arg : NULL, off);
     Py_RETURN_NONE;
 }
 
@@ -1372,7 +1391,8 @@ static PyObject *decode(const char *p, size_t n, int verify)
     if (verify) {
         uint32_t actual;
         if (n >= BIG_COPY) {
-            Py_BEGIN_ALLOW_THREADS actual = sparkmq_crc32(0, p + F_QID, n - F_QID);
+            Py_BEGIN_ALLOW_THREADS
+                actual = sparkmq_crc32(0, p + F_QID, n - F_QID);
             Py_END_ALLOW_THREADS
         } else
             actual = sparkmq_crc32(0, p + F_QID, n - F_QID);

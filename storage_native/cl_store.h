@@ -37,6 +37,8 @@
 #define CL_GET_MAX_EXAMINED 16384
 /* Drop page-table entries of cold mappings after this many bytes of I/O. */
 #define CL_TRIM_EVERY ((uint64_t)64 << 20)
+/* Pre-fault the active segment this far ahead of the write head. */
+#define CL_PREFAULT_CHUNK ((size_t)4 << 20)
 
 /* record field offsets */
 enum {
@@ -82,6 +84,7 @@ typedef struct mfile {
     char *path;
     size_t dlo, dhi; /* dirty byte range not yet synced (mu) */
     int listed;      /* on the log's dirty list (mu) */
+    int touched;     /* mapped pages may have been faulted in since the last trim (mu) */
 } mfile;
 
 void mf_ref(mfile *f);
@@ -123,6 +126,11 @@ typedef struct cl_log {
     char **dirsync; /* directories that gained entries since the last flush */
     size_t ndirsync, dirsynccap;
     uint64_t io_since_trim;
+    const void *rd_file; /* last read: file and end position */
+    size_t rd_end;
+    int prefault_off;    /* MADV_POPULATE_WRITE unsupported here */
+    int64_t pf_start;    /* segment whose pages are pre-faulted ... */
+    size_t pf_end;       /* ... up to this position */
     cl_recovery rec;
 } cl_log;
 
@@ -177,6 +185,7 @@ int cl_get_locked(cl_log *c, cl_queue *q, int64_t qoff, int64_t max_count, const
                   size_t ntags, int filter, int64_t max_bytes, cl_ents *out, int64_t *next, cl_err *e);
 int cl_delete_segments_before_locked(cl_log *c, int64_t off, int64_t *deleted, cl_err *e);
 void cl_note_io_locked(cl_log *c, uint64_t bytes);
+void cl_note_read_locked(cl_log *c, const mfile *f, size_t rel, size_t len);
 
 void cl_queue_unit_locked(cl_log *c, cl_queue *q, int64_t idx, int64_t *clo, int32_t *size, int64_t *tag);
 int cl_queue_truncate_locked(cl_log *c, cl_queue *q, int64_t off, int64_t *dropped, cl_err *e);

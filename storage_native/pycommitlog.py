@@ -53,6 +53,8 @@ from .layout import (
 __all__ = ["CommitLog", "ConsumeQueue", "decode_record", "FORMAT_VERSION"]
 
 _NAME = re.compile(r"^\d{20}$")
+_TMP_SUFFIX = ".tmp"
+_STALE_TMP = re.compile(r"^\d{20}\.tmp$")
 _ZERO_HOST = bytes(HOST_SIZE)
 _PAGE = 4096
 _GET_MAX_EXAMINED = 16384
@@ -79,6 +81,14 @@ def _int(value: object) -> int:
     return operator.index(value)  # TypeError for non-integers, as the C core
 
 
+def _bounded(value: object, bits: int) -> int:
+    """A signed integer of ``bits`` bits; OverflowError beyond, as the C core."""
+    number = operator.index(value)
+    if not -(1 << (bits - 1)) <= number < (1 << (bits - 1)):
+        raise OverflowError(f"{number} does not fit in a signed {bits}-bit integer")
+    return number
+
+
 class _MappedFile:
     """One fixed-size file mapped read/write; the unit of both segments and queue files."""
 
@@ -88,11 +98,14 @@ class _MappedFile:
         self.start = start
         self.path = path
         self.size = size
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        # A new file is built under a temporary name and renamed into place, so a
+        # crash mid-creation never leaves a short file with a 20-digit name.
+        target = path + _TMP_SUFFIX if create else path
+        flags = os.O_RDWR | (os.O_CREAT | os.O_TRUNC if create else 0)
         try:
-            self._fd = os.open(path, flags, 0o644)
+            self._fd = os.open(target, flags, 0o644)
         except OSError as exc:
-            raise _io_error(f"open {path}", exc) from None
+            raise _io_error(f"{'create' if create else 'open'} {path}", exc) from None
         try:
             if create:
                 try:
@@ -102,10 +115,12 @@ class _MappedFile:
                         raise
                     os.ftruncate(self._fd, size)
             self.mm = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            if create:
+                os.rename(target, path)
         except OSError as exc:
             os.close(self._fd)
             if create:
-                os.unlink(path)
+                os.unlink(target)
             raise _io_error(f"create {path}", exc) from None
 
     def sync(self) -> None:
@@ -121,6 +136,16 @@ class _MappedFile:
     def delete(self) -> None:
         self.close()
         os.unlink(self.path)
+
+
+def _list_names(directory: str) -> list[str]:
+    """The 20-digit file names of ``directory`` sorted by value, after removing
+    the ``.tmp`` leftovers of a creation a crash interrupted."""
+    names = os.listdir(directory)
+    for name in names:
+        if _STALE_TMP.match(name):
+            os.unlink(os.path.join(directory, name))
+    return sorted((n for n in names if _NAME.match(n)), key=int)
 
 
 def _zero_tail(f: _MappedFile, pos: int) -> bool:
@@ -213,12 +238,12 @@ class _Encoded:
                  prepared: object, segment_size: int, prefix: str = "") -> None:
         self.body = bytes(memoryview(body))
         props = bytes(memoryview(properties))
-        self.tag_hash = _int(tag_hash)
-        self.flag = _int(flag)
-        self.sys_flag = _int(sys_flag)
-        self.born_ts = _int(born_ts)
-        self.reconsume = _int(reconsume)
-        self.prepared = _int(prepared)
+        self.tag_hash = _bounded(tag_hash, 64)
+        self.flag = _bounded(flag, 32)
+        self.sys_flag = _bounded(sys_flag, 32)
+        self.born_ts = _bounded(born_ts, 64)
+        self.reconsume = _bounded(reconsume, 32)
+        self.prepared = _bounded(prepared, 64)
         self.born_host = _check_host(born_host, "born_host", prefix)
         if len(props) > MAX_PROPERTIES_BYTES:
             raise _err(INVALID_ARGUMENT,
@@ -279,7 +304,7 @@ class ConsumeQueue:
     def _load(self, log_min_offset: int) -> None:
         per_file = self._log._cq_units_per_file
         file_size = per_file * CQ_UNIT_SIZE
-        names = sorted((n for n in os.listdir(self._dir) if _NAME.match(n)), key=int)
+        names = _list_names(self._dir)
         for name in names:
             path = os.path.join(self._dir, name)
             actual = os.path.getsize(path)
@@ -461,7 +486,7 @@ class CommitLog:
 
     # -- opening --------------------------------------------------------------
     def _load_segments(self) -> None:
-        names = sorted((n for n in os.listdir(self._clog_dir) if _NAME.match(n)), key=int)
+        names = _list_names(self._clog_dir)
         prev: str | None = None
         for name in names:
             path = os.path.join(self._clog_dir, name)
@@ -696,10 +721,11 @@ class CommitLog:
             self._check_open()
             raw_topic = _check_topic(topic)
             qid = _check_queue_id(queue_id)
+            _check_host(born_host, "born_host")
+            host = _check_host(store_host, "store_host")
             enc = _Encoded(raw_topic, qid, body, properties, tag_hash, flag, sys_flag, born_timestamp,
                            born_host, reconsume_times, prepared_offset, self._segment_size)
-            host = _check_host(store_host, "store_host")
-            store_ts = _int(store_timestamp) or _now_ms()
+            store_ts = _bounded(store_timestamp, 64) or _now_ms()
             queue_offset = self._queue(topic, qid)._max
             offset = self._write_one(topic, enc, queue_offset, store_ts, host)
             return offset, queue_offset, store_ts
@@ -712,7 +738,7 @@ class CommitLog:
             raw_topic = _check_topic(topic)
             qid = _check_queue_id(queue_id)
             host = _check_host(store_host, "store_host")
-            store_ts = _int(store_timestamp) or _now_ms()
+            store_ts = _bounded(store_timestamp, 64) or _now_ms()
             if not isinstance(messages, (list, tuple)):
                 raise TypeError("messages must be a list or tuple")
             if not messages:
@@ -761,6 +787,8 @@ class CommitLog:
             while off < self._max and len(out) < count:
                 seg = self._segment_for(off)
                 rel = off - seg.start
+                if self._segment_size - rel < BLANK_MARKER_SIZE:
+                    raise _err(OFFSET_ILLEGAL, f"no record starts at offset {off}")
                 total, magic = _SIZE_MAGIC.unpack_from(seg.mm, rel)
                 if magic == BLANK_MAGIC:
                     off = seg.start + self._segment_size
