@@ -1,0 +1,1 @@
+"""The broker: topic table, client manager, offsets, queue locks, send/pull processors."""

@@ -1,0 +1,1 @@
+"""The Python client: producers, consumers, allocation strategies, admin."""
