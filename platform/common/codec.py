@@ -6,6 +6,7 @@ address (IPv4-mapped for IPv4) and a 4-byte little-endian port.
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
 import zlib
 from collections.abc import Mapping
@@ -96,8 +97,12 @@ def pack_host(address: str | None) -> bytes:
     return packed + port.to_bytes(4, "little")
 
 
+@functools.lru_cache(maxsize=4096)
 def unpack_host(raw: bytes) -> str:
-    """The 20-byte host field → "ip:port" ("[v6]:port" for IPv6); "" when all zero."""
+    """The 20-byte host field → "ip:port" ("[v6]:port" for IPv6); "" when all zero.
+
+    Cached: a store sees few distinct hosts, and parsing one costs microseconds per message.
+    """
     if not any(raw):
         return ""
     ip = ipaddress.IPv6Address(bytes(raw[:16]))
