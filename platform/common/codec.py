@@ -84,8 +84,12 @@ def split_host(address: str) -> tuple[str, int]:
     return host.strip("[]"), port
 
 
+@functools.lru_cache(maxsize=4096)
 def pack_host(address: str | None) -> bytes:
-    """"ip:port" → the 20-byte host field; None or "" → all zero."""
+    """"ip:port" → the 20-byte host field; None or "" → all zero.
+
+    Cached: it runs on every put, and parsing an address costs microseconds.
+    """
     if not address:
         return bytes(_HOST_SIZE)
     host, port = split_host(address)
