@@ -47,3 +47,13 @@ def store_factory(tmp_path: Path) -> Iterator[Callable[..., object]]:
     yield make
     for store in opened:
         store.shutdown()
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[object]:
+    """A :class:`procs.ProcessHarness` under tmp_path; every service it started is stopped after the test."""
+    from procs import ProcessHarness
+
+    harness = ProcessHarness(tmp_path)
+    yield harness
+    harness.stop_all()

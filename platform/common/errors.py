@@ -33,6 +33,7 @@ class ErrorCode(Enum):
     DISK_FULL = (507, "the disk has no room for the store")
     STORE_CORRUPT = (500, "the store's files are damaged")
     INTERNAL_ERROR = (500, "an unexpected failure")
+    FILTER_EXPRESSION_ILLEGAL = (400, "a tag or SQL92 filter expression does not parse; the message says where")
 
     @property
     def http_status(self) -> int:

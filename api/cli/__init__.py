@@ -1,0 +1,25 @@
+"""The ``sparkmq`` command line.
+
+``sparkmq dev`` runs the embedded default; ``sparkmq namesrv`` / ``broker`` /
+``gateway`` run one service each; ``sparkmq admin …`` manages topics, groups and
+the cluster; ``sparkmq produce`` / ``consume`` send and receive; ``sparkmq store …``
+works on a store directory.  Tables for people, ``--json`` for scripts.
+"""
+from __future__ import annotations
+
+import click
+
+from .services import dev
+from .store_cmd import store
+
+__all__ = ["main"]
+
+
+@click.group()
+@click.version_option(package_name="sparkmq")
+def main() -> None:
+    """sparkmq: a RocketMQ-style message platform on Spark."""
+
+
+main.add_command(dev)
+main.add_command(store)

@@ -1,0 +1,118 @@
+"""Real service processes for integration tests: name servers, brokers, gateways, clients.
+
+Every service is started with ``--host 127.0.0.1 --port 0`` and prints one ready line
+``<kind> listening on http://127.0.0.1:PORT``; the harness reads the real URL from it.
+The ``procs`` fixture (conftest) stops everything a test started, by pid, and
+:meth:`ServiceProcess.kill9` is the crash tests' SIGKILL.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import sparkmq
+
+__all__ = ["ServiceProcess", "ProcessHarness", "child_env"]
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """Environment for children: they import the same sparkmq as the tests (source tree first)."""
+    root = str(Path(sparkmq.__file__).parent.parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+               PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+@dataclass
+class ServiceProcess:
+    """A running service: its process, base URL (``http://127.0.0.1:PORT``) and log file."""
+
+    kind: str
+    proc: subprocess.Popen[str]
+    url: str
+    log_path: Path
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def addr(self) -> str:
+        """``host:port`` (what name servers and brokers exchange)."""
+        return self.url.removeprefix("http://")
+
+    @property
+    def port(self) -> int:
+        """The port it listens on."""
+        return int(self.addr.rsplit(":", 1)[1])
+
+    def kill9(self) -> None:
+        """SIGKILL, then reap."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM and wait (SIGKILL after ``timeout``); returns the exit status."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        return self.proc.returncode
+
+    def log(self) -> str:
+        """What the process wrote to stderr so far."""
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+class ProcessHarness:
+    """Starts services under ``work_dir`` and remembers them so the fixture can stop them."""
+
+    def __init__(self, work_dir: Path) -> None:
+        self.work_dir = work_dir
+        self.started: list[ServiceProcess] = []
+
+    def start(self, kind: str, module: str, *args: str, ready_timeout: float = 60.0,
+              env: dict[str, str] | None = None) -> ServiceProcess:
+        """Run ``python -m module --host 127.0.0.1 --port 0 *args`` and wait for its ready line."""
+        return self.start_many([(kind, module, list(args))], ready_timeout=ready_timeout, env=env)[0]
+
+    def start_many(self, specs: list[tuple[str, str, list[str]]], ready_timeout: float = 60.0,
+                   env: dict[str, str] | None = None) -> list[ServiceProcess]:
+        """Start several services at once (they boot in parallel), then wait for each ready line."""
+        pending = []
+        for kind, module, args in specs:
+            log_path = self.work_dir / f"{kind}-{len(self.started) + len(pending)}.log"
+            argv = [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", "0", *args]
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log_path.open("w"), text=True,
+                                    env=env or child_env(), stdin=subprocess.DEVNULL)
+            lines: queue.Queue[str] = queue.Queue()
+            threading.Thread(target=lambda p=proc, q=lines: q.put(p.stdout.readline()), daemon=True).start()
+            pending.append((kind, proc, lines, log_path, argv))
+        services = []
+        for kind, proc, lines, log_path, argv in pending:
+            try:
+                line = lines.get(timeout=ready_timeout)
+            except queue.Empty:
+                line = ""
+            service_url = line.split(" on ", 1)[1].strip() if " listening on http://" in line else ""
+            service = ServiceProcess(kind, proc, service_url, log_path, argv)
+            self.started.append(service)
+            if not service_url:
+                raise AssertionError(f"{kind} printed no ready line ({line!r}); log:\n{service.log()[-4000:]}")
+            # Keep draining stdout so a chatty child never blocks on a full pipe.
+            threading.Thread(target=lambda p=proc: p.stdout.read(), daemon=True).start()
+            services.append(service)
+        return services
+
+    def stop_all(self) -> None:
+        """Stop every service this harness started (newest first)."""
+        for service in reversed(self.started):
+            service.stop()
