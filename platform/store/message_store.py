@@ -258,16 +258,20 @@ class MessageStore:
 
     def put(self, msg: Message, queue_id: int, *, born_host: str | None = None,
             born_timestamp: int | None = None, reconsume_times: int = 0, sys_flag: int = 0,
-            prepared_offset: int = 0) -> PutResult:
+            prepared_offset: int = 0, cq_tag_hash: int | None = None) -> PutResult:
         """Append one message to ``queue_id`` of its topic.
 
         Bad input raises ``SparkMQError`` and writes nothing.  Under SYNC_FLUSH the
         call returns after a sync covers the message (FLUSH_DISK_TIMEOUT if none
-        did in time: the message is stored all the same).
+        did in time: the message is stored all the same).  ``cq_tag_hash`` replaces
+        the tag hash in the consume-queue unit: the schedule and timer topics keep
+        the delivery time there, so their services read due times without decoding.
         """
         now_ms = time.time_ns() // 1_000_000
         qid = self._check_queue(msg.topic, queue_id)
         body, props, thash, unique_id = self._encode(msg, now_ms)
+        if cq_tag_hash is not None:
+            thash = cq_tag_hash
         born = born_timestamp if born_timestamp is not None else now_ms
         try:
             offset, queue_offset, store_ts = self.commit_log.append(

@@ -1,0 +1,247 @@
+"""Timer messages: any delivery time, kept in a time-bucketed index until due, recallable.
+
+A timer message is stored (durably, like any send) in queue 0 of ``rmq_sys_wheel_timer``
+with its real topic and queue in properties and its due time in the consume-queue
+unit's tag-hash field.  This service indexes that queue into buckets of one second
+(a dict of second → entries, plus a heap of the seconds that have entries: the
+wheel's slots without a fixed horizon), delivers a bucket's entries when their time
+comes by re-putting them to their topic, and lets a pending timer be recalled by its
+message id.
+
+Durability: the timer queue is the source of truth.  The service persists a
+*watermark* (every timer below it was delivered or recalled) and a bitmap of the
+done ones above it; after a restart it re-indexes from the watermark and skips the
+done ones, so pending timers survive a kill -9 and a recalled timer never fires.
+Deliveries since the last persist may repeat (at-least-once).
+"""
+from __future__ import annotations
+
+import base64
+import heapq
+import json
+import logging
+import os
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+from ..common.errors import ErrorCode, SparkMQError
+from ..common.message import Message, StoredMessage
+from ..common.system_topics import PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELIVER_MS, TIMER_TOPIC
+from ..store import MessageStore
+from .schedule import park_properties, restore_parked
+
+__all__ = ["TimerService", "DEFAULT_TIMER_MAX_DELAY_S"]
+
+log = logging.getLogger("sparkmq.broker.timer")
+
+#: RocketMQ's default: a timer may be at most 3 days ahead.
+DEFAULT_TIMER_MAX_DELAY_S = 3 * 24 * 3600
+
+
+class TimerService:
+    """Index, deliver and recall timer messages of one broker."""
+
+    def __init__(self, store: MessageStore, progress_path: Path,
+                 deliver: Callable[[Message, int, StoredMessage], None],
+                 max_delay_s: float = DEFAULT_TIMER_MAX_DELAY_S, persist_interval_s: float = 1.0,
+                 max_idle_wait_s: float = 0.2) -> None:
+        """``deliver(message, queue_id, parked)`` re-puts a due message through the broker's put path."""
+        self.store = store
+        self.progress_path = progress_path
+        self.max_delay_s = max_delay_s
+        self._deliver = deliver
+        self._persist_interval_s = persist_interval_s
+        self._max_idle_wait_s = max_idle_wait_s
+        self._lock = threading.Lock()
+        self._buckets: dict[int, list[tuple[int, int]]] = {}  # second -> [(due_ms, timer offset)]
+        self._seconds: list[int] = []  # heap of bucket seconds
+        self._pending_ids: dict[str, int] = {}  # msg id -> timer offset, for recall
+        self._done: set[int] = set()  # delivered or recalled offsets >= watermark
+        self.watermark, done = self._load()
+        self._done.update(done)
+        self._indexed = self.watermark
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.delivered = 0
+        self.recalled = 0
+
+    # -- progress ---------------------------------------------------------------------
+    def _load(self) -> tuple[int, set[int]]:
+        try:
+            data = json.loads(self.progress_path.read_text())
+        except FileNotFoundError:
+            return 0, set()
+        watermark = int(data["watermark"])
+        bits = zlib.decompress(base64.b64decode(data["done_bitmap"]))
+        done = {watermark + i * 8 + b for i, byte in enumerate(bits) for b in range(8) if byte >> b & 1}
+        return watermark, done
+
+    def persist(self) -> None:
+        """Write the watermark and the done bitmap above it, atomically."""
+        with self._lock:
+            watermark = self.watermark
+            done = sorted(self._done)
+        size = (done[-1] - watermark + 1) if done else 0
+        bits = bytearray((size + 7) // 8)
+        for offset in done:
+            i = offset - watermark
+            bits[i // 8] |= 1 << (i % 8)
+        data = {"watermark": watermark, "done_bitmap": base64.b64encode(zlib.compress(bytes(bits))).decode()}
+        self.progress_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.progress_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, self.progress_path)
+
+    # -- send side --------------------------------------------------------------------
+    def due_time(self, properties: dict[str, str], now_ms: int) -> int | None:
+        """The due time a message asks for (TIMER_DELIVER_MS or TIMER_DELAY_SEC), None if neither.
+
+        INVALID_ARGUMENT when it is not a number or beyond the maximum delay.
+        """
+        raw_at = properties.get(PROPERTY_TIMER_DELIVER_MS)
+        raw_delay = properties.get(PROPERTY_TIMER_DELAY_SEC)
+        if raw_at is None and raw_delay is None:
+            return None
+        try:
+            due = int(raw_at) if raw_at is not None else now_ms + int(float(raw_delay) * 1000)  # type: ignore[arg-type]
+        except ValueError:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT,
+                               f"timer delivery time must be a number, got {raw_at or raw_delay!r}") from None
+        if due - now_ms > self.max_delay_s * 1000:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT,
+                               f"the delivery time is {(due - now_ms) / 1000:.0f} s ahead; "
+                               f"the maximum is {self.max_delay_s:.0f} s")
+        return due
+
+    def park(self, msg: Message, queue_id: int, due_ms: int, **put_args: object) -> object:
+        """Store ``msg`` in the timer topic, due at ``due_ms``; returns the store's PutResult."""
+        props = park_properties(msg, queue_id, {PROPERTY_TIMER_DELIVER_MS: str(due_ms)})
+        parked = Message(TIMER_TOPIC, msg.body, tags=msg.tags, keys=msg.keys, properties=props, flag=msg.flag)
+        result = self.store.put(parked, 0, cq_tag_hash=due_ms, **put_args)  # type: ignore[arg-type]
+        self._wake.set()
+        return result
+
+    def recall(self, msg_id: str) -> bool:
+        """Cancel a pending timer by its message id; False when none is pending (fired, recalled or unknown)."""
+        self.index()
+        with self._lock:
+            offset = self._pending_ids.pop(msg_id, None)
+            if offset is None or offset in self._done:
+                return False
+            self._mark_done(offset)
+            self.recalled += 1
+        return True
+
+    def pending_count(self) -> int:
+        """Timers indexed and not yet delivered or recalled."""
+        with self._lock:
+            return len(self._pending_ids)
+
+    # -- indexing and delivery --------------------------------------------------------
+    def _mark_done(self, offset: int) -> None:
+        # Caller holds the lock.  The watermark moves over every contiguous done offset.
+        self._done.add(offset)
+        while self.watermark in self._done:
+            self._done.discard(self.watermark)
+            self.watermark += 1
+
+    def index(self) -> int:
+        """Index timer entries stored since the last call; returns how many were added."""
+        cq = self.store.commit_log.consume_queue(TIMER_TOPIC, 0)
+        if cq is None:
+            return 0
+        added = 0
+        with self._lock:
+            start = max(self._indexed, cq.min_offset)
+            end = cq.max_offset
+        for offset in range(start, end):
+            clog_offset, _size, due = cq.unit(offset)
+            with self._lock:
+                if offset in self._done or offset < self.watermark:
+                    continue
+            msg_id = self.store.read_message(clog_offset).msg_id
+            with self._lock:
+                second = due // 1000
+                bucket = self._buckets.get(second)
+                if bucket is None:
+                    self._buckets[second] = bucket = []
+                    heapq.heappush(self._seconds, second)
+                bucket.append((due, offset))
+                self._pending_ids[msg_id] = offset
+                added += 1
+        with self._lock:
+            self._indexed = max(self._indexed, end)
+        return added
+
+    def run_once(self, now_ms: int | None = None) -> int:
+        """Index, then deliver every due timer; returns ms until the next due one (-1 if none)."""
+        self.index()
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        while True:
+            with self._lock:
+                if not self._seconds:
+                    return -1
+                second = self._seconds[0]
+                bucket = self._buckets[second]
+                due_now = [entry for entry in bucket if entry[0] <= now]
+                if not due_now:
+                    return max(1, min(entry[0] for entry in bucket) - now)
+                later = [entry for entry in bucket if entry[0] > now]
+                if later:
+                    self._buckets[second] = later
+                else:
+                    heapq.heappop(self._seconds)
+                    del self._buckets[second]
+            for _due, offset in sorted(due_now):
+                self._fire(offset)
+
+    def _fire(self, offset: int) -> None:
+        with self._lock:
+            if offset in self._done or offset < self.watermark:
+                return  # recalled meanwhile
+        cq = self.store.commit_log.consume_queue(TIMER_TOPIC, 0)
+        try:
+            parked = self.store.read_message(cq.unit(offset)[0])  # type: ignore[union-attr]
+            message, queue_id = restore_parked(parked, (PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_DELAY_SEC))
+            self._deliver(message, queue_id, parked)
+            self.delivered += 1
+        except SparkMQError as exc:
+            log.warning("timer at offset %d not delivered: %s", offset, exc)
+            parked = None
+        with self._lock:
+            if parked is not None:
+                self._pending_ids.pop(parked.msg_id, None)
+            self._mark_done(offset)
+
+    def start(self) -> TimerService:
+        """Start the delivery thread."""
+        self._thread = threading.Thread(target=self._run, name="sparkmq-timer", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the thread and persist progress."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.persist()
+
+    def _run(self) -> None:
+        last_persist = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                wait_ms = self.run_once()
+            except Exception:  # keep delivering: one bad pass must not strand every timer
+                log.exception("timer pass failed")
+                wait_ms = 1000
+            if time.monotonic() - last_persist >= self._persist_interval_s:
+                self.persist()
+                last_persist = time.monotonic()
+            timeout = self._max_idle_wait_s if wait_ms < 0 else min(wait_ms / 1000, self._max_idle_wait_s)
+            self._wake.wait(timeout)
+            self._wake.clear()
