@@ -9,21 +9,17 @@ comes by re-putting them to their topic, and lets a pending timer be recalled by
 message id.
 
 Durability: the timer queue is the source of truth.  The service persists a
-*watermark* (every timer below it was delivered or recalled) and a bitmap of the
-done ones above it; after a restart it re-indexes from the watermark and skips the
+*watermark* (every timer below it was delivered or recalled) and the done ones above
+it (:class:`~.progress.DoneTracker`); after a restart it re-indexes from the watermark and skips the
 done ones, so pending timers survive a kill -9 and a recalled timer never fires.
 Deliveries since the last persist may repeat (at-least-once).
 """
 from __future__ import annotations
 
-import base64
 import heapq
-import json
 import logging
-import os
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,6 +27,7 @@ from ..common.errors import ErrorCode, SparkMQError
 from ..common.message import Message, StoredMessage
 from ..common.system_topics import PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELIVER_MS, TIMER_TOPIC
 from ..store import MessageStore
+from .progress import DoneTracker
 from .schedule import park_properties, restore_parked
 
 __all__ = ["TimerService", "DEFAULT_TIMER_MAX_DELAY_S"]
@@ -56,13 +53,12 @@ class TimerService:
         self._persist_interval_s = persist_interval_s
         self._max_idle_wait_s = max_idle_wait_s
         self._lock = threading.Lock()
+        self._index_lock = threading.Lock()  # one indexer at a time (the thread, or a recall)
         self._buckets: dict[int, list[tuple[int, int]]] = {}  # second -> [(due_ms, timer offset)]
         self._seconds: list[int] = []  # heap of bucket seconds
         self._pending_ids: dict[str, int] = {}  # msg id -> timer offset, for recall
-        self._done: set[int] = set()  # delivered or recalled offsets >= watermark
-        self.watermark, done = self._load()
-        self._done.update(done)
-        self._indexed = self.watermark
+        self._progress = DoneTracker(progress_path)
+        self._indexed = self._progress.watermark
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -70,31 +66,14 @@ class TimerService:
         self.recalled = 0
 
     # -- progress ---------------------------------------------------------------------
-    def _load(self) -> tuple[int, set[int]]:
-        try:
-            data = json.loads(self.progress_path.read_text())
-        except FileNotFoundError:
-            return 0, set()
-        watermark = int(data["watermark"])
-        bits = zlib.decompress(base64.b64decode(data["done_bitmap"]))
-        done = {watermark + i * 8 + b for i, byte in enumerate(bits) for b in range(8) if byte >> b & 1}
-        return watermark, done
+    @property
+    def watermark(self) -> int:
+        """Every timer below this offset of the timer queue was delivered or recalled."""
+        return self._progress.watermark
 
     def persist(self) -> None:
-        """Write the watermark and the done bitmap above it, atomically."""
-        with self._lock:
-            watermark = self.watermark
-            done = sorted(self._done)
-        size = (done[-1] - watermark + 1) if done else 0
-        bits = bytearray((size + 7) // 8)
-        for offset in done:
-            i = offset - watermark
-            bits[i // 8] |= 1 << (i % 8)
-        data = {"watermark": watermark, "done_bitmap": base64.b64encode(zlib.compress(bytes(bits))).decode()}
-        self.progress_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.progress_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, self.progress_path)
+        """Write the watermark and the done set above it, atomically."""
+        self._progress.persist()
 
     # -- send side --------------------------------------------------------------------
     def due_time(self, properties: dict[str, str], now_ms: int) -> int | None:
@@ -130,10 +109,9 @@ class TimerService:
         self.index()
         with self._lock:
             offset = self._pending_ids.pop(msg_id, None)
-            if offset is None or offset in self._done:
-                return False
-            self._mark_done(offset)
-            self.recalled += 1
+        if offset is None or not self._progress.mark_done(offset):
+            return False
+        self.recalled += 1
         return True
 
     def pending_count(self) -> int:
@@ -142,15 +120,12 @@ class TimerService:
             return len(self._pending_ids)
 
     # -- indexing and delivery --------------------------------------------------------
-    def _mark_done(self, offset: int) -> None:
-        # Caller holds the lock.  The watermark moves over every contiguous done offset.
-        self._done.add(offset)
-        while self.watermark in self._done:
-            self._done.discard(self.watermark)
-            self.watermark += 1
-
     def index(self) -> int:
         """Index timer entries stored since the last call; returns how many were added."""
+        with self._index_lock:
+            return self._index_new()
+
+    def _index_new(self) -> int:
         cq = self.store.commit_log.consume_queue(TIMER_TOPIC, 0)
         if cq is None:
             return 0
@@ -160,9 +135,8 @@ class TimerService:
             end = cq.max_offset
         for offset in range(start, end):
             clog_offset, _size, due = cq.unit(offset)
-            with self._lock:
-                if offset in self._done or offset < self.watermark:
-                    continue
+            if self._progress.is_done(offset):
+                continue
             msg_id = self.store.read_message(clog_offset).msg_id
             with self._lock:
                 second = due // 1000
@@ -200,9 +174,8 @@ class TimerService:
                 self._fire(offset)
 
     def _fire(self, offset: int) -> None:
-        with self._lock:
-            if offset in self._done or offset < self.watermark:
-                return  # recalled meanwhile
+        if self._progress.is_done(offset):
+            return  # recalled meanwhile
         cq = self.store.commit_log.consume_queue(TIMER_TOPIC, 0)
         try:
             parked = self.store.read_message(cq.unit(offset)[0])  # type: ignore[union-attr]
@@ -212,10 +185,10 @@ class TimerService:
         except SparkMQError as exc:
             log.warning("timer at offset %d not delivered: %s", offset, exc)
             parked = None
-        with self._lock:
-            if parked is not None:
+        if parked is not None:
+            with self._lock:
                 self._pending_ids.pop(parked.msg_id, None)
-            self._mark_done(offset)
+        self._progress.mark_done(offset)
 
     def start(self) -> TimerService:
         """Start the delivery thread."""
