@@ -34,6 +34,7 @@ class ErrorCode(Enum):
     STORE_CORRUPT = (500, "the store's files are damaged")
     INTERNAL_ERROR = (500, "an unexpected failure")
     FILTER_EXPRESSION_ILLEGAL = (400, "a tag or SQL92 filter expression does not parse; the message says where")
+    TRANSACTION_NOT_FOUND = (404, "no pending half message has that transaction id (settled, discarded or unknown)")
 
     @property
     def http_status(self) -> int:
