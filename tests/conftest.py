@@ -57,3 +57,18 @@ def procs(tmp_path: Path) -> Iterator[object]:
     harness = ProcessHarness(tmp_path)
     yield harness
     harness.stop_all()
+
+
+# ---- Spark: one SparkSession for the whole test run (added with the lake foundations) ----
+# Session-scoped because a SparkSession takes about 5 s to start on this machine; every
+# test marked @pytest.mark.spark shares it.  Settings come from pipelines.session.
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """The run's one SparkSession (local[2], UTC, Arrow on); stopped when the run ends."""
+    from sparkmq.pipelines.session import get_spark, stop_spark
+
+    session = get_spark({"spark.master": "local[2]"}, app_name="sparkmq-tests", log_level="ERROR")
+    yield session
+    stop_spark()

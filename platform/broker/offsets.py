@@ -56,6 +56,11 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
+from sparkmq.platform.common.lake_tables import (  # defined there so pipelines/ can name it too
+    CONSUMER_OFFSETS_DESCRIPTION,
+    CONSUMER_OFFSETS_SCHEMA,
+    CONSUMER_OFFSETS_TABLE,
+)
 from sparkmq.platform.common.validation import validate_group, validate_topic
 
 __all__ = [
@@ -66,19 +71,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-#: The table's name (its directory under the lake root, and its Delta metadata name).
-CONSUMER_OFFSETS_TABLE = "consumer_offsets"
-
-#: The Arrow schema of ``consumer_offsets``; every column is required.
-CONSUMER_OFFSETS_SCHEMA = pa.schema([
-    pa.field("broker", pa.string(), nullable=False),
-    pa.field("group", pa.string(), nullable=False),
-    pa.field("topic", pa.string(), nullable=False),
-    pa.field("queue_id", pa.int32(), nullable=False),
-    pa.field("offset", pa.int64(), nullable=False),
-    pa.field("updated_at", pa.timestamp("us", tz="UTC"), nullable=False),
-])
 
 _INT32_MAX = 2**31 - 1
 _INT64_MAX = 2**63 - 1
@@ -145,6 +137,7 @@ class ConsumerOffsetManager:
         self._updated_at: dict[Key, datetime] = {}
         self._dirty: set[Key] = set()            # keys changed since the last successful persist
         self._removed_groups: set[str] = set()   # groups whose table rows must be deleted
+        self._removed_topics: set[str] = set()   # topics whose table rows must be deleted (topic deleted)
 
         self._persist_lock = threading.Lock()    # one persist at a time (thread vs. stop()/callers)
         self._version = 0                         # last app-transaction version this manager wrote
@@ -237,6 +230,21 @@ class ConsumerOffsetManager:
             self._removed_groups.add(group)
             return len(keys)
 
+    def remove_topic(self, topic: str) -> int:
+        """Forget every group's offsets of ``topic`` (the topic was deleted); the next persist deletes its rows.
+
+        Returns how many entries were removed.
+        """
+        validate_topic(topic)
+        with self._lock:
+            keys = [k for k in self._offsets if k[1] == topic]
+            for key in keys:
+                del self._offsets[key]
+                self._updated_at.pop(key, None)
+                self._dirty.discard(key)
+            self._removed_topics.add(topic)
+            return len(keys)
+
     def lag(self, group: str, topic: str, queue_id: int, max_offset: int, min_offset: int = 0) -> int:
         """Messages the group has yet to consume on a queue: ``max_offset - committed``, never negative.
 
@@ -252,7 +260,7 @@ class ConsumerOffsetManager:
     def dirty_count(self) -> int:
         """How many entries changed since the last successful persist (for metrics and tests)."""
         with self._lock:
-            return len(self._dirty) + len(self._removed_groups)
+            return len(self._dirty) + len(self._removed_groups) + len(self._removed_topics)
 
     @property
     def persist_version(self) -> int:
@@ -296,7 +304,7 @@ class ConsumerOffsetManager:
         with self._lock:
             for row in rows:
                 key = (row["group"], row["topic"], int(row["queue_id"]))
-                if key in self._dirty or key[0] in self._removed_groups:
+                if key in self._dirty or key[0] in self._removed_groups or key[1] in self._removed_topics:
                     continue
                 self._offsets[key] = int(row["offset"])
                 self._updated_at[key] = row["updated_at"]
@@ -316,17 +324,18 @@ class ConsumerOffsetManager:
             with self._lock:
                 # Swap the pending sets out under the lock; commits arriving while the
                 # merge runs mark keys dirty again and go in the next persist.
-                dirty, removed = self._dirty, self._removed_groups
-                self._dirty, self._removed_groups = set(), set()
+                dirty, removed, removed_topics = self._dirty, self._removed_groups, self._removed_topics
+                self._dirty, self._removed_groups, self._removed_topics = set(), set(), set()
                 rows = [(k, self._offsets[k], self._updated_at[k]) for k in sorted(dirty) if k in self._offsets]
-            if not rows and not removed:
+            if not rows and not removed and not removed_topics:
                 return 0
             try:
-                self._merge(rows, removed)
+                self._merge(rows, removed, removed_topics)
             except BaseException as exc:
                 with self._lock:
                     self._dirty |= dirty
                     self._removed_groups |= removed
+                    self._removed_topics |= removed_topics
                 self._last_error = exc
                 raise
             self._last_error = None
@@ -342,7 +351,7 @@ class ConsumerOffsetManager:
         try:
             return DeltaTable.create(self.table_path, CONSUMER_OFFSETS_SCHEMA, mode="ignore",
                                      name=CONSUMER_OFFSETS_TABLE,
-                                     description="consumer offsets per broker, group, topic and queue (sparkmq)")
+                                     description=CONSUMER_OFFSETS_DESCRIPTION)
         except Exception:
             # Another broker sharing the path created it first: use theirs.
             table = self._open_table()
@@ -350,7 +359,8 @@ class ConsumerOffsetManager:
                 raise
             return table
 
-    def _merge(self, rows: list[tuple[Key, int, datetime]], removed: set[str]) -> None:
+    def _merge(self, rows: list[tuple[Key, int, datetime]], removed: set[str],
+               removed_topics: frozenset[str] | set[str] = frozenset()) -> None:
         source = pa.Table.from_pydict({
             "broker": [self.broker_name] * len(rows),
             "group": [k[0] for k, _, _ in rows],
@@ -377,12 +387,16 @@ class ConsumerOffsetManager:
                 source_alias="s", target_alias="t",
                 commit_properties=CommitProperties(app_transactions=[Transaction(self.app_id, version)]),
             ).when_matched_update_all().when_not_matched_insert_all()
+            doomed = []
             if removed:
-                # Rows of removed groups that the source does not re-insert (a group may
-                # commit again after its removal) are deleted in the same commit.
-                groups = ", ".join(_sql_str(g) for g in sorted(removed))
+                doomed.append('t."group" IN (' + ", ".join(_sql_str(g) for g in sorted(removed)) + ")")
+            if removed_topics:
+                doomed.append("t.topic IN (" + ", ".join(_sql_str(t) for t in sorted(removed_topics)) + ")")
+            if doomed:
+                # Rows of removed groups (or deleted topics) that the source does not re-insert
+                # (a group may commit again after its removal) are deleted in the same commit.
                 merger = merger.when_not_matched_by_source_delete(
-                    predicate=f't.broker = {broker} AND t."group" IN ({groups})')
+                    predicate=f"t.broker = {broker} AND ({' OR '.join(doomed)})")
             try:
                 merger.execute()
             except CommitFailedError:

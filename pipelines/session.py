@@ -1,0 +1,152 @@
+"""The process's one SparkSession, configured the way the lake needs it.
+
+Brokers (lake enabled), ``sparkmq lake``, notebooks and tests all get their session
+here, so every one runs with the same settings: UTC session time zone (lake
+timestamps are UTC instants), Arrow transfers (``toArrow`` feeds delta-rs), few
+shuffle partitions on a local master, the venv's Python on the workers, quiet logs.
+
+``local[*]`` by default; ``spark.master`` in ``conf`` selects a cluster and
+``spark.remote`` (``sc://host:15002``) Spark Connect.  Spark Connect needs PySpark's
+connect extras (grpcio, grpcio-status, googleapis-common-protos, zstandard), which this
+environment does not have.
+
+Example::
+
+    from sparkmq.pipelines.session import get_spark
+    spark = get_spark({"spark.master": "local[2]"})
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["DEFAULT_APP_NAME", "get_spark", "stop_spark"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_APP_NAME = "sparkmq"
+
+#: Runtime SQL settings, applied to local, cluster and Connect sessions alike.
+_SQL_DEFAULTS: dict[str, str] = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+}
+
+#: Settings for a classic (non-Connect) driver.
+_CLASSIC_DEFAULTS: dict[str, str] = {
+    "spark.ui.showConsoleProgress": "false",   # progress bars garble broker logs
+}
+
+#: Settings for a local master: one machine, small data per micro-batch.
+_LOCAL_DEFAULTS: dict[str, str] = {
+    # 200 shuffle partitions means 200 tasks for a GROUP BY over a few rows.
+    "spark.sql.shuffle.partitions": "4",
+    # The snapshot reader hands Spark explicit file lists; above this many paths Spark
+    # lists them with a distributed job (about 0.5 s of overhead on a local master).
+    "spark.sql.sources.parallelPartitionDiscovery.threshold": "4096",
+    "spark.ui.enabled": "false",               # no port 4040 race between brokers and tests
+    # Loopback: sandboxes and laptops often have hostnames that do not resolve.
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+}
+
+#: log4j2 settings that silence Spark's start-up chatter (its default profile logs at INFO
+#: until setLogLevel runs, which is only after the JVM is up).
+_LOG4J2 = """\
+rootLogger.level = {level}
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
+logger.hadoop_native.name = org.apache.hadoop.util.NativeCodeLoader
+logger.hadoop_native.level = error
+"""
+
+_lock = threading.Lock()
+_session: SparkSession | None = None
+
+
+def _alive(session: SparkSession) -> bool:
+    if getattr(session, "is_stopped", False):         # Spark Connect
+        return False
+    sc = getattr(session, "_sc", None)                 # classic: the JVM context is gone once stopped
+    return sc is None or getattr(sc, "_jsc", None) is not None
+
+
+def _log4j_file(level: str) -> str:
+    directory = os.path.join(tempfile.gettempdir(), "sparkmq-spark")
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"log4j2-{level.lower()}.properties")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(_LOG4J2.format(level=level.lower()))
+        os.replace(tmp, path)  # atomic: concurrent processes never see half a file
+    return path
+
+
+def get_spark(conf: Mapping[str, Any] | None = None, app_name: str = DEFAULT_APP_NAME, *,
+              log_level: str = "WARN") -> SparkSession:
+    """The process's SparkSession, created on the first call with ``conf`` (a mapping of Spark settings).
+
+    Later calls return the same session and ignore ``conf``/``app_name`` (Spark cannot
+    change a running driver's static settings); after :func:`stop_spark` the next call
+    creates a new one.  ``conf`` overrides every default.  Sets ``PYSPARK_PYTHON`` and
+    ``PYSPARK_DRIVER_PYTHON`` to this interpreter when they are unset, so Python workers
+    import the same packages (pyarrow, sparkmq).
+
+    >>> spark = get_spark({"spark.master": "local[2]"})          # doctest: +SKIP
+    >>> spark.conf.get("spark.sql.session.timeZone")              # doctest: +SKIP
+    'UTC'
+    """
+    global _session
+    level = log_level.upper()
+    if level not in {"ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF"}:
+        raise ValueError(f"log_level must be a log4j level such as WARN or ERROR, got {log_level!r}")
+    with _lock:
+        if _session is not None and _alive(_session):
+            return _session
+        settings = {str(k): str(v) for k, v in (conf or {}).items()}
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+        from pyspark.sql import SparkSession
+
+        builder = SparkSession.builder.appName(app_name)
+        remote = settings.pop("spark.remote", None)
+        if remote:
+            builder = builder.remote(remote)
+            defaults = dict(_SQL_DEFAULTS)
+        else:
+            master = settings.pop("spark.master", "local[*]")
+            builder = builder.master(master)
+            defaults = {**_SQL_DEFAULTS, **_CLASSIC_DEFAULTS,
+                        **(_LOCAL_DEFAULTS if master.startswith("local") else {}),
+                        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{_log4j_file(level)}"}
+        for key, value in {**defaults, **settings}.items():
+            builder = builder.config(key, value)
+        session = builder.getOrCreate()
+        if not remote:
+            session.sparkContext.setLogLevel(level)
+        log.info("started SparkSession %r (%s)", app_name, remote or session.sparkContext.master)
+        _session = session
+        return session
+
+
+def stop_spark() -> None:
+    """Stop the process's SparkSession if one is running (the next :func:`get_spark` starts a new one)."""
+    global _session
+    with _lock:
+        session, _session = _session, None
+        if session is not None and _alive(session):
+            session.stop()

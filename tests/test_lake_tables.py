@@ -1,0 +1,138 @@
+"""pipelines.tables: every lake table's spec, and ensure_table (idempotent, race-safe, strict)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql.types import MapType, StringType, TimestampType
+
+from sparkmq.pipelines import tables
+from sparkmq.pipelines.delta_io import snapshot
+from sparkmq.pipelines.errors import LakeError, SchemaMismatchError, UnknownTableError
+from sparkmq.platform.broker import offsets
+from sparkmq.platform.common import lake_tables
+
+EXPECTED = ["consume_queue", "messages", "message_keys", "consumer_offsets", "message_trace", "dead_letters",
+            "topic_stats", "group_stats", "alerts"]
+
+
+def test_every_table_is_named_once() -> None:
+    assert list(tables.TABLES) == EXPECTED
+    for name, spec in tables.TABLES.items():
+        assert spec.name == name and spec.location == name
+        assert spec.description and "\n" not in spec.description
+        assert tables.get_spec(name) is spec
+
+
+def test_timestamps_are_utc_microseconds() -> None:
+    for spec in tables.TABLES.values():
+        for f in spec.schema:
+            if pa.types.is_timestamp(f.type):
+                assert f.type == pa.timestamp("us", tz="UTC"), (spec.name, f.name)
+
+
+def test_columns_the_jobs_rely_on() -> None:
+    cq = tables.TABLES["consume_queue"].schema
+    assert cq.names == ["topic", "broker", "queue_id", "queue_offset", "commitlog_offset", "size", "tag_hash",
+                        "store_ts"]
+    msgs = tables.TABLES["messages"]
+    assert msgs.partition_by == ("store_date",)
+    assert msgs.schema.field("body").type == pa.binary()
+    assert msgs.schema.field("properties").type == pa.map_(pa.string(), pa.string())
+    assert tables.TABLES["message_trace"].partition_by == ("event_date",)
+    assert {"key", "key_type"} <= set(tables.TABLES["message_keys"].schema.names)
+    assert {"resolved_at", "raised_at", "threshold"} <= set(tables.TABLES["alerts"].schema.names)
+
+
+def test_consumer_offsets_schema_is_defined_once() -> None:
+    spec = tables.TABLES["consumer_offsets"]
+    # The very same object the broker writes with: one definition, in platform.common.
+    assert spec.schema is lake_tables.CONSUMER_OFFSETS_SCHEMA is offsets.CONSUMER_OFFSETS_SCHEMA
+    assert spec.name == offsets.CONSUMER_OFFSETS_TABLE
+
+
+def test_table_path_and_unknown_names(tmp_path: Path) -> None:
+    assert tables.table_path(tmp_path, "messages") == str(tmp_path / "messages")
+    assert tables.table_path("s3://bucket/lake/", "alerts") == "s3://bucket/lake/alerts"
+    with pytest.raises(UnknownTableError, match="no lake table named 'nope'.*consume_queue"):
+        tables.table_path(tmp_path, "nope")
+    with pytest.raises(ValueError, match="relative"):
+        tables.TableSpec("x", "../x", pa.schema([]), (), "d")
+    with pytest.raises(ValueError, match="partition columns"):
+        tables.TableSpec("x", "x", pa.schema([pa.field("a", pa.int32())]), ("b",), "d")
+
+
+def test_spark_schema_types() -> None:
+    schema = tables.spark_schema("messages")
+    assert schema["store_ts"].dataType == TimestampType() and not schema["store_ts"].nullable
+    assert schema["properties"].dataType == MapType(StringType(), StringType(), True)
+    assert schema.fieldNames() == tables.TABLES["messages"].schema.names
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_every_spec_creates_its_table(tmp_path: Path, name: str) -> None:
+    spec = tables.get_spec(name)
+    created = tables.ensure_table(tmp_path, name)
+    again = tables.ensure_table(tmp_path, name)          # idempotent: no second commit
+    assert created.version() == again.version() == 0
+    snap = snapshot(tables.table_path(tmp_path, name))
+    assert snap.schema.equals(spec.schema), f"{snap.schema}\n!=\n{spec.schema}"
+    assert snap.spark_schema() == tables.spark_schema(spec)
+    assert snap.partition_columns == spec.partition_by
+    metadata = again.metadata()
+    assert (metadata.name, metadata.description) == (spec.name, spec.description)
+    assert snap.files == () and snap.unsupported_reason() is None
+
+
+def test_existing_table_must_match_its_spec(tmp_path: Path) -> None:
+    DeltaTable.create(tables.table_path(tmp_path, "alerts"), pa.schema([pa.field("rule", pa.string())]))
+    with pytest.raises(SchemaMismatchError, match="does not have the schema of 'alerts'.*alert_id"):
+        tables.ensure_table(tmp_path, "alerts")
+    spec = tables.get_spec("messages")
+    DeltaTable.create(tables.table_path(tmp_path, "messages"), spec.schema)  # right schema, not partitioned
+    with pytest.raises(SchemaMismatchError, match=r"partitioned by \[\], but 'messages' is partitioned by"):
+        tables.ensure_table(tmp_path, "messages")
+    (tmp_path / "dead_letters").mkdir()
+    (tmp_path / "dead_letters" / "junk.txt").write_text("not a table")
+    with pytest.raises(LakeError, match="not a Delta table"):
+        tables.ensure_table(tmp_path, "dead_letters")
+
+
+_CREATOR = """
+import sys, time
+from sparkmq.pipelines.tables import ensure_tables
+start = float(sys.argv[2])
+while time.time() < start:
+    pass
+print(sorted(ensure_tables(sys.argv[1])))
+"""
+
+
+def test_concurrent_creators_commit_exactly_one_create(tmp_path: Path) -> None:
+    """Racing DeltaTable.create(mode="ignore") calls commit CREATE twice; ensure_table must not."""
+    start = time.time() + 2.0  # all four are importing by then, so they really race
+    children = [subprocess.Popen([sys.executable, "-c", _CREATOR, str(tmp_path), str(start)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    for child in children:
+        out, err = child.communicate(timeout=60)
+        assert child.returncode == 0, err
+        assert json.loads(out.replace("'", '"')) == sorted(EXPECTED)
+    for name in EXPECTED:
+        log_dir = tmp_path / name / "_delta_log"
+        assert sorted(p.name for p in log_dir.glob("*.json")) == ["00000000000000000000.json"], name
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(EXPECTED)   # no staging directories left
+
+
+def test_broker_writes_into_the_table_ensure_table_made(tmp_path: Path) -> None:
+    tables.ensure_table(tmp_path, "consumer_offsets")
+    manager = offsets.ConsumerOffsetManager(tables.table_path(tmp_path, "consumer_offsets"), "broker-a")
+    manager.commit("g1", "t1", 0, 42)
+    assert manager.persist() == 1
+    rows = DeltaTable(tables.table_path(tmp_path, "consumer_offsets")).to_pyarrow_table().to_pylist()
+    assert [(r["group"], r["topic"], r["queue_id"], r["offset"]) for r in rows] == [("g1", "t1", 0, 42)]
