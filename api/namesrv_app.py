@@ -13,12 +13,11 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..platform.common.errors import ErrorCode, SparkMQError
 from ..platform.namesrv import NameServerConfig, RouteTable, TopicConfig
+from .errors import install_error_handlers
 
 __all__ = ["create_app", "RegisterBrokerRequest", "UnregisterBrokerRequest", "TopicConfigBody"]
 
@@ -131,36 +130,6 @@ async def health(table: RouteTableDep) -> dict[str, Any]:
     return {"status": "ok", "live_brokers": len(info.live_brokers), "topics": len(table.topic_list())}
 
 
-# -- errors, mapped once ----------------------------------------------------------------
-
-def _error(code: ErrorCode, message: str) -> JSONResponse:
-    return JSONResponse({"code": code.name, "message": message}, status_code=code.http_status)
-
-
-async def _sparkmq_error(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, SparkMQError)
-    return _error(exc.code, exc.message)
-
-
-async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
-    parts = []
-    for err in exc.errors()[:5]:
-        if err.get("type") == "json_invalid":
-            # loc is ("body", position); say so in words.
-            position = err.get("loc", ("body", "?"))[-1]
-            parts.append(f"malformed JSON at position {position}: {err.get('ctx', {}).get('error', 'decode error')}")
-            continue
-        where = ".".join(str(p) for p in err.get("loc", ()))
-        parts.append(f"{where}: {err.get('msg', 'invalid')}" if where else str(err.get("msg", "invalid")))
-    return _error(ErrorCode.INVALID_ARGUMENT, "; ".join(parts) or "invalid request")
-
-
-async def _unexpected_error(_: Request, exc: Exception) -> JSONResponse:
-    log.exception("unexpected error", exc_info=exc)
-    return _error(ErrorCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
-
-
 # -- the app ----------------------------------------------------------------------------
 
 async def _scan_loop(table: RouteTable, interval_s: float) -> None:
@@ -199,7 +168,5 @@ def create_app(route_table: RouteTable, config: NameServerConfig) -> FastAPI:
     app.state.config = config
     app.include_router(brokers_router)
     app.include_router(routes_router)
-    app.add_exception_handler(SparkMQError, _sparkmq_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(Exception, _unexpected_error)
+    install_error_handlers(app, log)
     return app

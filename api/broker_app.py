@@ -1,0 +1,492 @@
+"""The broker's HTTP API (``docs/http-api.md``): sends, pulls, topics, clients, offsets, locks.
+
+Build it with :func:`create_app` over a started :class:`~sparkmq.platform.broker.Broker`;
+``sparkmq.api.broker_main`` serves it with uvicorn.  This app *is* the embedded
+gateway: the standalone gateway serves the same send endpoints and reuses the request
+models below.
+
+JSON everywhere, Arrow IPC (``application/vnd.apache.arrow.stream``) for batch sends
+(request ``Content-Type``) and pulls (``Accept``); encodings come from
+:mod:`sparkmq.platform.common.wire`.  Every error is ``{"code", "message"}`` with the
+code's HTTP status (:mod:`sparkmq.api.errors`).
+
+Threads: a send that waits for a disk sync (SYNC_FLUSH) or a large batch runs in the
+threadpool, a plain send runs on the event loop (an mmap append takes microseconds);
+pull reads run in the threadpool while a held pull costs no thread; admin calls that
+fsync (topic changes) are plain ``def`` endpoints.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, TypeVar
+
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..platform.broker.broker import MAX_PULL_BATCH, Broker, OutgoingMessage
+from ..platform.broker.client_manager import (
+    ConsumeFromWhere,
+    ConsumerData,
+    ConsumeType,
+    ExpressionType,
+    MessageModel,
+    Subscription,
+)
+from ..platform.broker.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from ..platform.common import wire
+from ..platform.common.errors import ErrorCode, SparkMQError
+from ..platform.store import GetResult
+from .errors import install_error_handlers, invalid_argument
+
+__all__ = [
+    "create_app",
+    "SendMessageBody",
+    "BatchMessageBody",
+    "BatchSendBody",
+    "HeartbeatBody",
+    "UnregisterClientBody",
+    "TopicBody",
+    "CommitOffsetsBody",
+    "LockBody",
+    "outgoing_from_json",
+    "outgoing_from_arrow",
+]
+
+log = logging.getLogger("sparkmq.broker")
+
+#: A batch larger than this is decoded and stored in the threadpool, not on the event loop.
+_INLINE_BATCH_BYTES = 256 * 1024
+#: The longest a ``/consumers/{group}/changes`` poll may be held.
+_MAX_CHANGE_WAIT_MS = 300_000
+
+T = TypeVar("T")
+
+
+# -- request bodies ---------------------------------------------------------------------
+# Strict: a JSON "5" is not a queue id, and unknown fields are typos, not extensions.
+# Names and ranges are checked once, by the Broker, so HTTP and in-process callers get the
+# same codes; the models only check the shape.
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+E = TypeVar("E")
+#: Enums arrive as JSON strings; strict mode would want enum instances.
+_Lenient = Annotated[E, Field(strict=False)]
+
+
+class BatchMessageBody(_Strict):
+    """One message of a JSON batch send."""
+
+    body: str = Field(description="the body as text in body_encoding")
+    body_encoding: Literal["utf8", "base64"] = "utf8"
+    tags: str | None = None
+    keys: list[str] | None = None
+    properties: dict[str, str] | None = None
+    msg_id: str | None = Field(default=None, description="the producer's unique id (UNIQ_KEY); null = made here")
+
+
+class SendMessageBody(BatchMessageBody):
+    """``POST /topics/{topic}/messages``: one message and how to route it."""
+
+    queue_id: int | None = Field(default=None, description="a write queue; null = hash of sharding_key or round-robin")
+    sharding_key: str | None = None
+    compressed: bool = Field(default=False, description="the body is zlib-compressed by the producer")
+    producer_group: str | None = None
+    born_timestamp: int | None = Field(default=None, description="epoch ms; null = now")
+    born_host: str | None = Field(default=None, description="ip:port; null = the HTTP peer")
+
+
+class BatchSendBody(_Strict):
+    """``POST /topics/{topic}/batch`` as JSON."""
+
+    messages: list[BatchMessageBody]
+
+
+class SubscriptionBody(_Strict):
+    """One subscription of a consumer."""
+
+    topic: str
+    expression: str = "*"
+    type: _Lenient[ExpressionType] = ExpressionType.TAG
+
+
+class ConsumerBody(_Strict):
+    """One consumer group of a heartbeat."""
+
+    group: str
+    consume_type: _Lenient[ConsumeType] = ConsumeType.PUSH
+    message_model: _Lenient[MessageModel] = MessageModel.CLUSTERING
+    consume_from_where: _Lenient[ConsumeFromWhere] = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
+    subscriptions: list[SubscriptionBody] = Field(default_factory=list)
+
+
+class HeartbeatBody(_Strict):
+    """``POST /clients/heartbeat``."""
+
+    client_id: str
+    producer_groups: list[str] = Field(default_factory=list)
+    consumers: list[ConsumerBody] = Field(default_factory=list)
+
+
+class UnregisterClientBody(_Strict):
+    """``POST /clients/unregister``."""
+
+    client_id: str
+    producer_groups: list[str] = Field(default_factory=list)
+    consumer_groups: list[str] = Field(default_factory=list)
+
+
+class TopicBody(_Strict):
+    """``POST /topics``: create or update a topic."""
+
+    topic: str
+    read_queue_nums: int = 16
+    write_queue_nums: int = 16
+    perm: int = Field(default=6, description="READ=4 | WRITE=2 | INHERIT=1 (6 = read+write)")
+    order: bool = False
+    topic_sys_flag: int = 0
+
+
+class OffsetEntry(_Strict):
+    """One committed offset."""
+
+    topic: str
+    queue_id: int
+    offset: int
+
+
+class CommitOffsetsBody(_Strict):
+    """``POST /consumers/{group}/offsets``."""
+
+    offsets: list[OffsetEntry]
+
+
+class QueueBody(_Strict):
+    """One (topic, queue)."""
+
+    topic: str
+    queue_id: int
+
+
+class LockBody(_Strict):
+    """``POST /locks/lock`` and ``/locks/unlock``."""
+
+    group: str
+    client_id: str
+    queues: list[QueueBody]
+
+
+# -- conversions ------------------------------------------------------------------------
+
+def outgoing_from_json(item: BatchMessageBody) -> OutgoingMessage:
+    """The broker's message for a JSON message (body decoded; MESSAGE_ILLEGAL for bad base64)."""
+    return OutgoingMessage(wire.decode_body(item.body, item.body_encoding), item.tags, tuple(item.keys or ()),
+                           dict(item.properties or {}), item.msg_id)
+
+
+def outgoing_from_arrow(raw: bytes) -> list[OutgoingMessage]:
+    """The broker's messages for an Arrow IPC batch of ``SEND_SCHEMA`` (MESSAGE_ILLEGAL when malformed)."""
+    rows = wire.send_rows_from_arrow(wire.from_ipc(raw))
+    return [OutgoingMessage(r.body, r.tags, r.keys, r.properties) for r in rows]
+
+
+def _peer(request: Request) -> str | None:
+    """``ip:port`` of the HTTP peer (the born host of messages that name none), if it is an IP."""
+    client = request.client
+    if client is None:
+        return None
+    try:
+        ip = ipaddress.ip_address(client.host)
+    except ValueError:
+        return None
+    return f"[{ip}]:{client.port}" if ip.version == 6 else f"{ip}:{client.port}"
+
+
+def _wants_arrow(request: Request) -> bool:
+    return wire.ARROW_STREAM in request.headers.get("accept", "")
+
+
+def _pull_json(result: GetResult, broker_name: str) -> dict[str, Any]:
+    return {"status": str(result.status), "next_offset": result.next_offset, "min_offset": result.min_offset,
+            "max_offset": result.max_offset,
+            "messages": [wire.stored_to_json(m, broker_name) for m in result.messages]}
+
+
+def _pull_arrow(result: GetResult, broker_name: str) -> Response:
+    headers = {wire.PULL_HEADERS["status"]: str(result.status),
+               wire.PULL_HEADERS["next_offset"]: str(result.next_offset),
+               wire.PULL_HEADERS["min_offset"]: str(result.min_offset),
+               wire.PULL_HEADERS["max_offset"]: str(result.max_offset)}
+    body = wire.to_ipc(wire.stored_to_arrow(result.messages, broker_name))
+    return Response(body, media_type=wire.ARROW_STREAM, headers=headers)
+
+
+async def _maybe_threaded(inline: bool, fn: Callable[[], T]) -> T:
+    return fn() if inline else await run_in_threadpool(fn)
+
+
+# -- dependencies -----------------------------------------------------------------------
+
+def _broker(request: Request) -> Broker:
+    return request.app.state.broker
+
+
+BrokerDep = Annotated[Broker, Depends(_broker)]
+TopicPath = Annotated[str, Path(description="topic name (percent-encode % and |)")]
+
+_ARROW_BATCH_DOC = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/BatchSendBody"}},
+            wire.ARROW_STREAM: {"schema": {"type": "string", "format": "binary",
+                                           "description": "Arrow IPC stream of SEND_SCHEMA "
+                                                          "(body binary, tags, keys, properties map)"}},
+        },
+    },
+}
+
+
+# -- routers ----------------------------------------------------------------------------
+
+send_router = APIRouter(tags=["send"])
+pull_router = APIRouter(tags=["pull"])
+topics_router = APIRouter(tags=["topics"])
+clients_router = APIRouter(tags=["clients"])
+offsets_router = APIRouter(tags=["offsets"])
+locks_router = APIRouter(prefix="/locks", tags=["locks"])
+broker_router = APIRouter(tags=["broker"])
+
+
+@send_router.post("/topics/{topic}/messages")
+async def send_message(topic: TopicPath, body: SendMessageBody, request: Request, broker: BrokerDep) -> JSONResponse:
+    """Store one message (the topic is auto-created when allowed); answers where it was stored."""
+    message = outgoing_from_json(body)
+    born_host = body.born_host if body.born_host is not None else _peer(request)
+
+    def send() -> dict[str, Any]:
+        return broker.send(topic, message, queue_id=body.queue_id, sharding_key=body.sharding_key,
+                           compressed=body.compressed, producer_group=body.producer_group,
+                           born_timestamp=body.born_timestamp, born_host=born_host).to_dict()
+
+    return JSONResponse(await _maybe_threaded(not broker.send_may_block, send))
+
+
+@send_router.post("/topics/{topic}/batch", openapi_extra=_ARROW_BATCH_DOC)
+async def send_batch(topic: TopicPath, request: Request, broker: BrokerDep,
+                     queue_id: Annotated[int | None, Query(description="a write queue; else hash/round-robin")] = None,
+                     sharding_key: str | None = None, producer_group: str | None = None,
+                     compressed: bool = False) -> JSONResponse:
+    """Store many messages in one queue (consecutive offsets), JSON or Arrow; one bad message rejects all."""
+    limit = broker.config.max_request_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise SparkMQError(ErrorCode.MESSAGE_TOO_LARGE, f"the request is {declared} bytes, the limit is {limit}")
+    raw = await request.body()
+    if len(raw) > limit:
+        raise SparkMQError(ErrorCode.MESSAGE_TOO_LARGE, f"the request is {len(raw)} bytes, the limit is {limit}")
+    arrow = request.headers.get("content-type", "").split(";")[0].strip() == wire.ARROW_STREAM
+    born_host = _peer(request)
+
+    def send() -> dict[str, Any]:
+        if arrow:
+            messages = outgoing_from_arrow(raw)
+        else:
+            try:
+                parsed = BatchSendBody.model_validate_json(raw)
+            except ValidationError as exc:
+                raise invalid_argument(exc) from None
+            messages = [outgoing_from_json(m) for m in parsed.messages]
+        return broker.send_batch(topic, messages, queue_id=queue_id, sharding_key=sharding_key,
+                                 compressed=compressed, producer_group=producer_group,
+                                 born_host=born_host).to_dict()
+
+    inline = not broker.send_may_block and len(raw) <= _INLINE_BATCH_BYTES
+    return JSONResponse(await _maybe_threaded(inline, send))
+
+
+@pull_router.get("/topics/{topic}/queues/{queue_id}/messages",
+                 responses={200: {"content": {wire.ARROW_STREAM: {}},
+                                  "description": "JSON, or Arrow (PULL_SCHEMA) with X-Pull-* headers"}})
+async def pull_messages(topic: TopicPath, queue_id: int, request: Request, broker: BrokerDep,
+                        offset: int = 0,
+                        max_count: Annotated[int, Query(alias="max", description=f"1..{MAX_PULL_BATCH}")] = 32,
+                        tags: Annotated[str | None, Query(description="'*' or 'A || B'")] = None,
+                        wait_ms: Annotated[int, Query(description="long polling, capped by the broker")] = 0,
+                        group: str | None = None, commit_offset: int | None = None,
+                        client_id: str | None = None) -> Response:
+    """Read messages of one queue from ``offset``; long-polls up to ``wait_ms`` when nothing new matches."""
+    result = await broker.pull(topic, queue_id, offset, max_count, tags, wait_ms=wait_ms, group=group or None,
+                               commit_offset=commit_offset)
+    if _wants_arrow(request):
+        return _pull_arrow(result, broker.name)
+    return JSONResponse(_pull_json(result, broker.name))
+
+
+@pull_router.get("/topics/{topic}/queues/{queue_id}/offsets")
+async def queue_offsets(topic: TopicPath, queue_id: int, broker: BrokerDep,
+                        timestamp: Annotated[int | None, Query(description="epoch ms")] = None) -> dict[str, int]:
+    """The queue's min and max offsets, and the first offset stored at or after ``timestamp``."""
+    return broker.queue_offsets(topic, queue_id, timestamp)
+
+
+@topics_router.get("/topics")
+async def list_topics(broker: BrokerDep) -> dict[str, list[dict[str, Any]]]:
+    """Every topic of this broker (system topics included)."""
+    return {"topics": [cfg.to_dict() for cfg in broker.list_topics()]}
+
+
+@topics_router.get("/topics/{topic}")
+async def get_topic(topic: TopicPath, broker: BrokerDep) -> dict[str, Any]:
+    """One topic's config (TOPIC_NOT_EXIST)."""
+    return broker.get_topic(topic).to_dict()
+
+
+@topics_router.post("/topics")
+def create_topic(body: TopicBody, broker: BrokerDep) -> dict[str, Any]:
+    """Create or update a topic; system topics answer NO_PERMISSION.  Name servers hear of it at once."""
+    return broker.create_or_update_topic(body.topic, body.read_queue_nums, body.write_queue_nums, body.perm,
+                                         body.order, body.topic_sys_flag).to_dict()
+
+
+@topics_router.delete("/topics/{topic}")
+def delete_topic(topic: TopicPath, broker: BrokerDep) -> dict[str, Any]:
+    """Delete a topic's config and its consumer offsets; ``deleted`` is false when it did not exist."""
+    return {"topic": topic, "deleted": broker.delete_topic(topic)}
+
+
+@topics_router.get("/topics/{topic}/stats")
+async def topic_stats(topic: TopicPath, broker: BrokerDep) -> dict[str, Any]:
+    """Per queue: min and max offset, and the store time of the last message (0 = none)."""
+    return broker.topic_stats(topic)
+
+
+@clients_router.post("/clients/heartbeat")
+def heartbeat(body: HeartbeatBody, broker: BrokerDep) -> dict[str, Any]:
+    """Record a client's heartbeat; answers each consumer group's membership version."""
+    consumers = [ConsumerData(c.group, c.consume_type, c.message_model, c.consume_from_where,
+                              tuple(Subscription(s.topic, s.expression, s.type) for s in c.subscriptions))
+                 for c in body.consumers]
+    versions = broker.heartbeat(body.client_id, body.producer_groups, consumers)
+    return {"groups": {g: {"version": v} for g, v in versions.items()}}
+
+
+@clients_router.post("/clients/unregister")
+async def unregister_client(body: UnregisterClientBody, broker: BrokerDep) -> dict[str, Any]:
+    """Remove a client from its groups (it is shutting down); answers the consumer groups' versions."""
+    versions = broker.unregister_client(body.client_id, body.producer_groups, body.consumer_groups)
+    return {"groups": {g: {"version": v} for g, v in versions.items()}}
+
+
+@clients_router.get("/consumers")
+async def consumer_groups(broker: BrokerDep) -> dict[str, list[str]]:
+    """Consumer groups with at least one live member."""
+    return {"groups": broker.clients.consumer_groups()}
+
+
+@clients_router.get("/consumers/{group}")
+async def consumer_group(group: str, broker: BrokerDep) -> dict[str, Any]:
+    """A group's version, members and settings (version 0 and no members when nobody joined)."""
+    return broker.group_info(group).to_dict()
+
+
+@clients_router.get("/consumers/{group}/changes")
+async def consumer_group_changes(group: str, broker: BrokerDep,
+                                 version: Annotated[int, Query(ge=0, description="the version the caller knows")] = 0,
+                                 wait_ms: Annotated[int, Query(ge=0, le=_MAX_CHANGE_WAIT_MS)] = 20_000,
+                                 ) -> dict[str, Any]:
+    """Long poll: answers when the group's membership version differs from ``version``, or at ``wait_ms``."""
+    current, members = await broker.wait_group_change(group, version, wait_ms)
+    return {"version": current, "members": members}
+
+
+@offsets_router.post("/consumers/{group}/offsets")
+async def commit_offsets(group: str, body: CommitOffsetsBody, broker: BrokerDep) -> dict[str, int]:
+    """Commit offsets of a group, all or nothing."""
+    return {"committed": broker.commit_offsets(group, [(e.topic, e.queue_id, e.offset) for e in body.offsets])}
+
+
+@offsets_router.get("/consumers/{group}/offsets")
+async def query_offsets(group: str, broker: BrokerDep, topic: str | None = None) -> dict[str, Any]:
+    """The group's committed offsets: ``{topic: {queue_id: offset}}``."""
+    offsets = broker.query_offsets(group, topic)
+    return {"group": group, "offsets": {t: {str(q): o for q, o in qs.items()} for t, qs in offsets.items()}}
+
+
+@offsets_router.get("/consumers/{group}/offsets/{topic}/{queue_id}")
+async def query_offset(group: str, topic: TopicPath, queue_id: int, broker: BrokerDep) -> dict[str, int]:
+    """One committed offset (-1 when never committed)."""
+    return {"offset": broker.query_offset(group, topic, queue_id)}
+
+
+@offsets_router.get("/consumers/{group}/lag")
+def consumer_lag(group: str, broker: BrokerDep, topic: str | None = None) -> dict[str, Any]:
+    """Per read queue: the broker's max offset, the group's offset and the difference."""
+    return broker.lag(group, topic)
+
+
+@locks_router.post("/lock")
+async def lock_queues(body: LockBody, broker: BrokerDep) -> dict[str, list[dict[str, Any]]]:
+    """Lock (or renew) queues for orderly consumption; answers those this client now holds."""
+    locked = broker.lock_queues(body.group, body.client_id, [(q.topic, q.queue_id) for q in body.queues])
+    return {"locked": [{"topic": t, "queue_id": q} for t, q in locked]}
+
+
+@locks_router.post("/unlock")
+async def unlock_queues(body: LockBody, broker: BrokerDep) -> dict[str, list[dict[str, Any]]]:
+    """Release queues this client holds; answers those released."""
+    unlocked = broker.unlock_queues(body.group, body.client_id, [(q.topic, q.queue_id) for q in body.queues])
+    return {"unlocked": [{"topic": t, "queue_id": q} for t, q in unlocked]}
+
+
+@broker_router.get("/messages/{offset_msg_id}", tags=["pull"])
+def message_by_id(offset_msg_id: str, broker: BrokerDep) -> JSONResponse:
+    """One message by its offsetMsgId (MESSAGE_ID_ILLEGAL, MESSAGE_NOT_FOUND)."""
+    return JSONResponse(wire.stored_to_json(broker.message_by_offset_msg_id(offset_msg_id), broker.name))
+
+
+@broker_router.get("/broker")
+async def broker_info(broker: BrokerDep) -> dict[str, Any]:
+    """Identity, role, name servers, commit-log offsets, topic and client counts."""
+    return broker.info()
+
+
+@broker_router.get("/health")
+async def health(broker: BrokerDep) -> dict[str, Any]:
+    """``ok``, or ``degraded`` with the failing components (store, offsets persist, name servers)."""
+    return broker.health()
+
+
+@broker_router.get("/metrics", response_class=Response)
+def metrics(broker: BrokerDep) -> Response:
+    """Prometheus text exposition of the broker's metrics."""
+    return Response(broker.metrics_text(), media_type=METRICS_CONTENT_TYPE)
+
+
+# -- the app ----------------------------------------------------------------------------
+
+def create_app(broker: Broker) -> FastAPI:
+    """The broker app over ``broker`` (started by the caller; the app starts and stops nothing).
+
+    Example::
+
+        >>> from sparkmq.platform.broker.config import BrokerConfig
+        >>> app = create_app(Broker(BrokerConfig(data_dir="/tmp/x")))
+        >>> "/topics/{topic}/messages" in app.openapi()["paths"]
+        True
+    """
+    app = FastAPI(title="sparkmq broker", version="0.1.0",
+                  description="Send, pull, topics, consumer groups, offsets, queue locks, metrics "
+                              "(docs/http-api.md).")
+    app.state.broker = broker
+    for router in (send_router, pull_router, topics_router, clients_router, offsets_router, locks_router,
+                   broker_router):
+        app.include_router(router)
+    install_error_handlers(app, log)
+    return app

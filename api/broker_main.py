@@ -1,0 +1,232 @@
+"""Run one broker: ``python -m sparkmq.api.broker_main --data-dir var/broker --namesrv 127.0.0.1:9876``.
+
+Binds the listening socket first (so ``--port 0`` knows its real port before the store
+writes that address into records and offsetMsgIds), starts the broker, serves the
+HTTP API on that socket and prints ``broker listening on http://HOST:PORT`` once it
+accepts connections.  SIGTERM or Ctrl-C stops it cleanly: no new requests, held pulls
+released, unregistered from every name server, consumer offsets persisted, store closed.
+
+``sparkmq dev`` runs a name server and a broker in one asyncio loop; it builds a
+:class:`BrokerService` (or calls :func:`serve` with ``handle_signals=False``) and stops
+it with :meth:`BrokerService.request_stop`.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+import threading
+import tomllib
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import uvicorn
+
+from ..platform.broker.broker import Broker
+from ..platform.broker.config import DEFAULT_PORT, BrokerConfig
+from .broker_app import create_app
+
+__all__ = ["main", "serve", "BrokerService", "bind_socket", "load_config"]
+
+log = logging.getLogger("sparkmq.broker")
+
+#: How long uvicorn waits for requests in flight after SIGTERM (held pulls are released at once).
+_GRACEFUL_S = 10.0
+
+
+def _announce(host: str, port: int) -> None:
+    print(f"broker listening on http://{host}:{port}", flush=True)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (0 = a free port); uvicorn listens on it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host.strip("[]"), port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, but a caught SIGTERM/SIGINT is not re-raised after serving.
+
+    uvicorn re-raises the signal once it stopped serving, which would kill the process
+    before the broker unregisters and persists its offsets.
+    """
+
+    def __init__(self, config: uvicorn.Config, handle_signals: bool) -> None:
+        super().__init__(config)
+        self._handle_signals = handle_signals
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """Turn SIGINT/SIGTERM into a graceful exit while serving (main thread only)."""
+        if not self._handle_signals or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+
+class BrokerService:
+    """A bound socket, a :class:`Broker` for the real port, and its app: what :func:`serve` runs.
+
+    Example (inside a running event loop)::
+
+        service = BrokerService(BrokerConfig(port=0, data_dir="var/b", namesrv_addrs=("127.0.0.1:9876",)))
+        task = asyncio.create_task(service.serve(on_ready=lambda h, p: print(p)))
+        ...
+        service.request_stop()
+        await task
+    """
+
+    def __init__(self, config: BrokerConfig) -> None:
+        """Bind ``config.host:config.port`` now (OSError if taken) and build the broker and app (not started)."""
+        self.sock = bind_socket(config.host, config.port)
+        port = self.sock.getsockname()[1]
+        self.config = config.bound_to(port) if config.port == 0 else config
+        self.broker = Broker(self.config)
+        self.app = create_app(self.broker)
+        self.server: _Server | None = None
+        self._stop_requested = False
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` of the bound socket."""
+        return f"http://{self.config.host}:{self.config.port}"
+
+    def request_stop(self) -> None:
+        """Ask a serving broker to stop (from the event loop's thread); :meth:`serve` then shuts it down."""
+        self._stop_requested = True
+        if self.server is not None:
+            self.server.should_exit = True
+
+    async def serve(self, log_level: str = "warning", on_ready: Callable[[str, int], None] = _announce,
+                    handle_signals: bool = True) -> bool:
+        """Start the broker, serve until stopped, shut the broker down; returns whether it served.
+
+        ``on_ready(host, port)`` is called once connections are accepted.  With
+        ``handle_signals`` SIGTERM/SIGINT stop it; otherwise only :meth:`request_stop` does.
+        """
+        try:
+            await asyncio.to_thread(self.broker.start, False)
+        except BaseException:
+            self.sock.close()
+            raise
+        config = uvicorn.Config(self.app, log_level=log_level, lifespan="off", access_log=False,
+                                timeout_graceful_shutdown=_GRACEFUL_S)
+        server = self.server = _Server(config, handle_signals)
+        if self._stop_requested:
+            server.should_exit = True
+
+        async def watch() -> None:
+            while not server.started:
+                if server.should_exit:
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                # Only now tell the name servers where we are: the socket accepts connections.
+                self.broker.start_registration()
+                on_ready(self.config.host, self.config.port)
+            while not server.should_exit:
+                await asyncio.sleep(0.05)
+            # uvicorn now waits for requests in flight: release held pulls and change polls so it need not.
+            self.broker.begin_shutdown()
+
+        watcher = asyncio.create_task(watch(), name=f"broker-{self.config.broker_name}-watch")
+        try:
+            await server.serve(sockets=[self.sock])
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            self.broker.begin_shutdown()
+            await asyncio.to_thread(self.broker.shutdown)
+            self.sock.close()
+        return server.started
+
+
+async def serve(config: BrokerConfig, log_level: str = "warning", on_ready: Callable[[str, int], None] = _announce,
+                handle_signals: bool = True) -> bool:
+    """Bind, start and serve one broker until stopped (SIGTERM/SIGINT with ``handle_signals``).
+
+    See :class:`BrokerService`; returns whether it served.
+    """
+    return await BrokerService(config).serve(log_level=log_level, on_ready=on_ready, handle_signals=handle_signals)
+
+
+def load_config(path: Path | None, **overrides: object) -> BrokerConfig:
+    """A BrokerConfig from a TOML file's ``[broker]`` and ``[store]`` tables, then ``overrides`` (None = keep).
+
+    Unknown keys in those two tables are errors; other tables are ignored.
+    """
+    broker: dict[str, object] = {}
+    store: dict[str, object] = {}
+    if path is not None:
+        # One file configures every service (conf/single-node.toml): other tables belong to them.
+        data = tomllib.loads(path.read_text("utf-8"))
+        broker = dict(data.get("broker", {}))
+        store = dict(data.get("store", {}))
+    return BrokerConfig.from_mapping(broker, store, **overrides)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse arguments and serve; returns the exit status (2 for bad arguments, 1 if the broker failed)."""
+    parser = argparse.ArgumentParser(prog="python -m sparkmq.api.broker_main", description=__doc__.splitlines()[0])
+    add = parser.add_argument
+    add("--config", type=Path, default=None, help="TOML file with [broker] and [store] tables")
+    add("--host", help="interface to listen on (default 127.0.0.1)")
+    add("--port", type=int, help=f"port, 0 = any free one (default {DEFAULT_PORT})")
+    add("--data-dir", type=Path, help="root of the broker's files (default var/broker)")
+    add("--namesrv", dest="namesrv_addrs", help='name servers, "host:port;host:port"')
+    add("--cluster", help="cluster name (default DefaultCluster)")
+    add("--broker-name", help="broker name (default broker-a)")
+    add("--broker-id", type=int, help="0 = master (default), > 0 = slave")
+    add("--role", choices=["ASYNC_MASTER", "SYNC_MASTER", "SLAVE"], help="replication role")
+    add("--advertised-addr", help="host:port told to clients and name servers (default: the bound address)")
+    add("--register-interval-s", type=float, help="register with the name servers this often (default 30)")
+    add("--client-expiry-s", type=float, help="drop a client silent this long (default 120)")
+    add("--long-polling-max-ms", type=int, help="hold a pull at most this long (default 15000)")
+    add("--offset-persist-interval-s", type=float, help="persist consumer offsets this often (default 5)")
+    add("--queue-lock-expiry-s", type=float, help="queue locks expire after this long (default 60)")
+    add("--flush-mode", choices=["SYNC_FLUSH", "ASYNC_FLUSH"], help="store flush mode (default ASYNC_FLUSH)")
+    add("--segment-size", type=int, help="commit-log segment size in bytes")
+    add("--no-auto-create-topic", dest="auto_create_topic", action="store_const", const=False,
+        help="sends to unknown topics fail with TOPIC_NOT_EXIST")
+    add("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    args = vars(parser.parse_args(argv))
+    log_level = args.pop("log_level")
+    config_file = args.pop("config")
+    try:
+        config = load_config(config_file, **args)
+    except (ValueError, OSError, tomllib.TOMLDecodeError) as exc:
+        parser.error(str(exc))
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        started = asyncio.run(serve(config, log_level=log_level))
+    except KeyboardInterrupt:
+        return 0
+    except OSError as exc:
+        print(f"broker: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # the broker could not start (store locked, corrupt topic table, ...)
+        log.exception("broker failed: %s", exc)
+        return 1
+    return 0 if started else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,278 @@
+"""Configuration of one broker, validated once at construction.
+
+A config file has a ``[broker]`` table (the fields of :class:`BrokerConfig`) and a
+``[store]`` table (the fields of :class:`~sparkmq.platform.store.StoreConfig`);
+:meth:`BrokerConfig.from_mapping` reads both.  Files live under ``data_dir``::
+
+    data_dir/store/               commit log and consume queues (unless [store] root says otherwise)
+    data_dir/config/topics.json   the topic table
+    data_dir/lake/<table>         Delta tables the broker writes itself (consumer_offsets)
+
+The store writes the broker's *advertised* address (``advertised_addr``, else the
+``host:port`` actually bound) into every record and offsetMsgId, so a broker started
+with ``port=0`` must know its real port before the store starts: the runner binds
+first and then calls :meth:`BrokerConfig.bound_to`.
+"""
+from __future__ import annotations
+
+import enum
+import ipaddress
+import logging
+import math
+import re
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from ..store.config import StoreConfig
+
+__all__ = ["BrokerRole", "BrokerConfig", "DEFAULT_PORT", "parse_namesrv_addrs"]
+
+log = logging.getLogger("sparkmq.broker")
+
+#: RocketMQ's broker port.
+DEFAULT_PORT = 10911
+
+_NAME = re.compile(r"^[%|a-zA-Z0-9_.-]{1,127}$")
+_ADDR = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$")
+_STORE_FIELDS = frozenset(f.name for f in fields(StoreConfig))
+
+
+class BrokerRole(enum.StrEnum):
+    """A broker's replication role (RocketMQ's ``BrokerRole``)."""
+
+    #: Master; a send returns once the master stored it (slaves catch up later).
+    ASYNC_MASTER = "ASYNC_MASTER"
+    #: Master; a send returns once a slave has it too (else SLAVE_NOT_AVAILABLE / FLUSH_SLAVE_TIMEOUT).
+    SYNC_MASTER = "SYNC_MASTER"
+    #: Replica of a master; refuses sends.
+    SLAVE = "SLAVE"
+
+
+def parse_namesrv_addrs(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    """Name server addresses from ``"a:1;b:2"`` (RocketMQ's namesrvAddr spelling) or a list.
+
+    Example::
+
+        >>> parse_namesrv_addrs("127.0.0.1:9876; 127.0.0.1:9877")
+        ('127.0.0.1:9876', '127.0.0.1:9877')
+    """
+    if value is None:
+        return ()
+    items = re.split(r"[;,\s]+", value) if isinstance(value, str) else list(value)
+    out: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise ValueError(f"a name server address must be a string, got {item!r}")
+        item = item.strip().removeprefix("http://")
+        if not item:
+            continue
+        _check_addr("name server address", item)
+        if item not in out:  # registering twice with one name server is pointless
+            out.append(item)
+    return tuple(out)
+
+
+def _check_addr(what: str, value: object) -> str:
+    match = _ADDR.match(value) if isinstance(value, str) else None
+    if match is None or not 1 <= int(match.group(2)) <= 65535:
+        raise ValueError(f"{what} must be 'host:port' with a port in 1..65535, got {value!r}")
+    return value  # type: ignore[return-value]  # matched a str above
+
+
+def _check_name(what: str, value: object) -> None:
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise ValueError(f"{what} must be 1-127 characters of [%|a-zA-Z0-9_.-], got {value!r}")
+
+
+def _check_int(what: str, value: object, low: int, high: int) -> None:
+    # bool is an int subclass; True must not mean broker id 1.
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{what} must be an integer in {low}..{high}, got {value!r}")
+
+
+def _check_seconds(what: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{what} must be a finite number of seconds > 0, got {value!r}")
+
+
+def _ip_of(host: str) -> str:
+    """An IP literal for ``host`` (the store packs IPs, not names)."""
+    bare = host.strip("[]")
+    try:
+        return str(ipaddress.ip_address(bare))
+    except ValueError:
+        return socket.gethostbyname(bare)
+
+
+def _local_ip() -> str:
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """Every setting of one broker; defaults follow RocketMQ (``facts/rocketmq-defaults.md``).
+
+    Example::
+
+        >>> cfg = BrokerConfig(data_dir="/tmp/b", port=10911)
+        >>> cfg.addr, cfg.store_config().root.as_posix()
+        ('127.0.0.1:10911', '/tmp/b/store')
+    """
+
+    cluster: str = "DefaultCluster"
+    broker_name: str = "broker-a"
+    #: 0 = master, > 0 = slave.
+    broker_id: int = 0
+    role: BrokerRole = BrokerRole.ASYNC_MASTER
+    #: Interface to listen on; loopback by default so a dev run is never exposed.
+    host: str = "127.0.0.1"
+    #: TCP port; 0 lets the OS pick one (the runner binds first, then calls :meth:`bound_to`).
+    port: int = DEFAULT_PORT
+    #: ``host:port`` clients and name servers are told; None = the host and port actually bound.
+    advertised_addr: str | None = None
+    #: Name servers to register with (every one of them).
+    namesrv_addrs: tuple[str, ...] = ()
+    #: Root of the broker's files (store, topic table, lake tables).
+    data_dir: Path = Path("var/broker")
+    #: Register with every name server this often (and at once when the topic table changes).
+    register_interval_s: float = 30.0
+    #: One registration (or unregistration) HTTP call gives up after this long.
+    register_timeout_s: float = 3.0
+    #: A client silent this long is dropped from its groups.
+    client_expiry_s: float = 120.0
+    #: Silent clients are looked for this often.
+    client_scan_interval_s: float = 10.0
+    #: A pull is held at most this long waiting for messages.
+    long_polling_max_ms: int = 15_000
+    #: Consumer offsets are written to the consumer_offsets table this often.
+    offset_persist_interval_s: float = 5.0
+    #: A queue lock not renewed for this long is free again.
+    queue_lock_expiry_s: float = 60.0
+    #: Sends to an unknown (non-system) topic create it.
+    auto_create_topic: bool = True
+    #: Read and write queues of an auto-created topic.
+    default_topic_queue_nums: int = 4
+    #: A pull answers at most this many body bytes (always at least one message).
+    pull_max_bytes: int = 16 << 20
+    #: A request body (one batch send) may be at most this large.
+    max_request_bytes: int = 64 << 20
+    #: ``[store]`` settings (fields of StoreConfig except root/store_host, which the broker derives).
+    store: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "role", BrokerRole(self.role))
+        object.__setattr__(self, "data_dir", Path(self.data_dir))
+        object.__setattr__(self, "namesrv_addrs", parse_namesrv_addrs(self.namesrv_addrs))
+        _check_name("cluster", self.cluster)
+        _check_name("broker_name", self.broker_name)
+        _check_int("broker_id", self.broker_id, 0, 2**31 - 1)
+        if (self.role is BrokerRole.SLAVE) != (self.broker_id > 0):
+            raise ValueError(f"role {self.role} does not fit broker_id {self.broker_id} (0 = master, > 0 = slave)")
+        if not isinstance(self.host, str) or not self.host.strip():
+            raise ValueError(f"host must be a non-empty string, got {self.host!r}")
+        _check_int("port", self.port, 0, 65535)
+        if self.advertised_addr is not None:
+            _check_addr("advertised_addr", self.advertised_addr)
+        for name in ("register_interval_s", "register_timeout_s", "client_expiry_s", "client_scan_interval_s",
+                     "offset_persist_interval_s", "queue_lock_expiry_s"):
+            _check_seconds(name, getattr(self, name))
+        _check_int("long_polling_max_ms", self.long_polling_max_ms, 0, 3_600_000)
+        _check_int("default_topic_queue_nums", self.default_topic_queue_nums, 1, 1024)
+        _check_int("pull_max_bytes", self.pull_max_bytes, 1, 2**31 - 1)
+        _check_int("max_request_bytes", self.max_request_bytes, 1024, 2**31 - 1)
+        if not isinstance(self.auto_create_topic, bool):
+            raise ValueError(f"auto_create_topic must be true or false, got {self.auto_create_topic!r}")
+        store = dict(self.store)
+        unknown = sorted(set(store) - _STORE_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown store setting(s) {unknown}; known: {sorted(_STORE_FIELDS)}")
+        object.__setattr__(self, "store", MappingProxyType(store))
+        self.store_config()  # validates the store settings now, not when the store starts
+
+    # -- derived --------------------------------------------------------------------
+    @property
+    def addr(self) -> str:
+        """The ``host:port`` this broker announces (advertised, else bound; a wildcard host becomes the local IP)."""
+        if self.advertised_addr:
+            return self.advertised_addr
+        host = self.host
+        if host in ("0.0.0.0", "::", ""):
+            host = _local_ip()
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+
+    @property
+    def topics_path(self) -> Path:
+        """Where the topic table is persisted."""
+        return self.data_dir / "config" / "topics.json"
+
+    def lake_table_path(self, table: str) -> Path:
+        """The directory of a Delta table the broker writes (``data_dir/lake/<table>``)."""
+        return self.data_dir / "lake" / table
+
+    def store_config(self) -> StoreConfig:
+        """The store's config: ``[store]`` settings, root ``data_dir/store`` unless set, host = :attr:`addr`.
+
+        A ``store_host`` in the ``[store]`` table is replaced by the advertised address
+        (offsetMsgIds must point at the address clients reach this broker on).
+        """
+        settings = dict(self.store)
+        given_host = settings.pop("store_host", None)
+        host, _, port = self.addr.rpartition(":")
+        store_host = f"{_ip_of(host)}:{port}" if ":" not in host.strip("[]") else self.addr
+        if given_host is not None and given_host != store_host and self.port:
+            log.info("[store] store_host %s replaced by the broker's address %s", given_host, store_host)
+        settings.setdefault("root", self.data_dir / "store")
+        return StoreConfig.from_mapping(settings, store_host=store_host)
+
+    def bound_to(self, port: int) -> BrokerConfig:
+        """A copy for the port actually bound (what ``port=0`` turned into)."""
+        return replace(self, port=port)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly view (for ``GET /broker`` and logs)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["data_dir"] = str(self.data_dir)
+        out["namesrv_addrs"] = list(self.namesrv_addrs)
+        out["role"] = str(self.role)
+        out["store"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in self.store.items()}
+        return out
+
+    # -- construction from files ------------------------------------------------------
+    @classmethod
+    def from_mapping(cls, broker: Mapping[str, Any] | None = None, store: Mapping[str, Any] | None = None,
+                     **overrides: Any) -> BrokerConfig:
+        """Build from a config file's ``[broker]`` and ``[store]`` tables, then ``overrides``.
+
+        Unknown keys are an error, not ignored.  An override whose value is None is
+        skipped (so a CLI can pass every option); an override named like a store
+        setting (``flush_mode``, ``segment_size``) goes to the store settings.
+
+        Example::
+
+            >>> BrokerConfig.from_mapping({"broker_name": "b1"}, {"segment_size": 1 << 23},
+            ...                           port=0, flush_mode=None).store["segment_size"]
+            8388608
+        """
+        broker_fields = {f.name for f in fields(cls)} - {"store"}
+        values = dict(broker or {})
+        unknown = sorted(set(values) - broker_fields)
+        if unknown:
+            raise ValueError(f"unknown broker setting(s) {unknown}; known: {sorted(broker_fields)}")
+        store_values = dict(store or {})
+        for key, value in overrides.items():
+            if value is None:
+                continue
+            if key in broker_fields:
+                values[key] = value
+            elif key in _STORE_FIELDS:
+                store_values[key] = value
+            else:
+                raise ValueError(f"unknown setting {key!r}")
+        return cls(**values, store=store_values)

@@ -1,0 +1,136 @@
+"""Long polling: asyncio waiters woken from any thread.
+
+:class:`WaiterRegistry` holds asyncio futures by key.  A coroutine waits on a key
+(with a timeout); any thread -- the one that just stored a message, the client
+expiry scan -- calls :meth:`WaiterRegistry.notify` and every waiter of that key wakes
+via ``loop.call_soon_threadsafe``.  Lost wake-ups are impossible: a waiter registers
+*first* and then re-checks its condition (``ready``), while a notifier changes the
+state first and then looks for waiters.
+
+:class:`PullHoldService` is RocketMQ's ``PullRequestHoldService`` on top of it:
+held pulls keyed by (topic, queue_id), woken by puts on that queue.  When nobody
+waits, a notify is one dictionary truth test.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+__all__ = ["WaiterRegistry", "PullHoldService"]
+
+K = TypeVar("K", bound=Hashable)
+_Waiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[bool]"]
+
+
+def _resolve(fut: asyncio.Future[bool]) -> None:
+    if not fut.done():
+        fut.set_result(True)
+
+
+class WaiterRegistry(Generic[K]):
+    """Asyncio waiters by key, notified from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiters: dict[K, set[_Waiter]] = {}
+        self._closed = False
+
+    def waiting(self, key: K | None = None) -> int:
+        """How many coroutines wait (on ``key``, or on any key)."""
+        with self._lock:
+            if key is not None:
+                return len(self._waiters.get(key, ()))
+            return sum(len(s) for s in self._waiters.values())
+
+    async def wait(self, key: K, timeout_s: float, ready: Callable[[], bool] | None = None) -> bool:
+        """Wait until ``key`` is notified or ``timeout_s`` passes; True when notified (or already ``ready``).
+
+        ``ready()`` is checked after registering, so a notify racing with the caller's
+        own check is never lost.  After :meth:`close`, returns at once.
+        """
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bool] = loop.create_future()
+        waiter: _Waiter = (loop, fut)
+        with self._lock:
+            if self._closed:
+                return bool(ready and ready())
+            self._waiters.setdefault(key, set()).add(waiter)
+        try:
+            if ready is not None and ready():
+                return True
+            if timeout_s <= 0:
+                return False
+            try:
+                return await asyncio.wait_for(fut, timeout_s)
+            except TimeoutError:
+                return False
+        finally:
+            with self._lock:
+                waiters = self._waiters.get(key)
+                if waiters is not None:
+                    waiters.discard(waiter)
+                    if not waiters:
+                        del self._waiters[key]
+
+    def notify(self, key: K) -> int:
+        """Wake every waiter of ``key`` (callable from any thread); returns how many were woken."""
+        # Lock-free fast path: the common case is that nobody waits at all.
+        if not self._waiters:
+            return 0
+        with self._lock:
+            waiters = self._waiters.pop(key, None)
+        return self._wake(waiters or ())
+
+    def notify_all(self) -> int:
+        """Wake every waiter of every key."""
+        with self._lock:
+            all_waiters = [w for s in self._waiters.values() for w in s]
+            self._waiters.clear()
+        return self._wake(all_waiters)
+
+    def close(self) -> None:
+        """Wake everyone and make later waits return at once (shutdown)."""
+        with self._lock:
+            self._closed = True
+        self.notify_all()
+
+    @staticmethod
+    def _wake(waiters: object) -> int:
+        woken = 0
+        for loop, fut in waiters:  # type: ignore[attr-defined]
+            try:
+                loop.call_soon_threadsafe(_resolve, fut)
+                woken += 1
+            except RuntimeError:  # that loop is closed: its waiter is gone with it
+                pass
+        return woken
+
+
+class PullHoldService:
+    """Held pulls per (topic, queue_id), woken when a message lands on that queue."""
+
+    def __init__(self) -> None:
+        self._registry: WaiterRegistry[tuple[str, int]] = WaiterRegistry()
+
+    async def hold(self, topic: str, queue_id: int, timeout_s: float, ready: Callable[[], bool]) -> bool:
+        """Hold until a put on (topic, queue_id) or ``timeout_s``; True when woken by an arrival.
+
+        ``ready()`` says whether there is already something new (checked after registering).
+        """
+        return await self._registry.wait((topic, queue_id), timeout_s, ready)
+
+    def notify_put(self, topic: str, queue_id: int) -> int:
+        """A message was stored on (topic, queue_id): wake its held pulls (from any thread)."""
+        return self._registry.notify((topic, queue_id))
+
+    def held(self, topic: str | None = None, queue_id: int | None = None) -> int:
+        """How many pulls are held (on one queue, or in all)."""
+        if topic is not None and queue_id is not None:
+            return self._registry.waiting((topic, queue_id))
+        return self._registry.waiting()
+
+    def close(self) -> None:
+        """Release every held pull and stop holding new ones (shutdown)."""
+        self._registry.close()

@@ -1,0 +1,99 @@
+"""The broker's Prometheus metrics, in a registry of its own (several brokers may share a process).
+
+Counted on the hot path: messages and bytes sent per topic, pulled per (topic, group),
+send/pull latency histograms, send errors per code.  Computed at scrape time by a
+custom collector (no work between scrapes): the commit log's max offset, every
+queue's max offset and every group's lag per topic.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+__all__ = ["BrokerMetrics", "CONTENT_TYPE"]
+
+#: The media type of :meth:`BrokerMetrics.render`.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+#: Latency buckets in seconds: sub-millisecond sends up to multi-second SYNC_FLUSH waits.
+_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class _ScrapeCollector(Collector):
+    """Gauges read from the store and offsets when Prometheus scrapes."""
+
+    def __init__(self, commitlog_max: Callable[[], int], queue_max: Callable[[], Iterable[tuple[str, int, int]]],
+                 group_lag: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
+        self._commitlog_max = commitlog_max
+        self._queue_max = queue_max
+        self._group_lag = group_lag
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+        return (GaugeMetricFamily("sparkmq_commitlog_max_offset", "Commit-log offset the next record is written at"),
+                GaugeMetricFamily("sparkmq_queue_max_offset", "Queue offset the next message of a queue gets",
+                                  labels=["topic", "queue_id"]),
+                GaugeMetricFamily("sparkmq_group_lag", "Messages a consumer group has yet to consume, per topic",
+                                  labels=["group", "topic"]))
+
+    def describe(self) -> Iterator[Metric]:
+        """The metric names (so the registry can refuse duplicates) without reading anything."""
+        yield from self._families()
+
+    def collect(self) -> Iterator[Metric]:
+        """Read the gauges now."""
+        clog, queues, lag = self._families()
+        clog.add_metric([], self._commitlog_max())
+        for topic, queue_id, offset in self._queue_max():
+            queues.add_metric([topic, str(queue_id)], offset)
+        for group, topic, value in self._group_lag():
+            lag.add_metric([group, topic], value)
+        yield from (clog, queues, lag)
+
+
+class BrokerMetrics:
+    """Counters and histograms of one broker, plus scrape-time gauges."""
+
+    def __init__(self, commitlog_max: Callable[[], int] = lambda: 0,
+                 queue_max: Callable[[], Iterable[tuple[str, int, int]]] = tuple,
+                 group_lag: Callable[[], Iterable[tuple[str, str, int]]] = tuple) -> None:
+        """The callables feed the scrape-time gauges (a broker passes its store and offsets)."""
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.messages_sent = Counter("sparkmq_messages_sent", "Messages stored by sends", ["topic"], registry=r)
+        self.bytes_sent = Counter("sparkmq_bytes_sent", "Body bytes stored by sends", ["topic"], registry=r)
+        self.messages_pulled = Counter("sparkmq_messages_pulled", "Messages answered to pulls", ["topic", "group"],
+                                       registry=r)
+        self.bytes_pulled = Counter("sparkmq_bytes_pulled", "Body bytes answered to pulls", ["topic", "group"],
+                                    registry=r)
+        self.send_errors = Counter("sparkmq_send_errors", "Sends refused, by error code", ["code"], registry=r)
+        self.send_latency = Histogram("sparkmq_send_latency_seconds", "Time to store a send (one message or a batch)",
+                                      buckets=_BUCKETS, registry=r)
+        self.pull_latency = Histogram("sparkmq_pull_latency_seconds",
+                                      "Time to read a pull from the store (long-polling holds excluded)",
+                                      buckets=_BUCKETS, registry=r)
+        r.register(_ScrapeCollector(commitlog_max, queue_max, group_lag))
+
+    def sent(self, topic: str, messages: int, body_bytes: int, seconds: float) -> None:
+        """Count a successful send."""
+        self.messages_sent.labels(topic).inc(messages)
+        self.bytes_sent.labels(topic).inc(body_bytes)
+        self.send_latency.observe(seconds)
+
+    def send_failed(self, code: str) -> None:
+        """Count a refused send."""
+        self.send_errors.labels(code).inc()
+
+    def pulled(self, topic: str, group: str | None, messages: int, body_bytes: int, seconds: float) -> None:
+        """Count a pull's read (``group`` "" when the puller named none)."""
+        if messages:
+            self.messages_pulled.labels(topic, group or "").inc(messages)
+            self.bytes_pulled.labels(topic, group or "").inc(body_bytes)
+        self.pull_latency.observe(seconds)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)

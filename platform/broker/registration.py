@@ -1,0 +1,174 @@
+"""Registration with the name servers (RocketMQ's ``registerBrokerAll``).
+
+The broker registers with *every* name server every ``register_interval_s`` (30 s),
+at once on start, and at once whenever its topic table changes (:meth:`trigger`); the
+body carries the whole topic table and its ``data_version``.  On shutdown it
+unregisters from all of them so its routes disappear without waiting for expiry.
+
+Each name server has its own thread and HTTP client, so an unreachable or slow name
+server only delays itself.  Outcomes per name server are kept for ``/health``.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+__all__ = ["RegistrationService", "NameServerStatus"]
+
+log = logging.getLogger("sparkmq.broker")
+
+#: Builds the registration body (called for each attempt, so it always carries the current table).
+PayloadFn = Callable[[], Mapping[str, Any]]
+
+
+@dataclass
+class NameServerStatus:
+    """How registering with one name server went most recently."""
+
+    addr: str
+    ok: bool = False
+    registrations: int = 0
+    failures: int = 0
+    last_success_ms: int | None = None
+    last_error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (for ``/health``)."""
+        return {"ok": self.ok, "registrations": self.registrations, "failures": self.failures,
+                "last_success_ms": self.last_success_ms, "last_error": self.last_error}
+
+
+class _Worker:
+    """One name server: a thread that registers on every interval or trigger."""
+
+    def __init__(self, addr: str, payload: PayloadFn, interval_s: float, timeout_s: float) -> None:
+        self.addr = addr
+        self.status = NameServerStatus(addr)
+        self._payload = payload
+        self._interval_s = interval_s
+        self._client = httpx.Client(base_url=f"http://{addr}", timeout=timeout_s)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"sparkmq-register-{addr}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def trigger(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()  # before registering: a trigger during the call causes one more round
+            self.register()
+            self._wake.wait(self._interval_s)
+
+    def register(self) -> bool:
+        try:
+            body = dict(self._payload())
+            response = self._client.post("/brokers/register", json=body)
+            response.raise_for_status()
+        except Exception as exc:  # any failure (refused, timeout, 4xx/5xx) is retried next round
+            self.status.ok = False
+            self.status.failures += 1
+            message = f"{type(exc).__name__}: {exc}"
+            if message != self.status.last_error:  # log a new kind of failure once, not every 30 s
+                log.warning("registering with name server %s failed: %s", self.addr, message)
+            self.status.last_error = message
+            return False
+        if not self.status.ok and self.status.failures:
+            log.info("registered with name server %s again", self.addr)
+        self.status.ok = True
+        self.status.registrations += 1
+        self.status.last_success_ms = time.time_ns() // 1_000_000
+        self.status.last_error = None
+        return True
+
+    def unregister(self, body: Mapping[str, Any]) -> bool:
+        try:
+            self._client.post("/brokers/unregister", json=dict(body)).raise_for_status()
+            return True
+        except Exception as exc:  # it will expire the broker on its own
+            log.warning("unregistering from name server %s failed: %s: %s", self.addr, type(exc).__name__, exc)
+            return False
+        finally:
+            self._client.close()
+
+
+class RegistrationService:
+    """Registers a broker with every name server periodically and on demand."""
+
+    def __init__(self, namesrv_addrs: tuple[str, ...] | list[str], payload: PayloadFn, unregister_body: PayloadFn,
+                 interval_s: float = 30.0, timeout_s: float = 3.0) -> None:
+        """``payload()`` builds the ``POST /brokers/register`` body, ``unregister_body()`` the unregister one."""
+        self._workers = [_Worker(a, payload, interval_s, timeout_s) for a in namesrv_addrs]
+        self._unregister_body = unregister_body
+        self._timeout_s = timeout_s
+        self._started = False
+
+    def start(self) -> RegistrationService:
+        """Start one thread per name server; each registers at once."""
+        if not self._started:
+            self._started = True
+            for worker in self._workers:
+                worker.start()
+        return self
+
+    def trigger(self) -> None:
+        """Register with every name server now (the topic table changed)."""
+        for worker in self._workers:
+            worker.trigger()
+
+    def register_all_now(self) -> dict[str, bool]:
+        """Register with every name server from the calling thread (tests and tools); returns success by address."""
+        return {w.addr: w.register() for w in self._workers}
+
+    def status(self) -> dict[str, NameServerStatus]:
+        """Per name server: how the latest registration went."""
+        return {w.addr: w.status for w in self._workers}
+
+    @property
+    def healthy(self) -> bool:
+        """Whether the latest registration succeeded with every name server (True when there are none)."""
+        return all(w.status.ok for w in self._workers)
+
+    def stop(self, unregister: bool = True) -> dict[str, bool]:
+        """Stop the threads, then unregister from every name server in parallel; returns success by address."""
+        for worker in self._workers:
+            worker.stop()
+        for worker in self._workers:
+            worker.join(self._timeout_s + 1)
+        results: dict[str, bool] = {}
+        if not self._started:
+            for worker in self._workers:
+                worker.close()
+            return results
+        self._started = False
+        if not unregister:
+            return results
+        body = self._unregister_body()
+        threads = []
+        for worker in self._workers:
+            t = threading.Thread(target=lambda w=worker: results.__setitem__(w.addr, w.unregister(body)),
+                                 name=f"sparkmq-unregister-{worker.addr}", daemon=True)
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join(self._timeout_s + 1)
+        return results

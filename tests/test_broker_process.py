@@ -1,0 +1,63 @@
+"""A real broker process with two real name servers: registration, routes, SIGTERM, persisted offsets."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from deltalake import DeltaTable
+
+
+def wait_for(fetch, done, timeout: float = 30.0, what: str = "condition") -> Any:
+    """Call ``fetch()`` until ``done(result)``; returns the last result (a synchronisation helper)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = fetch()
+        if done(result):
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; last: {result!r}")
+        time.sleep(0.05)
+
+
+def route(url: str, topic: str) -> tuple[int, dict[str, Any]]:
+    response = httpx.get(f"{url}/routes/{topic}", timeout=10)
+    return response.status_code, response.json()
+
+
+def test_broker_registers_with_every_name_server_and_leaves_cleanly(procs, tmp_path: Path) -> None:
+    # A long expiry: a route that disappears right after SIGTERM was unregistered, not expired.
+    ns_args = ["--broker-expiry-s", "30", "--scan-interval-s", "0.5"]
+    ns1, ns2 = procs.start_many([("namesrv", "sparkmq.api.namesrv_main", ns_args),
+                                 ("namesrv", "sparkmq.api.namesrv_main", ns_args)])
+    data_dir = tmp_path / "b"
+    broker = procs.start("broker", "sparkmq.api.broker_main", "--data-dir", str(data_dir),
+                         "--namesrv", f"{ns1.addr};{ns2.addr}", "--register-interval-s", "0.5",
+                         "--segment-size", str(8 << 20), "--offset-persist-interval-s", "60")
+    with httpx.Client(base_url=broker.url, timeout=10) as http:
+        info = http.get("/broker").json()
+        assert info["addr"] == broker.addr and info["namesrv_addrs"] == [ns1.addr, ns2.addr]
+        created = http.post("/topics", json={"topic": "ProcTopic", "read_queue_nums": 8, "write_queue_nums": 6})
+        assert created.status_code == 200, created.text
+        for ns in (ns1, ns2):
+            status, body = wait_for(lambda ns=ns: route(ns.url, "ProcTopic"), lambda r: r[0] == 200,
+                                    what=f"ProcTopic on {ns.addr}")
+            assert body["queue_datas"] == [{"broker_name": "broker-a", "read_queue_nums": 8, "write_queue_nums": 6,
+                                            "perm": 6, "topic_sys_flag": 0}]
+            assert body["broker_datas"][0]["broker_addrs"] == {"0": broker.addr}
+        sent = http.post("/topics/ProcTopic/messages", json={"body": "hello", "queue_id": 0}).json()
+        assert sent["status"] == "SEND_OK"
+        committed = http.post("/consumers/pcg/offsets", json={"offsets": [{"topic": "ProcTopic", "queue_id": 0,
+                                                                           "offset": 1}]})
+        assert committed.json() == {"committed": 1}
+        assert http.get("/health").json()["status"] == "ok"
+    assert broker.stop() == 0, broker.log()[-4000:]
+    for ns in (ns1, ns2):
+        status, body = route(ns.url, "ProcTopic")
+        assert (status, body["code"]) == (404, "TOPIC_NOT_EXIST"), body
+    # The offsets were persisted on shutdown (the 60 s interval never came).
+    rows = DeltaTable(str(data_dir / "lake" / "consumer_offsets")).to_pyarrow_table().to_pylist()
+    assert [(r["broker"], r["group"], r["topic"], r["queue_id"], r["offset"]) for r in rows] == [
+        ("broker-a", "pcg", "ProcTopic", 0, 1)]
+    assert "Traceback" not in broker.log()
