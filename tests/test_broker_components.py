@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from sparkmq.platform.broker.broker import Broker, OutgoingMessage, parse_tag_expression
+from sparkmq.platform.broker.broker import Broker, OutgoingMessage
 from sparkmq.platform.broker.client_manager import ClientManager, ConsumerData, MessageModel, Subscription
 from sparkmq.platform.broker.config import BrokerConfig, BrokerRole, parse_namesrv_addrs
 from sparkmq.platform.broker.locks import QueueLockManager
@@ -422,12 +422,6 @@ def test_held_filtered_pull_ignores_other_tags_and_wakes_on_a_match(broker: Brok
     result = asyncio.run(scenario())
     assert result.status is GetStatus.FOUND and [m.body for m in result.messages] == [b"mine"]
     assert result.next_offset == 2
-
-
-def test_parse_tag_expression() -> None:
-    assert parse_tag_expression(None) is None and parse_tag_expression("") is None
-    assert parse_tag_expression(" * ") is None and parse_tag_expression("A || *") is None
-    assert parse_tag_expression("A||B || A") == frozenset({"A", "B"})
 
 
 # -- registration -----------------------------------------------------------------------------

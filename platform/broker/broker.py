@@ -29,6 +29,7 @@ import anyio.to_thread
 
 from ...storage_native import StoreError
 from ..common.errors import ErrorCode, SparkMQError
+from ..common.filtering import parse_tags
 from ..common.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQUE_ID, Message, StoredMessage
 from ..common.sysflag import COMPRESSED
 from ..common.system_topics import retry_topic
@@ -51,7 +52,6 @@ __all__ = [
     "SendResult",
     "BatchSendResult",
     "MAX_PULL_BATCH",
-    "parse_tag_expression",
 ]
 
 log = logging.getLogger("sparkmq.broker")
@@ -127,27 +127,6 @@ class BatchSendResult:
                 "queue_id": self.queue_id,
                 "results": [{"msg_id": r.msg_id, "offset_msg_id": r.offset_msg_id, "queue_offset": r.queue_offset}
                             for r in self.results]}
-
-
-def parse_tag_expression(expression: str | None) -> frozenset[str] | None:
-    """The tags a ``A || B`` expression selects; None (everything) for ``*``, empty or None.
-
-    Example::
-
-        >>> sorted(parse_tag_expression("TagA || TagB"))
-        ['TagA', 'TagB']
-        >>> parse_tag_expression("*") is None
-        True
-    """
-    if expression is None:
-        return None
-    if not isinstance(expression, str):
-        raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"tags must be a string, got {expression!r}")
-    tags = {t.strip() for t in expression.split("||")}
-    tags.discard("")
-    if not tags or "*" in tags:
-        return None
-    return frozenset(tags)
 
 
 def _check_int(name: str, value: object, low: int, high: int, code: ErrorCode = ErrorCode.INVALID_ARGUMENT) -> int:
@@ -484,7 +463,7 @@ class Broker:
         at the deadline with the status it would have had.  Store reads run in a worker
         thread; the hold itself costs no thread.
         """
-        wanted = parse_tag_expression(tags)
+        wanted = parse_tags(tags)
         _check_int("wait_ms", wait_ms, 0, 2**31 - 1)
         deadline = time.monotonic() + min(wait_ms, self.config.long_polling_max_ms) / 1000.0
         result = await anyio.to_thread.run_sync(
