@@ -16,12 +16,9 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import signal
-import socket
 import sys
-import threading
 import tomllib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import uvicorn
@@ -29,6 +26,7 @@ import uvicorn
 from ..platform.broker.broker import Broker
 from ..platform.broker.config import DEFAULT_PORT, BrokerConfig
 from .broker_app import create_app
+from .serving import Server, bind_socket
 
 __all__ = ["main", "serve", "BrokerService", "bind_socket", "load_config"]
 
@@ -40,45 +38,6 @@ _GRACEFUL_S = 10.0
 
 def _announce(host: str, port: int) -> None:
     print(f"broker listening on http://{host}:{port}", flush=True)
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host:port`` (0 = a free port); uvicorn listens on it."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host.strip("[]"), port))
-    except OSError:
-        sock.close()
-        raise
-    sock.set_inheritable(True)
-    return sock
-
-
-class _Server(uvicorn.Server):
-    """uvicorn's server, but a caught SIGTERM/SIGINT is not re-raised after serving.
-
-    uvicorn re-raises the signal once it stopped serving, which would kill the process
-    before the broker unregisters and persists its offsets.
-    """
-
-    def __init__(self, config: uvicorn.Config, handle_signals: bool) -> None:
-        super().__init__(config)
-        self._handle_signals = handle_signals
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        """Turn SIGINT/SIGTERM into a graceful exit while serving (main thread only)."""
-        if not self._handle_signals or threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for sig, handler in original.items():
-                signal.signal(sig, handler)
 
 
 class BrokerService:
@@ -100,7 +59,7 @@ class BrokerService:
         self.config = config.bound_to(port) if config.port == 0 else config
         self.broker = Broker(self.config)
         self.app = create_app(self.broker)
-        self.server: _Server | None = None
+        self.server: Server | None = None
         self._stop_requested = False
 
     @property
@@ -128,7 +87,7 @@ class BrokerService:
             raise
         config = uvicorn.Config(self.app, log_level=log_level, lifespan="off", access_log=False,
                                 timeout_graceful_shutdown=_GRACEFUL_S)
-        server = self.server = _Server(config, handle_signals)
+        server = self.server = Server(config, handle_signals)
         if self._stop_requested:
             server.should_exit = True
 
@@ -199,6 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add("--advertised-addr", help="host:port told to clients and name servers (default: the bound address)")
     add("--register-interval-s", type=float, help="register with the name servers this often (default 30)")
     add("--client-expiry-s", type=float, help="drop a client silent this long (default 120)")
+    add("--client-scan-interval-s", type=float, help="look for silent clients this often (default 10)")
     add("--long-polling-max-ms", type=int, help="hold a pull at most this long (default 15000)")
     add("--offset-persist-interval-s", type=float, help="persist consumer offsets this often (default 5)")
     add("--queue-lock-expiry-s", type=float, help="queue locks expire after this long (default 60)")

@@ -10,44 +10,28 @@ import asyncio
 import sys
 from collections.abc import Callable, Sequence
 
-import uvicorn
-
 from ..platform.namesrv import NameServerConfig, RouteTable
 from ..platform.namesrv.config import DEFAULT_BROKER_EXPIRY_S, DEFAULT_PORT, DEFAULT_SCAN_INTERVAL_S
 from .namesrv_app import create_app
+from .serving import Server, announcer, bind_socket, serve_app
 
 __all__ = ["main", "serve"]
 
 
-def _announce(host: str, port: int) -> None:
-    print(f"namesrv listening on http://{host}:{port}", flush=True)
+_ANNOUNCE = announcer("namesrv")
 
 
 async def serve(config: NameServerConfig, log_level: str = "warning",
-                on_ready: Callable[[str, int], None] = _announce) -> bool:
+                on_ready: Callable[[str, int], None] = _ANNOUNCE, handle_signals: bool = True,
+                server_ready: Callable[[Server], None] | None = None) -> bool:
     """Serve a name server until stopped; calls ``on_ready(host, port)`` once it accepts connections.
 
-    Returns whether it ever started (uvicorn raises SystemExit(1) if it cannot bind).
+    Returns whether it ever started.  ``sparkmq dev`` passes ``handle_signals=False`` and
+    stops it through the server ``server_ready`` hands over.
     """
     app = create_app(RouteTable(config), config)
-    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
-                                           lifespan="on", access_log=False))
-
-    async def wait_started() -> None:
-        # uvicorn sets `started` after the listening sockets exist and the lifespan ran.
-        while not server.started:
-            if server.should_exit:
-                return
-            await asyncio.sleep(0.01)
-        port = server.servers[0].sockets[0].getsockname()[1] if server.servers else config.port
-        on_ready(config.host, port)
-
-    watcher = asyncio.create_task(wait_started())
-    try:
-        await server.serve()
-    finally:
-        watcher.cancel()
-    return server.started
+    return await serve_app(app, bind_socket(config.host, config.port), on_ready, handle_signals=handle_signals,
+                           log_level=log_level, server_ready=server_ready)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -70,6 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = asyncio.run(serve(config, log_level=args.log_level))
     except KeyboardInterrupt:
         return 0
+    except OSError as exc:
+        print(f"namesrv: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
+        return 1
     return 0 if started else 1
 
 

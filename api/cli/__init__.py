@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import click
 
-from .services import dev
+from .admin_cmd import admin, consume, produce
+from .services import broker, dev, gateway, namesrv
 from .store_cmd import store
 
 __all__ = ["main"]
@@ -21,5 +22,5 @@ def main() -> None:
     """sparkmq: a RocketMQ-style message platform on Spark."""
 
 
-main.add_command(dev)
-main.add_command(store)
+for command in (namesrv, broker, gateway, dev, admin, produce, consume, store):
+    main.add_command(command)

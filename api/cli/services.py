@@ -1,70 +1,141 @@
-"""The ``sparkmq`` command line.
+"""``sparkmq namesrv | broker | gateway | dev``: run the services.
 
-``sparkmq dev`` runs the embedded default; ``sparkmq store …`` works on a store
-directory.  Tables for people, ``--json`` for scripts.
+``namesrv``, ``broker`` and ``gateway`` hand their arguments to the runners in ``api/``
+(``sparkmq broker --help`` lists them); ``dev`` runs the embedded default — a name server
+and a broker with its gateway endpoints in one process — and a demo that sends and
+receives through them.
 """
 from __future__ import annotations
 
+import signal
+import sys
+import threading
 import time
-import tomllib
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 
+from ...platform.client.config import ClientConfig
+from ...platform.client.producer import Producer
+from ...platform.client.push_consumer import ConsumeStatus, PushConsumer
 from ...platform.common.message import Message
-from ...platform.store import FlushMode, GetStatus, MessageStore, StoreConfig
+from ...platform.common.wire import ReceivedMessage
+from .. import broker_main, gateway_main, namesrv_main
+from ..embedded import EmbeddedPlatform
+from .output import console
 
-console = Console()
+__all__ = ["namesrv", "broker", "gateway", "dev"]
+
+_PASSTHROUGH = {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []}
+
+
+@click.command(context_settings=_PASSTHROUGH, add_help_option=False)
+@click.pass_context
+def namesrv(ctx: click.Context) -> None:
+    """Run a name server (arguments as ``python -m sparkmq.api.namesrv_main``; --help lists them)."""
+    sys.exit(namesrv_main.main(ctx.args))
+
+
+@click.command(context_settings=_PASSTHROUGH, add_help_option=False)
+@click.pass_context
+def broker(ctx: click.Context) -> None:
+    """Run a broker (arguments as ``python -m sparkmq.api.broker_main``; --help lists them)."""
+    sys.exit(broker_main.main(ctx.args))
+
+
+@click.command(context_settings=_PASSTHROUGH, add_help_option=False)
+@click.pass_context
+def gateway(ctx: click.Context) -> None:
+    """Run a stateless gateway routing sends over the name servers (--help lists its arguments)."""
+    sys.exit(gateway_main.main(ctx.args))
+
+
+DEMO_TOPIC = "DemoTopic"
+
+
+def run_demo(namesrv_addr: str, messages: int) -> tuple[int, int, float]:
+    """Send ``messages`` through the platform and consume them back; returns (sent, received, seconds)."""
+    config = ClientConfig(namesrv_addrs=namesrv_addr, rebalance_interval_s=1.0)
+    wanted: set[str] = set()
+    received: set[str] = set()
+    all_in = threading.Event()
+    lock = threading.Lock()
+
+    def listener(batch: list[ReceivedMessage]) -> ConsumeStatus:
+        with lock:
+            # Ids are recorded before the send that made them returns, so keep every one seen.
+            received.update(m.msg_id for m in batch if m.tags == "demo")
+            if len(wanted) == messages and wanted <= received:
+                all_in.set()
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    producer = Producer("demo-producer", config).start()
+    try:
+        # Create the topic first so the consumer (from the last offset) is in place before the sends.
+        producer.send(Message(DEMO_TOPIC, b"warm-up", tags="warmup"))
+        consumer = PushConsumer("demo-consumer", config)
+        consumer.subscribe(DEMO_TOPIC, "demo")
+        consumer.register_listener(listener)
+        consumer.start()
+        try:
+            started = time.perf_counter()
+            batch_size = 64
+            for first in range(0, messages, batch_size):
+                batch = [Message(DEMO_TOPIC, b"hello sparkmq %d" % i, tags="demo", keys=(f"k{i}",))
+                         for i in range(first, min(first + batch_size, messages))]
+                results = producer.send_batch(batch)
+                with lock:
+                    wanted.update(r.msg_id for r in results)
+                    if len(wanted) == messages and wanted <= received:
+                        all_in.set()
+            all_in.wait(60)
+            elapsed = time.perf_counter() - started
+        finally:
+            consumer.shutdown()
+    finally:
+        producer.shutdown()
+    with lock:
+        return messages, len(wanted & received), elapsed
 
 
 @click.command()
-@click.option("--data-dir", type=click.Path(path_type=Path), default=Path("var/dev"), show_default=True,
-              help="where the embedded platform keeps its files")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              default=None, help="a TOML file with a [store] table (see conf/single-node.toml)")
-@click.option("--messages", default=10_000, show_default=True, help="how many demo messages to send")
-def dev(data_dir: Path, config_file: Path | None, messages: int) -> None:
-    """Start the embedded platform on this machine and run the send/receive demo."""
-    store_dir = data_dir / "store"
-    settings = {"segment_size": 64 << 20, "flush_mode": FlushMode.ASYNC_FLUSH}
-    if config_file is not None:
-        settings.update(tomllib.loads(config_file.read_text()).get("store", {}))
-    if config_file is None or "root" not in settings:
-        settings["root"] = store_dir
-    cfg = StoreConfig.from_mapping(settings)
-    store_dir = cfg.root
-    with MessageStore(cfg) as store:
-        console.print(f"store open at [bold]{store_dir}[/] (clean start: {store.clean_start}, "
-                      f"recovered to offset {store.recovery.get('end_offset')})")
-        started = time.perf_counter()
-        batch = [Message("DemoTopic", b"hello sparkmq %d" % i, tags="demo", keys=(f"k{i}",)) for i in range(64)]
-        sent = 0
-        first = {}
-        while sent < messages:
-            n = min(64, messages - sent)
-            results = store.put_batch("DemoTopic", sent // 64 % 4, batch[:n])
-            first.setdefault(results[0].queue_id, results[0].queue_offset)
-            sent += n
-        elapsed = time.perf_counter() - started
-        console.print(f"sent {sent} messages in {elapsed * 1000:.0f} ms ({sent / elapsed:,.0f} msg/s)")
-        table = Table("queue", "from offset", "received", "max offset", title="DemoTopic")
-        received_total = 0
-        for qid in range(4):
-            offset = first.get(qid, store.max_offset("DemoTopic", qid))
-            received = 0
-            while True:
-                got = store.get_messages("DemoTopic", qid, offset, 256, tags={"demo"})
-                if got.status is not GetStatus.FOUND:
-                    break
-                received += len(got.messages)
-                offset = got.next_offset
-            received_total += received
-            table.add_row(str(qid), str(first.get(qid, "-")), str(received), str(store.max_offset("DemoTopic", qid)))
-        console.print(table)
-        console.print(f"received {received_total} of {sent}; flushed to offset {store.flush()}")
-        if received_total != sent:
-            raise SystemExit(1)
-
-
+              default=None, help="TOML with [namesrv], [broker], [store] tables (see conf/single-node.toml)")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None,
+              help="where the broker keeps its files (overrides [broker] data_dir; default var/dev)")
+@click.option("--namesrv-port", type=int, default=None, help="name server port (0 = any free one)")
+@click.option("--broker-port", type=int, default=None, help="broker port (0 = any free one)")
+@click.option("--messages", default=1000, show_default=True, help="how many demo messages to send and receive")
+@click.option("--demo/--no-demo", default=True, show_default=True, help="run the send/receive demo")
+@click.option("--exit-after-demo", is_flag=True, help="stop once the demo is done (scripts and tests)")
+def dev(config_file: Path | None, data_dir: Path | None, namesrv_port: int | None, broker_port: int | None,
+        messages: int, demo: bool, exit_after_demo: bool) -> None:
+    """Start the embedded platform (name server + broker + gateway) and run the demo; Ctrl-C stops it."""
+    if data_dir is None and config_file is None:
+        data_dir = Path("var/dev")
+    platform = EmbeddedPlatform.from_toml(config_file, data_dir=data_dir, namesrv_port=namesrv_port,
+                                          broker_port=broker_port)
+    platform.start()
+    console.print(f"name server on [bold]http://{platform.namesrv_addr}[/], broker and gateway on "
+                  f"[bold]http://{platform.broker_addr}[/] (API docs at /docs)")
+    failed = False
+    try:
+        if demo:
+            sent, received, elapsed = run_demo(platform.namesrv_addr, messages)
+            table = Table("topic", "sent", "received", "seconds", "msg/s", title="demo")
+            table.add_row(DEMO_TOPIC, str(sent), str(received), f"{elapsed:.2f}", f"{received / elapsed:,.0f}")
+            console.print(table)
+            console.print(f"received {received} of {sent}")
+            failed = received != sent
+        if not exit_after_demo:
+            console.print("serving; Ctrl-C stops")
+            stop = threading.Event()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda *_: stop.set())
+            while not stop.wait(0.5) and platform.running:
+                pass
+    finally:
+        platform.stop()
+    if failed:
+        sys.exit(1)

@@ -15,7 +15,6 @@ persists offsets and closes the store -- in that order.
 from __future__ import annotations
 
 import contextlib
-import enum
 import itertools
 import logging
 import threading
@@ -30,7 +29,15 @@ import anyio.to_thread
 from ...storage_native import StoreError
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.filtering import parse_tags
-from ..common.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQUE_ID, Message, StoredMessage
+from ..common.message import (
+    KEY_SEPARATOR,
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQUE_ID,
+    Message,
+    SendStatus,
+    StoredMessage,
+)
 from ..common.sysflag import COMPRESSED
 from ..common.system_topics import retry_topic
 from ..common.validation import validate_group, validate_topic
@@ -63,15 +70,6 @@ _MAX_FILTER_ROUNDS = 16
 _MAX_MSG_ID_LENGTH = 128
 #: How long shutdown waits for sends and reads in flight before closing the store anyway.
 _DRAIN_TIMEOUT_S = 10.0
-
-
-class SendStatus(enum.StrEnum):
-    """A stored send's outcome (RocketMQ's ``SendStatus``); the message is stored in every case."""
-
-    SEND_OK = "SEND_OK"
-    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
-    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
-    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
 
 
 @dataclass(slots=True)

@@ -31,6 +31,7 @@ from ..common.system_topics import (
     SCHEDULE_TOPIC,
 )
 from ..store import MessageStore
+from .background import PeriodicService
 
 __all__ = ["DEFAULT_DELAY_LEVELS", "parse_delay_levels", "ScheduleService", "restore_parked", "park_properties"]
 
@@ -81,24 +82,22 @@ def restore_parked(stored: StoredMessage, drop: tuple[str, ...]) -> tuple[Messag
     return Message(topic, stored.body, tags=tags, keys=keys, properties=props, flag=stored.flag), int(queue)
 
 
-class ScheduleService:
+class ScheduleService(PeriodicService):
     """One cursor thread over every delay level's queue of the schedule topic."""
+
+    thread_name = "sparkmq-schedule"
 
     def __init__(self, store: MessageStore, levels_ms: tuple[int, ...], progress_path: Path,
                  deliver: Callable[[Message, int, StoredMessage], None], persist_interval_s: float = 1.0,
                  max_idle_wait_s: float = 0.1) -> None:
         """``deliver(message, queue_id, parked)`` re-puts a due message (the broker's put path,
         so metrics, long polling and traces see it like any send)."""
+        super().__init__(persist_interval_s, max_idle_wait_s)
         self.store = store
         self.levels_ms = levels_ms
         self.progress_path = progress_path
         self._deliver = deliver
-        self._persist_interval_s = persist_interval_s
-        self._max_idle_wait_s = max_idle_wait_s
         self._offsets: dict[int, int] = self._load()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.delivered = 0
 
@@ -138,7 +137,7 @@ class ScheduleService:
         props = park_properties(msg, queue_id, {PROPERTY_DELAY_LEVEL: str(level)})
         parked = Message(SCHEDULE_TOPIC, msg.body, tags=msg.tags, keys=msg.keys, properties=props, flag=msg.flag)
         result = self.store.put(parked, level - 1, cq_tag_hash=due, **put_args)  # type: ignore[arg-type]
-        self._wake.set()
+        self.wake()
         return result
 
     # -- delivery ---------------------------------------------------------------------
@@ -152,7 +151,7 @@ class ScheduleService:
                 continue
             with self._lock:
                 offset = max(self._offsets.get(level, 0), cq.min_offset)
-            while offset < cq.max_offset and not self._stop.is_set():
+            while offset < cq.max_offset and not self._stop_event.is_set():
                 clog_offset, _size, due = cq.unit(offset)
                 if due > now:
                     wait = due - now
@@ -171,31 +170,6 @@ class ScheduleService:
                     self._offsets[level] = offset
         return next_due
 
-    def start(self) -> ScheduleService:
-        """Start the delivery thread."""
-        self._thread = threading.Thread(target=self._run, name="sparkmq-schedule", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop the thread and persist progress."""
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        self.persist()
-
-    def _run(self) -> None:
-        last_persist = time.monotonic()
-        while not self._stop.is_set():
-            try:
-                wait_ms = self.run_once()
-            except Exception:  # keep delivering: one bad pass must not stop every delayed message
-                log.exception("schedule pass failed")
-                wait_ms = 1000
-            if time.monotonic() - last_persist >= self._persist_interval_s:
-                self.persist()
-                last_persist = time.monotonic()
-            timeout = self._max_idle_wait_s if wait_ms < 0 else min(wait_ms / 1000, self._max_idle_wait_s)
-            self._wake.wait(timeout)
-            self._wake.clear()
+    def tick(self) -> int:
+        """Deliver what is due (the thread's step)."""
+        return self.run_once()

@@ -27,6 +27,7 @@ from ..common.errors import ErrorCode, SparkMQError
 from ..common.message import Message, StoredMessage
 from ..common.system_topics import PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELIVER_MS, TIMER_TOPIC
 from ..store import MessageStore
+from .background import PeriodicService
 from .progress import DoneTracker
 from .schedule import park_properties, restore_parked
 
@@ -38,20 +39,21 @@ log = logging.getLogger("sparkmq.broker.timer")
 DEFAULT_TIMER_MAX_DELAY_S = 3 * 24 * 3600
 
 
-class TimerService:
+class TimerService(PeriodicService):
     """Index, deliver and recall timer messages of one broker."""
+
+    thread_name = "sparkmq-timer"
 
     def __init__(self, store: MessageStore, progress_path: Path,
                  deliver: Callable[[Message, int, StoredMessage], None],
                  max_delay_s: float = DEFAULT_TIMER_MAX_DELAY_S, persist_interval_s: float = 1.0,
                  max_idle_wait_s: float = 0.2) -> None:
         """``deliver(message, queue_id, parked)`` re-puts a due message through the broker's put path."""
+        super().__init__(persist_interval_s, max_idle_wait_s)
         self.store = store
         self.progress_path = progress_path
         self.max_delay_s = max_delay_s
         self._deliver = deliver
-        self._persist_interval_s = persist_interval_s
-        self._max_idle_wait_s = max_idle_wait_s
         self._lock = threading.Lock()
         self._index_lock = threading.Lock()  # one indexer at a time (the thread, or a recall)
         self._buckets: dict[int, list[tuple[int, int]]] = {}  # second -> [(due_ms, timer offset)]
@@ -59,9 +61,6 @@ class TimerService:
         self._pending_ids: dict[str, int] = {}  # msg id -> timer offset, for recall
         self._progress = DoneTracker(progress_path)
         self._indexed = self._progress.watermark
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.delivered = 0
         self.recalled = 0
 
@@ -101,7 +100,7 @@ class TimerService:
         props = park_properties(msg, queue_id, {PROPERTY_TIMER_DELIVER_MS: str(due_ms)})
         parked = Message(TIMER_TOPIC, msg.body, tags=msg.tags, keys=msg.keys, properties=props, flag=msg.flag)
         result = self.store.put(parked, 0, cq_tag_hash=due_ms, **put_args)  # type: ignore[arg-type]
-        self._wake.set()
+        self.wake()
         return result
 
     def recall(self, msg_id: str) -> bool:
@@ -190,31 +189,6 @@ class TimerService:
                 self._pending_ids.pop(parked.msg_id, None)
         self._progress.mark_done(offset)
 
-    def start(self) -> TimerService:
-        """Start the delivery thread."""
-        self._thread = threading.Thread(target=self._run, name="sparkmq-timer", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop the thread and persist progress."""
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        self.persist()
-
-    def _run(self) -> None:
-        last_persist = time.monotonic()
-        while not self._stop.is_set():
-            try:
-                wait_ms = self.run_once()
-            except Exception:  # keep delivering: one bad pass must not strand every timer
-                log.exception("timer pass failed")
-                wait_ms = 1000
-            if time.monotonic() - last_persist >= self._persist_interval_s:
-                self.persist()
-                last_persist = time.monotonic()
-            timeout = self._max_idle_wait_s if wait_ms < 0 else min(wait_ms / 1000, self._max_idle_wait_s)
-            self._wake.wait(timeout)
-            self._wake.clear()
+    def tick(self) -> int:
+        """Index and deliver what is due (the thread's step)."""
+        return self.run_once()

@@ -38,6 +38,7 @@ from ..common.system_topics import (
     TRANS_OP_HALF_TOPIC,
 )
 from ..store import MessageStore, PutResult
+from .background import PeriodicService
 from .progress import DoneTracker
 from .schedule import park_properties, restore_parked
 
@@ -73,8 +74,10 @@ class _Half:
     checks: int = 0
 
 
-class TransactionService:
+class TransactionService(PeriodicService):
     """Half messages of one broker: prepare, end, check back, discard."""
+
+    thread_name = "sparkmq-transactions"
 
     def __init__(self, store: MessageStore, progress_path: Path,
                  deliver: Callable[[Message, int, StoredMessage], PutResult],
@@ -84,20 +87,17 @@ class TransactionService:
         """``deliver`` re-puts a committed message through the broker's put path; ``check_sink``
         hands a check to a live producer (False when none of the group is connected: the
         attempt still counts, as in RocketMQ)."""
+        super().__init__(persist_interval_s, scan_interval_s)
         self.store = store
         self._deliver = deliver
         self._check_sink = check_sink
         self.first_check_s = first_check_s
         self.check_interval_s = check_interval_s
         self.max_checks = max_checks
-        self._scan_interval_s = scan_interval_s
-        self._persist_interval_s = persist_interval_s
         self._lock = threading.RLock()
         self._progress = DoneTracker(progress_path)
         self._open: dict[str, _Half] = {}  # transaction id -> half
         self._indexed = self._progress.watermark
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.committed = self.rolled_back = self.discarded = self.checks_sent = 0
         self._replay_ops(int(self._progress.extra.get("op_offset", 0)))
 
@@ -226,26 +226,7 @@ class TransactionService:
             sent += 1
         return sent
 
-    def start(self) -> TransactionService:
-        """Start the check-back thread."""
-        self._thread = threading.Thread(target=self._run, name="sparkmq-transactions", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop the thread and persist."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        self.persist()
-
-    def _run(self) -> None:
-        last_persist = time.monotonic()
-        while not self._stop.wait(self._scan_interval_s):
-            try:
-                self.run_once()
-            except Exception:  # keep checking: one bad pass must not leave halves open forever
-                log.exception("transaction check pass failed")
-            if time.monotonic() - last_persist >= self._persist_interval_s:
-                self.persist()
-                last_persist = time.monotonic()
+    def tick(self) -> int:
+        """Send due check-backs (the thread's step); the thread then sleeps one scan interval."""
+        self.run_once()
+        return -1

@@ -35,6 +35,7 @@ class ErrorCode(Enum):
     INTERNAL_ERROR = (500, "an unexpected failure")
     FILTER_EXPRESSION_ILLEGAL = (400, "a tag or SQL92 filter expression does not parse; the message says where")
     TRANSACTION_NOT_FOUND = (404, "no pending half message has that transaction id (settled, discarded or unknown)")
+    GROUP_NOT_EXIST = (404, "the consumer group has no members and no committed offsets on this broker")
 
     @property
     def http_status(self) -> int:

@@ -1,12 +1,14 @@
 """The message model: what producers send and what the store hands back."""
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from .codec import decode_properties, unpack_host
 from .ids import encode_offset_msg_id
 
-__all__ = ["Message", "StoredMessage", "PROPERTY_TAGS", "PROPERTY_KEYS", "PROPERTY_UNIQUE_ID", "KEY_SEPARATOR"]
+__all__ = ["Message", "StoredMessage", "SendStatus", "PROPERTY_TAGS", "PROPERTY_KEYS", "PROPERTY_UNIQUE_ID",
+           "KEY_SEPARATOR"]
 
 #: Reserved property names (RocketMQ's spelling, so its users recognise them).
 PROPERTY_TAGS = "TAGS"
@@ -14,6 +16,15 @@ PROPERTY_KEYS = "KEYS"
 PROPERTY_UNIQUE_ID = "UNIQ_KEY"
 #: KEYS holds several keys separated by spaces.
 KEY_SEPARATOR = " "
+
+
+class SendStatus(enum.StrEnum):
+    """A stored send's outcome (RocketMQ's ``SendStatus``); the message is stored in all four cases."""
+
+    SEND_OK = "SEND_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
 
 
 @dataclass(slots=True)

@@ -1,0 +1,133 @@
+"""The standalone gateway: the HTTP front door that routes sends over the name servers' routes.
+
+It accepts exactly the broker's send requests (``POST /topics/{topic}/messages`` and
+``/batch``, JSON or Arrow; see ``docs/http-api.md``) and sends them with a
+:class:`~sparkmq.platform.client.producer.Producer`: round-robin over the write queues
+of every broker, a failing broker avoided for a while, 2 retries elsewhere.  A plain
+HTTP client therefore never needs to know the topology.  The gateway keeps no state:
+run as many as you like behind a load balancer.
+
+In the embedded default (``sparkmq dev``) the broker's own app serves these endpoints.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from pydantic import ValidationError
+
+from ..platform.broker.broker import OutgoingMessage
+from ..platform.client.producer import Producer, SendResult
+from ..platform.common import wire
+from ..platform.common.errors import ErrorCode, SparkMQError
+from ..platform.common.message import PROPERTY_UNIQUE_ID, Message
+from .broker_app import BatchSendBody, SendMessageBody, outgoing_from_arrow, outgoing_from_json
+from .errors import install_error_handlers, invalid_argument
+
+__all__ = ["create_app", "GATEWAY_PRODUCER_GROUP"]
+
+log = logging.getLogger("sparkmq.gateway")
+
+#: The producer group the gateway's sends carry unless a request names one.
+GATEWAY_PRODUCER_GROUP = "SPARKMQ_GATEWAY"
+#: Largest request body accepted (as the broker).
+MAX_REQUEST_BYTES = 64 << 20
+
+
+def _producer(request: Request) -> Producer:
+    return request.app.state.producer
+
+
+ProducerDep = Annotated[Producer, Depends(_producer)]
+router = APIRouter(tags=["send"])
+
+
+def _message(topic: str, item: OutgoingMessage) -> Message:
+    props = dict(item.properties)
+    if item.msg_id:
+        props[PROPERTY_UNIQUE_ID] = item.msg_id
+    return Message(topic, item.body, tags=item.tags, keys=tuple(item.keys), properties=props)
+
+
+def _result(result: SendResult) -> dict[str, Any]:
+    return {"status": str(result.status), "msg_id": result.msg_id, "offset_msg_id": result.offset_msg_id,
+            "topic": result.topic, "broker_name": result.broker_name, "queue_id": result.queue_id,
+            "queue_offset": result.queue_offset, "store_timestamp": result.store_timestamp}
+
+
+def _no_queue_id(queue_id: int | None) -> None:
+    if queue_id is not None:
+        raise SparkMQError(ErrorCode.INVALID_ARGUMENT,
+                           "the gateway picks queues across brokers; send a sharding_key to keep messages in order")
+
+
+@router.post("/topics/{topic}/messages")
+async def send_message(topic: str, body: SendMessageBody, producer: ProducerDep) -> dict[str, Any]:
+    """Send one message to some broker serving ``topic``; answers where it was stored."""
+    _no_queue_id(body.queue_id)
+    message = _message(topic, outgoing_from_json(body))
+    result = await run_in_threadpool(producer.send, message, sharding_key=body.sharding_key)
+    return _result(result)
+
+
+@router.post("/topics/{topic}/batch")
+async def send_batch(topic: str, request: Request, producer: ProducerDep,
+                     queue_id: Annotated[int | None, Query(description="not allowed: the gateway picks")] = None,
+                     sharding_key: str | None = None) -> dict[str, Any]:
+    """Send many messages of one topic to one queue of some broker (JSON or Arrow, as the broker accepts)."""
+    _no_queue_id(queue_id)
+    raw = await request.body()
+    if len(raw) > MAX_REQUEST_BYTES:
+        raise SparkMQError(ErrorCode.MESSAGE_TOO_LARGE, f"the request is {len(raw)} bytes, "
+                                                        f"the limit is {MAX_REQUEST_BYTES}")
+    if request.headers.get("content-type", "").split(";")[0].strip() == wire.ARROW_STREAM:
+        items = outgoing_from_arrow(raw)
+    else:
+        try:
+            items = [outgoing_from_json(m) for m in BatchSendBody.model_validate_json(raw).messages]
+        except ValidationError as exc:
+            raise invalid_argument(exc) from None
+    messages = [_message(topic, item) for item in items]
+    results = await run_in_threadpool(producer.send_batch, messages, sharding_key=sharding_key)
+    first = results[0]
+    return {"status": str(first.status), "topic": first.topic, "broker_name": first.broker_name,
+            "queue_id": first.queue_id,
+            "results": [{"msg_id": r.msg_id, "offset_msg_id": r.offset_msg_id, "queue_offset": r.queue_offset}
+                        for r in results]}
+
+
+@router.get("/routes/{topic}", tags=["routes"])
+async def route(topic: str, producer: ProducerDep) -> dict[str, Any]:
+    """The write queues the gateway sends ``topic`` to (from the name servers)."""
+    info = await run_in_threadpool(producer.route, topic)
+    return {"topic": topic, "write_queues": [{"broker_name": q.broker_name, "queue_id": q.queue_id}
+                                             for q in info.write_queues]}
+
+
+@router.get("/health", tags=["health"])
+async def health(producer: ProducerDep) -> dict[str, Any]:
+    """Liveness, with the name servers the gateway routes over."""
+    return {"status": "ok", "namesrv_addrs": list(producer.config.namesrv_addrs)}
+
+
+def create_app(producer: Producer) -> FastAPI:
+    """The gateway app over a started-on-lifespan ``producer`` (shut down with the app)."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        producer.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(producer.shutdown)
+
+    app = FastAPI(title="sparkmq gateway", version="0.1.0", lifespan=lifespan,
+                  description="Sends routed over the name servers' routes; same requests as a broker's send API.")
+    app.state.producer = producer
+    app.include_router(router)
+    install_error_handlers(app, log)
+    return app

@@ -1,0 +1,73 @@
+"""The thread behind the broker's periodic services (delay levels, timers, transaction checks)."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from abc import ABC, abstractmethod
+
+__all__ = ["PeriodicService"]
+
+log = logging.getLogger("sparkmq.broker")
+
+
+class PeriodicService(ABC):
+    """Calls :meth:`tick` in a daemon thread, sleeping until the next due work, and persists regularly.
+
+    Subclasses implement :meth:`tick` (do what is due; answer the milliseconds until the
+    next known due work, or -1) and :meth:`persist`.  :meth:`wake` cuts a sleep short
+    (new work arrived); :meth:`stop` joins the thread and persists one last time.
+    """
+
+    thread_name = "sparkmq-service"
+
+    def __init__(self, persist_interval_s: float, max_idle_wait_s: float) -> None:
+        self._persist_interval_s = persist_interval_s
+        self._max_idle_wait_s = max_idle_wait_s
+        self._wake_event = threading.Event()
+        self._stop_event = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @abstractmethod
+    def tick(self) -> int:
+        """Do the work that is due; return ms until the next due work (-1 = none known)."""
+
+    @abstractmethod
+    def persist(self) -> None:
+        """Write progress durably."""
+
+    def wake(self) -> None:
+        """Run the next tick now."""
+        self._wake_event.set()
+
+    def start(self) -> PeriodicService:
+        """Start the thread; returns self."""
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the thread and persist progress."""
+        self._stop_event.set()
+        self._wake_event.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.persist()
+
+    def _run(self) -> None:
+        last_persist = time.monotonic()
+        while not self._stop_event.is_set():
+            try:
+                wait_ms = self.tick()
+            except Exception:  # keep going: one bad pass must not strand every pending message
+                log.exception("%s pass failed", self.thread_name)
+                wait_ms = 1000
+            if time.monotonic() - last_persist >= self._persist_interval_s:
+                try:
+                    self.persist()
+                except OSError:
+                    log.exception("%s could not persist its progress", self.thread_name)
+                last_persist = time.monotonic()
+            timeout = self._max_idle_wait_s if wait_ms < 0 else min(wait_ms / 1000, self._max_idle_wait_s)
+            self._wake_event.wait(timeout)
+            self._wake_event.clear()

@@ -1,0 +1,265 @@
+"""The admin client: topics, groups, offsets, lag, cluster and message lookups (RocketMQ's ``mqadmin``).
+
+Topic configs live on brokers, so creating a topic means ``POST /topics`` on every master of
+a cluster (or on the brokers given); the brokers then announce it to the name servers with
+their next registration.  Group views (members, offsets, lag) are per broker and are
+aggregated here over every master in the cluster view.
+
+Example::
+
+    with AdminClient(ClientConfig(namesrv_addrs="127.0.0.1:9876")) as admin:
+        admin.create_topic("orders", read_queue_nums=8, write_queue_nums=8)
+        print(admin.group_lag("cg").total_lag)
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from ..common.errors import ErrorCode, SparkMQError
+from ..common.ids import decode_offset_msg_id
+from ..common.validation import validate_group, validate_topic
+from ..common.wire import ReceivedMessage
+from ..namesrv.perm import PERM_MAX, PERM_READ_WRITE
+from .allocation import MessageQueue
+from .config import ClientConfig
+from .remoting import BrokerClientPool, NameServerClient
+from .routes import MASTER_ID, TopicRouteInfo
+
+__all__ = ["AdminClient", "QueueStats", "QueueLag", "GroupLag"]
+
+log = logging.getLogger("sparkmq.client")
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """One queue's offsets on its broker."""
+
+    topic: str
+    broker_name: str
+    queue_id: int
+    min_offset: int
+    max_offset: int
+    last_store_timestamp: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLag:
+    """How far a group is behind on one queue."""
+
+    topic: str
+    broker_name: str
+    queue_id: int
+    broker_offset: int
+    consumer_offset: int
+    lag: int
+
+
+@dataclass(frozen=True)
+class GroupLag:
+    """A group's lag over every broker: the total and each queue's."""
+
+    group: str
+    total_lag: int
+    queues: list[QueueLag] = field(default_factory=list)
+
+
+class AdminClient:
+    """Administration over the name servers and brokers.  Thread-safe; close it (or use ``with``) when done."""
+
+    def __init__(self, config: ClientConfig, *, transport: httpx.BaseTransport | None = None) -> None:
+        """``transport`` replaces the network for every request (tests pass ``httpx.MockTransport``)."""
+        self.config = config
+        self._namesrv = NameServerClient(config.namesrv_addrs, config.request_timeout_s, transport=transport)
+        self._brokers = BrokerClientPool(config.request_timeout_s, transport=transport)
+
+    def close(self) -> None:
+        """Close every connection."""
+        self._brokers.close()
+        self._namesrv.close()
+
+    def __enter__(self) -> AdminClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- cluster -----------------------------------------------------------------------------------
+    def cluster_list(self) -> dict[str, Any]:
+        """The name server's cluster view: ``clusters``, ``brokers`` (addresses by id), ``live_brokers``."""
+        return self._namesrv.cluster_info()
+
+    def masters(self, cluster: str | None = None) -> dict[str, str]:
+        """Broker name -> master address, of one cluster or all; INVALID_ARGUMENT for an unknown cluster."""
+        info = self.cluster_list()
+        clusters = info.get("clusters") or {}
+        if cluster is not None and cluster not in clusters:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"unknown cluster {cluster!r}; known: {sorted(clusters)}")
+        names = set(clusters[cluster]) if cluster is not None else set(info.get("brokers") or {})
+        out = {}
+        for name in sorted(names):
+            addrs = ((info.get("brokers") or {}).get(name) or {}).get("broker_addrs") or {}
+            master = addrs.get(str(MASTER_ID))
+            if master:
+                out[name] = master
+        return out
+
+    def broker_info(self, addr: str) -> dict[str, Any]:
+        """``GET /broker`` of one broker."""
+        return self._brokers.get(addr).broker_info()
+
+    # -- topics -------------------------------------------------------------------------------------
+    def _targets(self, cluster: str | None, broker_addrs: Sequence[str] | None) -> list[str]:
+        targets = list(broker_addrs) if broker_addrs else sorted(self.masters(cluster).values())
+        if not targets:
+            raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, "no live master to send the topic config to")
+        return targets
+
+    def create_topic(self, topic: str, read_queue_nums: int = 16, write_queue_nums: int = 16,
+                     perm: int = PERM_READ_WRITE, order: bool = False, *, cluster: str | None = None,
+                     broker_addrs: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+        """Create or update ``topic`` on every master of ``cluster`` (all clusters when None) or on ``broker_addrs``.
+
+        Returns the stored config by broker address.  Every target is tried; the first failure is
+        raised afterwards (the others keep the new config -- run it again to converge).
+        """
+        validate_topic(topic)
+        for name, value, low, high in (("read_queue_nums", read_queue_nums, 1, 65535),
+                                       ("write_queue_nums", write_queue_nums, 1, 65535), ("perm", perm, 0, PERM_MAX)):
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise SparkMQError(ErrorCode.INVALID_ARGUMENT,
+                                   f"{name} must be an integer {low}..{high}, got {value!r}")
+        body = {"topic": topic, "read_queue_nums": read_queue_nums, "write_queue_nums": write_queue_nums,
+                "perm": perm, "order": bool(order)}
+        out: dict[str, dict[str, Any]] = {}
+        error: SparkMQError | None = None
+        for addr in self._targets(cluster, broker_addrs):
+            try:
+                out[addr] = self._brokers.get(addr).create_topic(body)
+            except SparkMQError as exc:
+                log.warning("creating %s on %s failed: %s", topic, addr, exc)
+                error = error or exc
+        if error is not None:
+            raise error
+        return out
+
+    update_topic = create_topic
+
+    def delete_topic(self, topic: str, *, cluster: str | None = None) -> dict[str, dict[str, bool]]:
+        """Delete ``topic`` from the masters of ``cluster`` (all when None) and from every name server.
+
+        Returns ``{"brokers": {addr: deleted}, "namesrvs": {addr: deleted}}``.
+        """
+        validate_topic(topic)
+        brokers: dict[str, bool] = {}
+        for addr in self._targets(cluster, None):
+            try:
+                brokers[addr] = bool(self._brokers.get(addr).delete_topic(topic).get("deleted"))
+            except SparkMQError as exc:
+                log.warning("deleting %s on %s failed: %s", topic, addr, exc)
+                brokers[addr] = False
+        params = {"cluster": cluster} if cluster else None
+        namesrvs = {addr: (not isinstance(ans, SparkMQError)) and bool(ans.get("deleted"))
+                    for addr, ans in self._namesrv.each("DELETE", f"/topics/{topic}", params=params).items()}
+        return {"brokers": brokers, "namesrvs": namesrvs}
+
+    def topic_list(self) -> list[str]:
+        """Every topic a live broker serves (from a name server), sorted."""
+        return self._namesrv.topic_list()
+
+    def topic_route(self, topic: str) -> TopicRouteInfo:
+        """``topic``'s route; TOPIC_NOT_EXIST when no live broker serves it."""
+        return TopicRouteInfo.from_dict(topic, self._namesrv.topic_route(validate_topic(topic)))
+
+    def topic_stats(self, topic: str) -> list[QueueStats]:
+        """Min / max offset and last store time of every queue of ``topic`` on every broker in its route."""
+        route = self.topic_route(topic)
+        out: list[QueueStats] = []
+        for name in route.broker_names:
+            addr = route.read_addr(name)
+            if addr is None:
+                continue
+            stats = self._brokers.get(addr).topic_stats(topic)
+            out.extend(QueueStats(topic, name, int(q["queue_id"]), int(q["min_offset"]), int(q["max_offset"]),
+                                  int(q.get("last_store_timestamp") or 0)) for q in stats.get("queues") or ())
+        return sorted(out, key=lambda s: (s.broker_name, s.queue_id))
+
+    # -- groups --------------------------------------------------------------------------------------
+    def _each_master(self, fn: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, addr in self.masters().items():
+            try:
+                out[name] = fn(self._brokers.get(addr))
+            except SparkMQError as exc:
+                log.warning("broker %s (%s) did not answer: %s", name, addr, exc)
+        return out
+
+    def group_list(self) -> list[str]:
+        """Consumer groups with members on any master, sorted."""
+        groups: set[str] = set()
+        for found in self._each_master(lambda b: b.consumer_groups()).values():
+            groups.update(found)
+        return sorted(groups)
+
+    def group_info(self, group: str) -> dict[str, dict[str, Any]]:
+        """Each master's view of ``group`` (version, members, model, subscriptions), by broker name."""
+        validate_group(group)
+        return self._each_master(lambda b: b.consumer_group(group))
+
+    def group_members(self, group: str) -> list[str]:
+        """Client ids of ``group`` known to any master, sorted."""
+        members: set[str] = set()
+        for info in self.group_info(group).values():
+            members.update(info.get("members") or ())
+        return sorted(members)
+
+    def group_offsets(self, group: str, topic: str | None = None) -> dict[MessageQueue, int]:
+        """The committed offsets of ``group`` (of one topic or all) over every master."""
+        validate_group(group)
+        out: dict[MessageQueue, int] = {}
+        for name, by_topic in self._each_master(lambda b: b.group_offsets(group, topic)).items():
+            for t, queues in by_topic.items():
+                for queue_id, offset in queues.items():
+                    out[MessageQueue(t, name, int(queue_id))] = int(offset)
+        return dict(sorted(out.items()))
+
+    def group_lag(self, group: str, topic: str | None = None) -> GroupLag:
+        """How far ``group`` is behind, per queue and in total, over every master."""
+        validate_group(group)
+        queues: list[QueueLag] = []
+        for name, answer in self._each_master(lambda b: b.group_lag(group, topic)).items():
+            queues.extend(QueueLag(q["topic"], name, int(q["queue_id"]), int(q["broker_offset"]),
+                                   int(q["consumer_offset"]), int(q["lag"])) for q in answer.get("queues") or ())
+        queues.sort(key=lambda q: (q.topic, q.broker_name, q.queue_id))
+        return GroupLag(group, sum(q.lag for q in queues), queues)
+
+    # -- messages ------------------------------------------------------------------------------------
+    def view_message(self, offset_msg_id: str) -> ReceivedMessage:
+        """The message an offsetMsgId names, read from the broker whose store host it encodes.
+
+        MESSAGE_ID_ILLEGAL when it does not decode; MESSAGE_NOT_FOUND when no broker has it.  If
+        the store host is not reachable as an API address (a broker behind a proxy), every master
+        is asked in turn.
+        """
+        decoded = decode_offset_msg_id(offset_msg_id)
+        try:
+            return self._brokers.get(decoded.store_host).message(offset_msg_id)
+        except SparkMQError as exc:
+            if exc.code is not ErrorCode.SERVICE_NOT_AVAILABLE:
+                raise
+            first = exc
+        for addr in self.masters().values():
+            if addr == decoded.store_host:
+                continue
+            try:
+                msg = self._brokers.get(addr).message(offset_msg_id)
+            except SparkMQError:
+                continue
+            # Another broker may read its own log at that offset: only its answer for this very id counts.
+            if msg.offset_msg_id.upper() == offset_msg_id.upper():
+                return msg
+        raise first

@@ -1,0 +1,203 @@
+"""Configuration of a client (producer, consumer or admin), validated once at construction.
+
+Defaults follow RocketMQ (``/work/shared/facts/rocketmq-defaults.md``); every interval
+is a field so tests can run the same machinery with sub-second timings.
+
+Example::
+
+    >>> cfg = ClientConfig(namesrv_addrs="127.0.0.1:9876;127.0.0.1:9877", heartbeat_interval_s=0.5)
+    >>> cfg.namesrv_addrs
+    ('127.0.0.1:9876', '127.0.0.1:9877')
+    >>> cfg.pull_timeout_s  # the long poll the broker may hold, plus a margin
+    20.0
+"""
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = [
+    "ClientConfig",
+    "default_client_id",
+    "local_ip",
+    "DEFAULT_SEND_TIMEOUT_S",
+    "DEFAULT_COMPRESS_THRESHOLD",
+    "DEFAULT_CONSUME_TIMESTAMP_BACK_S",
+]
+
+#: RocketMQ's sendMsgTimeout (3000 ms).
+DEFAULT_SEND_TIMEOUT_S = 3.0
+#: Bodies larger than this are zlib-compressed (compressMsgBodyOverHowmuch, 4 KiB).
+DEFAULT_COMPRESS_THRESHOLD = 4 * 1024
+#: CONSUME_FROM_TIMESTAMP without a timestamp starts half an hour back (consumeTimestamp).
+DEFAULT_CONSUME_TIMESTAMP_BACK_S = 30 * 60
+
+
+def local_ip() -> str:
+    """This machine's IPv4 address as the resolver sees it (127.0.0.1 when it cannot tell)."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def default_client_id() -> str:
+    """``ip@pid@random``: unique per client object, so two consumers in one process stay two members.
+
+    RocketMQ uses ``ip@instanceName``; the random part replaces the instance name so tests and
+    scripts that start several clients in one process need no extra setting.
+    """
+    return f"{local_ip()}@{os.getpid()}@{secrets.token_hex(4)}"
+
+
+def _seconds(name: str, value: object, *, allow_zero: bool = False) -> None:
+    # bool is an int subclass; True seconds is a bug, not a duration.
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (value == 0 and not allow_zero):  # type: ignore[operator]
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be a finite number of seconds {bound}, got {value!r}")
+
+
+def _count(name: str, value: object, low: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def _normalise_addrs(value: object) -> tuple[str, ...]:
+    # RocketMQ separates name servers with ';'; accept that, commas, or a sequence.
+    if isinstance(value, str):
+        parts = [p.strip() for p in value.replace(",", ";").split(";")]
+    elif isinstance(value, list | tuple):
+        parts = [str(p).strip() for p in value]
+    else:
+        raise ValueError(f"namesrv_addrs must be 'host:port[;host:port...]' or a list, got {value!r}")
+    addrs = tuple(p.removeprefix("http://").rstrip("/") for p in parts if p)
+    for addr in addrs:
+        host, sep, port = addr.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"a name server address must be 'host:port', got {addr!r}")
+    return addrs
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Settings shared by :class:`Producer`, :class:`PushConsumer`, :class:`PullConsumer` and :class:`AdminClient`.
+
+    ``namesrv_addrs`` is the only required field.  All durations are seconds.
+    """
+
+    #: Name servers as ``"host:port;host:port"`` or a list; clients stick to one that answers.
+    namesrv_addrs: tuple[str, ...] | list[str] | str = ()
+    #: This client's id in heartbeats and group member lists; None = :func:`default_client_id` per client object.
+    client_id: str | None = None
+
+    # -- requests -----------------------------------------------------------------------
+    #: Timeout of admin, heartbeat, offset and route requests.
+    request_timeout_s: float = 5.0
+    #: Total time budget of one synchronous send, retries included.
+    send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S
+    #: Extra attempts (on another broker) after a failed send; ordered sends never move.
+    retry_times: int = 2
+    #: Bodies strictly larger than this many bytes are zlib-compressed.
+    compress_threshold: int = DEFAULT_COMPRESS_THRESHOLD
+    #: zlib level for compressed bodies.
+    compress_level: int = 5
+    #: Largest body a producer accepts (the broker checks again).
+    max_message_size: int = 4 * 1024 * 1024
+    #: Threads of the producer's async / one-way send pool.
+    async_send_threads: int = 4
+    #: Avoid brokers whose sends were slow or failed, for a latency-dependent time.
+    send_latency_fault_enable: bool = True
+    #: How often the producer probes isolated brokers to lift the isolation early (RocketMQ 5's detector).
+    fault_detect_interval_s: float = 2.0
+
+    # -- periodic work ------------------------------------------------------------------
+    #: Topic routes are refetched from a name server this often.
+    route_refresh_interval_s: float = 30.0
+    #: A topic with no route is asked for again at most this often while a client needs it.
+    route_miss_retry_s: float = 1.0
+    #: Heartbeats (with subscriptions) to every broker serving the client's topics.
+    heartbeat_interval_s: float = 30.0
+    #: Periodic rebalance (consumers also rebalance on a broker's membership notice).
+    rebalance_interval_s: float = 20.0
+    #: Consumer offsets are committed this often (and on shutdown and when a queue is taken away).
+    offset_commit_interval_s: float = 5.0
+
+    # -- pulling ------------------------------------------------------------------------
+    #: Messages asked for per pull request.
+    pull_batch_size: int = 32
+    #: How long the broker may hold a pull that finds nothing (the broker caps it at 15 s).
+    long_poll_wait_ms: int = 15_000
+    #: Client-side slack on top of the long-poll wait before a pull counts as timed out.
+    long_poll_margin_s: float = 5.0
+    #: "Pull" responses in Arrow IPC instead of JSON.
+    pull_format: str = "json"
+    #: Wait after a failed pull (RocketMQ: 3 s) before trying that queue again.
+    pull_error_backoff_s: float = 1.0
+    #: Wait while a queue is over its flow-control limits (RocketMQ: 50 ms).
+    flow_control_backoff_s: float = 0.05
+    #: Per-queue flow control: messages pulled but not consumed ...
+    flow_control_max_messages: int = 1000
+    #: ... their total body bytes ...
+    flow_control_max_bytes: int = 100 * 1024 * 1024
+    #: ... and the spread between the smallest and largest of their offsets (concurrent consumers).
+    max_offset_span: int = 2000
+    #: Wait of the membership long poll ``/consumers/{group}/changes``.
+    change_wait_ms: int = 20_000
+
+    # -- consuming ----------------------------------------------------------------------
+    #: Listener threads of a push consumer.
+    consume_threads: int = 20
+    #: Most messages handed to one listener call (consumeMessageBatchMaxSize).
+    consume_batch_size: int = 1
+    #: Delay before a message the listener refused is delivered to it again (local redelivery).
+    reconsume_delay_s: float = 5.0
+    #: CONSUME_FROM_TIMESTAMP start (epoch ms); None = now - 30 min when the consumer starts.
+    consume_timestamp_ms: int | None = None
+    #: Where broadcasting consumers keep their offsets (``<dir>/<group>/offsets.json``).
+    offset_store_dir: str | Path = field(default_factory=lambda: Path.home() / ".sparkmq_offsets")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "namesrv_addrs", _normalise_addrs(self.namesrv_addrs))
+        if not self.namesrv_addrs:
+            raise ValueError("namesrv_addrs must name at least one name server")
+        if self.client_id is not None and (not isinstance(self.client_id, str) or not self.client_id.strip()):
+            raise ValueError(f"client_id must be a non-empty string or None, got {self.client_id!r}")
+        for name in ("request_timeout_s", "send_timeout_s", "route_refresh_interval_s", "route_miss_retry_s",
+                     "heartbeat_interval_s", "rebalance_interval_s", "offset_commit_interval_s",
+                     "fault_detect_interval_s", "pull_error_backoff_s", "flow_control_backoff_s",
+                     "long_poll_margin_s"):
+            _seconds(name, getattr(self, name))
+        _seconds("reconsume_delay_s", self.reconsume_delay_s, allow_zero=True)
+        _count("retry_times", self.retry_times, 0)
+        _count("compress_threshold", self.compress_threshold, 0)
+        if isinstance(self.compress_level, bool) or self.compress_level not in range(0, 10):
+            raise ValueError(f"compress_level must be an integer 0..9, got {self.compress_level!r}")
+        for name in ("max_message_size", "async_send_threads", "pull_batch_size", "flow_control_max_messages",
+                     "flow_control_max_bytes", "max_offset_span", "consume_threads", "consume_batch_size"):
+            _count(name, getattr(self, name))
+        _count("long_poll_wait_ms", self.long_poll_wait_ms, 0)
+        _count("change_wait_ms", self.change_wait_ms, 0)
+        if self.pull_format not in ("json", "arrow"):
+            raise ValueError(f"pull_format must be 'json' or 'arrow', got {self.pull_format!r}")
+        if self.consume_timestamp_ms is not None:
+            _count("consume_timestamp_ms", self.consume_timestamp_ms, 0)
+        object.__setattr__(self, "offset_store_dir", Path(self.offset_store_dir))
+
+    @property
+    def pull_timeout_s(self) -> float:
+        """Client-side timeout of one pull: the long-poll wait plus :attr:`long_poll_margin_s`."""
+        return self.long_poll_wait_ms / 1000 + self.long_poll_margin_s
+
+    @property
+    def change_timeout_s(self) -> float:
+        """Client-side timeout of one membership long poll."""
+        return self.change_wait_ms / 1000 + self.long_poll_margin_s
+
+    def new_client_id(self) -> str:
+        """The id a new client object uses: :attr:`client_id` when set, else a fresh :func:`default_client_id`."""
+        return self.client_id or default_client_id()

@@ -1,0 +1,486 @@
+"""What push and pull consumers share: routes, heartbeats, rebalance, offsets, and the pulling event loop.
+
+Threads of one consumer:
+
+* a **scheduler** thread (:class:`.scheduler.Scheduler`) for the periodic work -- route refresh
+  (30 s), heartbeats with subscriptions to every broker serving the topics (30 s), rebalance
+  (20 s, and at once on a membership notice), offset commits (5 s);
+* an **asyncio loop** thread with one ``httpx.AsyncClient``: one pull task per held queue (a long
+  poll at a time, flow-controlled by its :class:`.process_queue.ProcessQueue`) and one task per
+  broker long-polling ``/consumers/{group}/changes`` that triggers the rebalance when the
+  group's membership version moves;
+* whatever the subclass adds (the push consumer's listener pool).
+
+Subclasses implement :meth:`ConsumerBase._on_pulled`, called on the loop thread with the
+messages of a pull that passed the client-side tag re-check.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Coroutine, Sequence
+from typing import Any
+
+from ..common.errors import ErrorCode, SparkMQError
+from ..common.validation import validate_group, validate_topic
+from ..common.wire import ReceivedMessage
+from .allocation import AllocateStrategy, MessageQueue
+from .config import ClientConfig
+from .offset_store import LocalOffsetStore, OffsetStore, RemoteOffsetStore
+from .process_queue import ProcessQueue
+from .rebalance import (
+    ConsumeFromWhere,
+    MessageModel,
+    RebalanceImpl,
+    Subscription,
+    parse_consume_from_where,
+    parse_message_model,
+    resolve_strategy,
+)
+from .remoting import (
+    FOUND,
+    NO_MATCHED_MSG,
+    NO_NEW_MSG,
+    OFFSET_OVERFLOW,
+    OFFSET_TOO_SMALL,
+    AsyncBrokerClient,
+    BrokerClientPool,
+    NameServerClient,
+)
+from .routes import TopicRouteCache
+from .scheduler import Scheduler
+
+__all__ = ["ConsumerBase"]
+
+log = logging.getLogger("sparkmq.client")
+
+
+class ConsumerBase(ABC):
+    """Shared lifecycle and machinery of :class:`PushConsumer` and :class:`PullConsumer`."""
+
+    #: ``consume_type`` in heartbeats.
+    consume_type = "PUSH"
+
+    def __init__(self, group: str, config: ClientConfig, *, message_model: str | MessageModel,
+                 allocate_strategy: str | AllocateStrategy, consume_from_where: str | ConsumeFromWhere) -> None:
+        self.group = validate_group(group)
+        self.config = config
+        self.client_id = config.new_client_id()
+        self.message_model = parse_message_model(message_model)
+        self.consume_from_where = parse_consume_from_where(consume_from_where)
+        self._subscriptions: dict[str, Subscription] = {}
+        self._namesrv = NameServerClient(config.namesrv_addrs, config.request_timeout_s)
+        self._routes = TopicRouteCache(self._namesrv, miss_retry_s=config.route_miss_retry_s)
+        self._brokers = BrokerClientPool(config.request_timeout_s)
+        self.offset_store: OffsetStore
+        if self.message_model is MessageModel.BROADCASTING:
+            self.offset_store = LocalOffsetStore(self.group, config.offset_store_dir)
+        else:
+            self.offset_store = RemoteOffsetStore(self.group, self._brokers, self._master_addr)
+        self._rebalance = RebalanceImpl(
+            self.group, self.client_id, message_model=self.message_model,
+            strategy=resolve_strategy(allocate_strategy), consume_from_where=self.consume_from_where,
+            consume_timestamp_ms=config.consume_timestamp_ms, subscriptions=self._subscriptions,
+            routes=self._routes, brokers=self._brokers, offset_store=self.offset_store,
+            new_process_queue=self._new_process_queue, on_added=self._start_pulling, on_removed=self._stop_pulling)
+        self._rebalance.on_not_member = lambda topic: self._scheduler.trigger("heartbeat")
+        self._scheduler = Scheduler(f"consumer-{group}")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._async: AsyncBrokerClient | None = None
+        self._pull_tasks: dict[ProcessQueue, asyncio.Task[None]] = {}  # touched on the loop thread only
+        self._watchers: dict[str, asyncio.Task[None]] = {}    # broker addr -> task, loop only
+        # The group's membership version each broker answered our last heartbeat with: where the
+        # change watcher starts, so a member joining right after our rebalance is not missed.
+        self._versions: dict[str, int] = {}
+        self._state_lock = threading.Lock()
+        self._state = "created"
+        self._manual = False  # PullConsumer.assign(): no group membership
+
+    # -- configuration --------------------------------------------------------------------------
+    def subscribe(self, topic: str, expression: str = "*") -> None:
+        """Consume ``topic``'s messages whose tag matches ``expression`` (``"*"`` or ``"A || B"``).
+
+        May be called after :meth:`start`; the next heartbeat and rebalance pick it up at once.
+        """
+        validate_topic(topic)
+        if self._manual:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "this consumer uses assign(); it cannot also subscribe")
+        self._subscriptions[topic] = Subscription.parse(topic, expression)
+        if self._state == "running":
+            self._scheduler.trigger("heartbeat")
+            self._scheduler.trigger("rebalance")
+
+    def unsubscribe(self, topic: str) -> None:
+        """Stop consuming ``topic`` (its queues are dropped at the next rebalance, triggered now)."""
+        self._subscriptions.pop(topic, None)
+        if self._state == "running":
+            self._scheduler.trigger("heartbeat")
+            self._scheduler.trigger("rebalance")
+
+    @property
+    def subscriptions(self) -> dict[str, str]:
+        """Topic -> tag expression."""
+        return {t: s.expression for t, s in self._subscriptions.items()}
+
+    def assignment(self) -> list[MessageQueue]:
+        """The queues this consumer holds now, sorted."""
+        return self._rebalance.assignment()
+
+    def process_queue(self, mq: MessageQueue) -> ProcessQueue | None:
+        """The process queue of a held queue (flow-control and offset state), or None."""
+        return self._rebalance.process_queues().get(mq)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def _start_base(self) -> None:
+        with self._state_lock:
+            if self._state != "created":
+                raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"consumer {self.group} is {self._state}")
+            self._state = "starting"
+        try:
+            self.offset_store.load()
+            self._start_loop()
+            for topic in self._topics():
+                try:
+                    self._routes.get(topic)
+                except SparkMQError as exc:
+                    log.warning("no route for %s yet (will retry): %s", topic, exc)
+            self.send_heartbeats()
+            with self._state_lock:
+                self._state = "running"
+            # The first rebalance runs before start() returns, so a consumer that starts from the
+            # last offset holds its queues (and their start offsets) before the caller sends anything.
+            self.rebalance()
+        except BaseException:
+            self._shutdown_base(commit=False)
+            raise
+        cfg = self.config
+        self._scheduler.every("routes", cfg.route_refresh_interval_s, self._refresh_routes,
+                              initial_delay_s=cfg.route_refresh_interval_s)
+        self._scheduler.every("heartbeat", cfg.heartbeat_interval_s, self.send_heartbeats,
+                              initial_delay_s=cfg.heartbeat_interval_s)
+        self._scheduler.every("rebalance", cfg.rebalance_interval_s, self.rebalance,
+                              initial_delay_s=cfg.rebalance_interval_s)
+        self._scheduler.every("commit", cfg.offset_commit_interval_s, self._commit_quietly,
+                              initial_delay_s=cfg.offset_commit_interval_s)
+        self._scheduler.start()
+
+    def _shutdown_base(self, *, commit: bool = True, before_commit: Any = None) -> None:
+        """Stop pulling, run ``before_commit`` (drain listeners), commit, unregister, close everything."""
+        with self._state_lock:
+            if self._state in ("stopping", "stopped"):
+                return
+            self._state = "stopping"
+        self._scheduler.stop()
+        if self._loop is not None and self._loop.is_running():
+            self._run_on_loop(self._cancel_all_pulls()).result(timeout=30)
+        if before_commit is not None:
+            before_commit()
+        if commit:
+            try:
+                self.commit_offsets(raise_errors=False)
+            except SparkMQError as exc:
+                log.warning("final offset commit of %s failed: %s", self.group, exc)
+        self._rebalance.drop_all()
+        if not self._manual:
+            for addr in self._broker_addrs():
+                try:
+                    self._brokers.get(addr).unregister(self.client_id, consumer_groups=[self.group])
+                except SparkMQError as exc:
+                    log.debug("unregistering %s from %s failed: %s", self.client_id, addr, exc)
+        self._stop_loop()
+        self._brokers.close()
+        self._namesrv.close()
+        with self._state_lock:
+            self._state = "stopped"
+
+    # -- the event loop ---------------------------------------------------------------------------
+    def _start_loop(self) -> None:
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            loop.call_soon(ready.set)
+            try:
+                loop.run_forever()
+            finally:
+                # Cancel what is left (a long poll still open) and close the client on the loop itself.
+                pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+                for task in pending:
+                    task.cancel()
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                if self._async is not None:
+                    loop.run_until_complete(self._async.aclose())
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.close()
+
+        self._loop = loop
+        self._loop_thread = threading.Thread(target=run, name=f"sparkmq-pull-{self.group}", daemon=True)
+        self._loop_thread.start()
+        ready.wait(10)
+
+        async def make_client() -> AsyncBrokerClient:
+            return AsyncBrokerClient()
+
+        self._async = self._run_on_loop(make_client()).result(timeout=10)
+
+    def _stop_loop(self) -> None:
+        if self._loop is not None and self._loop_thread is not None and self._loop_thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop_thread.join(30)
+
+    def _run_on_loop(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def _call_on_loop(self, fn: Any, *args: Any) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            try:
+                self._loop.call_soon_threadsafe(fn, *args)
+            except RuntimeError:  # the loop closed in between: nothing left to start or stop
+                pass
+
+    async def _cancel_all_pulls(self) -> None:
+        tasks = list(self._pull_tasks.values()) + list(self._watchers.values())
+        self._pull_tasks.clear()
+        self._watchers.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- pulling -----------------------------------------------------------------------------------
+    def _new_process_queue(self, mq: MessageQueue, offset: int) -> ProcessQueue:
+        cfg = self.config
+        return ProcessQueue(mq, offset, max_messages=cfg.flow_control_max_messages,
+                            max_bytes=cfg.flow_control_max_bytes, max_span=cfg.max_offset_span)
+
+    def _start_pulling(self, pq: ProcessQueue) -> None:
+        def start() -> None:
+            if self._state in ("running", "starting") and not pq.dropped:
+                assert self._loop is not None
+                task = self._loop.create_task(self._pull_loop(pq), name=f"pull-{pq.mq.topic}@{pq.mq.key}")
+                self._pull_tasks[pq] = task
+
+                def forget(t: asyncio.Task[None]) -> None:
+                    if self._pull_tasks.get(pq) is t:
+                        del self._pull_tasks[pq]
+                task.add_done_callback(forget)
+        self._call_on_loop(start)
+
+    def _stop_pulling(self, pq: ProcessQueue) -> None:
+        def stop() -> None:
+            task = self._pull_tasks.pop(pq, None)
+            if task is not None:
+                task.cancel()
+        self._call_on_loop(stop)
+
+    def _subscription_for(self, topic: str) -> Subscription:
+        return self._subscriptions.get(topic) or Subscription(topic, "*", None)
+
+    async def _pull_loop(self, pq: ProcessQueue) -> None:
+        """Long-poll one queue until it is dropped: flow control, pull, tag re-check, hand over."""
+        cfg = self.config
+        mq = pq.mq
+        assert self._async is not None
+        flow_logged = 0.0
+        while not pq.dropped:
+            reason = pq.flow_control_reason() or self._extra_flow_control(pq)
+            if reason is not None:
+                pq.flow_control_times += 1
+                if time.monotonic() - flow_logged > 10:
+                    log.info("flow control on %s@%s (%s): %d messages, %d bytes, span %d", mq.topic, mq.key, reason,
+                             pq.msg_count, pq.msg_bytes, pq.offset_span())
+                    flow_logged = time.monotonic()
+                await asyncio.sleep(cfg.flow_control_backoff_s)
+                continue
+            route = self._routes.cached(mq.topic)
+            addr = route.read_addr(mq.broker_name) if route is not None else None
+            if addr is None:
+                await asyncio.sleep(cfg.pull_error_backoff_s)
+                continue
+            sub = self._subscription_for(mq.topic)
+            offset = pq.next_offset
+            begin = time.monotonic()
+            try:
+                result = await self._async.pull(
+                    addr, mq.topic, mq.queue_id, offset, cfg.pull_batch_size, tags=sub.expression,
+                    wait_ms=cfg.long_poll_wait_ms, timeout=cfg.pull_timeout_s, group=self.group,
+                    client_id=self.client_id, arrow=cfg.pull_format == "arrow")
+            except SparkMQError as exc:
+                log.debug("pull of %s@%s at %d failed: %s", mq.topic, mq.key, offset, exc)
+                await asyncio.sleep(cfg.pull_error_backoff_s)
+                continue
+            if pq.dropped:
+                break
+            if result.status == FOUND:
+                kept = [m for m in result.messages if sub.matches(m.tags)]
+                pq.on_pulled(kept, result.next_offset)
+                if kept:
+                    self._on_pulled(pq, kept)
+                continue
+            if result.status in (OFFSET_TOO_SMALL, OFFSET_OVERFLOW):
+                log.warning("%s@%s: offset %d is %s; moving to %d", mq.topic, mq.key, offset, result.status,
+                            result.next_offset)
+            pq.on_pulled([], result.next_offset)
+            if result.status not in (NO_NEW_MSG, NO_MATCHED_MSG) or (
+                    result.next_offset == offset and time.monotonic() - begin < 0.05):
+                # Nothing held the request (no such queue yet, or a broker that does not long-poll):
+                # do not spin on it.
+                await asyncio.sleep(cfg.flow_control_backoff_s * 2)
+
+    def _extra_flow_control(self, pq: ProcessQueue) -> str | None:
+        """Subclass hook: a reason to hold pulls beyond the process queue's own limits."""
+        return None
+
+    @abstractmethod
+    def _on_pulled(self, pq: ProcessQueue, messages: list[ReceivedMessage]) -> None:
+        """Called on the loop thread with a pull's messages (already in ``pq``)."""
+
+    # -- membership change notices ------------------------------------------------------------------
+    def _sync_watchers(self) -> None:
+        if self._manual or self.message_model is MessageModel.BROADCASTING:
+            return
+        wanted = set(self._broker_addrs(masters_only=True))
+
+        def sync() -> None:
+            for addr in list(self._watchers):
+                if addr not in wanted:
+                    self._watchers.pop(addr).cancel()
+            for addr in wanted - set(self._watchers):
+                assert self._loop is not None
+                self._watchers[addr] = self._loop.create_task(self._watch_changes(addr), name=f"changes-{addr}")
+        self._call_on_loop(sync)
+
+    async def _watch_changes(self, addr: str) -> None:
+        """Long-poll ``/consumers/{group}/changes`` on one broker; trigger a rebalance when the version moves."""
+        cfg = self.config
+        assert self._async is not None
+        # Unknown version: ask with 0 and take the answer as the baseline (no rebalance for it).
+        version: int | None = self._versions.get(addr)
+        backoff = cfg.pull_error_backoff_s
+        while True:
+            try:
+                answer = await self._async.group_changes(addr, self.group, 0 if version is None else version,
+                                                         cfg.change_wait_ms, cfg.change_timeout_s)
+            except SparkMQError as exc:
+                log.debug("membership watch on %s failed: %s", addr, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+                continue
+            backoff = cfg.pull_error_backoff_s
+            new = int(answer.get("version", 0))
+            if version is not None and new != version:
+                log.info("group %s membership changed on %s (version %d -> %d); rebalancing", self.group, addr,
+                         version, new)
+                self._scheduler.trigger("rebalance")
+            version = new
+
+    # -- periodic work ---------------------------------------------------------------------------------
+    def _topics(self) -> list[str]:
+        topics = set(self._subscriptions)
+        topics.update(mq.topic for mq in self._rebalance.assignment())
+        fixed = self._rebalance.fixed_assignment
+        if fixed is not None:
+            topics.update(mq.topic for mq in fixed)
+        return sorted(topics)
+
+    def _master_addr(self, mq: MessageQueue) -> str | None:
+        route = self._routes.cached(mq.topic)
+        if route is None:
+            try:
+                route = self._routes.get(mq.topic)
+            except SparkMQError:
+                return None
+        return route.master_addr(mq.broker_name)
+
+    def _broker_addrs(self, *, masters_only: bool = False) -> list[str]:
+        addrs: set[str] = set()
+        for topic in self._topics():
+            route = self._routes.cached(topic)
+            if route is not None:
+                addrs.update(route.master_addrs() if masters_only else route.all_addrs())
+        return sorted(addrs)
+
+    def _refresh_routes(self) -> None:
+        before = {t: r.read_queues if (r := self._routes.cached(t)) else None for t in self._topics()}
+        for topic in before:
+            try:
+                self._routes.refresh(topic)
+            except SparkMQError as exc:
+                log.debug("route refresh of %s failed: %s", topic, exc)
+        after = {t: r.read_queues if (r := self._routes.cached(t)) else None for t in before}
+        if before != after:
+            # A broker came or went: rebalance now rather than at the next period.
+            self._scheduler.trigger("rebalance")
+            self._scheduler.trigger("heartbeat")
+
+    def heartbeat_body(self) -> dict[str, Any]:
+        """The ``POST /clients/heartbeat`` body: this client, its group, model and subscriptions."""
+        return {"client_id": self.client_id, "producer_groups": [], "consumers": [{
+            "group": self.group, "consume_type": self.consume_type, "message_model": self.message_model.value,
+            "consume_from_where": self.consume_from_where.value,
+            "subscriptions": [s.to_dict() for _, s in sorted(self._subscriptions.items())]}]}
+
+    def send_heartbeats(self) -> None:
+        """Heartbeat every broker serving the subscribed topics (done every ``heartbeat_interval_s``)."""
+        if self._manual:
+            return
+        for topic in self._topics():
+            if self._routes.cached(topic) is None:
+                try:
+                    self._routes.get(topic)
+                except SparkMQError:
+                    continue
+        body = self.heartbeat_body()
+        for addr in self._broker_addrs():
+            try:
+                answer = self._brokers.get(addr).heartbeat(body)
+                version = ((answer.get("groups") or {}).get(self.group) or {}).get("version")
+                if isinstance(version, int) and addr not in self._versions:
+                    self._versions[addr] = version
+            except SparkMQError as exc:
+                log.debug("heartbeat of %s to %s failed: %s", self.client_id, addr, exc)
+        self._sync_watchers()
+
+    def rebalance(self) -> bool:
+        """Rebalance now (also done every ``rebalance_interval_s`` and on membership notices); whether it changed."""
+        if self._state != "running":
+            return False
+        changed = self._rebalance.rebalance()
+        if changed:
+            log.info("%s of %s holds %s", self.client_id, self.group,
+                     [f"{q.topic}@{q.key}" for q in self._rebalance.assignment()])
+        return changed
+
+    def commit_offsets(self, *, raise_errors: bool = False) -> dict[MessageQueue, int]:
+        """Commit the smallest unfinished offset of every held queue now; the offsets committed (all held)."""
+        pqs = self._rebalance.process_queues()
+        offsets = {}
+        for mq, pq in pqs.items():
+            if not pq.dropped:
+                offsets[mq] = pq.commit_offset()
+                self.offset_store.update(mq, offsets[mq])
+        self.offset_store.persist_all(list(offsets), raise_errors=raise_errors)
+        return offsets
+
+    def _commit_quietly(self) -> None:
+        self.commit_offsets(raise_errors=False)
+
+    def wait_idle(self, timeout_s: float = 10.0) -> bool:
+        """Wait until the scheduler has no pending work (a triggered rebalance done); for tests and scripts."""
+        return self._scheduler.wait_idle(timeout_s)
+
+    def fetch_message_queues(self, topic: str) -> list[MessageQueue]:
+        """The read queues of ``topic`` (fetching its route if needed), sorted."""
+        return list(self._routes.get(topic).read_queues)
+
+    def _held(self, mqs: Sequence[MessageQueue]) -> None:
+        held = set(self._rebalance.assignment())
+        missing = [f"{q.topic}@{q.key}" for q in mqs if q not in held]
+        if missing:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"not assigned to this consumer: {missing}")

@@ -1,0 +1,461 @@
+"""The producer: sync, async, one-way and batch sends over the brokers' HTTP API.
+
+* Routing: the write queues of every broker in the topic's route, round-robin, skipping
+  brokers the latency fault tolerance marks (:mod:`.fault`).  A topic no name server
+  knows yet is sent to every master (the broker auto-creates it), until its route appears.
+* Retries: a failed send is retried ``retry_times`` (2) more times on another broker, all
+  within ``send_timeout_s`` (3 s).  Only failures that another broker might not have are
+  retried (unreachable, unavailable, topic missing or read-only there); a bad message is not.
+* Ordered sends (a ``sharding_key`` or a ``queue_selector``) go to one queue and are never
+  retried elsewhere -- that would reorder them -- nor on the same queue, where a retry after a
+  timeout could store the message twice out of order.  This is RocketMQ's behaviour.
+* Bodies larger than ``compress_threshold`` (4 KiB) are zlib-compressed (level 5) and sent
+  with ``compressed: true``; the broker sets the COMPRESSED sys flag and consumers inflate.
+* The message's unique id (``msg_id``) is made here and kept across retries, so a message
+  stored twice by a retry after a timeout carries the same id both times.
+
+Example::
+
+    producer = Producer("pg", ClientConfig(namesrv_addrs="127.0.0.1:9876"))
+    producer.start()
+    result = producer.send(Message("orders", b"hello", tags="TagA"))
+    producer.shutdown()
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from ..common.errors import ErrorCode, SparkMQError
+from ..common.ids import UniqueIdGenerator
+from ..common.message import Message, SendStatus
+from ..common.validation import validate_group, validate_topic
+from ..common.wire import SendRow, encode_body, send_rows_to_arrow, to_ipc
+from .allocation import MessageQueue
+from .config import ClientConfig
+from .fault import LatencyFaultTolerance, QueueSelector
+from .remoting import BrokerClientPool, NameServerClient, RemotingError
+from .routes import TopicRouteCache, TopicRouteInfo
+from .scheduler import Scheduler
+
+__all__ = [
+    "Producer",
+    "SendResult",
+    "SendStatus",
+    "QueueSelectorFn",
+    "SendCallback",
+    "RETRYABLE_CODES",
+    "select_by_sharding_key",
+]
+
+log = logging.getLogger("sparkmq.client")
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """Where a message was stored and under which ids."""
+
+    status: SendStatus
+    msg_id: str
+    offset_msg_id: str
+    topic: str
+    broker_name: str
+    queue_id: int
+    queue_offset: int
+    store_timestamp: int = 0
+
+    @property
+    def message_queue(self) -> MessageQueue:
+        """The queue the message went to."""
+        return MessageQueue(self.topic, self.broker_name, self.queue_id)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SendResult:
+        """From a broker's send answer."""
+        return cls(_status(data.get("status")), str(data.get("msg_id", "")), str(data.get("offset_msg_id", "")),
+                   str(data["topic"]), str(data["broker_name"]), int(data["queue_id"]), int(data["queue_offset"]),
+                   int(data.get("store_timestamp") or 0))
+
+
+def _status(value: object) -> SendStatus:
+    try:
+        return SendStatus(value)
+    except ValueError:
+        raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"unknown send status {value!r}") from None
+
+
+#: ``queue_selector(write_queues, message) -> queue``: user-chosen queue for ordered sends.
+QueueSelectorFn = Callable[[Sequence[MessageQueue], Message], MessageQueue]
+#: ``callback(result, error)`` of :meth:`Producer.send_async`: exactly one of them is None.
+SendCallback = Callable[[SendResult | None, BaseException | None], None]
+
+#: Failures worth one more attempt on another broker.
+RETRYABLE_CODES = frozenset({
+    ErrorCode.SERVICE_NOT_AVAILABLE, ErrorCode.INTERNAL_ERROR, ErrorCode.TOPIC_NOT_EXIST, ErrorCode.NO_PERMISSION,
+    ErrorCode.QUEUE_ID_ILLEGAL, ErrorCode.SLAVE_NOT_AVAILABLE, ErrorCode.DISK_FULL, ErrorCode.STORE_LOCKED,
+    ErrorCode.STORE_CORRUPT,
+})
+# Of those, the ones that say the broker itself is in trouble (isolate it); the others are about
+# this topic on that broker and should not keep other topics away from it.
+_BROKER_FAULT_CODES = frozenset({
+    ErrorCode.SERVICE_NOT_AVAILABLE, ErrorCode.INTERNAL_ERROR, ErrorCode.SLAVE_NOT_AVAILABLE, ErrorCode.DISK_FULL,
+    ErrorCode.STORE_LOCKED, ErrorCode.STORE_CORRUPT,
+})
+
+
+def select_by_sharding_key(queues: Sequence[MessageQueue], sharding_key: str) -> MessageQueue:
+    """The queue a sharding key maps to: CRC-32 of the key modulo the number of queues (same in every process).
+
+    Example::
+
+        >>> qs = [MessageQueue("t", "broker-a", i) for i in range(4)]
+        >>> select_by_sharding_key(qs, "order-1") == select_by_sharding_key(list(reversed(qs)), "order-1")
+        True
+    """
+    ordered = sorted(queues)
+    return ordered[zlib.crc32(sharding_key.encode("utf-8")) % len(ordered)]
+
+
+@dataclass(slots=True)
+class _Prepared:
+    """A validated message ready to go on the wire (body already compressed if it should be)."""
+
+    topic: str
+    msg_id: str
+    body: bytes
+    compressed: bool
+    message: Message
+
+
+class Producer:
+    """Sends messages of one producer group.  Thread-safe; start it before sending, shut it down after.
+
+    Args:
+        group: the producer group (reported in heartbeats, stored with each message).
+        config: the client settings (name servers, timeouts, retries, compression).
+        transport: an httpx transport for every request (tests pass ``httpx.MockTransport``).
+    """
+
+    def __init__(self, group: str, config: ClientConfig, *, transport: httpx.BaseTransport | None = None) -> None:
+        self.group = validate_group(group)
+        self.config = config
+        self.client_id = config.new_client_id()
+        self._namesrv = NameServerClient(config.namesrv_addrs, config.request_timeout_s, transport=transport)
+        self._routes = TopicRouteCache(self._namesrv, miss_retry_s=config.route_miss_retry_s)
+        self._brokers = BrokerClientPool(config.request_timeout_s, transport=transport)
+        self.fault = LatencyFaultTolerance()
+        self._selector = QueueSelector(self.fault if config.send_latency_fault_enable else None)
+        self._ids = UniqueIdGenerator()
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._scheduler = Scheduler(f"producer-{group}")
+        self._state_lock = threading.Lock()
+        self._state = "created"
+        self._met_addrs: set[str] = set()  # masters this producer has sent to (heartbeat them at once)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> Producer:
+        """Start the periodic work (route refresh, heartbeats, fault probes); returns self."""
+        with self._state_lock:
+            if self._state != "created":
+                raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"producer {self.group} is {self._state}")
+            self._executor = concurrent.futures.ThreadPoolExecutor(self.config.async_send_threads,
+                                                                   thread_name_prefix=f"sparkmq-send-{self.group}")
+            cfg = self.config
+            self._scheduler.every("routes", cfg.route_refresh_interval_s, self._routes.refresh_all,
+                                  initial_delay_s=cfg.route_refresh_interval_s)
+            self._scheduler.every("heartbeat", cfg.heartbeat_interval_s, self.send_heartbeats,
+                                  initial_delay_s=cfg.heartbeat_interval_s)
+            if cfg.send_latency_fault_enable:
+                self._scheduler.every("fault-detect", cfg.fault_detect_interval_s, self._probe_isolated,
+                                      initial_delay_s=cfg.fault_detect_interval_s)
+            self._scheduler.start()
+            self._state = "running"
+        return self
+
+    def shutdown(self) -> None:
+        """Finish queued async / one-way sends, stop periodic work, unregister from brokers, close connections."""
+        with self._state_lock:
+            if self._state != "running":
+                self._state = "stopped"
+                return
+            self._state = "stopping"
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+        self._scheduler.stop()
+        for addr in self._known_addrs():
+            try:
+                self._brokers.get(addr).unregister(self.client_id, producer_groups=[self.group])
+            except SparkMQError as exc:
+                log.debug("unregistering producer %s from %s failed: %s", self.group, addr, exc)
+        self._brokers.close()
+        self._namesrv.close()
+        with self._state_lock:
+            self._state = "stopped"
+
+    def __enter__(self) -> Producer:
+        return self.start() if self._state == "created" else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def _check_running(self) -> None:
+        if self._state != "running":
+            raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"producer {self.group} is {self._state}, not running")
+
+    # -- preparing ---------------------------------------------------------------------------
+    def _prepare(self, msg: Message, compress: bool | None = None) -> _Prepared:
+        """Validate ``msg`` and compress its body (above the threshold, or as ``compress`` says)."""
+        if not isinstance(msg, Message):
+            raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, f"expected a Message, got {type(msg).__name__}")
+        topic = validate_topic(msg.topic)
+        body = msg.body
+        if isinstance(body, str):
+            raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, "the body must be bytes; encode text first")
+        if not isinstance(body, bytes | bytearray | memoryview) or len(body) == 0:
+            raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, "the body must be non-empty bytes")
+        body = bytes(body)
+        if len(body) > self.config.max_message_size:
+            raise SparkMQError(ErrorCode.MESSAGE_TOO_LARGE,
+                               f"the body is {len(body)} bytes, the limit is {self.config.max_message_size}")
+        compressed = len(body) > self.config.compress_threshold if compress is None else compress
+        if compressed:
+            body = zlib.compress(body, self.config.compress_level)
+        return _Prepared(topic, self._ids.next_id(int(time.time() * 1000)), body, compressed, msg)
+
+    def _payload(self, p: _Prepared, mq: MessageQueue, sharding_key: str | None) -> dict[str, Any]:
+        m = p.message
+        return {"body": encode_body(p.body), "body_encoding": "base64", "tags": m.tags, "keys": list(m.keys),
+                "properties": dict(m.properties), "queue_id": mq.queue_id, "sharding_key": sharding_key,
+                "compressed": p.compressed, "producer_group": self.group, "born_timestamp": int(time.time() * 1000),
+                "born_host": None, "msg_id": p.msg_id}
+
+    # -- queue choice and the retry loop -----------------------------------------------------
+    def _route(self, topic: str) -> TopicRouteInfo:
+        route = self._routes.get(topic, allow_default=True)
+        if not route.write_queues:
+            raise SparkMQError(ErrorCode.NO_PERMISSION, f"topic {topic!r} has no writable queue on any live master")
+        return route
+
+    def _ordered_queue(self, route: TopicRouteInfo, msg: Message, sharding_key: str | None,
+                       queue_selector: QueueSelectorFn | None) -> MessageQueue:
+        queues = list(route.write_queues)
+        if queue_selector is not None:
+            mq = queue_selector(queues, msg)
+            if mq not in queues:
+                raise SparkMQError(ErrorCode.QUEUE_ID_ILLEGAL, f"the queue selector chose {mq!r}, not a write queue")
+            return mq
+        assert sharding_key is not None
+        return select_by_sharding_key(queues, sharding_key)
+
+    def _with_retries(self, topic: str, timeout: float | None, ordered_queue: Callable[[TopicRouteInfo], MessageQueue]
+                      | None, attempt_fn: Callable[[str, MessageQueue, float], Any]) -> Any:
+        """Run ``attempt_fn(addr, queue, time_left)`` until it succeeds, retrying on other brokers."""
+        budget = self.config.send_timeout_s if timeout is None else timeout
+        if budget <= 0:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"timeout must be > 0, got {timeout!r}")
+        deadline = time.monotonic() + budget
+        attempts = 1 if ordered_queue is not None else 1 + self.config.retry_times
+        last_broker: str | None = None
+        last_error: SparkMQError | None = None
+        for attempt in range(attempts):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            route = self._route(topic)
+            mq = ordered_queue(route) if ordered_queue is not None else self._selector.select(route.write_queues,
+                                                                                              last_broker)
+            addr = route.master_addr(mq.broker_name)
+            if addr is None:  # a route refreshed between the two lines lost the master
+                last_error = SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"{mq.broker_name} has no master")
+                last_broker = mq.broker_name
+                continue
+            if addr not in self._met_addrs:
+                # A broker first met: tell it about this producer now, not at the next period.
+                self._met_addrs.add(addr)
+                self._scheduler.trigger("heartbeat")
+            begin = time.monotonic()
+            try:
+                result = attempt_fn(addr, mq, left)
+            except SparkMQError as exc:
+                elapsed_ms = (time.monotonic() - begin) * 1000
+                if exc.code not in RETRYABLE_CODES:
+                    raise
+                if exc.code in _BROKER_FAULT_CODES:
+                    unreachable = isinstance(exc, RemotingError) and not exc.timed_out
+                    self.fault.update(mq.broker_name, elapsed_ms, isolation=True, reachable=not unreachable)
+                if exc.code in (ErrorCode.TOPIC_NOT_EXIST, ErrorCode.NO_PERMISSION, ErrorCode.QUEUE_ID_ILLEGAL):
+                    self._refresh_route_quietly(topic)
+                log.info("send to %s (%s) failed, attempt %d of %d: %s", mq.key, addr, attempt + 1, attempts, exc)
+                last_broker, last_error = mq.broker_name, exc
+                continue
+            self.fault.update(mq.broker_name, (time.monotonic() - begin) * 1000)
+            return result
+        if last_error is not None:
+            raise last_error
+        raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"send to {topic!r} timed out after {budget:.3f} s")
+
+    def _refresh_route_quietly(self, topic: str) -> None:
+        try:
+            self._routes.refresh(topic)
+        except SparkMQError:
+            pass
+
+    # -- sends -------------------------------------------------------------------------------
+    def send(self, msg: Message, timeout: float | None = None, *, sharding_key: str | None = None,
+             queue_selector: QueueSelectorFn | None = None) -> SendResult:
+        """Send one message and wait until a broker stored it.
+
+        ``timeout`` (seconds, default ``send_timeout_s``) bounds all attempts together.  With a
+        ``sharding_key`` (messages with equal keys go to one queue, in order) or a
+        ``queue_selector`` the send is ordered: one queue, no retry.  Raises ``SparkMQError``
+        (the last attempt's error when every attempt failed).
+        """
+        self._check_running()
+        prepared = self._prepare(msg)
+        return self._send_prepared(prepared, timeout, sharding_key, queue_selector)
+
+    def _send_prepared(self, prepared: _Prepared, timeout: float | None, sharding_key: str | None,
+                       queue_selector: QueueSelectorFn | None, *, retries: bool = True) -> SendResult:
+        ordered = None
+        if sharding_key is not None or queue_selector is not None:
+            def ordered(route: TopicRouteInfo) -> MessageQueue:
+                return self._ordered_queue(route, prepared.message, sharding_key, queue_selector)
+        elif not retries:
+            def ordered(route: TopicRouteInfo) -> MessageQueue:
+                return self._selector.select(route.write_queues)
+
+        def attempt(addr: str, mq: MessageQueue, left: float) -> SendResult:
+            answer = self._brokers.get(addr).send(prepared.topic, self._payload(prepared, mq, sharding_key),
+                                                  timeout=left)
+            return SendResult.from_dict(answer)
+
+        return self._with_retries(prepared.topic, timeout, ordered, attempt)
+
+    def send_async(self, msg: Message, callback: SendCallback | None = None, timeout: float | None = None, *,
+                   sharding_key: str | None = None,
+                   queue_selector: QueueSelectorFn | None = None) -> concurrent.futures.Future[SendResult]:
+        """Send on the producer's pool; returns a future of the :class:`SendResult`.
+
+        The message is validated now (bad input raises here, not in the future).  ``callback``
+        is called with ``(result, None)`` or ``(None, error)`` when the send finishes.
+        """
+        self._check_running()
+        prepared = self._prepare(msg)
+        assert self._executor is not None
+        future = self._executor.submit(self._send_prepared, prepared, timeout, sharding_key, queue_selector)
+        if callback is not None:
+            def done(f: concurrent.futures.Future[SendResult]) -> None:
+                error = f.exception()
+                try:
+                    callback(None if error else f.result(), error)
+                except Exception:  # a failing callback must not disappear silently
+                    log.exception("send callback failed")
+            future.add_done_callback(done)
+        return future
+
+    def send_oneway(self, msg: Message, *, sharding_key: str | None = None,
+                    queue_selector: QueueSelectorFn | None = None) -> None:
+        """Send without waiting for (or reporting) the outcome: one attempt, no retry, errors only logged.
+
+        The request still goes out on the producer's pool; :meth:`shutdown` waits for queued ones.
+        """
+        self._check_running()
+        prepared = self._prepare(msg)
+        assert self._executor is not None
+
+        def run() -> None:
+            try:
+                self._send_prepared(prepared, None, sharding_key, queue_selector, retries=False)
+            except Exception as exc:  # one-way: nobody to tell
+                log.warning("one-way send to %s failed: %s", prepared.topic, exc)
+
+        self._executor.submit(run)
+
+    def send_batch(self, msgs: Sequence[Message], timeout: float | None = None, *, sharding_key: str | None = None,
+                   queue_selector: QueueSelectorFn | None = None, arrow: bool = False) -> list[SendResult]:
+        """Send messages of one topic to one queue in one request (consecutive offsets); one result per message.
+
+        ``arrow=True`` sends an Arrow IPC stream of ``SEND_SCHEMA`` instead of JSON (the broker
+        then makes the message ids).  When the bodies together exceed ``compress_threshold`` every
+        body is compressed.  Retries and ordering are as for :meth:`send`.
+        """
+        self._check_running()
+        if not msgs:
+            raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, "a batch needs at least one message")
+        topics = {m.topic for m in msgs if isinstance(m, Message)}
+        if len(topics) != 1 or not all(isinstance(m, Message) for m in msgs):
+            raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, f"a batch holds Messages of one topic, got topics {topics}")
+        # One flag per request: a batch compresses all its bodies or none.
+        compress = sum(len(m.body) for m in msgs if isinstance(m.body, bytes | bytearray | memoryview)) \
+            > self.config.compress_threshold
+        prepared = [self._prepare(m, compress) for m in msgs]
+        topic = prepared[0].topic
+
+        ordered = None
+        if sharding_key is not None or queue_selector is not None:
+            def ordered(route: TopicRouteInfo) -> MessageQueue:
+                return self._ordered_queue(route, msgs[0], sharding_key, queue_selector)
+
+        def attempt(addr: str, mq: MessageQueue, left: float) -> list[SendResult]:
+            params = {"queue_id": mq.queue_id, "sharding_key": sharding_key, "producer_group": self.group,
+                      "compressed": "true" if compress else "false"}
+            client = self._brokers.get(addr)
+            if arrow:
+                rows = [SendRow(p.body, p.message.tags, tuple(p.message.keys), dict(p.message.properties))
+                        for p in prepared]
+                answer = client.send_batch(topic, params, arrow=to_ipc(send_rows_to_arrow(rows)), timeout=left)
+            else:
+                answer = client.send_batch(topic, params, messages=[
+                    {"body": encode_body(p.body), "body_encoding": "base64", "tags": p.message.tags,
+                     "keys": list(p.message.keys), "properties": dict(p.message.properties), "msg_id": p.msg_id}
+                    for p in prepared], timeout=left)
+            status = _status(answer.get("status"))
+            return [SendResult(status, str(r.get("msg_id", "")), str(r.get("offset_msg_id", "")), answer["topic"],
+                               answer["broker_name"], int(answer["queue_id"]), int(r["queue_offset"]),
+                               int(answer.get("store_timestamp") or 0)) for r in answer["results"]]
+
+        return self._with_retries(topic, timeout, ordered, attempt)
+
+    # -- periodic work -----------------------------------------------------------------------
+    def _known_addrs(self) -> list[str]:
+        addrs: set[str] = set()
+        for topic in self._routes.topics():
+            route = self._routes.cached(topic)
+            if route is not None:
+                addrs.update(route.master_addrs())
+        return sorted(addrs)
+
+    def send_heartbeats(self) -> None:
+        """Tell every master this producer sends to that it is alive (done every ``heartbeat_interval_s``)."""
+        body = {"client_id": self.client_id, "producer_groups": [self.group], "consumers": []}
+        for addr in self._known_addrs():
+            try:
+                self._brokers.get(addr).heartbeat(body)
+            except SparkMQError as exc:
+                log.debug("producer heartbeat to %s failed: %s", addr, exc)
+
+    def _probe_isolated(self) -> None:
+        # RocketMQ 5's detector: an isolated broker that answers again is usable again at once.
+        for broker_name in self.fault.unreachable_brokers():
+            addr = next((a for t in self._routes.topics() if (r := self._routes.cached(t))
+                         and (a := r.master_addr(broker_name))), None)
+            if addr is None:
+                continue
+            try:
+                self._brokers.get(addr).health(timeout=1.0)
+            except SparkMQError:
+                continue
+            log.info("broker %s (%s) answers again; lifting its isolation", broker_name, addr)
+            self.fault.remove(broker_name)
+
+    def route(self, topic: str) -> TopicRouteInfo:
+        """The route this producer uses for ``topic`` (fetched if needed)."""
+        return self._route(topic)

@@ -1,0 +1,473 @@
+"""Thin HTTP wrappers over the name server and broker APIs (``docs/http-api.md``).
+
+* :class:`NameServerClient` asks one name server at a time and sticks to the one that
+  answered; when it stops answering, the next one is tried, so clients keep working
+  while any name server is up.
+* :class:`BrokerClient` is one pooled ``httpx.Client`` per broker address with one
+  method per endpoint; :class:`AsyncBrokerClient` does the two long polls (pull and
+  membership changes) on an ``httpx.AsyncClient`` for the consumers' event loop.
+
+Every error response ``{"code", "message"}`` becomes ``SparkMQError(ErrorCode[code], message)``;
+a connection failure or timeout becomes :class:`RemotingError` (a ``SparkMQError`` with
+code ``SERVICE_NOT_AVAILABLE``), so callers handle one exception type.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from ..common.errors import ErrorCode, SparkMQError
+from ..common.wire import (
+    ARROW_STREAM,
+    PULL_HEADERS,
+    ReceivedMessage,
+    from_ipc,
+    received_from_arrow,
+    received_from_json,
+)
+
+__all__ = [
+    "RemotingError",
+    "PullResult",
+    "error_from_response",
+    "NameServerClient",
+    "BrokerClient",
+    "BrokerClientPool",
+    "AsyncBrokerClient",
+    "base_url",
+]
+
+log = logging.getLogger("sparkmq.client")
+
+#: Pull statuses (docs/http-api.md).
+FOUND = "FOUND"
+NO_NEW_MSG = "NO_NEW_MSG"
+NO_MATCHED_MSG = "NO_MATCHED_MSG"
+OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+OFFSET_OVERFLOW = "OFFSET_OVERFLOW"
+NO_MATCHED_QUEUE = "NO_MATCHED_QUEUE"
+
+
+class RemotingError(SparkMQError):
+    """The peer could not be reached or did not answer in time (code SERVICE_NOT_AVAILABLE).
+
+    ``timed_out`` tells a timeout (the request may have been processed) from a refused
+    or reset connection (it was not).
+    """
+
+    def __init__(self, addr: str, message: str, *, timed_out: bool = False) -> None:
+        super().__init__(ErrorCode.SERVICE_NOT_AVAILABLE, f"{addr}: {message}")
+        self.addr = addr
+        self.timed_out = timed_out
+
+
+#: Requests are small and answered at once: without TCP_NODELAY the body write (httpcore writes
+#: headers and body separately) waits for the server's delayed ACK, ~40 ms per request.
+_SOCKET_OPTIONS = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+
+
+def _sync_transport(limits: httpx.Limits) -> httpx.HTTPTransport:
+    return httpx.HTTPTransport(limits=limits, socket_options=_SOCKET_OPTIONS)
+
+
+def base_url(addr: str) -> str:
+    """``http://host:port`` for a ``host:port`` address (an URL is returned unchanged)."""
+    return addr if addr.startswith(("http://", "https://")) else f"http://{addr}"
+
+
+def _transport_error(addr: str, exc: httpx.HTTPError) -> RemotingError:
+    timed_out = isinstance(exc, httpx.TimeoutException)
+    kind = "timed out" if timed_out else "unreachable"
+    return RemotingError(addr, f"{kind} ({type(exc).__name__}: {exc})", timed_out=timed_out)
+
+
+def _code_for_status(status: int) -> ErrorCode:
+    # Only used when the body carries no code we know (a proxy page, a route that does not exist).
+    if status == 503:
+        return ErrorCode.SERVICE_NOT_AVAILABLE
+    return ErrorCode.INTERNAL_ERROR if status >= 500 else ErrorCode.INVALID_ARGUMENT
+
+
+def error_from_response(resp: httpx.Response) -> SparkMQError:
+    """The ``SparkMQError`` an error response stands for.
+
+    A known ``code`` maps back exactly; an unknown one (a newer server) keeps its name in
+    the message under the code of its HTTP status, as does a body that is not an error object.
+
+    Example::
+
+        >>> r = httpx.Response(404, json={"code": "TOPIC_NOT_EXIST", "message": "no topic t"})
+        >>> str(error_from_response(r))
+        'TOPIC_NOT_EXIST: no topic t'
+    """
+    try:
+        body = resp.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("code"), str):
+        name, message = body["code"], str(body.get("message", ""))
+        code = ErrorCode.__members__.get(name)
+        if code is not None:
+            return SparkMQError(code, message)
+        return SparkMQError(_code_for_status(resp.status_code), f"{name}: {message}")
+    text = resp.text[:300] if resp.content else resp.reason_phrase
+    return SparkMQError(_code_for_status(resp.status_code), f"HTTP {resp.status_code}: {text}")
+
+
+def _json(resp: httpx.Response) -> Any:
+    if resp.status_code >= 400:
+        raise error_from_response(resp)
+    try:
+        return resp.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"{resp.url}: the answer is not JSON ({exc})") from None
+
+
+@dataclass(slots=True)
+class PullResult:
+    """One pull's answer: status, where to pull next, the queue's bounds and the messages (bodies inflated)."""
+
+    status: str
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    messages: list[ReceivedMessage] = field(default_factory=list)
+
+
+def _pull_params(offset: int, max_messages: int, tags: str, wait_ms: int, group: str | None,
+                 client_id: str | None) -> dict[str, Any]:
+    params: dict[str, Any] = {"offset": offset, "max": max_messages, "tags": tags or "*", "wait_ms": wait_ms}
+    if group:
+        params["group"] = group
+    if client_id:
+        params["client_id"] = client_id
+    return params
+
+
+def _parse_pull(resp: httpx.Response) -> PullResult:
+    if resp.status_code >= 400:
+        raise error_from_response(resp)
+    if resp.headers.get("content-type", "").startswith(ARROW_STREAM):
+        h = resp.headers
+        messages = received_from_arrow(from_ipc(resp.content)) if resp.content else []
+        return PullResult(h.get(PULL_HEADERS["status"], FOUND if messages else NO_NEW_MSG),
+                          int(h.get(PULL_HEADERS["next_offset"], 0)), int(h.get(PULL_HEADERS["min_offset"], 0)),
+                          int(h.get(PULL_HEADERS["max_offset"], 0)), messages)
+    body = _json(resp)
+    return PullResult(body["status"], int(body["next_offset"]), int(body.get("min_offset", 0)),
+                      int(body.get("max_offset", 0)), [received_from_json(m) for m in body.get("messages") or ()])
+
+
+# -- name servers ---------------------------------------------------------------------------
+
+class NameServerClient:
+    """Asks name servers for routes and the cluster view, failing over between them.
+
+    Requests go to the last name server that answered; a connection failure or a 5xx
+    moves on to the next one (in the configured order, wrapping around).  A 4xx answer is
+    a real answer (for example TOPIC_NOT_EXIST) and is raised as is.
+
+    Example::
+
+        >>> ns = NameServerClient(["127.0.0.1:9876", "127.0.0.1:9877"], timeout_s=3.0)
+        >>> ns.current
+        '127.0.0.1:9876'
+        >>> ns.close()
+    """
+
+    def __init__(self, addrs: Sequence[str], timeout_s: float, *, transport: httpx.BaseTransport | None = None) -> None:
+        if not addrs:
+            raise ValueError("at least one name server address is needed")
+        self.addrs = tuple(addrs)
+        self._timeout = timeout_s
+        self._index = 0
+        self._lock = threading.Lock()
+        self._http = httpx.Client(timeout=timeout_s,
+                                  transport=transport or _sync_transport(httpx.Limits(max_connections=20)))
+
+    @property
+    def current(self) -> str:
+        """The name server requests go to first."""
+        return self.addrs[self._index]
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """``method path`` on the current name server, failing over; the decoded JSON answer."""
+        with self._lock:
+            start = self._index
+        last: SparkMQError | None = None
+        for step in range(len(self.addrs)):
+            index = (start + step) % len(self.addrs)
+            addr = self.addrs[index]
+            try:
+                resp = self._http.request(method, base_url(addr) + path, **kwargs)
+            except httpx.HTTPError as exc:
+                last = _transport_error(addr, exc)
+                log.debug("name server %s failed: %s", addr, last)
+                continue
+            if resp.status_code >= 500:
+                last = error_from_response(resp)
+                continue
+            with self._lock:
+                if self._index != index:
+                    log.info("name server %s answers; switching to it from %s", addr, self.addrs[self._index])
+                self._index = index
+            return _json(resp)
+        assert last is not None
+        raise last
+
+    def each(self, method: str, path: str, **kwargs: Any) -> dict[str, Any | SparkMQError]:
+        """``method path`` on every name server: answer or error by address (for admin writes)."""
+        out: dict[str, Any | SparkMQError] = {}
+        for addr in self.addrs:
+            try:
+                out[addr] = _json(self._http.request(method, base_url(addr) + path, **kwargs))
+            except httpx.HTTPError as exc:
+                out[addr] = _transport_error(addr, exc)
+            except SparkMQError as exc:
+                out[addr] = exc
+        return out
+
+    def topic_route(self, topic: str) -> dict[str, Any]:
+        """``GET /routes/{topic}``: ``{"queue_datas": [...], "broker_datas": [...]}``; TOPIC_NOT_EXIST if none."""
+        return self.request("GET", f"/routes/{topic}")
+
+    def cluster_info(self) -> dict[str, Any]:
+        """``GET /cluster``: clusters, brokers (addresses by id) and live broker addresses."""
+        return self.request("GET", "/cluster")
+
+    def topic_list(self) -> list[str]:
+        """``GET /topics``: every topic some live broker serves, sorted."""
+        return list(self.request("GET", "/topics")["topics"])
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+
+# -- brokers ---------------------------------------------------------------------------------
+
+class BrokerClient:
+    """The broker API at one address over one pooled ``httpx.Client``; every method raises ``SparkMQError``.
+
+    Example::
+
+        >>> b = BrokerClient("127.0.0.1:10911", timeout_s=3.0)
+        >>> b.url
+        'http://127.0.0.1:10911'
+        >>> b.close()
+    """
+
+    def __init__(self, addr: str, timeout_s: float, *, transport: httpx.BaseTransport | None = None) -> None:
+        self.addr = addr
+        self.url = base_url(addr)
+        self._timeout = timeout_s
+        # Sends come from many threads at once; keep enough idle connections for them.
+        limits = httpx.Limits(max_connections=200, max_keepalive_connections=64)
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s,
+                                  transport=transport or _sync_transport(limits))
+
+    def _call(self, method: str, path: str, *, timeout: float | None = None, **kwargs: Any) -> httpx.Response:
+        try:
+            return self._http.request(method, path, timeout=timeout if timeout is not None else self._timeout,
+                                      **kwargs)
+        except httpx.HTTPError as exc:
+            raise _transport_error(self.addr, exc) from None
+
+    def _get(self, path: str, **kwargs: Any) -> Any:
+        return _json(self._call("GET", path, **kwargs))
+
+    def _post(self, path: str, body: Any, **kwargs: Any) -> Any:
+        return _json(self._call("POST", path, json=body, **kwargs))
+
+    # sending
+    def send(self, topic: str, message: Mapping[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        """``POST /topics/{topic}/messages`` with one message object; the send result object."""
+        return self._post(f"/topics/{topic}/messages", dict(message), timeout=timeout)
+
+    def send_batch(self, topic: str, params: Mapping[str, Any], *, messages: list[dict[str, Any]] | None = None,
+                   arrow: bytes | None = None, timeout: float | None = None) -> dict[str, Any]:
+        """``POST /topics/{topic}/batch``: JSON ``messages`` or an Arrow IPC stream of SEND_SCHEMA."""
+        query = {k: v for k, v in params.items() if v is not None}
+        if arrow is not None:
+            resp = self._call("POST", f"/topics/{topic}/batch", params=query, content=arrow,
+                              headers={"Content-Type": ARROW_STREAM}, timeout=timeout)
+            return _json(resp)
+        return self._post(f"/topics/{topic}/batch", {"messages": messages or []}, params=query, timeout=timeout)
+
+    # pulling
+    def pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, *, tags: str = "*",
+             wait_ms: int = 0, group: str | None = None, client_id: str | None = None, arrow: bool = False,
+             timeout: float | None = None) -> PullResult:
+        """``GET /topics/{topic}/queues/{queue_id}/messages``; ``timeout`` must exceed ``wait_ms``."""
+        headers = {"Accept": ARROW_STREAM} if arrow else None
+        resp = self._call("GET", f"/topics/{topic}/queues/{queue_id}/messages", headers=headers,
+                          params=_pull_params(offset, max_messages, tags, wait_ms, group, client_id),
+                          timeout=timeout if timeout is not None else self._timeout + wait_ms / 1000)
+        return _parse_pull(resp)
+
+    def queue_offsets(self, topic: str, queue_id: int, timestamp: int | None = None) -> dict[str, int]:
+        """``GET .../offsets``: ``min_offset``, ``max_offset`` and, for a timestamp, ``offset``."""
+        params = {"timestamp": timestamp} if timestamp is not None else None
+        return self._get(f"/topics/{topic}/queues/{queue_id}/offsets", params=params)
+
+    # clients and groups
+    def heartbeat(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /clients/heartbeat``: ``{"groups": {group: {"version": n}}}``."""
+        return self._post("/clients/heartbeat", dict(body))
+
+    def unregister(self, client_id: str, producer_groups: Sequence[str] = (),
+                   consumer_groups: Sequence[str] = ()) -> dict[str, Any]:
+        """``POST /clients/unregister``."""
+        return self._post("/clients/unregister", {"client_id": client_id, "producer_groups": list(producer_groups),
+                                                  "consumer_groups": list(consumer_groups)})
+
+    def consumer_groups(self) -> list[str]:
+        """``GET /consumers``: the groups with members on this broker."""
+        return list(self._get("/consumers")["groups"])
+
+    def consumer_group(self, group: str) -> dict[str, Any]:
+        """``GET /consumers/{group}``: version, sorted member ids, model and subscriptions."""
+        return self._get(f"/consumers/{group}")
+
+    def group_changes(self, group: str, version: int, wait_ms: int, timeout: float | None = None) -> dict[str, Any]:
+        """``GET /consumers/{group}/changes``: long-polls until the membership version differs from ``version``."""
+        return self._get(f"/consumers/{group}/changes", params={"version": version, "wait_ms": wait_ms},
+                         timeout=timeout if timeout is not None else self._timeout + wait_ms / 1000)
+
+    # offsets
+    def commit_offsets(self, group: str, offsets: Sequence[Mapping[str, Any]]) -> int:
+        """``POST /consumers/{group}/offsets``; how many were committed."""
+        return int(self._post(f"/consumers/{group}/offsets", {"offsets": [dict(o) for o in offsets]})["committed"])
+
+    def query_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """``GET /consumers/{group}/offsets/{topic}/{queue_id}``; -1 when never committed."""
+        return int(self._get(f"/consumers/{group}/offsets/{topic}/{queue_id}")["offset"])
+
+    def group_offsets(self, group: str, topic: str | None = None) -> dict[str, dict[str, int]]:
+        """``GET /consumers/{group}/offsets``: ``{topic: {queue_id (str): offset}}``."""
+        params = {"topic": topic} if topic else None
+        return dict(self._get(f"/consumers/{group}/offsets", params=params).get("offsets") or {})
+
+    def group_lag(self, group: str, topic: str | None = None) -> dict[str, Any]:
+        """``GET /consumers/{group}/lag``: ``total_lag`` and per-queue broker / consumer offsets."""
+        params = {"topic": topic} if topic else None
+        return self._get(f"/consumers/{group}/lag", params=params)
+
+    # topics
+    def topics(self) -> list[dict[str, Any]]:
+        """``GET /topics``: this broker's topic configs."""
+        return list(self._get("/topics")["topics"])
+
+    def topic(self, topic: str) -> dict[str, Any]:
+        """``GET /topics/{topic}``: one config."""
+        return self._get(f"/topics/{topic}")
+
+    def create_topic(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /topics``: create or update; the config as stored."""
+        return self._post("/topics", dict(config))
+
+    def delete_topic(self, topic: str) -> dict[str, Any]:
+        """``DELETE /topics/{topic}``: ``{"topic", "deleted"}``."""
+        return _json(self._call("DELETE", f"/topics/{topic}"))
+
+    def topic_stats(self, topic: str) -> dict[str, Any]:
+        """``GET /topics/{topic}/stats``: min/max offset and last store time per queue."""
+        return self._get(f"/topics/{topic}/stats")
+
+    # messages, broker
+    def message(self, offset_msg_id: str) -> ReceivedMessage:
+        """``GET /messages/{offset_msg_id}``: one stored message, body inflated."""
+        return received_from_json(self._get(f"/messages/{offset_msg_id}"))
+
+    def broker_info(self) -> dict[str, Any]:
+        """``GET /broker``: name, id, role, commit log bounds."""
+        return self._get("/broker")
+
+    def health(self, timeout: float | None = None) -> dict[str, Any]:
+        """``GET /health``."""
+        return self._get("/health", timeout=timeout)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+
+class BrokerClientPool:
+    """One :class:`BrokerClient` per address, made on first use; thread-safe.
+
+    Example::
+
+        >>> pool = BrokerClientPool(timeout_s=3.0)
+        >>> pool.get("127.0.0.1:10911") is pool.get("127.0.0.1:10911")
+        True
+        >>> pool.close()
+    """
+
+    def __init__(self, timeout_s: float, *, transport: httpx.BaseTransport | None = None) -> None:
+        self._timeout = timeout_s
+        self._transport = transport
+        self._clients: dict[str, BrokerClient] = {}
+        self._lock = threading.Lock()
+
+    def get(self, addr: str) -> BrokerClient:
+        """The client for ``addr``."""
+        with self._lock:
+            client = self._clients.get(addr)
+            if client is None:
+                client = self._clients[addr] = BrokerClient(addr, self._timeout, transport=self._transport)
+            return client
+
+    def close(self) -> None:
+        """Close every client."""
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            client.close()
+
+
+class AsyncBrokerClient:
+    """The two long polls (pull, membership changes) on one shared ``httpx.AsyncClient``.
+
+    One instance serves every broker (requests carry full URLs), so a consumer holding a
+    long poll per queue needs one connection per poll and nothing else.
+    """
+
+    def __init__(self, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        # No connection cap: every assigned queue holds a long poll open at all times.
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        self._http = httpx.AsyncClient(
+            transport=transport or httpx.AsyncHTTPTransport(limits=limits, socket_options=_SOCKET_OPTIONS))
+
+    async def pull(self, addr: str, topic: str, queue_id: int, offset: int, max_messages: int, *, tags: str,
+                   wait_ms: int, timeout: float, group: str | None = None, client_id: str | None = None,
+                   arrow: bool = False) -> PullResult:
+        """Async twin of :meth:`BrokerClient.pull`."""
+        headers = {"Accept": ARROW_STREAM} if arrow else None
+        try:
+            resp = await self._http.get(f"{base_url(addr)}/topics/{topic}/queues/{queue_id}/messages",
+                                        params=_pull_params(offset, max_messages, tags, wait_ms, group, client_id),
+                                        headers=headers, timeout=timeout)
+        except httpx.HTTPError as exc:
+            raise _transport_error(addr, exc) from None
+        return _parse_pull(resp)
+
+    async def group_changes(self, addr: str, group: str, version: int, wait_ms: int,
+                            timeout: float) -> dict[str, Any]:
+        """Async twin of :meth:`BrokerClient.group_changes`."""
+        try:
+            resp = await self._http.get(f"{base_url(addr)}/consumers/{group}/changes",
+                                        params={"version": version, "wait_ms": wait_ms}, timeout=timeout)
+        except httpx.HTTPError as exc:
+            raise _transport_error(addr, exc) from None
+        return _json(resp)
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()

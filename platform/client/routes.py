@@ -1,0 +1,225 @@
+"""Topic routes as clients use them: queue lists to send to and to pull from, and broker addresses.
+
+A name server answers ``GET /routes/{topic}`` with queue data per broker name (read and
+write queue counts, perm) and the broker names' addresses by broker id (0 = master).
+:class:`TopicRouteInfo` turns that into
+
+* ``write_queues`` -- ``write_queue_nums`` queues of every broker whose perm has WRITE and
+  that has a live master (sends go to masters only), sorted;
+* ``read_queues`` -- ``read_queue_nums`` queues of every broker whose perm has READ and that
+  has any live address (a consumer may read from a slave while the master is down), sorted.
+
+:class:`TopicRouteCache` keeps one per topic and refreshes them every 30 s.  For a topic no
+name server knows yet, :meth:`TopicRouteCache.get` can build a *default route* from the
+cluster view: 4 queues on every master, as a broker auto-creates them on the first send
+(RocketMQ reaches the same brokers through the TBW102 template topic).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..common.errors import ErrorCode, SparkMQError
+from ..namesrv.perm import PERM_READ_WRITE, is_readable, is_writeable
+from .allocation import MessageQueue
+from .remoting import NameServerClient
+
+__all__ = ["QueueData", "TopicRouteInfo", "TopicRouteCache", "DEFAULT_TOPIC_QUEUE_NUMS", "MASTER_ID"]
+
+log = logging.getLogger("sparkmq.client")
+
+#: Queues a broker auto-creates for a new topic on its first send (RocketMQ defaultTopicQueueNums).
+DEFAULT_TOPIC_QUEUE_NUMS = 4
+#: Broker id of a master.
+MASTER_ID = 0
+
+
+@dataclass(frozen=True, slots=True)
+class QueueData:
+    """The queues one broker name serves for a topic."""
+
+    broker_name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+    topic_sys_flag: int = 0
+
+
+@dataclass(frozen=True)
+class TopicRouteInfo:
+    """One topic's route, with the queue lists derived from it.
+
+    Example::
+
+        >>> route = TopicRouteInfo.from_dict("t", {
+        ...     "queue_datas": [{"broker_name": "b", "read_queue_nums": 2, "write_queue_nums": 1, "perm": 6},
+        ...                     {"broker_name": "a", "read_queue_nums": 1, "write_queue_nums": 1, "perm": 4}],
+        ...     "broker_datas": [{"broker_name": "a", "broker_addrs": {"0": "h:1"}},
+        ...                      {"broker_name": "b", "broker_addrs": {"0": "h:2"}}]})
+        >>> [q.key for q in route.write_queues], [q.key for q in route.read_queues]
+        (['b/0'], ['a/0', 'b/0', 'b/1'])
+    """
+
+    topic: str
+    queue_datas: tuple[QueueData, ...]
+    #: broker name -> {broker id: address}
+    broker_addrs: Mapping[str, Mapping[int, str]]
+    #: True for a route made up from the cluster view while no name server knows the topic.
+    is_default: bool = False
+    fetched_at: float = field(default_factory=time.monotonic)
+    write_queues: tuple[MessageQueue, ...] = field(init=False)
+    read_queues: tuple[MessageQueue, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        writes: list[MessageQueue] = []
+        reads: list[MessageQueue] = []
+        for qd in self.queue_datas:
+            addrs = self.broker_addrs.get(qd.broker_name, {})
+            if is_writeable(qd.perm) and MASTER_ID in addrs:
+                writes.extend(MessageQueue(self.topic, qd.broker_name, i) for i in range(qd.write_queue_nums))
+            if is_readable(qd.perm) and addrs:
+                reads.extend(MessageQueue(self.topic, qd.broker_name, i) for i in range(qd.read_queue_nums))
+        object.__setattr__(self, "write_queues", tuple(sorted(writes)))
+        object.__setattr__(self, "read_queues", tuple(sorted(reads)))
+
+    @classmethod
+    def from_dict(cls, topic: str, data: Mapping[str, Any], *, is_default: bool = False) -> TopicRouteInfo:
+        """Build from the name server's JSON (``TopicRoute.to_dict()``); INTERNAL_ERROR if it is malformed."""
+        try:
+            queue_datas = tuple(sorted(
+                (QueueData(str(q["broker_name"]), int(q["read_queue_nums"]), int(q["write_queue_nums"]),
+                           int(q["perm"]), int(q.get("topic_sys_flag", 0))) for q in data["queue_datas"]),
+                key=lambda q: q.broker_name))
+            addrs = {str(b["broker_name"]): {int(i): str(a) for i, a in (b.get("broker_addrs") or {}).items()}
+                     for b in data["broker_datas"]}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"malformed route for {topic!r}: {exc!r}") from None
+        return cls(topic, queue_datas, addrs, is_default=is_default)
+
+    @classmethod
+    def default_from_cluster(cls, topic: str, cluster: Mapping[str, Any]) -> TopicRouteInfo:
+        """A route of :data:`DEFAULT_TOPIC_QUEUE_NUMS` read/write queues on every master in ``GET /cluster``."""
+        addrs: dict[str, dict[int, str]] = {}
+        for name, data in (cluster.get("brokers") or {}).items():
+            by_id = {int(i): str(a) for i, a in (data.get("broker_addrs") or {}).items()}
+            if MASTER_ID in by_id:
+                addrs[str(name)] = by_id
+        queue_datas = tuple(QueueData(name, DEFAULT_TOPIC_QUEUE_NUMS, DEFAULT_TOPIC_QUEUE_NUMS, PERM_READ_WRITE)
+                            for name in sorted(addrs))
+        return cls(topic, queue_datas, addrs, is_default=True)
+
+    @property
+    def broker_names(self) -> list[str]:
+        """Broker names in the route, sorted."""
+        return sorted(self.broker_addrs)
+
+    def master_addr(self, broker_name: str) -> str | None:
+        """The master's address of ``broker_name``, or None while it has none."""
+        return self.broker_addrs.get(broker_name, {}).get(MASTER_ID)
+
+    def read_addr(self, broker_name: str) -> str | None:
+        """Where to pull ``broker_name``'s queues: the master, else the slave with the lowest id."""
+        addrs = self.broker_addrs.get(broker_name, {})
+        if not addrs:
+            return None
+        return addrs.get(MASTER_ID) or addrs[min(addrs)]
+
+    def all_addrs(self) -> list[str]:
+        """Every broker address in the route (masters and slaves), sorted."""
+        return sorted({a for by_id in self.broker_addrs.values() for a in by_id.values()})
+
+    def master_addrs(self) -> list[str]:
+        """Every master address in the route, sorted."""
+        return sorted(a for by_id in self.broker_addrs.values() if (a := by_id.get(MASTER_ID)))
+
+    def same_queues(self, other: TopicRouteInfo | None) -> bool:
+        """Whether ``other`` has the same queues and addresses (a refresh that changed nothing)."""
+        return (other is not None and self.queue_datas == other.queue_datas
+                and {k: dict(v) for k, v in self.broker_addrs.items()}
+                == {k: dict(v) for k, v in other.broker_addrs.items()})
+
+
+class TopicRouteCache:
+    """Routes by topic, fetched on first use and refreshed by :meth:`refresh_all` (every 30 s).
+
+    Thread-safe.  A failed refresh keeps the last good route, as RocketMQ does: clients keep
+    working from what they know while name servers are unreachable.
+
+    Example::
+
+        >>> cache = TopicRouteCache(namesrv=None)  # doctest: +SKIP
+        >>> cache.get("orders").write_queues  # doctest: +SKIP
+    """
+
+    def __init__(self, namesrv: NameServerClient, *, miss_retry_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._namesrv = namesrv
+        self._miss_retry_s = miss_retry_s
+        self._clock = clock
+        self._routes: dict[str, TopicRouteInfo] = {}
+        self._lock = threading.Lock()
+
+    def topics(self) -> list[str]:
+        """Topics with a cached route."""
+        with self._lock:
+            return sorted(self._routes)
+
+    def cached(self, topic: str) -> TopicRouteInfo | None:
+        """The cached route of ``topic`` (no I/O)."""
+        with self._lock:
+            return self._routes.get(topic)
+
+    def get(self, topic: str, *, allow_default: bool = False) -> TopicRouteInfo:
+        """The route of ``topic``, fetched when not cached.
+
+        With ``allow_default`` (producers), a topic no name server knows gets a default route over
+        every master, re-asked for at most every ``miss_retry_s`` until the real one appears.
+        Raises TOPIC_NOT_EXIST (or the name servers' error) when there is no route.
+        """
+        route = self.cached(topic)
+        if route is not None and not (route.is_default and self._clock() - route.fetched_at >= self._miss_retry_s):
+            return route
+        try:
+            return self.refresh(topic)
+        except SparkMQError as exc:
+            if route is not None:
+                return route
+            if not allow_default or exc.code is not ErrorCode.TOPIC_NOT_EXIST:
+                raise
+        default = TopicRouteInfo.default_from_cluster(topic, self._namesrv.cluster_info())
+        if not default.write_queues:
+            raise SparkMQError(ErrorCode.TOPIC_NOT_EXIST, f"no route for {topic!r} and no live master to create it on")
+        default = TopicRouteInfo(topic, default.queue_datas, default.broker_addrs, is_default=True,
+                                 fetched_at=self._clock())
+        with self._lock:
+            self._routes.setdefault(topic, default)
+            return self._routes[topic]
+
+    def refresh(self, topic: str) -> TopicRouteInfo:
+        """Fetch ``topic``'s route now and cache it; raises when no name server has it."""
+        route = TopicRouteInfo.from_dict(topic, self._namesrv.topic_route(topic))
+        route = TopicRouteInfo(topic, route.queue_datas, route.broker_addrs, fetched_at=self._clock())
+        with self._lock:
+            old = self._routes.get(topic)
+            self._routes[topic] = route
+        if not route.same_queues(old):
+            log.info("route of %s: write %s, read %s", topic, [q.key for q in route.write_queues],
+                     [q.key for q in route.read_queues])
+        return route
+
+    def refresh_all(self) -> None:
+        """Refresh every cached topic; failures keep the last good route (and are logged)."""
+        for topic in self.topics():
+            try:
+                self.refresh(topic)
+            except SparkMQError as exc:
+                log.debug("route refresh of %s failed: %s", topic, exc)
+
+    def forget(self, topic: str) -> None:
+        """Drop ``topic`` from the cache."""
+        with self._lock:
+            self._routes.pop(topic, None)

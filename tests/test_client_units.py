@@ -1,0 +1,971 @@
+"""Client logic without servers: fault tolerance, process queues, routes, offset stores, errors,
+name server failover, producer routing/retries/compression and rebalance over ``httpx.MockTransport``."""
+from __future__ import annotations
+
+import base64
+import doctest
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from sparkmq.platform.client import (
+    ClientConfig,
+    LocalOffsetStore,
+    Message,
+    MessageQueue,
+    ProcessQueue,
+    Producer,
+    ReadOffsetType,
+    RemoteOffsetStore,
+    SendStatus,
+    Subscription,
+    TopicRouteInfo,
+)
+from sparkmq.platform.client import admin as admin_module
+from sparkmq.platform.client import config as config_module
+from sparkmq.platform.client import fault as fault_module
+from sparkmq.platform.client import offset_store as offset_store_module
+from sparkmq.platform.client import process_queue as process_queue_module
+from sparkmq.platform.client import producer as producer_module
+from sparkmq.platform.client import rebalance as rebalance_module
+from sparkmq.platform.client import remoting as remoting_module
+from sparkmq.platform.client import routes as routes_module
+from sparkmq.platform.client import scheduler as scheduler_module
+from sparkmq.platform.client.admin import AdminClient
+from sparkmq.platform.client.allocation import AllocateAveragely
+from sparkmq.platform.client.fault import (
+    LatencyFaultTolerance,
+    QueueSelector,
+    not_available_duration_ms,
+)
+from sparkmq.platform.client.rebalance import (
+    ConsumeFromWhere,
+    MessageModel,
+    RebalanceImpl,
+    parse_consume_from_where,
+    resolve_strategy,
+)
+from sparkmq.platform.client.remoting import BrokerClientPool, NameServerClient, RemotingError, error_from_response
+from sparkmq.platform.client.routes import TopicRouteCache
+from sparkmq.platform.client.scheduler import Scheduler
+from sparkmq.platform.common.errors import ErrorCode, SparkMQError
+from sparkmq.platform.common.ids import encode_offset_msg_id
+from sparkmq.platform.common.sysflag import COMPRESSED
+from sparkmq.platform.common.wire import ReceivedMessage, from_ipc, inflate, send_rows_from_arrow
+
+NS1, NS2 = "10.0.0.1:9876", "10.0.0.2:9876"
+BA, BB = "10.0.1.1:10911", "10.0.1.2:10911"
+
+
+# -- doctests ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("module", [config_module, fault_module, process_queue_module, offset_store_module,
+                                    routes_module, remoting_module, producer_module, rebalance_module,
+                                    scheduler_module, admin_module], ids=lambda m: m.__name__.rsplit(".", 1)[1])
+def test_docstring_examples(module: object) -> None:
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)  # type: ignore[arg-type]
+    assert result.failed == 0
+
+
+# -- fake servers ------------------------------------------------------------------------------------
+
+def _json(status: int, body: Any) -> httpx.Response:
+    return httpx.Response(status, json=body)
+
+
+def _error(code: ErrorCode, message: str) -> httpx.Response:
+    return _json(code.http_status, {"code": code.name, "message": message})
+
+
+class FakeBroker:
+    """Enough of the broker API for client tests: sends, offsets, groups, heartbeats."""
+
+    def __init__(self, name: str, addr: str, queues: int = 2) -> None:
+        self.name, self.addr = name, addr
+        self.sent: list[tuple[str, dict[str, Any]]] = []       # (topic, payload)
+        self.batches: list[tuple[str, dict[str, str], Any]] = []
+        self.next_offsets: dict[tuple[str, int], int] = {}
+        self.fail_with: ErrorCode | None = None
+        self.members: list[str] = []
+        self.committed: dict[tuple[str, str, int], int] = {}
+        self.bounds: dict[tuple[str, int], tuple[int, int]] = {}  # (topic, qid) -> (min, max)
+        self.ts_offset = 7
+        self.heartbeats: list[dict[str, Any]] = []
+        self.topic_configs: dict[str, dict[str, Any]] = {}
+        self.queues = queues
+
+    def _stored(self, topic: str, queue_id: int) -> int:
+        offset = self.next_offsets.get((topic, queue_id), 0)
+        self.next_offsets[(topic, queue_id)] = offset + 1
+        return offset
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        path, method = request.url.path, request.method
+        parts = path.strip("/").split("/")
+        if self.fail_with is not None and parts[0] == "topics" and method == "POST":
+            return _error(self.fail_with, "injected failure")
+        if method == "POST" and len(parts) == 3 and parts[2] == "messages":
+            payload = json.loads(request.content)
+            self.sent.append((parts[1], payload))
+            qid = payload["queue_id"]
+            offset = self._stored(parts[1], qid)
+            return _json(200, {"status": "SEND_OK", "msg_id": payload["msg_id"] or "GEN",
+                               "offset_msg_id": encode_offset_msg_id(self.addr, 1000 + offset), "topic": parts[1],
+                               "broker_name": self.name, "queue_id": qid, "queue_offset": offset,
+                               "store_timestamp": 1})
+        if method == "POST" and len(parts) == 3 and parts[2] == "batch":
+            params = dict(request.url.params)
+            if request.headers.get("content-type") == "application/vnd.apache.arrow.stream":
+                content: Any = send_rows_from_arrow(from_ipc(request.content))
+            else:
+                content = json.loads(request.content)["messages"]
+            self.batches.append((parts[1], params, content))
+            qid = int(params["queue_id"])
+            results = [{"msg_id": f"M{i}", "offset_msg_id": "X", "queue_offset": self._stored(parts[1], qid)}
+                       for i in range(len(content))]
+            return _json(200, {"status": "SEND_OK", "topic": parts[1], "broker_name": self.name, "queue_id": qid,
+                               "results": results})
+        if method == "POST" and path == "/topics":
+            body = json.loads(request.content)
+            self.topic_configs[body["topic"]] = body
+            return _json(200, body)
+        if method == "GET" and len(parts) == 5 and parts[4] == "offsets":
+            lo, hi = self.bounds.get((parts[1], int(parts[3])), (0, 0))
+            out = {"min_offset": lo, "max_offset": hi}
+            if "timestamp" in request.url.params:
+                out["offset"] = self.ts_offset
+            return _json(200, out)
+        if method == "POST" and path == "/clients/heartbeat":
+            self.heartbeats.append(json.loads(request.content))
+            return _json(200, {"groups": {}})
+        if method == "POST" and path == "/clients/unregister":
+            return _json(200, {})
+        if method == "GET" and len(parts) == 2 and parts[0] == "consumers":
+            return _json(200, {"group": parts[1], "version": 1, "members": sorted(self.members)})
+        if method == "GET" and len(parts) == 5 and parts[2] == "offsets":
+            return _json(200, {"offset": self.committed.get((parts[1], parts[3], int(parts[4])), -1)})
+        if method == "POST" and len(parts) == 3 and parts[2] == "offsets":
+            entries = json.loads(request.content)["offsets"]
+            for e in entries:
+                self.committed[(parts[1], e["topic"], e["queue_id"])] = e["offset"]
+            return _json(200, {"committed": len(entries)})
+        if method == "GET" and len(parts) == 3 and parts[2] == "offsets":
+            by_topic: dict[str, dict[str, int]] = {}
+            for (g, t, q), o in self.committed.items():
+                if g == parts[1]:
+                    by_topic.setdefault(t, {})[str(q)] = o
+            return _json(200, {"group": parts[1], "offsets": by_topic})
+        if method == "GET" and parts[0] == "messages":
+            return _json(200, {"topic": "t", "broker_name": self.name, "queue_id": 0, "queue_offset": 3,
+                               "msg_id": "U", "offset_msg_id": parts[1], "body": base64.b64encode(b"hi").decode()})
+        if method == "GET" and path == "/health":
+            return _json(200, {"status": "ok"})
+        return _error(ErrorCode.INVALID_ARGUMENT, f"fake broker has no {method} {path}")
+
+
+class FakeCluster:
+    """Two name servers and two brokers behind one ``httpx.MockTransport``."""
+
+    def __init__(self) -> None:
+        self.brokers = {BA: FakeBroker("broker-a", BA), BB: FakeBroker("broker-b", BB)}
+        self.down: set[str] = set()
+        self.ns_errors: dict[str, int] = {}   # name server -> HTTP status it answers with
+        self.requests: list[tuple[str, str, str]] = []
+        self.topics: dict[str, dict[str, int]] = {}  # topic -> broker name -> perm
+        self.lock = threading.Lock()
+
+    def route(self, topic: str) -> dict[str, Any]:
+        perms = self.topics[topic]
+        by_name = {b.name: b for b in self.brokers.values()}
+        return {"queue_datas": [{"broker_name": n, "read_queue_nums": by_name[n].queues,
+                                 "write_queue_nums": by_name[n].queues, "perm": p, "topic_sys_flag": 0}
+                                for n, p in sorted(perms.items())],
+                "broker_datas": [{"cluster": "c", "broker_name": n, "broker_addrs": {"0": by_name[n].addr}}
+                                 for n in sorted(perms)]}
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        addr = f"{request.url.host}:{request.url.port}"
+        with self.lock:
+            self.requests.append((addr, request.method, request.url.path))
+        if addr in self.down:
+            raise httpx.ConnectError("connection refused", request=request)
+        if addr in (NS1, NS2):
+            if addr in self.ns_errors:
+                return _json(self.ns_errors[addr], {"detail": "boom"})
+            parts = request.url.path.strip("/").split("/")
+            if parts[0] == "routes":
+                if parts[1] not in self.topics:
+                    return _error(ErrorCode.TOPIC_NOT_EXIST, f"no route for {parts[1]}")
+                return _json(200, self.route(parts[1]))
+            if parts[0] == "cluster":
+                return _json(200, {"clusters": {"c": ["broker-a", "broker-b"]},
+                                   "brokers": {b.name: {"cluster": "c", "broker_name": b.name,
+                                                        "broker_addrs": {"0": b.addr}}
+                                               for b in self.brokers.values()},
+                                   "live_brokers": {}})
+            if parts[0] == "topics":
+                return _json(200, {"topics": sorted(self.topics)})
+        return self.brokers[addr].handle(request)
+
+    def transport(self) -> httpx.MockTransport:
+        return httpx.MockTransport(self.handle)
+
+    def hits(self, addr: str) -> int:
+        with self.lock:
+            return sum(1 for a, _, _ in self.requests if a == addr)
+
+
+@pytest.fixture
+def cluster() -> FakeCluster:
+    c = FakeCluster()
+    c.topics["t"] = {"broker-a": 6, "broker-b": 6}
+    return c
+
+
+def _config(**kw: Any) -> ClientConfig:
+    return ClientConfig(namesrv_addrs=[NS1, NS2], **kw)
+
+
+@pytest.fixture
+def producer(cluster: FakeCluster) -> Any:
+    p = Producer("pg", _config(), transport=cluster.transport()).start()
+    yield p
+    p.shutdown()
+
+
+def _msg(body: bytes = b"hello", topic: str = "t", **kw: Any) -> Message:
+    return Message(topic, body, **kw)
+
+
+# -- config ----------------------------------------------------------------------------------
+
+def test_config_defaults_follow_rocketmq() -> None:
+    cfg = ClientConfig(namesrv_addrs="127.0.0.1:9876")
+    assert (cfg.send_timeout_s, cfg.retry_times, cfg.compress_threshold, cfg.compress_level) == (3.0, 2, 4096, 5)
+    assert (cfg.route_refresh_interval_s, cfg.heartbeat_interval_s, cfg.rebalance_interval_s,
+            cfg.offset_commit_interval_s) == (30.0, 30.0, 20.0, 5.0)
+    assert (cfg.consume_threads, cfg.pull_batch_size, cfg.flow_control_max_messages, cfg.flow_control_max_bytes,
+            cfg.max_offset_span) == (20, 32, 1000, 100 * 1024 * 1024, 2000)
+    assert cfg.pull_timeout_s > cfg.long_poll_wait_ms / 1000
+    a, b = cfg.new_client_id(), cfg.new_client_id()
+    assert a != b and a.count("@") == 2 and a.split("@")[1] == str(os.getpid())
+
+
+@pytest.mark.parametrize("kw", [{"namesrv_addrs": ""}, {"namesrv_addrs": "nohost"}, {"send_timeout_s": 0},
+                                {"retry_times": -1}, {"pull_format": "xml"}, {"compress_level": 10},
+                                {"heartbeat_interval_s": float("inf")}, {"consume_threads": True}])
+def test_config_rejects_bad_values(kw: dict[str, Any]) -> None:
+    kw = {"namesrv_addrs": "127.0.0.1:9876", **kw}
+    with pytest.raises(ValueError):
+        ClientConfig(**kw)
+
+
+# -- fault tolerance --------------------------------------------------------------------------
+
+def test_not_available_durations_follow_the_latency_table() -> None:
+    cases = {0: 0, 49: 0, 50: 0, 100: 0, 549: 0, 550: 30000, 999: 30000, 1000: 60000, 2000: 120000,
+             3000: 180000, 14999: 180000, 15000: 600000, 30000: 600000}
+    assert {k: not_available_duration_ms(k) for k in cases} == cases
+
+
+def test_fault_windows_expire_with_the_clock() -> None:
+    now = [100.0]
+    ft = LatencyFaultTolerance(clock=lambda: now[0])
+    ft.update("a", 1200)                       # 60 s
+    ft.update("b", 0, isolation=True, reachable=False)   # 600 s, unreachable
+    ft.update("c", 80)                         # available at once
+    assert [ft.is_available(n) for n in "abcd"] == [False, False, True, True]
+    assert ft.unreachable_brokers() == ["b"]
+    now[0] = 160.0
+    assert ft.is_available("a") and not ft.is_available("b")
+    now[0] = 700.0
+    assert ft.is_available("b") and ft.unreachable_brokers() == []
+    ft.update("a", 600)
+    ft.remove("a")
+    assert ft.is_available("a")
+
+
+def test_selector_round_robins_and_skips_unavailable_and_last_failed() -> None:
+    qs = [MessageQueue("t", b, i) for b in ("a", "b", "c") for i in range(2)]
+    ft = LatencyFaultTolerance()
+    sel = QueueSelector(ft)
+    assert [sel.select(qs) for _ in range(6)] == qs                     # plain round-robin
+    ft.update("b", 0, isolation=True)
+    picked = [sel.select(qs).broker_name for _ in range(12)]
+    assert "b" not in picked and set(picked) == {"a", "c"}
+    assert all(sel.select(qs, last_broker="a").broker_name == "c" for _ in range(6))
+    ft.update("a", 0, isolation=True)
+    ft.update("c", 0, isolation=True)
+    # Everyone is marked: still send somewhere (other than the broker that just failed when possible).
+    assert {sel.select(qs, last_broker="a").broker_name for _ in range(6)} == {"b", "c"}
+    assert sel.select([MessageQueue("t", "a", 0)], last_broker="a").broker_name == "a"
+    with pytest.raises(ValueError):
+        sel.select([])
+
+
+def test_selector_without_fault_tolerance_only_avoids_the_last_broker() -> None:
+    qs = [MessageQueue("t", b, 0) for b in ("a", "b")]
+    sel = QueueSelector(None)
+    assert {sel.select(qs, last_broker="a").broker_name for _ in range(4)} == {"b"}
+
+
+# -- process queue ----------------------------------------------------------------------------
+
+def _received(offset: int, size: int = 1, topic: str = "t", tags: str | None = None) -> ReceivedMessage:
+    return ReceivedMessage(topic, "broker-a", 0, offset, f"id{offset}", "", b"x" * size, tags=tags)
+
+
+def test_smallest_unfinished_offset_under_out_of_order_completion() -> None:
+    pq = ProcessQueue(MessageQueue("t", "broker-a", 0), next_offset=100)
+    assert pq.commit_offset() == 100                      # nothing pulled: where pulling starts
+    msgs = [_received(o) for o in range(100, 110)]
+    pq.on_pulled(msgs, next_offset=112)                   # 110, 111 were filtered out
+    assert pq.commit_offset() == 100
+    order = [105, 101, 109, 100, 103, 102, 104, 108, 106, 107]
+    expected = [100, 100, 100, 102, 102, 104, 106, 106, 107, 112]
+    got = [pq.remove([msgs[o - 100]]) for o in order]
+    assert got == expected
+    assert pq.msg_count == 0 and pq.msg_bytes == 0 and pq.in_flight_offsets() == []
+    pq.remove([msgs[0]])                                  # finishing twice changes nothing
+    assert pq.commit_offset() == 112
+
+
+def test_commit_offset_never_passes_a_message_being_consumed_concurrently() -> None:
+    pq = ProcessQueue(MessageQueue("t", "broker-a", 0), next_offset=0)
+    msgs = [_received(o) for o in range(2000)]
+    pq.on_pulled(msgs, next_offset=2000)
+    stuck = msgs[777]
+    others = [m for m in msgs if m is not stuck]
+    threads = [threading.Thread(target=lambda part=others[i::8]: [pq.remove([m]) for m in part]) for i in range(8)]
+    for t in threads:
+        t.start()
+    seen = []
+    while any(t.is_alive() for t in threads):
+        seen.append(pq.commit_offset())
+    for t in threads:
+        t.join()
+    assert max(seen + [pq.commit_offset()]) <= 777
+    assert pq.commit_offset() == 777
+    assert pq.remove([stuck]) == 2000
+
+
+def test_flow_control_thresholds() -> None:
+    mq = MessageQueue("t", "broker-a", 0)
+    pq = ProcessQueue(mq, 0, max_messages=3, max_bytes=100, max_span=10)
+    pq.on_pulled([_received(o) for o in range(3)], 3)
+    assert pq.flow_control_reason() is None               # at the limit is still fine
+    pq.on_pulled([_received(3)], 4)
+    assert pq.flow_control_reason() == "count"
+    pq = ProcessQueue(mq, 0, max_messages=1000, max_bytes=100, max_span=2000)
+    pq.on_pulled([_received(0, 60), _received(1, 41)], 2)
+    assert pq.flow_control_reason() == "size" and pq.msg_bytes == 101
+    pq = ProcessQueue(mq, 0, max_messages=1000, max_bytes=1 << 20, max_span=10)
+    first = _received(0)
+    pq.on_pulled([first, _received(10)], 11)
+    assert pq.offset_span() == 10 and pq.flow_control_reason() is None
+    pq.on_pulled([_received(11)], 12)
+    assert pq.flow_control_reason() == "span"
+    pq.remove([first])                                    # the stuck one finished: span is 1
+    assert pq.flow_control_reason() is None and pq.offset_span() == 1
+
+
+def test_dropped_flag_and_reset() -> None:
+    pq = ProcessQueue(MessageQueue("t", "broker-a", 0), 5)
+    pq.on_pulled([_received(5), _received(6)], 7)
+    assert not pq.dropped
+    pq.drop()
+    assert pq.dropped
+    pq.reset(3)
+    assert pq.msg_count == 0 and pq.commit_offset() == 3 and pq.next_offset == 3
+
+
+# -- routes ------------------------------------------------------------------------------------
+
+def _route(queue_datas: list[tuple[str, int, int, int]], addrs: dict[str, dict[str, str]]) -> TopicRouteInfo:
+    return TopicRouteInfo.from_dict("t", {
+        "queue_datas": [{"broker_name": n, "read_queue_nums": r, "write_queue_nums": w, "perm": p}
+                        for n, r, w, p in queue_datas],
+        "broker_datas": [{"cluster": "c", "broker_name": n, "broker_addrs": a} for n, a in addrs.items()]})
+
+
+def test_route_queue_lists_follow_perm_and_masters_and_are_sorted() -> None:
+    route = _route([("broker-c", 2, 2, 6), ("broker-a", 3, 2, 6), ("broker-b", 2, 2, 4), ("broker-d", 2, 2, 2),
+                    ("broker-e", 1, 1, 6)],
+                   {"broker-a": {"0": "a:1", "1": "a:2"}, "broker-b": {"0": "b:1"}, "broker-c": {"0": "c:1"},
+                    "broker-d": {"0": "d:1"}, "broker-e": {"1": "e:2"}})
+    assert [q.key for q in route.write_queues] == ["broker-a/0", "broker-a/1", "broker-c/0", "broker-c/1",
+                                                   "broker-d/0", "broker-d/1"]
+    # broker-d is write-only; broker-e has only a slave (readable, not writable).
+    assert [q.key for q in route.read_queues] == ["broker-a/0", "broker-a/1", "broker-a/2", "broker-b/0",
+                                                  "broker-b/1", "broker-c/0", "broker-c/1", "broker-e/0"]
+    assert route.master_addr("broker-a") == "a:1" and route.master_addr("broker-e") is None
+    assert route.read_addr("broker-e") == "e:2" and route.read_addr("nope") is None
+    assert route.all_addrs() == ["a:1", "a:2", "b:1", "c:1", "d:1", "e:2"]
+    assert route.master_addrs() == ["a:1", "b:1", "c:1", "d:1"]
+    assert all(q.topic == "t" for q in route.read_queues)
+
+
+def test_default_route_covers_every_master_with_four_queues() -> None:
+    route = TopicRouteInfo.default_from_cluster("new", {"brokers": {
+        "broker-b": {"broker_addrs": {"0": "b:1"}}, "broker-a": {"broker_addrs": {"0": "a:1", "1": "a:2"}},
+        "broker-s": {"broker_addrs": {"1": "s:2"}}}})
+    assert route.is_default
+    assert [q.key for q in route.write_queues] == [f"broker-{b}/{i}" for b in "ab" for i in range(4)]
+
+
+def test_malformed_route_is_an_internal_error() -> None:
+    with pytest.raises(SparkMQError) as err:
+        TopicRouteInfo.from_dict("t", {"queue_datas": [{"broker_name": "a"}], "broker_datas": []})
+    assert err.value.code is ErrorCode.INTERNAL_ERROR
+
+
+def test_route_cache_keeps_the_last_good_route_when_name_servers_fail(cluster: FakeCluster) -> None:
+    ns = NameServerClient([NS1, NS2], 1.0, transport=cluster.transport())
+    cache = TopicRouteCache(ns)
+    first = cache.get("t")
+    cluster.down |= {NS1, NS2}
+    cache.refresh_all()
+    assert cache.get("t") is first
+    with pytest.raises(RemotingError):
+        cache.get("other")
+    ns.close()
+
+
+# -- local offset store -------------------------------------------------------------------------
+
+def test_local_offset_store_persists_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    q0, q1 = MessageQueue("t", "broker-a", 0), MessageQueue("t", "broker-b", 1)
+    store = LocalOffsetStore("g", tmp_path)
+    store.update(q0, 10)
+    store.update(q1, 20)
+    assert store.persist_all() == 2
+    assert store.persist_all() == 0                        # nothing changed: nothing written
+    path = tmp_path / "g" / "offsets.json"
+    assert json.loads(path.read_text()) == {"group": "g", "offsets": {"t": {"broker-a/0": 10, "broker-b/1": 20}}}
+    before = path.read_bytes()
+
+    def crash(*_: object) -> None:
+        raise OSError("disk went away mid-rename")
+
+    store.update(q0, 11)
+    monkeypatch.setattr(os, "replace", crash)
+    assert store.persist_all() == 0                        # logged, not raised
+    with pytest.raises(SparkMQError):
+        store.persist_all(raise_errors=True)
+    monkeypatch.undo()
+    assert path.read_bytes() == before                     # the old file is whole
+    assert [p.name for p in path.parent.iterdir()] == ["offsets.json"]   # no temp file left behind
+    assert store.persist_all() == 1                        # still changed, so retried
+    fresh = LocalOffsetStore("g", tmp_path)
+    fresh.load()
+    assert fresh.table() == {q0: 11, q1: 20}
+    assert fresh.read(MessageQueue("t", "broker-a", 9)) == -1
+    assert fresh.read(q1, ReadOffsetType.MEMORY) == 20
+
+
+def test_local_offset_store_keeps_queues_it_no_longer_holds(tmp_path: Path) -> None:
+    q0, q1 = MessageQueue("t", "broker-a", 0), MessageQueue("t", "broker-a", 1)
+    store = LocalOffsetStore("g", tmp_path)
+    store.update(q0, 1)
+    store.update(q1, 2)
+    store.persist_all()
+    store.remove(q1)
+    store.update(q0, 5)
+    store.persist_all([q0])
+    assert LocalOffsetStore("g", tmp_path).read(q1, ReadOffsetType.STORE) == 2
+    assert LocalOffsetStore("g", tmp_path).read(q0, ReadOffsetType.STORE) == 5
+
+
+def test_corrupt_local_offsets_file_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "g").mkdir()
+    (tmp_path / "g" / "offsets.json").write_text("{not json")
+    with pytest.raises(SparkMQError) as err:
+        LocalOffsetStore("g", tmp_path).load()
+    assert err.value.code is ErrorCode.INTERNAL_ERROR and "offsets.json" in err.value.message
+
+
+def test_remote_offset_store_commits_per_broker_and_only_changes(cluster: FakeCluster) -> None:
+    pool = BrokerClientPool(1.0, transport=cluster.transport())
+    addrs = {"broker-a": BA, "broker-b": BB}
+    store = RemoteOffsetStore("g", pool, lambda mq: addrs.get(mq.broker_name))
+    qa, qb = MessageQueue("t", "broker-a", 0), MessageQueue("t", "broker-b", 1)
+    assert store.read(qa) == -1
+    store.update(qa, 5)
+    store.update(qb, 9)
+    assert store.persist_all() == 2
+    assert cluster.brokers[BA].committed == {("g", "t", 0): 5}
+    assert cluster.brokers[BB].committed == {("g", "t", 1): 9}
+    assert store.persist_all() == 0
+    store.update(qa, 4, increase_only=True)
+    assert store.read(qa, ReadOffsetType.MEMORY) == 5
+    cluster.down.add(BB)
+    store.update(qa, 6)
+    store.update(qb, 10)
+    with pytest.raises(RemotingError):
+        store.persist_all(raise_errors=True)
+    assert cluster.brokers[BA].committed[("g", "t", 0)] == 6   # the reachable broker still got its commit
+    cluster.down.clear()
+    assert store.persist_all() == 1 and cluster.brokers[BB].committed[("g", "t", 1)] == 10
+    cluster.brokers[BA].committed[("g", "t", 0)] = 42
+    assert store.read(qa, ReadOffsetType.STORE) == 42 and store.read(qa, ReadOffsetType.MEMORY) == 42
+    pool.close()
+
+
+# -- error mapping ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("response, code, text", [
+    (_error(ErrorCode.TOPIC_NOT_EXIST, "no t"), ErrorCode.TOPIC_NOT_EXIST, "no t"),
+    (_error(ErrorCode.MESSAGE_TOO_LARGE, "big"), ErrorCode.MESSAGE_TOO_LARGE, "big"),
+    (_json(503, {"code": "FLUSH_SLAVE_TIMEOUT_NEW", "message": "m"}), ErrorCode.SERVICE_NOT_AVAILABLE,
+     "FLUSH_SLAVE_TIMEOUT_NEW: m"),
+    (_json(409, {"code": "SOMETHING_NEW", "message": "m"}), ErrorCode.INVALID_ARGUMENT, "SOMETHING_NEW"),
+    (httpx.Response(502, text="<html>bad gateway</html>"), ErrorCode.INTERNAL_ERROR, "HTTP 502"),
+    (httpx.Response(503), ErrorCode.SERVICE_NOT_AVAILABLE, "HTTP 503"),
+    (_json(404, {"detail": "Not Found"}), ErrorCode.INVALID_ARGUMENT, "Not Found"),
+])
+def test_error_responses_map_back_to_stable_codes(response: httpx.Response, code: ErrorCode, text: str) -> None:
+    err = error_from_response(response)
+    assert type(err) is SparkMQError and err.code is code and text in err.message
+
+
+@pytest.mark.parametrize("code", list(ErrorCode))
+def test_every_error_code_round_trips(code: ErrorCode) -> None:
+    err = error_from_response(_json(code.http_status, SparkMQError(code, "why").to_dict()))
+    assert (err.code, err.message) == (code, "why")
+
+
+def test_connection_failures_and_timeouts_are_service_not_available() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    def slow(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("slow", request=request)
+
+    for handler, timed_out in ((refuse, False), (slow, True)):
+        pool = BrokerClientPool(1.0, transport=httpx.MockTransport(handler))
+        with pytest.raises(RemotingError) as err:
+            pool.get(BA).topics()
+        assert err.value.code is ErrorCode.SERVICE_NOT_AVAILABLE and err.value.timed_out is timed_out
+        assert isinstance(err.value, SparkMQError) and BA in err.value.message
+        pool.close()
+
+
+# -- name server failover ----------------------------------------------------------------------------
+
+def test_name_server_client_fails_over_and_sticks(cluster: FakeCluster) -> None:
+    ns = NameServerClient([NS1, NS2], 1.0, transport=cluster.transport())
+    assert ns.topic_list() == ["t"] and cluster.hits(NS1) == 1 and cluster.hits(NS2) == 0
+    cluster.down.add(NS1)
+    assert ns.topic_route("t")["queue_datas"]
+    assert ns.current == NS2 and cluster.hits(NS1) == 2 and cluster.hits(NS2) == 1
+    for _ in range(3):                                       # sticky: the dead one is not tried again
+        ns.cluster_info()
+    assert cluster.hits(NS1) == 2 and cluster.hits(NS2) == 4
+    cluster.down = {NS2}
+    cluster.ns_errors[NS1] = 500                              # a 5xx fails over as well ...
+    with pytest.raises(SparkMQError) as err:
+        ns.topic_list()
+    assert err.value.code is ErrorCode.INTERNAL_ERROR
+    cluster.ns_errors.clear()
+    assert ns.topic_list() == ["t"] and ns.current == NS1
+    with pytest.raises(SparkMQError) as err:                 # ... but a 4xx is an answer
+        ns.topic_route("missing")
+    assert err.value.code is ErrorCode.TOPIC_NOT_EXIST and ns.current == NS1
+    cluster.down = {NS1, NS2}
+    with pytest.raises(RemotingError):
+        ns.topic_list()
+    ns.close()
+
+
+def test_name_server_each_reports_per_address(cluster: FakeCluster) -> None:
+    ns = NameServerClient([NS1, NS2], 1.0, transport=cluster.transport())
+    cluster.down.add(NS2)
+    out = ns.each("GET", "/topics")
+    assert out[NS1] == {"topics": ["t"]} and isinstance(out[NS2], RemotingError)
+    ns.close()
+
+
+# -- producer ----------------------------------------------------------------------------------------
+
+def test_send_round_robins_over_every_write_queue(producer: Producer, cluster: FakeCluster) -> None:
+    results = [producer.send(_msg(f"m{i}".encode(), tags="A", keys=("k1", "k2"), properties={"p": "1"}))
+               for i in range(8)]
+    queues = [r.message_queue.key for r in results]
+    assert sorted(queues) == sorted([f"broker-{b}/{q}" for b in "ab" for q in range(2)] * 2)
+    assert all(r.status is SendStatus.SEND_OK for r in results)
+    assert len({r.msg_id for r in results}) == 8 and all(len(r.msg_id) == 32 for r in results)
+    topic, payload = cluster.brokers[BA].sent[0]
+    assert topic == "t" and payload["tags"] == "A" and payload["keys"] == ["k1", "k2"]
+    assert payload["properties"] == {"p": "1"} and payload["producer_group"] == "pg"
+    assert payload["body_encoding"] == "base64" and payload["compressed"] is False
+
+
+def test_failed_send_retries_on_another_broker_and_isolates_the_broker(producer: Producer,
+                                                                       cluster: FakeCluster) -> None:
+    cluster.down.add(BA)
+    results = [producer.send(_msg()) for _ in range(6)]
+    assert {r.broker_name for r in results} == {"broker-b"}
+    # The first send tried broker-a once (if round-robin started there); afterwards it is avoided.
+    assert cluster.hits(BA) <= 1
+    assert not producer.fault.is_available("broker-a")
+    assert producer.fault.unreachable_brokers() == ["broker-a"]
+    assert len({p["msg_id"] for _, p in cluster.brokers[BB].sent}) == 6
+
+
+def test_retry_keeps_the_message_id(producer: Producer, cluster: FakeCluster) -> None:
+    cluster.brokers[BA].fail_with = ErrorCode.SERVICE_NOT_AVAILABLE
+    cluster.brokers[BB].fail_with = ErrorCode.SERVICE_NOT_AVAILABLE
+    with pytest.raises(SparkMQError) as err:
+        producer.send(_msg())
+    assert err.value.code is ErrorCode.SERVICE_NOT_AVAILABLE
+    attempts = [(a, p) for a in (BA, BB) for a2, m, p in cluster.requests if a2 == a and m == "POST"]
+    assert len(attempts) == 3                                 # 1 + 2 retries
+    cluster.brokers[BA].fail_with = cluster.brokers[BB].fail_with = None
+    cluster.brokers[BA].fail_with = ErrorCode.DISK_FULL
+    producer.fault.remove("broker-a")
+    producer.fault.remove("broker-b")
+    ids = set()
+    for _ in range(4):
+        producer.send(_msg())
+    for _, payload in cluster.brokers[BB].sent:
+        ids.add(payload["msg_id"])
+    assert len(ids) == 4
+
+
+def test_send_failure_of_a_bad_message_is_not_retried(producer: Producer, cluster: FakeCluster) -> None:
+    cluster.brokers[BA].fail_with = ErrorCode.MESSAGE_ILLEGAL
+    cluster.brokers[BB].fail_with = ErrorCode.MESSAGE_ILLEGAL
+    with pytest.raises(SparkMQError) as err:
+        producer.send(_msg())
+    assert err.value.code is ErrorCode.MESSAGE_ILLEGAL
+    assert sum(1 for _, m, p in cluster.requests if m == "POST") == 1
+    assert producer.fault.is_available("broker-a") and producer.fault.is_available("broker-b")
+
+
+@pytest.mark.parametrize("msg, code", [
+    (Message("t", b""), ErrorCode.MESSAGE_ILLEGAL),
+    (Message("t", "text"), ErrorCode.MESSAGE_ILLEGAL),  # type: ignore[arg-type]
+    (Message("bad topic", b"x"), ErrorCode.TOPIC_ILLEGAL),
+    (Message("t", b"x" * (4 * 1024 * 1024 + 1)), ErrorCode.MESSAGE_TOO_LARGE),
+])
+def test_bad_messages_are_refused_before_any_request(producer: Producer, cluster: FakeCluster, msg: Message,
+                                                     code: ErrorCode) -> None:
+    before = len(cluster.requests)
+    with pytest.raises(SparkMQError) as err:
+        producer.send(msg)
+    assert err.value.code is code and len(cluster.requests) == before
+
+
+def test_ordered_send_sticks_to_one_queue_and_never_moves(producer: Producer, cluster: FakeCluster) -> None:
+    results = [producer.send(_msg(f"{i}".encode()), sharding_key="order-42") for i in range(5)]
+    assert len({r.message_queue for r in results}) == 1
+    assert [r.queue_offset for r in results] == list(range(5))
+    owner = results[0].broker_name
+    addr = BA if owner == "broker-a" else BB
+    cluster.down.add(addr)
+    before = len(cluster.requests)
+    with pytest.raises(RemotingError):
+        producer.send(_msg(), sharding_key="order-42")
+    assert [a for a, _, _ in cluster.requests[before:]] == [addr]    # one attempt, same queue
+    cluster.down.clear()
+    chosen = producer.send(_msg(), queue_selector=lambda qs, m: qs[-1])
+    assert chosen.message_queue == MessageQueue("t", "broker-b", 1)
+    with pytest.raises(SparkMQError) as err:
+        producer.send(_msg(), queue_selector=lambda qs, m: MessageQueue("t", "broker-z", 0))
+    assert err.value.code is ErrorCode.QUEUE_ID_ILLEGAL
+
+
+def test_bodies_above_the_threshold_are_compressed(producer: Producer, cluster: FakeCluster) -> None:
+    big = bytes(range(256)) * 20 + b"x"                       # 5121 bytes, compressible
+    exact = b"y" * 4096
+    producer.send(_msg(big))
+    producer.send(_msg(exact))
+    payloads = [p for b in (BA, BB) for _, p in cluster.brokers[b].sent]
+    compressed = [p for p in payloads if p["compressed"]]
+    plain = [p for p in payloads if not p["compressed"]]
+    assert len(compressed) == 1 and len(plain) == 1
+    wire_body = base64.b64decode(compressed[0]["body"])
+    assert len(wire_body) < len(big)
+    assert inflate(wire_body, COMPRESSED) == big
+    assert base64.b64decode(plain[0]["body"]) == exact
+
+
+def test_async_and_oneway_sends(producer: Producer, cluster: FakeCluster) -> None:
+    seen: list[tuple[Any, Any]] = []
+    done = threading.Event()
+
+    def callback(result: Any, error: Any) -> None:
+        seen.append((result, error))
+        done.set()
+
+    future = producer.send_async(_msg(b"async"), callback)
+    assert future.result(5).status is SendStatus.SEND_OK
+    assert done.wait(5) and seen[0][1] is None and seen[0][0] == future.result()
+    cluster.down |= {BA, BB}
+    failed = producer.send_async(_msg(b"doomed"))
+    assert isinstance(failed.exception(10), RemotingError)
+    cluster.down.clear()
+    with pytest.raises(SparkMQError):                         # validation happens at the call
+        producer.send_async(Message("t", b""))
+    producer.send_oneway(_msg(b"one-way"))
+    producer.shutdown()                                       # waits for queued one-way sends
+    bodies = [base64.b64decode(p["body"]) for b in (BA, BB) for _, p in cluster.brokers[b].sent]
+    assert b"one-way" in bodies and b"async" in bodies
+    with pytest.raises(SparkMQError) as err:
+        producer.send(_msg())
+    assert err.value.code is ErrorCode.SERVICE_NOT_AVAILABLE
+
+
+@pytest.mark.parametrize("arrow", [False, True])
+def test_batch_send_goes_to_one_queue(producer: Producer, cluster: FakeCluster, arrow: bool) -> None:
+    msgs = [_msg(f"b{i}".encode(), tags="T", keys=(f"k{i}",), properties={"i": str(i)}) for i in range(5)]
+    results = producer.send_batch(msgs, arrow=arrow)
+    assert len(results) == 5 and len({r.message_queue for r in results}) == 1
+    assert [r.queue_offset for r in results] == list(range(5))
+    broker = cluster.brokers[BA if results[0].broker_name == "broker-a" else BB]
+    topic, params, content = broker.batches[0]
+    assert topic == "t" and params["compressed"] == "false" and params["producer_group"] == "pg"
+    if arrow:
+        assert [r.body for r in content] == [m.body for m in msgs] and content[2].keys == ("k2",)
+    else:
+        assert [base64.b64decode(m["body"]) for m in content] == [m.body for m in msgs]
+        assert content[1]["properties"] == {"i": "1"} and len({m["msg_id"] for m in content}) == 5
+    with pytest.raises(SparkMQError):
+        producer.send_batch([_msg(), _msg(topic="u")])
+    with pytest.raises(SparkMQError):
+        producer.send_batch([])
+
+
+def test_large_batches_compress_every_body(producer: Producer, cluster: FakeCluster) -> None:
+    msgs = [_msg(b"z" * 3000), _msg(b"w" * 2000)]
+    producer.send_batch(msgs)
+    _, params, content = next(b for x in (BA, BB) for b in cluster.brokers[x].batches)
+    assert params["compressed"] == "true"
+    assert [inflate(base64.b64decode(m["body"]), COMPRESSED) for m in content] == [m.body for m in msgs]
+
+
+def test_unknown_topic_uses_a_default_route_over_every_master(producer: Producer, cluster: FakeCluster) -> None:
+    results = [producer.send(_msg(topic="fresh")) for _ in range(8)]
+    assert {r.broker_name for r in results} == {"broker-a", "broker-b"}
+    assert {r.queue_id for r in results} <= {0, 1, 2, 3}
+    cluster.topics["fresh"] = {"broker-b": 6}                 # the broker registered it
+    time.sleep(producer.config.route_miss_retry_s + 0.05)
+    assert {producer.send(_msg(topic="fresh")).broker_name for _ in range(4)} == {"broker-b"}
+
+
+def test_read_only_topic_has_no_write_queue(producer: Producer, cluster: FakeCluster) -> None:
+    cluster.topics["ro"] = {"broker-a": 4, "broker-b": 4}
+    with pytest.raises(SparkMQError) as err:
+        producer.send(_msg(topic="ro"))
+    assert err.value.code is ErrorCode.NO_PERMISSION
+
+
+def test_producer_heartbeats_and_probes_isolated_brokers(cluster: FakeCluster) -> None:
+    cfg = _config(heartbeat_interval_s=0.05, fault_detect_interval_s=0.05)
+    with Producer("pg", cfg, transport=cluster.transport()) as producer:
+        cluster.down.add(BA)
+        for _ in range(3):
+            producer.send(_msg())
+        assert not producer.fault.is_available("broker-a")
+        cluster.down.clear()
+        deadline = time.monotonic() + 5
+        while not producer.fault.is_available("broker-a") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert producer.fault.is_available("broker-a")        # the probe lifted the isolation
+        while not cluster.brokers[BB].heartbeats and time.monotonic() < deadline:
+            time.sleep(0.02)
+        beat = cluster.brokers[BB].heartbeats[0]
+        assert beat["producer_groups"] == ["pg"] and beat["client_id"] == producer.client_id
+
+
+# -- subscriptions, strategies, rebalance ----------------------------------------------------------
+
+def test_subscription_expressions() -> None:
+    assert Subscription.parse("t", None).tags is None and Subscription.parse("t", " * ").expression == "*"
+    s = Subscription.parse("t", "B ||A|| B")
+    assert s.tags == frozenset({"A", "B"}) and s.expression == "A || B"
+    assert s.to_dict() == {"topic": "t", "expression": "A || B", "type": "TAG"}
+    for bad in ("||", "A || *"):
+        with pytest.raises(SparkMQError):
+            Subscription.parse("t", bad)
+
+
+def test_strategy_and_enum_spellings() -> None:
+    assert resolve_strategy("AVERAGELY").name == "averagely"
+    assert resolve_strategy("consistent_hash").name == "consistent-hash"
+    strategy = AllocateAveragely()
+    assert resolve_strategy(strategy) is strategy
+    assert parse_consume_from_where("first_offset") is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
+    with pytest.raises(SparkMQError):
+        resolve_strategy("random")
+    with pytest.raises(SparkMQError):
+        parse_consume_from_where("middle")
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.added: list[ProcessQueue] = []
+        self.removed: list[ProcessQueue] = []
+
+
+def _rebalancer(cluster: FakeCluster, me: str, *, model: MessageModel = MessageModel.CLUSTERING,
+                cfw: ConsumeFromWhere = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
+                subs: tuple[str, ...] = ("t",), ts: int | None = None) -> tuple[RebalanceImpl, _Recorder, Callable]:
+    transport = cluster.transport()
+    ns = NameServerClient([NS1], 1.0, transport=transport)
+    routes = TopicRouteCache(ns)
+    pool = BrokerClientPool(1.0, transport=transport)
+    store = RemoteOffsetStore("g", pool, lambda mq: routes.get(mq.topic).master_addr(mq.broker_name))
+    rec = _Recorder()
+    impl = RebalanceImpl("g", me, message_model=model, strategy=AllocateAveragely(), consume_from_where=cfw,
+                         consume_timestamp_ms=ts, subscriptions={t: Subscription.parse(t, "*") for t in subs},
+                         routes=routes, brokers=pool, offset_store=store,
+                         new_process_queue=lambda mq, off: ProcessQueue(mq, off),
+                         on_added=rec.added.append, on_removed=rec.removed.append)
+
+    def close() -> None:
+        pool.close()
+        ns.close()
+    return impl, rec, close
+
+
+def test_rebalance_allocates_diffs_and_commits_dropped_queues(cluster: FakeCluster) -> None:
+    for b in cluster.brokers.values():
+        b.members = ["c1", "c2"]
+        b.bounds = {("t", 0): (0, 50), ("t", 1): (3, 60)}
+    cluster.brokers[BA].committed[("g", "t", 1)] = 17
+    impl, rec, close = _rebalancer(cluster, "c1")
+    assert impl.rebalance() is True
+    assert [f"{q.key}" for q in impl.assignment()] == ["broker-a/0", "broker-a/1"]
+    starts = {pq.mq.queue_id: pq.next_offset for pq in rec.added}
+    assert starts == {0: 50, 1: 17}                           # new queue: max offset; committed: its offset
+    assert impl.rebalance() is False                          # same view, no change
+    # c2 leaves: c1 takes everything.
+    for b in cluster.brokers.values():
+        b.members = ["c1"]
+    assert impl.rebalance() is True and len(impl.assignment()) == 4
+    # c0 and c2 join: c1 is in the middle of three and keeps one queue (4 queues / 3 -> 2, 1, 1).
+    pqs = impl.process_queues()
+    held = pqs[MessageQueue("t", "broker-a", 1)]
+    held.on_pulled([ReceivedMessage("t", "broker-a", 1, o, "", "", b"x") for o in (17, 18, 19)], 20)
+    held.remove([held._msgs[18]])                             # 17 still in flight
+    for b in cluster.brokers.values():
+        b.members = ["c0", "c1", "c2"]
+    assert impl.rebalance() is True
+    assert [q.key for q in impl.assignment()] == ["broker-b/0"]
+    assert held.dropped and held in rec.removed
+    assert cluster.brokers[BA].committed[("g", "t", 1)] == 17  # the smallest unfinished offset
+    close()
+
+
+def test_rebalance_keeps_queues_while_not_yet_a_member(cluster: FakeCluster) -> None:
+    for b in cluster.brokers.values():
+        b.members = ["c1"]
+    impl, rec, close = _rebalancer(cluster, "c1")
+    impl.rebalance()
+    assert len(impl.assignment()) == 4
+    asked: list[str] = []
+    impl.on_not_member = asked.append
+    for b in cluster.brokers.values():
+        b.members = ["c2"]
+    assert impl.rebalance() is False and len(impl.assignment()) == 4 and asked == ["t"]
+    cluster.down |= {BA, BB}                                  # nobody answers: keep everything too
+    assert impl.rebalance() is False and len(impl.assignment()) == 4
+    close()
+
+
+@pytest.mark.parametrize("cfw, expected", [(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET, 3),
+                                           (ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET, 60),
+                                           (ConsumeFromWhere.CONSUME_FROM_TIMESTAMP, 7)])
+def test_where_a_new_group_starts(cluster: FakeCluster, cfw: ConsumeFromWhere, expected: int) -> None:
+    cluster.brokers[BA].bounds = {("t", 1): (3, 60)}
+    impl, _, close = _rebalancer(cluster, "c1", cfw=cfw, ts=1_700_000_000_000)
+    assert impl.compute_pull_from_where(MessageQueue("t", "broker-a", 1)) == expected
+    if cfw is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP:
+        asked = [r for r in cluster.requests if r[2].endswith("/queues/1/offsets")]
+        assert asked
+    close()
+
+
+def test_broadcasting_takes_every_queue_and_manual_assignment_is_exact(cluster: FakeCluster) -> None:
+    impl, _, close = _rebalancer(cluster, "c1", model=MessageModel.BROADCASTING)
+    impl.rebalance()
+    assert len(impl.assignment()) == 4                         # no member list needed
+    assert not any(p.startswith("/consumers/g") and m == "GET" and p.count("/") == 2
+                   for _, m, p in cluster.requests)
+    mine = [MessageQueue("t", "broker-b", 1)]
+    impl.assign(mine)
+    assert impl.rebalance() is True and impl.assignment() == mine
+    replaced = impl.replace(mine[0], 5)
+    assert replaced.next_offset == 5 and impl.process_queues()[mine[0]] is replaced
+    with pytest.raises(SparkMQError):
+        impl.replace(MessageQueue("t", "broker-a", 0), 1)
+    close()
+
+
+# -- admin over fakes ------------------------------------------------------------------------------
+
+def test_admin_creates_topics_on_every_master_and_aggregates_offsets(cluster: FakeCluster) -> None:
+    with AdminClient(_config(), transport=cluster.transport()) as admin:
+        assert admin.masters() == {"broker-a": BA, "broker-b": BB}
+        out = admin.create_topic("orders", 8, 8)
+        assert set(out) == {BA, BB}
+        assert cluster.brokers[BA].topic_configs["orders"]["read_queue_nums"] == 8
+        admin.create_topic("solo", broker_addrs=[BB])
+        assert "solo" not in cluster.brokers[BA].topic_configs
+        with pytest.raises(SparkMQError):
+            admin.create_topic("x", perm=9)
+        with pytest.raises(SparkMQError):
+            admin.masters("no-such-cluster")
+        cluster.brokers[BA].committed[("g", "t", 0)] = 4
+        cluster.brokers[BB].committed[("g", "t", 1)] = 9
+        assert admin.group_offsets("g") == {MessageQueue("t", "broker-a", 0): 4, MessageQueue("t", "broker-b", 1): 9}
+        cluster.brokers[BA].members = ["x"]
+        cluster.brokers[BB].members = ["y", "x"]
+        assert admin.group_members("g") == ["x", "y"]
+        assert admin.topic_list() == ["t"]
+        msg = admin.view_message(encode_offset_msg_id(BB, 1234))
+        assert msg.body == b"hi" and msg.broker_name == "broker-b"
+        with pytest.raises(SparkMQError) as err:
+            admin.view_message("nothex")
+        assert err.value.code is ErrorCode.MESSAGE_ID_ILLEGAL
+
+
+# -- scheduler --------------------------------------------------------------------------------------
+
+def test_scheduler_runs_periodic_and_triggered_tasks_and_survives_errors() -> None:
+    calls: list[str] = []
+    boom = threading.Event()
+
+    def failing() -> None:
+        calls.append("fail")
+        boom.set()
+        raise RuntimeError("one bad round")
+
+    s = Scheduler("t")
+    s.every("slow", 3600, lambda: calls.append("slow"), initial_delay_s=3600)
+    s.every("bad", 3600, failing)
+    s.start()
+    assert boom.wait(5)
+    s.trigger("slow")
+    assert s.wait_idle(5)
+    s.stop()
+    assert calls == ["fail", "slow"]
+    assert not any(t.name == "sparkmq-t" for t in threading.enumerate())
+
+
+def test_producer_heartbeats_a_broker_it_meets_at_once(producer: Producer, cluster: FakeCluster) -> None:
+    assert producer.config.heartbeat_interval_s == 30.0
+    result = producer.send(_msg())
+    broker = cluster.brokers[BA if result.broker_name == "broker-a" else BB]
+    deadline = time.monotonic() + 5
+    while not broker.heartbeats and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert broker.heartbeats and broker.heartbeats[0]["producer_groups"] == ["pg"]
