@@ -1,0 +1,66 @@
+"""The lake supervisor: jobs run, a failed query restarts with backoff, status is reported, stop is clean."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparkmq.pipelines.supervisor import JobSpec, Supervisor
+
+pytestmark = pytest.mark.spark
+
+
+def _wait(predicate, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_a_failing_job_restarts_with_backoff_and_recovers(spark, tmp_path: Path) -> None:
+    poison = tmp_path / "poison"
+    poison.touch()
+    seen: list[int] = []
+
+    def sink(df: Any, batch_id: int) -> None:
+        if poison.exists():
+            raise RuntimeError("the sink is down")
+        seen.append(batch_id)
+
+    def start_flaky():
+        return (spark.readStream.format("rate").option("rowsPerSecond", 5).load()
+                .writeStream.foreachBatch(sink).trigger(processingTime="200 milliseconds")
+                .option("checkpointLocation", str(tmp_path / "ckpt-flaky")).queryName("flaky").start())
+
+    def start_steady():
+        return (spark.readStream.format("rate").option("rowsPerSecond", 5).load()
+                .writeStream.format("noop").trigger(processingTime="200 milliseconds")
+                .option("checkpointLocation", str(tmp_path / "ckpt-steady")).start())
+
+    supervisor = Supervisor([JobSpec("flaky", start_flaky, describe=lambda q: {"query_name": q.name}),
+                             JobSpec("steady", start_steady)],
+                            poll_interval_s=0.2, backoff_initial_s=0.5, backoff_max_s=2.0).start()
+    try:
+        _wait(lambda: supervisor.status()["flaky"]["restarts"] >= 2)
+        status = supervisor.status()
+        assert "the sink is down" in status["flaky"]["last_error"]
+        assert status["flaky"]["state"] in ("failed-waiting", "restarting", "running")
+        assert status["steady"]["state"] == "running" and status["steady"]["restarts"] == 0
+        poison.unlink()
+        _wait(lambda: bool(seen) and supervisor.status()["flaky"]["state"] == "running")
+        _wait(lambda: (supervisor.status()["flaky"]["last_batch_id"] or -1) >= 0)
+        assert supervisor.status()["flaky"]["query_name"] == "flaky"
+        restarts = supervisor.status()["flaky"]["restarts"]
+        time.sleep(1.0)
+        assert supervisor.status()["flaky"]["restarts"] == restarts, "a healthy job was restarted"
+    finally:
+        supervisor.stop()
+    assert all(s["state"] == "stopped" for s in supervisor.status().values())
+    assert not [q for q in spark.streams.active if q.name == "flaky"]
+
+
+def test_duplicate_job_names_are_refused() -> None:
+    with pytest.raises(ValueError, match="unique"):
+        Supervisor([JobSpec("a", lambda: None), JobSpec("a", lambda: None)])  # type: ignore[arg-type,return-value]
