@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from .admin_cmd import admin, consume, produce
+from .lake_cmd import sql
 from .services import broker, dev, gateway, namesrv
 from .store_cmd import store
 
@@ -22,5 +23,5 @@ def main() -> None:
     """sparkmq: a RocketMQ-style message platform on Spark."""
 
 
-for command in (namesrv, broker, gateway, dev, admin, produce, consume, store):
+for command in (namesrv, broker, gateway, dev, admin, produce, consume, sql, store):
     main.add_command(command)
