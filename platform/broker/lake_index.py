@@ -1,0 +1,139 @@
+"""Message query over the lake's index tables, with delta-rs (no Spark on the broker's request path).
+
+The dispatch job keeps ``message_keys`` (every unique id and every key → topic, broker,
+queue, offsets, store time) and ``messages`` (the full message).  This module answers
+RocketMQ's three queries from them:
+
+* by key: ``topic`` + one of the message's KEYS (at most ``max_hits``, newest first);
+* by unique message id (the producer's msgId);
+* by ``topic`` and a store-time range.
+
+Each answer is a list of :class:`Location`; the broker then reads the message from its
+commit log, or, when retention already removed it, from the ``messages`` table.  Column
+names are those of ``pipelines/tables.py`` (the one place the schemas are defined).
+"""
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from ..common.errors import ErrorCode, SparkMQError
+from ..common.validation import validate_topic
+
+__all__ = ["Location", "LakeIndex", "DEFAULT_MAX_HITS", "MAX_HITS"]
+
+#: RocketMQ answers at most 64 hits per query, 32 by default.
+DEFAULT_MAX_HITS = 32
+MAX_HITS = 64
+
+_LOCATION_COLUMNS = ["topic", "broker", "queue_id", "queue_offset", "commitlog_offset", "store_ts"]
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """Where a message is: its queue position, commit-log offset and store time (epoch ms)."""
+
+    topic: str
+    broker: str
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
+    store_timestamp: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"topic": self.topic, "broker": self.broker, "queue_id": self.queue_id,
+                "queue_offset": self.queue_offset, "commitlog_offset": self.commitlog_offset,
+                "store_timestamp": self.store_timestamp}
+
+
+def _check_hits(max_hits: object) -> int:
+    if isinstance(max_hits, bool) or not isinstance(max_hits, int) or not 1 <= max_hits <= MAX_HITS:
+        raise SparkMQError(ErrorCode.INVALID_ARGUMENT,
+                           f"max_hits must be an integer in 1..{MAX_HITS}, got {max_hits!r}")
+    return max_hits
+
+
+def _ts(ms: int) -> pa.Scalar:
+    return pa.scalar(dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC), type=pa.timestamp("us", tz="UTC"))
+
+
+class LakeIndex:
+    """Queries over ``<lake_root>/message_keys`` and ``<lake_root>/messages``."""
+
+    def __init__(self, lake_root: str | Path) -> None:
+        self.lake_root = Path(lake_root)
+
+    def _dataset(self, table: str) -> ds.Dataset | None:
+        try:
+            return DeltaTable(str(self.lake_root / table)).to_pyarrow_dataset()
+        except TableNotFoundError:
+            return None  # the dispatch job has not run yet: nothing indexed
+
+    def _locations(self, table: pa.Table, max_hits: int) -> list[Location]:
+        if table.num_rows == 0:
+            return []
+        table = table.sort_by([("store_ts", "descending"), ("queue_offset", "descending")]).slice(0, max_hits)
+        store_ms = pc.cast(pc.divide(pc.cast(table["store_ts"], pa.int64()), 1000), pa.int64()).to_pylist()
+        rows = table.select(_LOCATION_COLUMNS[:-1]).to_pylist()
+        return [Location(r["topic"], r["broker"], r["queue_id"], r["queue_offset"], r["commitlog_offset"], ms)
+                for r, ms in zip(rows, store_ms, strict=True)]
+
+    def by_key(self, topic: str, key: str, max_hits: int = DEFAULT_MAX_HITS) -> list[Location]:
+        """Messages of ``topic`` carrying ``key`` among their KEYS, newest first."""
+        validate_topic(topic)
+        if not isinstance(key, str) or not key:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "the key must be a non-empty string")
+        dataset = self._dataset("message_keys")
+        if dataset is None:
+            return []
+        found = dataset.to_table(columns=_LOCATION_COLUMNS, filter=(ds.field("key") == key)
+                                 & (ds.field("key_type") == "key") & (ds.field("topic") == topic))
+        return self._locations(found, _check_hits(max_hits))
+
+    def by_msg_id(self, msg_id: str, max_hits: int = DEFAULT_MAX_HITS) -> list[Location]:
+        """Where the message with this unique id was stored (a redriven or retried copy adds a row)."""
+        if not isinstance(msg_id, str) or not msg_id:
+            raise SparkMQError(ErrorCode.MESSAGE_ID_ILLEGAL, "the message id must be a non-empty string")
+        dataset = self._dataset("message_keys")
+        if dataset is None:
+            return []
+        found = dataset.to_table(columns=_LOCATION_COLUMNS,
+                                 filter=(ds.field("key") == msg_id) & (ds.field("key_type") == "msg_id"))
+        return self._locations(found, _check_hits(max_hits))
+
+    def by_time(self, topic: str, begin_ms: int, end_ms: int, max_hits: int = DEFAULT_MAX_HITS) -> list[Location]:
+        """Messages of ``topic`` stored in [begin_ms, end_ms), newest first."""
+        validate_topic(topic)
+        for name, value in (("begin", begin_ms), ("end", end_ms)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"{name} must be epoch milliseconds >= 0")
+        if end_ms <= begin_ms:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"end ({end_ms}) must be after begin ({begin_ms})")
+        dataset = self._dataset("message_keys")
+        if dataset is None:
+            return []
+        found = dataset.to_table(columns=_LOCATION_COLUMNS, filter=(ds.field("key_type") == "msg_id")
+                                 & (ds.field("topic") == topic) & (ds.field("store_ts") >= _ts(begin_ms))
+                                 & (ds.field("store_ts") < _ts(end_ms)))
+        return self._locations(found, _check_hits(max_hits))
+
+    def stored_message(self, location: Location) -> dict[str, Any] | None:
+        """The full row of ``messages`` for a location (the lake tier), or None when not dispatched."""
+        dataset = self._dataset("messages")
+        if dataset is None:
+            return None
+        found = dataset.to_table(filter=(ds.field("topic") == location.topic)
+                                 & (ds.field("broker") == location.broker)
+                                 & (ds.field("queue_id") == location.queue_id)
+                                 & (ds.field("queue_offset") == location.queue_offset))
+        rows = found.to_pylist()
+        return rows[0] if rows else None

@@ -1,0 +1,68 @@
+"""Message query over the index tables with delta-rs: by key, by unique id, by time range."""
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from sparkmq.pipelines import tables
+from sparkmq.pipelines.delta_io import append_exactly_once
+from sparkmq.platform.broker.lake_index import LakeIndex
+from sparkmq.platform.common.errors import ErrorCode, SparkMQError
+
+BASE_MS = 1_800_000_000_000
+
+
+def _write_keys(lake: Path, rows: list[dict], version: int) -> None:
+    spec = tables.get_spec(tables.MESSAGE_KEYS)
+    tables.ensure_table(lake, tables.MESSAGE_KEYS)
+    data = pa.Table.from_pylist([{f.name: r[f.name] for f in spec.schema} for r in rows], schema=spec.schema)
+    append_exactly_once(tables.table_path(lake, tables.MESSAGE_KEYS), data, "test", version)
+
+
+def _rows(topic: str, offset: int, msg_id: str, keys: list[str], store_ms: int) -> list[dict]:
+    where = {"topic": topic, "broker": "broker-a", "queue_id": offset % 2, "queue_offset": offset,
+             "commitlog_offset": 1000 * offset, "store_ts": dt.datetime.fromtimestamp(store_ms / 1000, dt.UTC)}
+    return [{"key": msg_id, "key_type": "msg_id", **where}] + [{"key": k, "key_type": "key", **where} for k in keys]
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> LakeIndex:
+    rows = []
+    for i in range(10):
+        rows += _rows("Orders", i, f"ID{i}", [f"order-{i % 3}", "all"], BASE_MS + 1000 * i)
+    rows += _rows("Pay", 0, "PAY0", ["order-0"], BASE_MS)
+    _write_keys(tmp_path, rows[:15], 0)  # two commits, as the dispatch job makes them
+    _write_keys(tmp_path, rows[15:], 1)
+    return LakeIndex(tmp_path)
+
+
+def test_by_key_newest_first_within_the_topic(index: LakeIndex) -> None:
+    hits = index.by_key("Orders", "order-0")
+    assert [h.queue_offset for h in hits] == [9, 6, 3, 0]
+    assert hits[0].store_timestamp == BASE_MS + 9000 and hits[0].commitlog_offset == 9000
+    assert [h.topic for h in index.by_key("Pay", "order-0")] == ["Pay"]
+    assert len(index.by_key("Orders", "all", max_hits=4)) == 4
+    assert index.by_key("Orders", "ID3") == []  # a unique id is not a key
+
+
+def test_by_msg_id_and_by_time(index: LakeIndex) -> None:
+    [hit] = index.by_msg_id("ID7")
+    assert (hit.topic, hit.queue_id, hit.queue_offset) == ("Orders", 1, 7)
+    assert index.by_msg_id("nope") == []
+    window = index.by_time("Orders", BASE_MS + 2000, BASE_MS + 5000)
+    assert [h.queue_offset for h in window] == [4, 3, 2]
+
+
+def test_nothing_indexed_yet_and_bad_input(tmp_path: Path, index: LakeIndex) -> None:
+    assert LakeIndex(tmp_path / "empty").by_key("Orders", "x") == []
+    for call, code in [(lambda: index.by_key("bad topic", "k"), ErrorCode.TOPIC_ILLEGAL),
+                       (lambda: index.by_key("Orders", ""), ErrorCode.INVALID_ARGUMENT),
+                       (lambda: index.by_key("Orders", "k", max_hits=65), ErrorCode.INVALID_ARGUMENT),
+                       (lambda: index.by_time("Orders", 10, 5), ErrorCode.INVALID_ARGUMENT),
+                       (lambda: index.by_msg_id(""), ErrorCode.MESSAGE_ID_ILLEGAL)]:
+        with pytest.raises(SparkMQError) as err:
+            call()
+        assert err.value.code is code
