@@ -1,4 +1,6 @@
-"""The broker's HTTP API (``docs/http-api.md``): sends, pulls, topics, clients, offsets, locks.
+"""The broker's HTTP API (``docs/http-api.md``): sends, pulls, topics, clients, offsets, locks, and the
+message features of issue 4 (SQL92 pulls, delay/timer sends and recall, send-back and DLQ, transactions,
+offset reset).
 
 Build it with :func:`create_app` over a started :class:`~sparkmq.platform.broker.Broker`;
 ``sparkmq.api.broker_main`` serves it with uvicorn.  This app *is* the embedded
@@ -92,7 +94,7 @@ class BatchMessageBody(_Strict):
 
 
 class SendMessageBody(BatchMessageBody):
-    """``POST /topics/{topic}/messages``: one message and how to route it."""
+    """``POST /topics/{topic}/messages``: one message and how to route it (and, optionally, when)."""
 
     queue_id: int | None = Field(default=None, description="a write queue; null = hash of sharding_key or round-robin")
     sharding_key: str | None = None
@@ -100,6 +102,43 @@ class SendMessageBody(BatchMessageBody):
     producer_group: str | None = None
     born_timestamp: int | None = Field(default=None, description="epoch ms; null = now")
     born_host: str | None = Field(default=None, description="ip:port; null = the HTTP peer")
+    delay_level: int | None = Field(default=None, description="1..levels: park until the level's delay passed")
+    deliver_at_ms: int | None = Field(default=None, description="timer message: deliver at this epoch ms")
+    delay_ms: int | None = Field(default=None, description="timer message: deliver after this many ms")
+
+
+class SendBackBody(_Strict):
+    """``POST /consumers/{group}/send-back``: a message the group failed to consume."""
+
+    offset_msg_id: str
+    delay_level: int = Field(default=0, description="0 = level 3 + reconsume count, > 0 = that level, -1 = DLQ now")
+    reason: str = ""
+    max_reconsume_times: int = 16
+
+
+class RedriveBody(_Strict):
+    """``POST /dlq/{group}/redrive``: DLQ messages to send back to their original topics."""
+
+    msg_ids: list[str] = Field(default_factory=list)
+    all: bool = False
+    topic: str | None = None
+    tags: str | None = None
+
+
+class EndTransactionBody(_Strict):
+    """``POST /transactions/{transaction_id}``."""
+
+    producer_group: str
+    action: str = Field(description="COMMIT, ROLLBACK or UNKNOWN")
+    from_check: bool = False
+
+
+class ResetOffsetsBody(_Strict):
+    """``POST /consumers/{group}/offsets/reset``: by ``timestamp`` or to exact ``offsets`` ({queue id: offset})."""
+
+    topic: str
+    timestamp: int | None = None
+    offsets: dict[str, int] | None = None
 
 
 class BatchSendBody(_Strict):
@@ -273,7 +312,24 @@ async def send_message(topic: TopicPath, body: SendMessageBody, request: Request
     def send() -> dict[str, Any]:
         return broker.send(topic, message, queue_id=body.queue_id, sharding_key=body.sharding_key,
                            compressed=body.compressed, producer_group=body.producer_group,
-                           born_timestamp=body.born_timestamp, born_host=born_host).to_dict()
+                           born_timestamp=body.born_timestamp, born_host=born_host, delay_level=body.delay_level,
+                           deliver_at_ms=body.deliver_at_ms, delay_ms=body.delay_ms).to_dict()
+
+    return JSONResponse(await _maybe_threaded(not broker.send_may_block, send))
+
+
+@send_router.post("/topics/{topic}/half", tags=["transactions"])
+async def send_half(topic: TopicPath, body: SendMessageBody, request: Request, broker: BrokerDep) -> JSONResponse:
+    """Store a transaction's half message (invisible until committed); ``producer_group`` is required."""
+    message = outgoing_from_json(body)
+    born_host = body.born_host if body.born_host is not None else _peer(request)
+    if body.compressed or body.delay_level is not None or body.deliver_at_ms is not None or body.delay_ms is not None:
+        raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "a half message cannot be compressed or delayed")
+
+    def send() -> dict[str, Any]:
+        return broker.send_half(topic, message, body.producer_group, queue_id=body.queue_id,  # type: ignore[arg-type]
+                                sharding_key=body.sharding_key, born_timestamp=body.born_timestamp,
+                                born_host=born_host)
 
     return JSONResponse(await _maybe_threaded(not broker.send_may_block, send))
 
@@ -282,7 +338,8 @@ async def send_message(topic: TopicPath, body: SendMessageBody, request: Request
 async def send_batch(topic: TopicPath, request: Request, broker: BrokerDep,
                      queue_id: Annotated[int | None, Query(description="a write queue; else hash/round-robin")] = None,
                      sharding_key: str | None = None, producer_group: str | None = None,
-                     compressed: bool = False) -> JSONResponse:
+                     compressed: bool = False, delay_level: int | None = None, deliver_at_ms: int | None = None,
+                     delay_ms: int | None = None) -> JSONResponse:
     """Store many messages in one queue (consecutive offsets), JSON or Arrow; one bad message rejects all."""
     limit = broker.config.max_request_bytes
     declared = request.headers.get("content-length")
@@ -305,7 +362,8 @@ async def send_batch(topic: TopicPath, request: Request, broker: BrokerDep,
             messages = [outgoing_from_json(m) for m in parsed.messages]
         return broker.send_batch(topic, messages, queue_id=queue_id, sharding_key=sharding_key,
                                  compressed=compressed, producer_group=producer_group,
-                                 born_host=born_host).to_dict()
+                                 born_host=born_host, delay_level=delay_level, deliver_at_ms=deliver_at_ms,
+                                 delay_ms=delay_ms).to_dict()
 
     inline = not broker.send_may_block and len(raw) <= _INLINE_BATCH_BYTES
     return JSONResponse(await _maybe_threaded(inline, send))
@@ -320,10 +378,13 @@ async def pull_messages(topic: TopicPath, queue_id: int, request: Request, broke
                         tags: Annotated[str | None, Query(description="'*' or 'A || B'")] = None,
                         wait_ms: Annotated[int, Query(description="long polling, capped by the broker")] = 0,
                         group: str | None = None, commit_offset: int | None = None,
-                        client_id: str | None = None) -> Response:
+                        client_id: str | None = None,
+                        filter_type: Annotated[str, Query(description="TAG (tags) or SQL92 (expression)")] = "TAG",
+                        expression: Annotated[str | None, Query(description="SQL92 over properties")] = None,
+                        ) -> Response:
     """Read messages of one queue from ``offset``; long-polls up to ``wait_ms`` when nothing new matches."""
     result = await broker.pull(topic, queue_id, offset, max_count, tags, wait_ms=wait_ms, group=group or None,
-                               commit_offset=commit_offset)
+                               commit_offset=commit_offset, filter_type=filter_type, expression=expression)
     if _wants_arrow(request):
         return _pull_arrow(result, broker.name)
     return JSONResponse(_pull_json(result, broker.name))
@@ -445,6 +506,64 @@ async def unlock_queues(body: LockBody, broker: BrokerDep) -> dict[str, list[dic
     return {"unlocked": [{"topic": t, "queue_id": q} for t, q in unlocked]}
 
 
+features_router = APIRouter(tags=["features"])
+
+
+@features_router.delete("/timers/{msg_id}")
+def recall_timer(msg_id: str, broker: BrokerDep) -> dict[str, Any]:
+    """Recall a pending timer message; ``recalled`` is false when it fired, was recalled or is unknown."""
+    return {"msg_id": msg_id, "recalled": broker.recall_timer(msg_id)}
+
+
+@features_router.post("/consumers/{group}/send-back")
+def send_back(group: str, body: SendBackBody, broker: BrokerDep) -> dict[str, Any]:
+    """A failed message: retry through ``%RETRY%<group>`` or, past the max reconsume times, dead-letter it."""
+    return broker.send_back(group, body.offset_msg_id, delay_level=body.delay_level, reason=body.reason,
+                            max_reconsume_times=body.max_reconsume_times)
+
+
+@features_router.get("/dlq/{group}")
+def dlq_messages(group: str, broker: BrokerDep, offset: int = 0,
+                 max_count: Annotated[int, Query(alias="max", description=f"1..{MAX_PULL_BATCH}")] = 32,
+                 ) -> JSONResponse:
+    """The group's dead letters from ``offset`` (as in a pull) plus ``next_offset``."""
+    return JSONResponse(_pull_json(broker.dlq_messages(group, offset, max_count), broker.name))
+
+
+@features_router.post("/dlq/{group}/redrive")
+def redrive(group: str, body: RedriveBody, broker: BrokerDep) -> dict[str, Any]:
+    """Send DLQ messages back to their original topics (one by id, or all matching); the DLQ keeps its copies."""
+    return broker.redrive(group, body.msg_ids, all_messages=body.all, topic=body.topic, tags=body.tags)
+
+
+@features_router.get("/transactions/checks")
+async def transaction_checks(broker: BrokerDep, producer_group: str, client_id: str | None = None,
+                             wait_ms: Annotated[int, Query(ge=0, le=_MAX_CHANGE_WAIT_MS)] = 0) -> dict[str, Any]:
+    """Long poll: check-backs due for the producer group (each to one poller), or [] at ``wait_ms``."""
+    checks = await broker.poll_checks(producer_group, client_id, wait_ms)
+    for check in checks:
+        check["body"] = wire.encode_body(check["body"])
+    return {"checks": checks}
+
+
+@features_router.post("/transactions/{transaction_id}")
+def end_transaction(transaction_id: str, body: EndTransactionBody, broker: BrokerDep) -> dict[str, Any]:
+    """Commit, roll back or leave open (UNKNOWN) a transaction; TRANSACTION_NOT_FOUND for unknown/settled ids."""
+    return broker.end_transaction(transaction_id, body.producer_group, body.action, body.from_check)
+
+
+@features_router.post("/consumers/{group}/offsets/reset")
+def reset_offsets(group: str, body: ResetOffsetsBody, broker: BrokerDep) -> dict[str, Any]:
+    """Move a group's offsets on a topic by timestamp or to exact offsets; its version moves so consumers re-read."""
+    offsets = None
+    if body.offsets is not None:
+        try:
+            offsets = {int(q): o for q, o in body.offsets.items()}
+        except ValueError:
+            raise SparkMQError(ErrorCode.QUEUE_ID_ILLEGAL, "offsets keys must be queue ids") from None
+    return broker.reset_offsets(group, body.topic, timestamp=body.timestamp, offsets=offsets)
+
+
 @broker_router.get("/messages/{offset_msg_id}", tags=["pull"])
 def message_by_id(offset_msg_id: str, broker: BrokerDep) -> JSONResponse:
     """One message by its offsetMsgId (MESSAGE_ID_ILLEGAL, MESSAGE_NOT_FOUND)."""
@@ -485,8 +604,8 @@ def create_app(broker: Broker) -> FastAPI:
                   description="Send, pull, topics, consumer groups, offsets, queue locks, metrics "
                               "(docs/http-api.md).")
     app.state.broker = broker
-    for router in (send_router, pull_router, topics_router, clients_router, offsets_router, locks_router,
-                   broker_router):
+    for router in (send_router, pull_router, topics_router, clients_router, features_router, offsets_router,
+                   locks_router, broker_router):
         app.include_router(router)
     install_error_handlers(app, log)
     return app

@@ -162,6 +162,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     add("--long-polling-max-ms", type=int, help="hold a pull at most this long (default 15000)")
     add("--offset-persist-interval-s", type=float, help="persist consumer offsets this often (default 5)")
     add("--queue-lock-expiry-s", type=float, help="queue locks expire after this long (default 60)")
+    add("--message-delay-level", help='delay levels, e.g. "1s 5s 10s 30s 1m ..." (default: RocketMQ\'s 18)')
+    add("--timer-max-delay-s", type=float, help="timer messages may be due at most this far ahead (default 3 days)")
+    add("--transaction-check-first-s", type=float, help="first transaction check-back after (default 6)")
+    add("--transaction-check-interval-s", type=float, help="later check-backs this often (default 30)")
+    add("--transaction-check-max", type=int, help="discard a half message after this many checks (default 15)")
     add("--flush-mode", choices=["SYNC_FLUSH", "ASYNC_FLUSH"], help="store flush mode (default ASYNC_FLUSH)")
     add("--segment-size", type=int, help="commit-log segment size in bytes")
     add("--no-auto-create-topic", dest="auto_create_topic", action="store_const", const=False,

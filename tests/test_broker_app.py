@@ -150,6 +150,19 @@ def test_send_base64_msg_id_born_fields_and_compressed(http: httpx.Client) -> No
     error(http.post("/topics/s2/messages", json={"body": "not zlib", "compressed": True}), 400, "MESSAGE_ILLEGAL")
 
 
+def test_compressed_batches_keep_the_flag_on_every_record(http: httpx.Client) -> None:
+    bodies = [b"batch %d " % i * 500 for i in range(3)]
+    ok(http.post("/topics/s2c/batch", params={"queue_id": 0, "compressed": "true"}, json={"messages": [
+        {"body": base64.b64encode(zlib.compress(b, 5)).decode(), "body_encoding": "base64"} for b in bodies]}))
+    pulled = ok(http.get("/topics/s2c/queues/0/messages", params={"max": 10}))["messages"]
+    assert [m["sys_flag"] & 1 for m in pulled] == [1, 1, 1]
+    assert [wire.received_from_json(m).body for m in pulled] == bodies
+    before = max_offsets(http, "s2c")
+    error(http.post("/topics/s2c/batch", params={"queue_id": 0, "compressed": "true"},
+                    json={"messages": [{"body": "plain text"}]}), 400, "MESSAGE_ILLEGAL")
+    assert max_offsets(http, "s2c") == before
+
+
 def test_queue_choice_explicit_sharding_and_round_robin(http: httpx.Client) -> None:
     ok(http.post("/topics", json={"topic": "s3", "read_queue_nums": 8, "write_queue_nums": 4}))
     by_key = {ok(http.post("/topics/s3/messages", json={"body": "x", "sharding_key": "order-42"}))["queue_id"]

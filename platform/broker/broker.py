@@ -8,13 +8,16 @@ after its message was stored.
 
 Lifecycle: :meth:`Broker.start` loads the topic table, opens the store, restores
 consumer offsets and starts the background threads (offset persist, client expiry,
-name server registration).  :meth:`Broker.shutdown` stops accepting sends and pulls,
-releases held pulls, waits for sends in flight, unregisters from the name servers,
-persists offsets and closes the store -- in that order.
+name server registration, and on a master the delay-level, timer and transaction-check
+services, whose due messages come back through :meth:`Broker._redeliver`).
+:meth:`Broker.shutdown` stops accepting sends and pulls, releases held pulls, waits for
+sends in flight, unregisters from the name servers, stops those services (persisting
+their progress), persists offsets and closes the store -- in that order.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import threading
@@ -28,7 +31,7 @@ import anyio.to_thread
 
 from ...storage_native import StoreError
 from ..common.errors import ErrorCode, SparkMQError
-from ..common.filtering import parse_tags
+from ..common.filtering import FILTER_SQL92, FILTER_TAG, MessageFilter, SqlFilter, compile_filter, parse_tags
 from ..common.message import (
     KEY_SEPARATOR,
     PROPERTY_KEYS,
@@ -39,10 +42,24 @@ from ..common.message import (
     StoredMessage,
 )
 from ..common.sysflag import COMPRESSED
-from ..common.system_topics import retry_topic
+from ..common.system_topics import (
+    PROPERTY_DELAY_LEVEL,
+    PROPERTY_DLQ_ORIGIN_TOPIC,
+    PROPERTY_DLQ_REASON,
+    PROPERTY_ORIGIN_MSG_ID,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_RETRY_TOPIC,
+    PROPERTY_TIMER_DELAY_SEC,
+    PROPERTY_TIMER_DELIVER_MS,
+    dlq_topic,
+    retry_topic,
+)
 from ..common.validation import validate_group, validate_topic
 from ..namesrv.perm import is_readable, is_writeable
 from ..store import FlushMode, GetResult, GetStatus, MessageStore, PutResult, PutStatus
+from ..store.message_store import iter_all
+from .check_channel import CheckChannel
 from .client_manager import ClientManager, ConsumerData, GroupInfo, MessageModel
 from .config import BrokerConfig, BrokerRole
 from .locks import QueueLockManager, QueueRef
@@ -50,7 +67,11 @@ from .long_polling import PullHoldService
 from .metrics import BrokerMetrics
 from .offsets import CONSUMER_OFFSETS_TABLE, ConsumerOffsetManager
 from .registration import RegistrationService
+from .retry import DEFAULT_MAX_RECONSUME_TIMES, plan_send_back
+from .schedule import ScheduleService
+from .timer import TimerService
 from .topics import TopicConfig, TopicConfigManager
+from .transaction import COMMIT, ROLLBACK, CheckRequest, TransactionService
 
 __all__ = [
     "Broker",
@@ -70,6 +91,23 @@ _MAX_FILTER_ROUNDS = 16
 _MAX_MSG_ID_LENGTH = 128
 #: How long shutdown waits for sends and reads in flight before closing the store anyway.
 _DRAIN_TIMEOUT_S = 10.0
+#: An SQL92-filtered pull examines at most this many consume-queue units (then answers NO_MATCHED_MSG
+#: with next_offset past them, so the consumer moves on).
+_MAX_SQL_EXAMINED = 65_536
+#: Properties a delayed or timer send uses to ask for parking; stripped before parking.
+_DELAY_PROPERTIES = (PROPERTY_DELAY_LEVEL, PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_DELAY_SEC)
+#: Properties a DLQ message carries that a redriven copy must not.
+_DLQ_PROPERTIES = (PROPERTY_DLQ_ORIGIN_TOPIC, PROPERTY_DLQ_REASON, PROPERTY_RETRY_TOPIC, PROPERTY_ORIGIN_MSG_ID,
+                   PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, PROPERTY_DELAY_LEVEL)
+
+
+@functools.lru_cache(maxsize=1024)
+def cached_filter(expression: str | None, filter_type: str = FILTER_TAG) -> MessageFilter:
+    """A compiled filter, compiled once per (expression, type) -- an LRU cache shared by pulls and heartbeats.
+
+    FILTER_EXPRESSION_ILLEGAL (with the position) for a malformed expression; errors are not cached.
+    """
+    return compile_filter(expression, filter_type)
 
 
 @dataclass(slots=True)
@@ -163,6 +201,12 @@ class Broker:
         self._inflight = 0
         self._drained = threading.Condition(self._state_lock)
         self._round_robin: dict[str, Iterator[int]] = {}
+        self.levels_ms = config.delay_levels_ms
+        #: Background services over the store; built in :meth:`start` (they read the store when built).
+        self.schedule: ScheduleService | None = None
+        self.timers: TimerService | None = None
+        self.transactions: TransactionService | None = None
+        self.checks = CheckChannel()
         self.topics.add_listener(lambda _version: self.registration.trigger())
         self.clients.add_leave_listener(self._on_clients_left)
 
@@ -199,16 +243,45 @@ class Broker:
             loaded = self.offsets.load()
             self.offsets.start()
             self.clients.start()
+            self._build_services()
         except BaseException:
+            self._stop_services()
             self.offsets.stop()
             self.store.shutdown()
             raise
         self._state = "running"
+        for service in self._services():
+            service.start()
         if register:
             self.registration.start()
         log.info("broker %s (%s) started at %s: %d topics, %d consumer offsets, store clean start %s",
                  self.name, self.config.role, self.addr, len(self.topics), loaded, self.store.clean_start)
         return self
+
+    def _build_services(self) -> None:
+        cfg = self.config
+        if cfg.role is BrokerRole.SLAVE:
+            return  # a slave stores nothing of its own; its master delivers
+        self.schedule = ScheduleService(self.store, self.levels_ms, cfg.progress_path("delay_offset"),
+                                        self._redeliver)
+        self.timers = TimerService(self.store, cfg.progress_path("timer_progress"), self._redeliver,
+                                   max_delay_s=cfg.timer_max_delay_s)
+        # Scan often enough that short test timings are honoured, at most once a second in production.
+        scan = max(0.05, min(1.0, cfg.transaction_check_first_s / 4, cfg.transaction_check_interval_s / 4))
+        self.transactions = TransactionService(
+            self.store, cfg.progress_path("transaction_progress"), self._redeliver, self._offer_check,
+            first_check_s=cfg.transaction_check_first_s, check_interval_s=cfg.transaction_check_interval_s,
+            max_checks=cfg.transaction_check_max, scan_interval_s=scan)
+
+    def _services(self) -> list[Any]:
+        return [s for s in (self.schedule, self.timers, self.transactions) if s is not None]
+
+    def _stop_services(self) -> None:
+        for service in self._services():
+            try:
+                service.stop()
+            except Exception:  # one service failing to persist must not keep the store open
+                log.exception("stopping %s failed", type(service).__name__)
 
     def start_registration(self) -> None:
         """Start registering with the name servers (idempotent)."""
@@ -224,6 +297,7 @@ class Broker:
             self._state = "stopped" if was_new else "stopping"
         self.holds.close()
         self.clients.release_waiters()
+        self.checks.close()
 
     def shutdown(self) -> None:
         """Stop in order: accepting, in-flight work, registration (unregister), client scan, offsets, store."""
@@ -238,6 +312,7 @@ class Broker:
             if not self._drained.wait_for(lambda: self._inflight == 0, _DRAIN_TIMEOUT_S):
                 log.warning("shutdown: %d operation(s) still in flight after %.0f s", self._inflight, _DRAIN_TIMEOUT_S)
         self.registration.stop(unregister=True)
+        self._stop_services()
         self.clients.stop()
         if not self.offsets.stop():
             log.error("shutdown: the final consumer offset persist failed (see above)")
@@ -275,54 +350,164 @@ class Broker:
 
     def send(self, topic: str, message: OutgoingMessage, *, queue_id: int | None = None,
              sharding_key: str | None = None, compressed: bool = False, producer_group: str | None = None,
-             born_timestamp: int | None = None, born_host: str | None = None) -> SendResult:
+             born_timestamp: int | None = None, born_host: str | None = None, delay_level: int | None = None,
+             deliver_at_ms: int | None = None, delay_ms: int | None = None) -> SendResult:
         """Store one message; the topic is auto-created (after storing) when allowed.
 
         Queue choice: ``queue_id`` (a write queue), else a stable hash of ``sharding_key``
         over the write queues, else round-robin.
+
+        Delay: ``delay_level`` (1..levels), ``deliver_at_ms`` or ``delay_ms`` (or the message
+        properties ``DELAY``, ``TIMER_DELIVER_MS``, ``TIMER_DELAY_SEC``) park the message in
+        the schedule or timer topic until due; the answer's queue id and offset are then
+        those of the parked copy, its msg_id the message's own.
         """
         started = time.perf_counter()
         try:
             with self._operation():
                 cfg, qid = self._prepare_send(topic, queue_id, sharding_key, producer_group, born_timestamp)
                 msg, sys_flag = self._to_message(topic, message, compressed)
-                result = self.store.put(msg, qid, born_host=born_host, born_timestamp=born_timestamp,
-                                        sys_flag=sys_flag)
+                result = self._put_or_park(msg, qid, self._delay_of(msg, delay_level, deliver_at_ms, delay_ms),
+                                           born_host=born_host, born_timestamp=born_timestamp, sys_flag=sys_flag)
         except SparkMQError as exc:
             self.metrics.send_failed(exc.code.name)
             raise
         self._after_store(topic, qid, cfg)
-        self.metrics.sent(topic, 1, len(msg.body), time.perf_counter() - started)
+        # A parked message counts under its system topic now and under its own topic when delivered.
+        self.metrics.sent(result.topic, 1, len(msg.body), time.perf_counter() - started)
         return SendResult(self._send_status(result.status), result.msg_id, result.offset_msg_id, topic, self.name,
-                          qid, result.queue_offset, result.store_timestamp, result.commitlog_offset)
+                          result.queue_id, result.queue_offset, result.store_timestamp, result.commitlog_offset)
 
     def send_batch(self, topic: str, messages: Sequence[OutgoingMessage], *, queue_id: int | None = None,
                    sharding_key: str | None = None, compressed: bool = False, producer_group: str | None = None,
-                   born_timestamp: int | None = None, born_host: str | None = None) -> BatchSendResult:
-        """Store many messages in one queue with consecutive offsets; one bad message rejects the batch."""
+                   born_timestamp: int | None = None, born_host: str | None = None, delay_level: int | None = None,
+                   deliver_at_ms: int | None = None, delay_ms: int | None = None) -> BatchSendResult:
+        """Store many messages in one queue with consecutive offsets; one bad message rejects the batch.
+
+        A delayed batch (a delay argument, or any message with a delay property) parks each
+        message on its own: the results then give the parked copies' offsets.
+        """
         started = time.perf_counter()
         try:
             with self._operation():
-                if compressed:
-                    # The store's batch put writes sys_flag 0 (RocketMQ does not compress batches either).
-                    raise SparkMQError(ErrorCode.INVALID_ARGUMENT,
-                                       "compressed batches are not supported; send compressed messages one by one")
                 if not isinstance(messages, Sequence) or not messages:
                     raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, "the batch is empty")
                 cfg, qid = self._prepare_send(topic, queue_id, sharding_key, producer_group, born_timestamp)
                 batch = []
                 for i, message in enumerate(messages):
                     try:
-                        batch.append(self._to_message(topic, message, False)[0])
+                        batch.append(self._to_message(topic, message, compressed)[0])
                     except SparkMQError as exc:
                         raise SparkMQError(exc.code, f"message {i}: {exc.message}") from None
-                results = self.store.put_batch(topic, qid, batch, born_host=born_host, born_timestamp=born_timestamp)
+                delays = []
+                for i, msg in enumerate(batch):
+                    try:
+                        delays.append(self._delay_of(msg, delay_level, deliver_at_ms, delay_ms))
+                    except SparkMQError as exc:
+                        raise SparkMQError(exc.code, f"message {i}: {exc.message}") from None
+                # A producer compresses all bodies of a batch or none (one flag per request).
+                sys_flag = COMPRESSED if compressed else 0
+                if any(d is not None for d in delays):
+                    results = [self._put_or_park(m, qid, d, born_host=born_host, born_timestamp=born_timestamp,
+                                                 sys_flag=sys_flag)
+                               for m, d in zip(batch, delays, strict=True)]
+                else:
+                    results = self.store.put_batch(topic, qid, batch, born_host=born_host,
+                                                   born_timestamp=born_timestamp, sys_flag=sys_flag)
         except SparkMQError as exc:
             self.metrics.send_failed(exc.code.name)
             raise
         self._after_store(topic, qid, cfg)
         self.metrics.sent(topic, len(batch), sum(len(m.body) for m in batch), time.perf_counter() - started)
         return BatchSendResult(self._send_status(results[-1].status), topic, self.name, qid, results)
+
+    # ================================================================== delay, timers, redelivery
+    def _delay_of(self, msg: Message, delay_level: int | None, deliver_at_ms: int | None,
+                  delay_ms: int | None) -> tuple[str, int] | None:
+        """``("level", L)``, ``("timer", due_ms)`` or None (deliver now); strips the delay properties from ``msg``.
+
+        INVALID_ARGUMENT for a level outside 1..levels, a negative delay, a time beyond
+        ``timer_max_delay_s``, or two ways of delaying at once.  Validates before anything is stored.
+        """
+        props = msg.properties
+        asked = {name: props.pop(name) for name in _DELAY_PROPERTIES if name in props}
+        given = [n for n, v in (("delay_level", delay_level), ("deliver_at_ms", deliver_at_ms),
+                                ("delay_ms", delay_ms)) if v is not None] + list(asked)
+        if len(given) > 1:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"delay the message one way only, got {given}")
+        if not given:
+            return None
+        now = int(time.time() * 1000)
+        if PROPERTY_DELAY_LEVEL in asked:
+            try:
+                delay_level = int(asked[PROPERTY_DELAY_LEVEL])
+            except ValueError:
+                raise SparkMQError(ErrorCode.INVALID_ARGUMENT,
+                                   f"property DELAY must be an integer level, got {asked[PROPERTY_DELAY_LEVEL]!r}"
+                                   ) from None
+        if delay_level is not None:
+            _check_int("delay_level", delay_level, 0, len(self.levels_ms))
+            return ("level", delay_level) if delay_level > 0 else None  # RocketMQ: level 0 = no delay
+        if asked:
+            due = self._timers().due_time(asked, now)
+            assert due is not None
+        elif deliver_at_ms is not None:
+            due = _check_int("deliver_at_ms", deliver_at_ms, 0, 2**63 - 1)
+        else:
+            due = now + _check_int("delay_ms", delay_ms, 0, 2**62)
+        if due - now > self.config.timer_max_delay_s * 1000:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT,
+                               f"the delivery time is {(due - now) / 1000:.0f} s ahead; the maximum is "
+                               f"{self.config.timer_max_delay_s:.0f} s (timer_max_delay_s)")
+        return ("timer", due) if due > now else None
+
+    def _timers(self) -> TimerService:
+        if self.timers is None:
+            raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"broker {self.name} runs no timer service")
+        return self.timers
+
+    def _schedule(self) -> ScheduleService:
+        if self.schedule is None:
+            raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"broker {self.name} runs no schedule service")
+        return self.schedule
+
+    def _put_or_park(self, msg: Message, qid: int, delay: tuple[str, int] | None, **put_args: Any) -> PutResult:
+        if delay is None:
+            return self.store.put(msg, qid, **put_args)
+        kind, value = delay
+        if kind == "level":
+            result = self._schedule().park(msg, qid, value, **put_args)
+        else:
+            result = self._timers().park(msg, qid, value, **put_args)
+        return result  # type: ignore[return-value]
+
+    def _redeliver(self, message: Message, queue_id: int, parked: StoredMessage) -> PutResult:
+        """Put a due (or committed) message to its real topic through the normal put path.
+
+        Long polling wakes, metrics count, and the real topic is created when allowed.
+        """
+        started = time.perf_counter()
+        cfg = self.topics.get(message.topic) or self.topics.for_send(message.topic)
+        if queue_id >= cfg.write_queue_nums:  # the topic shrank meanwhile: keep the message anyway
+            queue_id %= cfg.write_queue_nums
+        result = self.store.put(message, queue_id, born_host=parked.born_host or None,
+                                born_timestamp=parked.born_timestamp, reconsume_times=parked.reconsume_times,
+                                sys_flag=parked.sys_flag & COMPRESSED)
+        self._after_store(message.topic, queue_id, cfg)
+        self.metrics.sent(message.topic, 1, len(message.body), time.perf_counter() - started)
+        return result
+
+    def recall_timer(self, msg_id: str) -> bool:
+        """Cancel a pending timer message by its msg_id; False when fired, recalled or unknown."""
+        if not isinstance(msg_id, str) or not 0 < len(msg_id) <= _MAX_MSG_ID_LENGTH:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"msg_id must be 1-{_MAX_MSG_ID_LENGTH} characters")
+        with self._operation():
+            timers = self._timers()
+            recalled = timers.recall(msg_id)
+            if recalled:
+                # Persist now, not at the next interval: a crash right after must not resurrect it.
+                timers.persist()
+            return recalled
 
     def _prepare_send(self, topic: str, queue_id: int | None, sharding_key: str | None,
                       producer_group: str | None, born_timestamp: int | None) -> tuple[TopicConfig, int]:
@@ -424,11 +609,14 @@ class Broker:
 
     def pull_once(self, topic: str, queue_id: int, offset: int, max_count: int = 32,
                   tags: frozenset[str] | None = None, *, group: str | None = None,
-                  commit_offset: int | None = None) -> GetResult:
+                  commit_offset: int | None = None, sql: SqlFilter | None = None) -> GetResult:
         """Read up to ``max_count`` messages without waiting; also commits ``commit_offset`` for ``group``.
 
         With a tag filter, a read that matched nothing keeps scanning towards the
         queue's end (bounded), so consumers do not round-trip over long runs of other tags.
+        With ``sql`` (a compiled SQL92 filter; ``tags`` is then ignored) only each
+        candidate's properties are decoded and evaluated, scanning up to
+        ``_MAX_SQL_EXAMINED`` units past non-matching ones.
         """
         started = time.perf_counter()
         with self._operation():
@@ -439,6 +627,12 @@ class Broker:
                 if group is None:
                     raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "commit_offset needs a group")
                 self.offsets.commit(group, topic, queue_id, commit_offset)
+            if sql is not None:
+                result = self.store.get_messages_matching(topic, queue_id, offset, max_count, sql.matches,
+                                                          _MAX_SQL_EXAMINED, self.config.pull_max_bytes)
+                self.metrics.pulled(topic, group, len(result.messages), sum(len(m.body) for m in result.messages),
+                                    time.perf_counter() - started)
+                return result
             result = self.store.get_messages(topic, queue_id, offset, max_count, tags, self.config.pull_max_bytes)
             rounds = 1
             while (result.status is GetStatus.NO_MATCHED_MSG and result.next_offset < result.max_offset
@@ -453,20 +647,38 @@ class Broker:
                             time.perf_counter() - started)
         return result
 
+    def pull_filter(self, filter_type: str | None, tags: str | None,
+                    expression: str | None) -> tuple[frozenset[str] | None, SqlFilter | None]:
+        """(tag set, SQL filter) of a pull: ``TAG`` reads ``tags`` (or ``expression``), ``SQL92`` ``expression``.
+
+        FILTER_EXPRESSION_ILLEGAL (with the error's position) for a malformed expression or an unknown type.
+        """
+        kind = (filter_type or FILTER_TAG).upper()
+        if kind == FILTER_SQL92:
+            compiled = cached_filter(expression, FILTER_SQL92)
+            assert isinstance(compiled, SqlFilter)
+            return None, compiled
+        if kind == FILTER_TAG:
+            return parse_tags(tags if tags is not None else expression), None
+        compile_filter(expression, kind)  # raises FILTER_EXPRESSION_ILLEGAL naming the known types
+        raise AssertionError("unreachable")
+
     async def pull(self, topic: str, queue_id: int, offset: int, max_count: int = 32, tags: str | None = None, *,
-                   wait_ms: int = 0, group: str | None = None, commit_offset: int | None = None) -> GetResult:
+                   wait_ms: int = 0, group: str | None = None, commit_offset: int | None = None,
+                   filter_type: str | None = None, expression: str | None = None) -> GetResult:
         """Pull with long polling: when nothing (matching) is new, hold up to ``min(wait_ms, long_polling_max_ms)``.
 
         A held pull answers as soon as a message lands on the queue (and matches), or
         at the deadline with the status it would have had.  Store reads run in a worker
-        thread; the hold itself costs no thread.
+        thread; the hold itself costs no thread.  ``filter_type`` ``SQL92`` filters on the
+        broker with ``expression`` over message properties (see :meth:`pull_filter`).
         """
-        wanted = parse_tags(tags)
+        wanted, sql = self.pull_filter(filter_type, tags, expression)
         _check_int("wait_ms", wait_ms, 0, 2**31 - 1)
         deadline = time.monotonic() + min(wait_ms, self.config.long_polling_max_ms) / 1000.0
         result = await anyio.to_thread.run_sync(
             lambda: self.pull_once(topic, queue_id, offset, max_count, wanted, group=group,
-                                   commit_offset=commit_offset))
+                                   commit_offset=commit_offset, sql=sql))
         while True:
             status = result.status
             at_end = (status is GetStatus.NO_NEW_MSG
@@ -481,7 +693,7 @@ class Broker:
             if not self.running:
                 return result
             again = await anyio.to_thread.run_sync(
-                lambda s=start: self.pull_once(topic, queue_id, s, max_count, wanted, group=group))
+                lambda s=start: self.pull_once(topic, queue_id, s, max_count, wanted, group=group, sql=sql))
             if again.status is GetStatus.NO_NEW_MSG and start > offset:
                 # Earlier rounds skipped non-matching messages: tell the caller to advance.
                 again = GetResult(GetStatus.NO_MATCHED_MSG, again.next_offset, again.min_offset, again.max_offset)
@@ -501,6 +713,199 @@ class Broker:
     def message_by_offset_msg_id(self, offset_msg_id: str) -> StoredMessage:
         """The message an offsetMsgId points to (MESSAGE_ID_ILLEGAL, MESSAGE_NOT_FOUND)."""
         return self.store.read_by_offset_msg_id(offset_msg_id)
+
+    # ================================================================== retry and dead letters
+    def send_back(self, group: str, offset_msg_id: str, *, delay_level: int = 0, reason: str = "",
+                  max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES) -> dict[str, Any]:
+        """A consumer of ``group`` failed on a message: retry it through ``%RETRY%<group>`` or dead-letter it.
+
+        ``delay_level`` 0 = level 3 + reconsume count, > 0 = that level, -1 = straight to the
+        DLQ.  After ``max_reconsume_times`` retries the message goes to ``%DLQ%<group>`` (one
+        queue, perm 6, created on the first dead letter).  Broadcasting groups do not retry
+        (INVALID_ARGUMENT).
+        """
+        validate_group(group)
+        _check_int("delay_level", delay_level, -1, 2**31 - 1)
+        _check_int("max_reconsume_times", max_reconsume_times, 0, 10_000)
+        if not isinstance(reason, str):
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "reason must be a string")
+        if self.clients.group_info(group).message_model is MessageModel.BROADCASTING \
+                and self.clients.members(group):
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT,
+                               f"group {group!r} consumes by broadcasting; broadcasting consumers do not retry")
+        with self._operation():
+            stored = self.store.read_by_offset_msg_id(offset_msg_id)
+            plan = plan_send_back(stored, group, reason=reason, delay_level=delay_level,
+                                  max_reconsume_times=max_reconsume_times, level_count=len(self.levels_ms))
+            put_args: dict[str, Any] = {"born_timestamp": stored.born_timestamp,
+                                        "born_host": stored.born_host or None,
+                                        "reconsume_times": plan.reconsume_times,
+                                        "sys_flag": stored.sys_flag & COMPRESSED}
+            topic = plan.message.topic
+            if plan.dead_letter:
+                cfg = self.topics.ensure_system_topic(topic, 1)
+                result = self.store.put(plan.message, 0, **put_args)
+                self._after_store(topic, 0, cfg)
+            else:
+                self.topics.ensure_system_topic(topic, 1)
+                assert plan.delay_level is not None
+                result = self._schedule().park(plan.message, plan.queue_id, plan.delay_level, **put_args)
+        return {"status": "DLQ" if plan.dead_letter else "RETRY", "topic": topic,
+                "delay_level": plan.delay_level or 0, "reconsume_times": plan.reconsume_times,
+                "msg_id": result.msg_id, "offset_msg_id": result.offset_msg_id}  # type: ignore[attr-defined]
+
+    def dlq_messages(self, group: str, offset: int = 0, max_count: int = 32) -> GetResult:
+        """Messages of ``%DLQ%<group>`` from ``offset`` (NO_MATCHED_QUEUE with none when nothing was dead-lettered)."""
+        validate_group(group)
+        topic = dlq_topic(group)
+        if self.topics.get(topic) is None:
+            _check_int("offset", offset, 0, 2**63 - 1, ErrorCode.OFFSET_ILLEGAL)
+            _check_int("max", max_count, 1, MAX_PULL_BATCH)
+            return GetResult(GetStatus.NO_MATCHED_QUEUE, 0, 0, 0)
+        return self.pull_once(topic, 0, offset, max_count)
+
+    def redrive(self, group: str, msg_ids: Sequence[str] = (), *, all_messages: bool = False,
+                topic: str | None = None, tags: str | None = None) -> dict[str, Any]:
+        """Send DLQ messages back to their original topics (the DLQ keeps its copies: it is a log).
+
+        Either ``msg_ids`` (msgIds or offsetMsgIds of DLQ messages) or ``all_messages``
+        (optionally only those first sent to ``topic`` / with tag ``tags``).  Each copy
+        gets reconsume count 0 and loses the DLQ properties.
+        """
+        validate_group(group)
+        if isinstance(msg_ids, str) or not all(isinstance(i, str) for i in msg_ids):
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "msg_ids must be a list of strings")
+        if bool(msg_ids) == bool(all_messages):
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "give either msg_ids or all=true")
+        dlq = dlq_topic(group)
+        chosen: dict[str, StoredMessage] = {}
+        wanted = set(msg_ids)
+        if self.topics.get(dlq) is not None:
+            with self._operation():
+                for m in iter_all(self.store, dlq, 0):
+                    origin = m.properties.get(PROPERTY_DLQ_ORIGIN_TOPIC, m.topic)
+                    if all_messages:
+                        pick = (topic is None or origin == topic) and (tags is None or m.tags == tags)
+                    else:
+                        pick = m.msg_id in wanted or m.offset_msg_id in wanted
+                    if pick:
+                        chosen[m.msg_id or m.offset_msg_id] = m  # one copy per message: the latest dead letter
+        results = []
+        for m in chosen.values():
+            props = {k: v for k, v in m.properties.items() if k not in _DLQ_PROPERTIES}
+            origin = m.properties.get(PROPERTY_DLQ_ORIGIN_TOPIC, m.topic)
+            props.pop("TAGS", None)
+            props.pop("KEYS", None)
+            msg_id = props.pop("UNIQ_KEY", None) or None
+            outgoing = OutgoingMessage(m.body, m.tags, m.keys, props, msg_id)
+            results.append(self.send(origin, outgoing, compressed=bool(m.sys_flag & COMPRESSED),
+                                     born_timestamp=m.born_timestamp).to_dict())
+        found = {m.msg_id for m in chosen.values()} | {m.offset_msg_id for m in chosen.values()}
+        return {"redriven": len(results), "results": results,
+                "not_found": sorted(i for i in wanted if i not in found)}
+
+    # ================================================================== transactions
+    def _tx(self) -> TransactionService:
+        if self.transactions is None:
+            raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"broker {self.name} runs no transaction service")
+        return self.transactions
+
+    def send_half(self, topic: str, message: OutgoingMessage, producer_group: str, *, queue_id: int | None = None,
+                  sharding_key: str | None = None, born_timestamp: int | None = None,
+                  born_host: str | None = None) -> dict[str, Any]:
+        """Store a transaction's half message (invisible until committed); the answer carries its transaction id."""
+        if producer_group is None:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "a half message needs its producer_group")
+        with self._operation():
+            cfg, qid = self._prepare_send(topic, queue_id, sharding_key, producer_group, born_timestamp)
+            msg, _sys_flag = self._to_message(topic, message, False)
+            if any(name in msg.properties for name in _DELAY_PROPERTIES):
+                raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "a transactional message cannot be delayed")
+            result = self._tx().prepare(msg, qid, producer_group, born_host=born_host, born_timestamp=born_timestamp)
+        self._after_store(topic, qid, cfg)
+        return {"status": str(self._send_status(result.status)), "transaction_id": result.msg_id,
+                "msg_id": result.msg_id, "offset_msg_id": result.offset_msg_id, "topic": topic,
+                "broker_name": self.name, "queue_id": qid, "queue_offset": result.queue_offset,
+                "store_timestamp": result.store_timestamp}
+
+    def end_transaction(self, transaction_id: str, producer_group: str, action: str,
+                        from_check: bool = False) -> dict[str, Any]:
+        """COMMIT (the message becomes visible), ROLLBACK (never) or UNKNOWN (checks go on) an open transaction.
+
+        TRANSACTION_NOT_FOUND for an unknown or settled id (nothing changes).
+        """
+        validate_group(producer_group)
+        if not isinstance(action, str):
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "action must be COMMIT, ROLLBACK or UNKNOWN")
+        action = action.upper()
+        with self._operation():
+            put = self._tx().end(transaction_id, producer_group, action)
+        if action in (COMMIT, ROLLBACK):
+            self.checks.discard(transaction_id, producer_group)
+        send_result = None
+        if put is not None:
+            send_result = SendResult(self._send_status(put.status), put.msg_id, put.offset_msg_id, put.topic,
+                                     self.name, put.queue_id, put.queue_offset, put.store_timestamp,
+                                     put.commitlog_offset).to_dict()
+        log.debug("transaction %s of %s: %s (from check: %s)", transaction_id, producer_group, action, from_check)
+        return {"transaction_id": transaction_id, "action": action, "send_result": send_result}
+
+    def _offer_check(self, request: CheckRequest) -> bool:
+        # Queued even when no producer is known: one that connects later takes it at once.
+        self.checks.offer(request)
+        return self.clients.has_producer(request.producer_group)
+
+    async def poll_checks(self, producer_group: str, client_id: str | None = None,
+                          wait_ms: int = 0) -> list[dict[str, Any]]:
+        """Long poll for check-backs due for ``producer_group`` (each goes to one poller); [] at the timeout.
+
+        A polling ``client_id`` counts as a live producer of the group (a heartbeat).
+        """
+        validate_group(producer_group)
+        _check_int("wait_ms", wait_ms, 0, 2**31 - 1)
+        if client_id:
+            self.clients.heartbeat(client_id, [producer_group])
+        timeout = min(wait_ms, self.config.long_polling_max_ms * 2) / 1000.0 if self.running else 0.0
+        taken = await self.checks.poll(producer_group, timeout)
+        return [{"transaction_id": c.transaction_id, "topic": c.topic, "msg_id": c.transaction_id,
+                 "offset_msg_id": c.half_offset_msg_id, "check_times": c.check_times, "body": c.body,
+                 "properties": c.properties} for c in taken]
+
+    # ================================================================== offset reset
+    def reset_offsets(self, group: str, topic: str, *, timestamp: int | None = None,
+                      offsets: dict[int, int] | None = None) -> dict[str, Any]:
+        """Move ``group``'s offsets on ``topic`` to the first message at/after ``timestamp`` or to ``offsets``.
+
+        The group's version moves (``/consumers/{group}/changes`` answers), so running
+        consumers re-read their offsets.  GROUP_NOT_EXIST when the group has no members
+        and no committed offsets here; QUEUE_ID_ILLEGAL / OFFSET_ILLEGAL for bad entries
+        (an offset beyond the queue's max); nothing changes on error.
+        """
+        validate_group(group)
+        cfg = self.topics.require(topic)
+        if (timestamp is None) == (offsets is None):
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "give either timestamp or offsets")
+        if not self.clients.members(group) and not self.offsets.topics_of(group):
+            raise SparkMQError(ErrorCode.GROUP_NOT_EXIST, f"consumer group {group!r} is not known on {self.name}")
+        new: dict[int, int] = {}
+        if timestamp is not None:
+            _check_int("timestamp", timestamp, 0, 2**63 - 1)
+            for queue_id in range(cfg.read_queue_nums):
+                new[queue_id] = self.store.offset_by_time(topic, queue_id, timestamp)
+        else:
+            assert offsets is not None
+            if not offsets:
+                raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "offsets is empty")
+            for queue_id, offset in offsets.items():
+                _check_int("queue_id", queue_id, 0, cfg.read_queue_nums - 1, ErrorCode.QUEUE_ID_ILLEGAL)
+                high = self.store.max_offset(topic, queue_id)
+                _check_int(f"offset of queue {queue_id}", offset, 0, high, ErrorCode.OFFSET_ILLEGAL)
+                new[queue_id] = offset
+        self.offsets.reset(group, topic, new)
+        version = self.clients.bump_version(group)
+        log.info("group %s reset on %s to %s", group, topic, new)
+        return {"group": group, "topic": topic, "offsets": {str(q): o for q, o in sorted(new.items())},
+                "version": version}
 
     # ================================================================== consumer offsets
     def commit_offsets(self, group: str, entries: Iterable[tuple[str, int, int]]) -> int:
@@ -592,7 +997,15 @@ class Broker:
         """Record a client heartbeat; returns each consumer group's membership version.
 
         Clustering groups get their retry topic ``%RETRY%<group>`` (1 queue), as in RocketMQ.
+        Every subscription's expression is compiled first: a malformed one refuses the whole
+        heartbeat with FILTER_EXPRESSION_ILLEGAL and changes nothing.
         """
+        for data in consumers:
+            for sub in getattr(data, "subscriptions", ()):
+                try:
+                    cached_filter(sub.expression, str(sub.type))
+                except SparkMQError as exc:
+                    raise SparkMQError(exc.code, f"group {data.group}, topic {sub.topic}: {exc.message}") from None
         versions = self.clients.heartbeat(client_id, producer_groups, consumers)
         for data in consumers:
             if data.message_model is MessageModel.CLUSTERING:

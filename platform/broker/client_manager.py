@@ -366,6 +366,26 @@ class ClientManager:
         """Topics some member of ``group`` subscribes to, sorted."""
         return [s.topic for s in self.group_info(group).subscriptions]
 
+    def bump_version(self, group: str) -> int:
+        """Move the group's version without a membership change (an offset reset), waking ``/changes`` polls.
+
+        Consumers watching the version re-read their offsets (and rebalance, which is harmless).
+        """
+        validate_group(group)
+        with self._lock:
+            version = self._versions.get(group, 0) + 1
+            self._versions[group] = version
+            g = self._groups.get(group)
+            if g is not None:
+                g.version = version
+        self._waiters.notify(group)
+        return version
+
+    def has_producer(self, group: str) -> bool:
+        """Whether a live (not expired) producer of ``group`` is known."""
+        with self._lock:
+            return bool(self._producers.get(group))
+
     async def wait_change(self, group: str, version: int, timeout_s: float) -> tuple[int, list[str]]:
         """Wait until the group's version differs from ``version`` (or ``timeout_s``); returns (version, members)."""
         validate_group(group)

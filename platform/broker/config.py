@@ -28,11 +28,14 @@ from types import MappingProxyType
 from typing import Any
 
 from ..store.config import StoreConfig
+from .schedule import parse_delay_levels
 
 __all__ = ["BrokerRole", "BrokerConfig", "DEFAULT_PORT", "parse_namesrv_addrs"]
 
 log = logging.getLogger("sparkmq.broker")
 
+#: The schedule topic has one queue per level and RocketMQ's 18 queues.
+MAX_DELAY_LEVELS = 18
 #: RocketMQ's broker port.
 DEFAULT_PORT = 10911
 
@@ -163,6 +166,16 @@ class BrokerConfig:
     pull_max_bytes: int = 16 << 20
     #: A request body (one batch send) may be at most this large.
     max_request_bytes: int = 64 << 20
+    #: Delay levels (space-separated, ``ms``/``s``/``m``/``h``/``d``); level L parks in schedule queue L-1.
+    message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+    #: A timer message may be due at most this far ahead (RocketMQ: 3 days).
+    timer_max_delay_s: float = 3 * 24 * 3600.0
+    #: First check-back of an open transaction after this long (a message's CHECK_IMMUNITY_TIME_IN_SECONDS wins).
+    transaction_check_first_s: float = 6.0
+    #: Later check-backs this often.
+    transaction_check_interval_s: float = 30.0
+    #: After this many unanswered check-backs the half message is discarded.
+    transaction_check_max: int = 15
     #: ``[store]`` settings (fields of StoreConfig except root/store_host, which the broker derives).
     store: Mapping[str, Any] = field(default_factory=dict)
 
@@ -183,6 +196,13 @@ class BrokerConfig:
         for name in ("register_interval_s", "register_timeout_s", "client_expiry_s", "client_scan_interval_s",
                      "offset_persist_interval_s", "queue_lock_expiry_s"):
             _check_seconds(name, getattr(self, name))
+        for name in ("timer_max_delay_s", "transaction_check_first_s", "transaction_check_interval_s"):
+            _check_seconds(name, getattr(self, name))
+        _check_int("transaction_check_max", self.transaction_check_max, 1, 1_000_000)
+        levels = self.delay_levels_ms  # validates
+        if len(levels) > MAX_DELAY_LEVELS:
+            raise ValueError(f"message_delay_level has {len(levels)} levels; at most {MAX_DELAY_LEVELS} "
+                             f"(the schedule topic's queue count)")
         _check_int("long_polling_max_ms", self.long_polling_max_ms, 0, 3_600_000)
         _check_int("default_topic_queue_nums", self.default_topic_queue_nums, 1, 1024)
         _check_int("pull_max_bytes", self.pull_max_bytes, 1, 2**31 - 1)
@@ -206,6 +226,17 @@ class BrokerConfig:
         if host in ("0.0.0.0", "::", ""):
             host = _local_ip()
         return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+
+    @property
+    def delay_levels_ms(self) -> tuple[int, ...]:
+        """Milliseconds of each delay level (ValueError for a malformed ``message_delay_level``)."""
+        if not isinstance(self.message_delay_level, str):
+            raise ValueError(f"message_delay_level must be a string, got {self.message_delay_level!r}")
+        return parse_delay_levels(self.message_delay_level)
+
+    def progress_path(self, name: str) -> Path:
+        """Where a background service persists its progress (``data_dir/config/<name>.json``)."""
+        return self.data_dir / "config" / f"{name}.json"
 
     @property
     def topics_path(self) -> Path:

@@ -8,16 +8,18 @@ retention, and reads them back through the consume queues.
 from __future__ import annotations
 
 import fcntl
+import functools
 import logging
 import os
+import struct
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 from ...storage_native import CommitLog, StoreError, decode_record
 from ...storage_native import errors as native_errors
 from ...storage_native.layout import record_size
-from ..common.codec import encode_properties, pack_host, tag_hash
+from ..common.codec import decode_properties, encode_properties, pack_host, tag_hash
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.ids import UniqueIdGenerator, decode_offset_msg_id, encode_offset_msg_id, offset_msg_id_prefix
 from ..common.message import (
@@ -36,7 +38,7 @@ from .paths import StorePaths
 from .retention import RetentionDecision, RetentionPolicy
 from .status import GetResult, GetStatus, PutResult, PutStatus
 
-__all__ = ["MessageStore", "translate_store_error"]
+__all__ = ["MessageStore", "translate_store_error", "record_properties", "raw_record_properties", "RawProperties"]
 
 log = logging.getLogger(__name__)
 
@@ -286,10 +288,13 @@ class MessageStore:
                          queue_offset, offset, store_ts, size)
 
     def put_batch(self, topic: str, queue_id: int, messages: Sequence[Message], *,
-                  born_host: str | None = None, born_timestamp: int | None = None) -> list[PutResult]:
+                  born_host: str | None = None, born_timestamp: int | None = None,
+                  sys_flag: int = 0) -> list[PutResult]:
         """Append messages of one topic to one queue in one call (consecutive queue offsets).
 
         Every message is validated first; one bad message rejects the whole batch.
+        ``sys_flag`` applies to every record (e.g. COMPRESSED for a batch whose bodies
+        the producer compressed).
         """
         validate_topic(topic)
         qid = self._check_queue(topic, queue_id)
@@ -309,7 +314,7 @@ class MessageStore:
                 body, props, thash, unique_id = self._encode(msg, now_ms)
             except SparkMQError as exc:
                 raise SparkMQError(exc.code, f"message {i}: {exc.message}") from None
-            items.append((body, props, thash, msg.flag, 0, born, host, 0, 0))
+            items.append((body, props, thash, msg.flag, sys_flag, born, host, 0, 0))
             ids.append(unique_id)
             sizes.append(_record_size(body, topic, props))
         try:
@@ -372,6 +377,66 @@ class MessageStore:
         status = GetStatus.FOUND if messages else GetStatus.NO_MATCHED_MSG
         return GetResult(status, next_offset, lo, cq.max_offset, messages)
 
+    def get_messages_matching(self, topic: str, queue_id: int, offset: int, max_count: int,
+                              matches: Callable[[Mapping[str, str]], bool], max_examined: int = 32_768,
+                              max_bytes: int = 0) -> GetResult:
+        """Like :meth:`get_messages`, but deliver only messages whose *properties* satisfy ``matches``.
+
+        Built for broker-side SQL92 filtering: records are read in large batches and only
+        the properties the predicate asks for are searched (:class:`RawProperties`); a
+        body is decoded only for a message that matches.  Scans past non-matching runs until ``max_count``
+        matched, ``max_examined`` units were examined, or the queue ends; the result's
+        ``next_offset`` is one past the last unit examined (NO_MATCHED_MSG when none matched).
+        """
+        validate_topic(topic)
+        offset = _check_offset("offset", offset)
+        if isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"max_count must be a positive integer, got {max_count!r}")
+        log_ = self.commit_log
+        cq = log_.consume_queue(topic, queue_id)
+        if cq is None:
+            return GetResult(GetStatus.NO_MATCHED_QUEUE, 0, 0, 0)
+        lo, hi = cq.min_offset, cq.max_offset
+        if offset < lo:
+            return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, hi)
+        if offset == hi:
+            return GetResult(GetStatus.NO_NEW_MSG, hi, lo, hi)
+        if offset > hi:
+            return GetResult(GetStatus.OFFSET_OVERFLOW, hi, lo, hi)
+        found: list[StoredMessage] = []
+        size = 0
+        next_offset = offset
+        examined = 0
+        # Start small (a selective filter still finds max_count soon) and double: records read past the
+        # last match of a pull are read again by the next one, so a fixed large batch wastes copies.
+        step = max(64, 4 * max_count)
+        while len(found) < max_count and examined < max_examined and next_offset < cq.max_offset:
+            batch = min(step, _SCAN_BATCH, max_examined - examined)
+            step *= 2
+            try:
+                after, records = log_.get(topic, queue_id, next_offset, batch, None, _SCAN_BYTES)
+            except StoreError as exc:
+                if exc.code == native_errors.OFFSET_TOO_SMALL:  # retention moved the queue meanwhile
+                    lo = cq.min_offset
+                    return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, cq.max_offset)
+                raise translate_store_error(exc) from None
+            if after <= next_offset:
+                break
+            for queue_offset, _clog, rec in records:
+                if matches(raw_record_properties(rec)):
+                    if max_bytes and found and size + len(rec) > max_bytes:
+                        after = queue_offset  # the rest of the batch is examined again next time
+                        break
+                    found.append(StoredMessage.from_decoded(decode_record(rec)))
+                    size += len(rec)
+                    if len(found) >= max_count:
+                        after = queue_offset + 1
+                        break
+            examined += after - next_offset
+            next_offset = after
+        status = GetStatus.FOUND if found else GetStatus.NO_MATCHED_MSG
+        return GetResult(status, next_offset, lo, cq.max_offset, found)
+
     def read_message(self, commitlog_offset: int) -> StoredMessage:
         """The message stored at ``commitlog_offset``; MESSAGE_NOT_FOUND when none starts there."""
         offset = _check_offset("commitlog offset", commitlog_offset)
@@ -430,6 +495,85 @@ class MessageStore:
                 self.run_retention()
             except Exception:  # a failed pass is retried next interval
                 log.exception("retention pass failed")
+
+
+#: Units read per native call while filtering on properties, and the byte cap of one such read.
+_SCAN_BATCH = 1024
+_SCAN_BYTES = 8 << 20
+_U32 = struct.Struct("<I")
+_U16 = struct.Struct("<H")
+#: Where the body length sits in a record header (see storage_native.layout).
+_BODY_LENGTH_AT = 116
+_HEADER_SIZE = 120
+
+
+class RawProperties(Mapping[str, str]):
+    """A read-only view of encoded properties that finds one property without decoding the others.
+
+    Filters call ``get(name)`` for the few names an expression mentions; searching the
+    raw ``key\\x01value\\x02`` bytes for those is several times cheaper than building a dict.
+    Keys and values cannot contain the separators, so a search cannot match across pairs.
+    """
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: bytes) -> None:
+        self._raw = raw
+
+    def get(self, name: str, default: str | None = None) -> str | None:  # type: ignore[override]
+        """The value of ``name``, or ``default``."""
+        first, inner = _needles(name)
+        raw = self._raw
+        if raw.startswith(first):
+            start = len(first)
+        else:
+            at = raw.find(inner)
+            if at < 0:
+                return default
+            start = at + len(inner)
+        end = raw.find(b"\x02", start)
+        return raw[start:end if end >= 0 else len(raw)].decode("utf-8")
+
+    def __getitem__(self, name: str) -> str:
+        value = self.get(name)
+        if value is None:
+            raise KeyError(name)
+        return value
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.get(name) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(decode_properties(self._raw))
+
+    def __len__(self) -> int:
+        return len(decode_properties(self._raw))
+
+
+@functools.lru_cache(maxsize=4096)
+def _needles(name: str) -> tuple[bytes, bytes]:
+    key = name.encode("utf-8")
+    return key + b"\x01", b"\x02" + key + b"\x01"
+
+
+def raw_record_properties(record: bytes | memoryview) -> RawProperties:
+    """The properties of one whole record as a lazy :class:`RawProperties` view."""
+    at = _HEADER_SIZE + _U32.unpack_from(record, _BODY_LENGTH_AT)[0]
+    at += 1 + record[at]
+    length = _U16.unpack_from(record, at)[0]
+    return RawProperties(bytes(record[at + 2:at + 2 + length]))
+
+
+def record_properties(record: bytes | memoryview) -> dict[str, str]:
+    """The properties of one whole record (as ``CommitLog.read``/``get`` return it), without decoding the rest.
+
+    Layout (``storage_native.layout``): header (120 bytes, body length at 116), body,
+    topic length (1 byte), topic, properties length (2 bytes), properties.
+    """
+    at = _HEADER_SIZE + _U32.unpack_from(record, _BODY_LENGTH_AT)[0]
+    at += 1 + record[at]
+    length = _U16.unpack_from(record, at)[0]
+    return decode_properties(bytes(record[at + 2:at + 2 + length]))
 
 
 def _record_size(body: bytes, topic: str, props: bytes) -> int:
