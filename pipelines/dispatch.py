@@ -1,0 +1,324 @@
+"""The dispatch job: the commit log into the Delta tables ``consume_queue``, ``messages`` and ``message_keys``.
+
+A Structured Streaming query reads every topic through the ``sparkmq`` source in its stored
+form (``raw``: bodies as stored, all properties) and, per micro-batch (``foreachBatch``),
+appends to the three tables with delta-rs::
+
+    query = start_dispatch(spark, "127.0.0.1:9876", "/data/lake", "/data/checkpoints/dispatch",
+                           trigger={"processingTime": "1 second"})
+    dispatch_stats(query).last          # DispatchBatch: rows, lag from store to commit, ...
+
+Exactly once: each table's append carries the Delta app transaction
+``(f"dispatch-{job}-{table}", batch_id)`` (:func:`~.delta_io.append_exactly_once`), so a batch
+Spark replays after a failure -- or a batch id run again by hand -- never adds rows twice,
+and a crash between the three appends is repaired by the replay.  The checkpoint and the
+tables belong together: :func:`start_dispatch` refuses a checkpoint that is behind the tables
+(a lost or swapped checkpoint would silently skip batches).
+
+What is dispatched: every user topic, ``%RETRY%`` and ``%DLQ%`` topics and the trace topic.
+Left out are the broker's bookkeeping topics whose messages reach the lake when they are
+delivered to their real topic (delay-level schedule, timer wheel, transaction half and op
+topics) and the ``TBW102`` template.
+
+Lag: for every batch the job measures commit time minus each message's store time (max,
+p50, p99, in ms) -- how fresh the index is.  It is logged and kept in :func:`dispatch_stats`.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+import zlib
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from sparkmq.platform.common.system_topics import SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
+
+from . import tables
+from .cluster_io import Endpoints
+from .delta_io import append_exactly_once
+from .errors import LakeError
+from .source import FORMAT, register
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+__all__ = [
+    "DISPATCH_TABLES",
+    "DispatchBatch",
+    "DispatchStats",
+    "build_tables",
+    "dispatch_app_id",
+    "dispatch_arrow",
+    "dispatch_source_options",
+    "dispatch_stats",
+    "start_dispatch",
+]
+
+log = logging.getLogger(__name__)
+
+#: The tables the job writes, in the order it writes them.
+DISPATCH_TABLES = (tables.CONSUME_QUEUE, tables.MESSAGES, tables.MESSAGE_KEYS)
+
+#: Topics whose messages are the broker's bookkeeping; they reach the lake via their real topic.
+_NOT_DISPATCHED = (SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, "TBW102")
+#: Every topic except those (the source's includeSystemTopics lets %RETRY%, %DLQ%, trace through).
+DISPATCH_PATTERN = "(?!(?:" + "|".join(re.escape(t) for t in _NOT_DISPATCHED) + ")$).+"
+
+#: Upper bound of one micro-batch (it is collected on the driver to be written with delta-rs).
+DEFAULT_MAX_MESSAGES_PER_TRIGGER = 200_000
+DEFAULT_TRIGGER: Mapping[str, Any] = {"processingTime": "1 second"}
+
+_TS = pa.timestamp("us", tz="UTC")
+
+
+def dispatch_app_id(job: str, table: str) -> str:
+    """The Delta app id of ``job``'s appends to ``table``: ``dispatch-{job}-{table}``."""
+    return f"dispatch-{job}-{table}"
+
+
+# -- per-batch statistics ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DispatchBatch:
+    """One dispatched micro-batch: what was written and how fresh it was."""
+
+    batch_id: int
+    rows: int
+    #: table -> True when this run appended, False when the table already had the batch
+    written: Mapping[str, bool]
+    #: commit time minus store time over the batch's messages, in ms (None for an empty batch)
+    lag_ms_max: float | None
+    lag_ms_p50: float | None
+    lag_ms_p99: float | None
+    committed_at: float                  # epoch seconds
+    duration_s: float
+
+
+@dataclass
+class DispatchStats:
+    """What a dispatch query has done: the last batches, totals and the last error.  Thread-safe."""
+
+    job: str
+    batches: int = 0
+    rows: int = 0
+    last_error: str | None = None
+    history: deque[DispatchBatch] = field(default_factory=lambda: deque(maxlen=100))
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def last(self) -> DispatchBatch | None:
+        """The last dispatched batch, if any."""
+        with self._lock:
+            return self.history[-1] if self.history else None
+
+    def record(self, batch: DispatchBatch) -> None:
+        """Add one batch."""
+        with self._lock:
+            self.history.append(batch)
+            self.batches += 1
+            self.rows += batch.rows
+            self.last_error = None
+
+    def fail(self, error: BaseException) -> None:
+        """Remember a failed batch's error."""
+        with self._lock:
+            self.last_error = f"{type(error).__name__}: {error}"
+
+
+_stats_lock = threading.Lock()
+_stats: dict[str, DispatchStats] = {}
+
+
+def dispatch_stats(query: StreamingQuery) -> DispatchStats | None:
+    """The statistics of a query started by :func:`start_dispatch` (None for other queries)."""
+    with _stats_lock:
+        return _stats.get(str(query.id))
+
+
+# -- rows to tables ----------------------------------------------------------------------------------
+
+def _col(t: pa.Table, name: str) -> pa.Array:
+    return t.column(name).combine_chunks()
+
+
+def build_tables(rows: pa.Table) -> dict[str, pa.Table]:
+    """The ``consume_queue``, ``messages`` and ``message_keys`` rows of source rows read with ``raw``.
+
+    ``rows`` has the source's columns (``SOURCE_SCHEMA``); the result follows the specs in
+    :mod:`.tables` exactly.  ``message_keys`` gets one row for the unique id and one per key.
+    """
+    topic, broker, qid, qoff = (_col(rows, c) for c in ("topic", "broker", "queue_id", "queue_offset"))
+    clog, size, store_ts = _col(rows, "commitlog_offset"), _col(rows, "store_size"), _col(rows, "store_timestamp")
+    store_ts = store_ts.cast(_TS)
+    tags = _col(rows, "tags")
+    # The consume queue's tag hash (codec.tag_hash: CRC-32 of the tag, 0 for none); Arrow has no CRC kernel.
+    tag_hash = pa.array([zlib.crc32(t.encode("utf-8")) if t else 0 for t in tags.to_pylist()], type=pa.int64())
+    cq = tables.get_spec(tables.CONSUME_QUEUE).schema
+    consume_queue = pa.Table.from_arrays([topic, broker, qid, qoff, clog, size, tag_hash, store_ts], schema=cq)
+
+    props = _col(rows, "properties")
+    raw_keys = pc.map_lookup(props, pa.scalar("KEYS"), "first")
+    ms = tables.get_spec(tables.MESSAGES).schema
+    messages = pa.Table.from_arrays([
+        topic, broker, qid, qoff, clog, size, _col(rows, "msg_id"), _col(rows, "offset_msg_id"), tags, raw_keys,
+        _col(rows, "body"), props.cast(ms.field("properties").type), _col(rows, "born_timestamp").cast(_TS),
+        _col(rows, "born_host"), store_ts, _col(rows, "store_host"), _col(rows, "reconsume_times"),
+        _col(rows, "sys_flag"), store_ts.cast(pa.date32()),
+    ], schema=ms)
+
+    # message_keys: the unique id of every message that has one, then each key.
+    msg_id = _col(rows, "msg_id")
+    has_id = pc.not_equal(msg_id, "")
+    keys = _col(rows, "keys")
+    offs = keys.offsets.to_numpy(zero_copy_only=False)
+    parents = pa.array(np.repeat(np.arange(len(keys)), np.diff(offs)))
+    key_values = keys.values.slice(offs[0], offs[-1] - offs[0]).cast(pa.string())
+    location = [topic, broker, qid, qoff, clog, store_ts]
+    ids = pc.filter(msg_id, has_id)
+    id_rows = [ids, pa.array(["msg_id"] * len(ids), pa.string())] + [pc.filter(c, has_id) for c in location]
+    key_rows = [key_values, pa.array(["key"] * len(key_values), pa.string())] + [pc.take(c, parents) for c in location]
+    mk = tables.get_spec(tables.MESSAGE_KEYS).schema
+    message_keys = pa.Table.from_arrays(
+        [pa.concat_arrays([a.cast(f.type), b.cast(f.type)]) for a, b, f in zip(id_rows, key_rows, mk, strict=True)],
+        schema=mk)
+    return {tables.CONSUME_QUEUE: consume_queue, tables.MESSAGES: messages, tables.MESSAGE_KEYS: message_keys}
+
+
+def _lag_ms(store_ts: pa.ChunkedArray | pa.Array, now_s: float) -> tuple[float | None, float | None, float | None]:
+    if len(store_ts) == 0:
+        return None, None, None
+    micros = pc.cast(store_ts, _TS).cast(pa.int64()).to_numpy(zero_copy_only=False)
+    lag = (now_s * 1e6 - micros) / 1000.0
+    p50, p99 = np.percentile(lag, [50, 99])
+    return float(lag.max()), float(p50), float(p99)
+
+
+def dispatch_arrow(rows: pa.Table, batch_id: int, lake_root: str | os.PathLike[str], job: str) -> DispatchBatch:
+    """Write one micro-batch's rows (``raw`` source rows) to the three tables, once per ``(job, batch_id)``.
+
+    The body of the job's ``foreachBatch``; public so a batch can be re-run (it then writes
+    nothing).  An empty batch writes nothing and records no version.
+    """
+    begin = time.time()
+    written: dict[str, bool] = dict.fromkeys(DISPATCH_TABLES, False)
+    if rows.num_rows:
+        for name, table in build_tables(rows).items():
+            written[name] = append_exactly_once(tables.table_path(lake_root, name), table,
+                                                app_id=dispatch_app_id(job, name), version=batch_id)
+    committed = time.time()
+    lag_max, lag_p50, lag_p99 = _lag_ms(rows.column("store_timestamp"), committed)
+    return DispatchBatch(batch_id, rows.num_rows, written, lag_max, lag_p50, lag_p99, committed, committed - begin)
+
+
+# -- the query -----------------------------------------------------------------------------------------
+
+def _endpoint_options(namesrv_or_brokers: str | Mapping[str, str]) -> tuple[dict[str, str], Endpoints]:
+    if isinstance(namesrv_or_brokers, Mapping):
+        text = ",".join(f"{n}={a}" for n, a in namesrv_or_brokers.items())
+        return {"brokers": text}, Endpoints.parse(brokers=text)
+    if "=" in namesrv_or_brokers:
+        return {"brokers": namesrv_or_brokers}, Endpoints.parse(brokers=namesrv_or_brokers)
+    return {"namesrv": namesrv_or_brokers}, Endpoints.parse(namesrv=namesrv_or_brokers)
+
+
+def dispatch_source_options(namesrv_or_brokers: str | Mapping[str, str],
+                            max_messages_per_trigger: int | None = DEFAULT_MAX_MESSAGES_PER_TRIGGER
+                            ) -> dict[str, str]:
+    """The ``sparkmq`` source options the job reads with (every dispatched topic, stored form, from the start)."""
+    options, _ = _endpoint_options(namesrv_or_brokers)
+    options.update({"subscribePattern": DISPATCH_PATTERN, "includeSystemTopics": "true", "raw": "true",
+                    "startingOffsets": "earliest",
+                    # Retention may delete a range before it was dispatched (a lake stopped for days):
+                    # log it and go on rather than stop dispatching for good.
+                    "failOnDataLoss": "false"})
+    if max_messages_per_trigger is not None:
+        options["maxMessagesPerTrigger"] = str(max_messages_per_trigger)
+    return options
+
+
+def _latest_checkpoint_batch(checkpoint_dir: str) -> int | None:
+    """The newest batch id in the checkpoint's offset log (None when it has none, or is not local)."""
+    if "://" in checkpoint_dir and not checkpoint_dir.startswith("file:"):
+        return None
+    offsets = Path(checkpoint_dir.removeprefix("file:")) / "offsets"
+    ids = [int(p.name) for p in offsets.iterdir() if p.name.isdigit()] if offsets.is_dir() else []
+    return max(ids, default=-1)
+
+
+def _check_checkpoint(checkpoint_dir: str, lake_root: str | os.PathLike[str], job: str) -> None:
+    """Refuse a checkpoint that is behind the tables: its batch ids would be skipped as already written."""
+    latest = _latest_checkpoint_batch(checkpoint_dir)
+    if latest is None:
+        return
+    for name in DISPATCH_TABLES:
+        done = DeltaTable(tables.table_path(lake_root, name)).transaction_version(dispatch_app_id(job, name))
+        if done is not None and done > latest:
+            raise LakeError(
+                f"the table {name} already holds batch {done} of {dispatch_app_id(job, name)}, but the checkpoint "
+                f"{checkpoint_dir} only reaches batch {latest}: it is not this job's checkpoint (lost or replaced?). "
+                "Its batches would be skipped as written. Restore the checkpoint, or start with a new job name "
+                "on fresh tables.")
+
+
+def start_dispatch(spark: SparkSession, namesrv_or_brokers: str | Mapping[str, str],
+                   lake_root: str | os.PathLike[str], checkpoint_dir: str | os.PathLike[str],
+                   trigger: Mapping[str, Any] | None = None, *, job_name: str | None = None,
+                   max_messages_per_trigger: int | None = DEFAULT_MAX_MESSAGES_PER_TRIGGER,
+                   query_name: str | None = None) -> StreamingQuery:
+    """Start the dispatch query and return it (running; stop it with ``query.stop()``).
+
+    ``namesrv_or_brokers``: name servers ``"host:port;host:port"`` (a whole cluster), or brokers
+    ``"broker-a=host:port,..."`` / ``{"broker-a": "host:port"}`` (a broker's own job reads itself).
+    ``trigger``: keyword arguments of ``DataStreamWriter.trigger`` (default
+    ``{"processingTime": "1 second"}``; ``{"availableNow": True}`` catches up and stops).
+    ``job_name`` names the app ids ``dispatch-{job_name}-{table}`` (default: the broker's name
+    when one broker is given, else ``cluster``); it must stay the same for a checkpoint.
+
+    Creates the three tables if needed; raises :class:`LakeError` when the checkpoint is behind them.
+    """
+    source_options = dispatch_source_options(namesrv_or_brokers, max_messages_per_trigger)
+    _, endpoints = _endpoint_options(namesrv_or_brokers)
+    job = job_name or (endpoints.brokers[0][0] if len(endpoints.brokers) == 1 else "cluster")
+    lake_root = os.fspath(lake_root)
+    checkpoint = os.fspath(checkpoint_dir)
+    tables.ensure_tables(lake_root, DISPATCH_TABLES)
+    _check_checkpoint(checkpoint, lake_root, job)
+    register(spark)
+    stats = DispatchStats(job)
+
+    def run_batch(df: DataFrame, batch_id: int) -> None:
+        try:
+            result = dispatch_arrow(df.toArrow(), batch_id, lake_root, job)
+        except BaseException as exc:
+            stats.fail(exc)
+            raise
+        stats.record(result)
+        if result.rows:
+            log.info("dispatch %s batch %d: %d messages, written %s, lag max %.0f ms p99 %.0f ms, %.3f s", job,
+                     batch_id, result.rows, [t for t, w in result.written.items() if w], result.lag_ms_max,
+                     result.lag_ms_p99, result.duration_s)
+
+    reader = spark.readStream.format(FORMAT)
+    for key, value in source_options.items():
+        reader = reader.option(key, value)
+    query = (reader.load().writeStream
+             .queryName(query_name or f"sparkmq-dispatch-{job}")
+             .option("checkpointLocation", checkpoint)
+             .foreachBatch(run_batch)
+             .trigger(**dict(trigger or DEFAULT_TRIGGER))
+             .start())
+    with _stats_lock:
+        _stats[str(query.id)] = stats
+    return query
