@@ -570,6 +570,18 @@ def message_by_id(offset_msg_id: str, broker: BrokerDep) -> JSONResponse:
     return JSONResponse(wire.stored_to_json(broker.message_by_offset_msg_id(offset_msg_id), broker.name))
 
 
+@broker_router.get("/query/messages", tags=["pull"])
+def query_messages(broker: BrokerDep, msg_id: str | None = None, topic: str | None = None, key: str | None = None,
+                   begin: Annotated[int | None, Query(description="store time from, epoch ms")] = None,
+                   end: Annotated[int | None, Query(description="store time until (exclusive), epoch ms")] = None,
+                   max_hits: Annotated[int, Query(alias="max")] = 32) -> dict[str, Any]:
+    """Messages found through the lake's index (``message_keys``): by msg_id, by topic + key, or by
+    topic + store-time range; newest first, at most ``max`` (64).  Findable once dispatched (seconds)."""
+    found = broker.query_messages(topic=topic, key=key, msg_id=msg_id, begin_ms=begin, end_ms=end,
+                                  max_hits=max_hits)
+    return {"messages": [wire.stored_to_json(m, broker.name) for m in found]}
+
+
 @broker_router.get("/broker")
 async def broker_info(broker: BrokerDep) -> dict[str, Any]:
     """Identity, role, name servers, commit-log offsets, topic and client counts."""

@@ -23,12 +23,13 @@ from pathlib import Path
 
 import uvicorn
 
+from ..pipelines.lake_service import LakeService, LakeSettings
 from ..platform.broker.broker import Broker
 from ..platform.broker.config import DEFAULT_PORT, BrokerConfig
 from .broker_app import create_app
 from .serving import Server, bind_socket
 
-__all__ = ["main", "serve", "BrokerService", "bind_socket", "load_config"]
+__all__ = ["main", "serve", "BrokerService", "bind_socket", "load_config", "load_lake_settings"]
 
 log = logging.getLogger("sparkmq.broker")
 
@@ -52,8 +53,12 @@ class BrokerService:
         await task
     """
 
-    def __init__(self, config: BrokerConfig) -> None:
-        """Bind ``config.host:config.port`` now (OSError if taken) and build the broker and app (not started)."""
+    def __init__(self, config: BrokerConfig, lake: LakeSettings | None = None) -> None:
+        """Bind ``config.host:config.port`` now (OSError if taken) and build the broker and app (not started).
+
+        With ``lake.enabled`` the broker also runs its lake (SparkSession + streaming jobs) once it
+        serves; the lake starts in the background and never delays delivery.
+        """
         self.sock = bind_socket(config.host, config.port)
         port = self.sock.getsockname()[1]
         self.config = config.bound_to(port) if config.port == 0 else config
@@ -61,6 +66,21 @@ class BrokerService:
         self.app = create_app(self.broker)
         self.server: Server | None = None
         self._stop_requested = False
+        self.lake_settings = lake or LakeSettings()
+        self.lake: LakeService | None = None
+
+    def _start_lake(self) -> None:
+        if not self.lake_settings.enabled:
+            return
+        lake = self.lake = self.lake_settings.service_for_broker(self.config.data_dir, self.config.broker_name,
+                                                                 self.config.addr)
+        self.broker.add_component("lake", lake.status, lake.healthy)
+        self.broker.metrics.add_component_gauges("lake_job", lake.gauge_rows)
+        lake.start(background=True)
+
+    def _stop_lake(self) -> None:
+        if self.lake is not None:
+            self.lake.stop()
 
     @property
     def url(self) -> str:
@@ -100,6 +120,7 @@ class BrokerService:
                 # Only now tell the name servers where we are: the socket accepts connections.
                 self.broker.start_registration()
                 on_ready(self.config.host, self.config.port)
+                self._start_lake()
             while not server.should_exit:
                 await asyncio.sleep(0.05)
             # uvicorn now waits for requests in flight: release held pulls and change polls so it need not.
@@ -113,18 +134,21 @@ class BrokerService:
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
             self.broker.begin_shutdown()
+            # The lake's jobs read this broker: stop them before the store closes.
+            await asyncio.to_thread(self._stop_lake)
             await asyncio.to_thread(self.broker.shutdown)
             self.sock.close()
         return server.started
 
 
 async def serve(config: BrokerConfig, log_level: str = "warning", on_ready: Callable[[str, int], None] = _announce,
-                handle_signals: bool = True) -> bool:
+                handle_signals: bool = True, lake: LakeSettings | None = None) -> bool:
     """Bind, start and serve one broker until stopped (SIGTERM/SIGINT with ``handle_signals``).
 
     See :class:`BrokerService`; returns whether it served.
     """
-    return await BrokerService(config).serve(log_level=log_level, on_ready=on_ready, handle_signals=handle_signals)
+    return await BrokerService(config, lake).serve(log_level=log_level, on_ready=on_ready,
+                                                   handle_signals=handle_signals)
 
 
 def load_config(path: Path | None, **overrides: object) -> BrokerConfig:
@@ -140,6 +164,12 @@ def load_config(path: Path | None, **overrides: object) -> BrokerConfig:
         broker = dict(data.get("broker", {}))
         store = dict(data.get("store", {}))
     return BrokerConfig.from_mapping(broker, store, **overrides)
+
+
+def load_lake_settings(path: Path | None, enabled: bool | None = None) -> LakeSettings:
+    """The ``[lake]`` table of a TOML file (disabled when absent), with ``enabled`` overriding it."""
+    table = tomllib.loads(path.read_text("utf-8")).get("lake", {}) if path is not None else {}
+    return LakeSettings.from_mapping(table, enabled=enabled)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -171,17 +201,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     add("--segment-size", type=int, help="commit-log segment size in bytes")
     add("--no-auto-create-topic", dest="auto_create_topic", action="store_const", const=False,
         help="sends to unknown topics fail with TOPIC_NOT_EXIST")
+    add("--lake", dest="lake_enabled", action=argparse.BooleanOptionalAction, default=None,
+        help="run the lake (SparkSession + dispatch job into data_dir/lake); default: the [lake] table, else off")
     add("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     args = vars(parser.parse_args(argv))
     log_level = args.pop("log_level")
     config_file = args.pop("config")
+    lake_enabled = args.pop("lake_enabled")
     try:
         config = load_config(config_file, **args)
+        lake = load_lake_settings(config_file, lake_enabled)
     except (ValueError, OSError, tomllib.TOMLDecodeError) as exc:
         parser.error(str(exc))
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        started = asyncio.run(serve(config, log_level=log_level))
+        started = asyncio.run(serve(config, log_level=log_level, lake=lake))
     except KeyboardInterrupt:
         return 0
     except OSError as exc:

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..pipelines.lake_service import LakeSettings
 from ..platform.broker.config import BrokerConfig
 from ..platform.namesrv import NameServerConfig, RouteTable
 from .broker_main import BrokerService
@@ -35,8 +36,11 @@ class EmbeddedPlatform:
     """A name server + broker pair in this process; :meth:`start` returns once both accept connections."""
 
     def __init__(self, namesrv: Mapping[str, Any] | None = None, broker: Mapping[str, Any] | None = None,
-                 store: Mapping[str, Any] | None = None, *, log_level: str = "warning") -> None:
-        """Settings as in the TOML tables; ValueError for unknown or bad ones."""
+                 store: Mapping[str, Any] | None = None, lake: Mapping[str, Any] | None = None, *,
+                 log_level: str = "warning") -> None:
+        """Settings as in the TOML tables; ValueError for unknown or bad ones.  The lake is off
+        unless ``lake`` says ``enabled = true`` (``sparkmq dev`` turns it on)."""
+        self.lake_settings = LakeSettings.from_mapping(lake)
         namesrv = dict(namesrv or {})
         unknown = set(namesrv) - _NAMESRV_KEYS
         if unknown:
@@ -57,10 +61,13 @@ class EmbeddedPlatform:
 
     @classmethod
     def from_toml(cls, path: str | Path | None, *, data_dir: str | Path | None = None,
-                  namesrv_port: int | None = None, broker_port: int | None = None,
+                  namesrv_port: int | None = None, broker_port: int | None = None, lake: bool | None = None,
                   **broker_overrides: Any) -> EmbeddedPlatform:
-        """Settings from a TOML file (None = defaults), with the usual overrides on top."""
+        """Settings from a TOML file (None = defaults), with the usual overrides on top (``lake``: on/off)."""
         data: dict[str, Any] = tomllib.loads(Path(path).read_text("utf-8")) if path is not None else {}
+        lake_table = dict(data.get("lake", {}))
+        if lake is not None:
+            lake_table["enabled"] = lake
         namesrv = dict(data.get("namesrv", {}))
         broker = dict(data.get("broker", {}))
         if namesrv_port is not None:
@@ -70,7 +77,7 @@ class EmbeddedPlatform:
         if data_dir is not None:
             broker["data_dir"] = str(data_dir)
         broker.update({k: v for k, v in broker_overrides.items() if v is not None})
-        return cls(namesrv, broker, data.get("store", {}))
+        return cls(namesrv, broker, data.get("store", {}), lake_table)
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self, timeout: float = 60.0) -> EmbeddedPlatform:
@@ -81,7 +88,7 @@ class EmbeddedPlatform:
         config = BrokerConfig.from_mapping({**self._broker_settings, "namesrv_addrs": [self.namesrv_addr]},
                                            self._store_settings)
         try:
-            self.broker_service = BrokerService(config)
+            self.broker_service = BrokerService(config, self.lake_settings)
         except BaseException:
             namesrv_sock.close()
             raise

@@ -27,7 +27,7 @@ def test_error_codes_map_to_http_statuses_once():
     assert all(400 <= c.http_status < 600 and c.description for c in ErrorCode)
 
 
-DEV = [sys.executable, "-m", "sparkmq.api.cli", "dev", "--namesrv-port", "0", "--broker-port", "0",
+DEV = [sys.executable, "-m", "sparkmq.api.cli", "dev", "--namesrv-port", "0", "--broker-port", "0", "--no-lake",
        "--exit-after-demo"]
 
 

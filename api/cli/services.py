@@ -109,13 +109,17 @@ def run_demo(namesrv_addr: str, messages: int) -> tuple[int, int, float]:
 @click.option("--messages", default=1000, show_default=True, help="how many demo messages to send and receive")
 @click.option("--demo/--no-demo", default=True, show_default=True, help="run the send/receive demo")
 @click.option("--exit-after-demo", is_flag=True, help="stop once the demo is done (scripts and tests)")
+@click.option("--lake/--no-lake", default=None,
+              help="run the broker's lake (Spark + Delta tables); default: on, or the config's [lake] table")
 def dev(config_file: Path | None, data_dir: Path | None, namesrv_port: int | None, broker_port: int | None,
-        messages: int, demo: bool, exit_after_demo: bool) -> None:
-    """Start the embedded platform (name server + broker + gateway) and run the demo; Ctrl-C stops it."""
+        messages: int, demo: bool, exit_after_demo: bool, lake: bool | None) -> None:
+    """Start the embedded platform (name server + broker + gateway + lake) and run the demo; Ctrl-C stops it."""
     if data_dir is None and config_file is None:
         data_dir = Path("var/dev")
+    if lake is None and config_file is None:
+        lake = True  # the embedded default is the whole platform
     platform = EmbeddedPlatform.from_toml(config_file, data_dir=data_dir, namesrv_port=namesrv_port,
-                                          broker_port=broker_port)
+                                          broker_port=broker_port, lake=lake)
     platform.start()
     console.print(f"name server on [bold]http://{platform.namesrv_addr}[/], broker and gateway on "
                   f"[bold]http://{platform.broker_addr}[/] (API docs at /docs)")

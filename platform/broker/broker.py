@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +62,7 @@ from ..store.message_store import iter_all
 from .check_channel import CheckChannel
 from .client_manager import ClientManager, ConsumerData, GroupInfo, MessageModel
 from .config import BrokerConfig, BrokerRole
+from .lake_index import DEFAULT_MAX_HITS, LakeIndex, lake_row_to_stored
 from .locks import QueueLockManager, QueueRef
 from .long_polling import PullHoldService
 from .metrics import BrokerMetrics
@@ -197,6 +198,9 @@ class Broker:
                                                 self._unregister_payload, config.register_interval_s,
                                                 config.register_timeout_s)
         self._state = "new"
+        self._components: dict[str, tuple[Callable[[], dict[str, Any]], Callable[[], bool]]] = {}
+        #: The lake's index and messages tables (written by the dispatch job), read with delta-rs.
+        self.lake_index = LakeIndex(config.data_dir / "lake")
         self._state_lock = threading.Lock()
         self._inflight = 0
         self._drained = threading.Condition(self._state_lock)
@@ -630,6 +634,8 @@ class Broker:
             if sql is not None:
                 result = self.store.get_messages_matching(topic, queue_id, offset, max_count, sql.matches,
                                                           _MAX_SQL_EXAMINED, self.config.pull_max_bytes)
+                if result.status is GetStatus.OFFSET_TOO_SMALL:
+                    result = self._from_lake_tier(topic, queue_id, offset, max_count, None, sql, result)
                 self.metrics.pulled(topic, group, len(result.messages), sum(len(m.body) for m in result.messages),
                                     time.perf_counter() - started)
                 return result
@@ -643,9 +649,60 @@ class Broker:
             if result.status is GetStatus.NO_NEW_MSG and result.next_offset > offset:
                 result = GetResult(GetStatus.NO_MATCHED_MSG, result.next_offset, result.min_offset,
                                    result.max_offset)  # filtered to the end: the caller must still advance
+            if result.status is GetStatus.OFFSET_TOO_SMALL:
+                result = self._from_lake_tier(topic, queue_id, offset, max_count, tags, None, result)
         self.metrics.pulled(topic, group, len(result.messages), sum(len(m.body) for m in result.messages),
                             time.perf_counter() - started)
         return result
+
+    def _from_lake_tier(self, topic: str, queue_id: int, offset: int, max_count: int,
+                        tags: frozenset[str] | None, sql: SqlFilter | None, log_result: GetResult) -> GetResult:
+        """A pull below the log's retention, served from the lake's ``messages`` table when it has the range.
+
+        History outlives local disk: the dispatch job copied every message there.  Without
+        the rows (no lake, or not dispatched) the log's OFFSET_TOO_SMALL answer stands.
+        """
+        limit = min(max_count, log_result.min_offset - offset)  # never past where the log takes over
+        rows = self.lake_index.messages_range(topic, self.name, queue_id, offset, limit)
+        if not rows or rows[0].queue_offset != offset:
+            return log_result
+        next_offset = rows[-1].queue_offset + 1
+        if tags is not None:
+            rows = [m for m in rows if m.tags in tags]
+        if sql is not None:
+            rows = [m for m in rows if sql.matches(m.properties)]
+        status = GetStatus.FOUND if rows else GetStatus.NO_MATCHED_MSG
+        return GetResult(status, next_offset, log_result.min_offset, log_result.max_offset, rows)
+
+    def query_messages(self, *, topic: str | None = None, key: str | None = None, msg_id: str | None = None,
+                       begin_ms: int | None = None, end_ms: int | None = None,
+                       max_hits: int = DEFAULT_MAX_HITS) -> list[StoredMessage]:
+        """Messages found through the lake's index: by ``msg_id``, by ``topic`` + ``key``, or by ``topic``
+        and a store-time range; each read from the log, or from the lake tier when retention removed it."""
+        index = self.lake_index
+        if msg_id is not None:
+            locations = index.by_msg_id(msg_id, max_hits)
+        elif key is not None:
+            locations = index.by_key(topic or "", key, max_hits)
+        elif begin_ms is not None and end_ms is not None:
+            locations = index.by_time(topic or "", begin_ms, end_ms, max_hits)
+        else:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT,
+                               "query by msg_id, by topic and key, or by topic, begin and end")
+        found = []
+        for location in locations:
+            if location.broker == self.name:
+                try:
+                    stored = self.store.read_message(location.commitlog_offset)
+                    if stored.topic == location.topic and stored.queue_offset == location.queue_offset:
+                        found.append(stored)
+                        continue
+                except SparkMQError:
+                    pass  # retention removed it: the lake tier has it
+            row = index.stored_message(location)
+            if row is not None:
+                found.append(lake_row_to_stored(row))
+        return found
 
     def pull_filter(self, filter_type: str | None, tags: str | None,
                     expression: str | None) -> tuple[frozenset[str] | None, SqlFilter | None]:
@@ -1066,6 +1123,15 @@ class Broker:
                 "addr": self.addr, "role": str(self.config.role), "namesrv_addrs": list(self.config.namesrv_addrs),
                 "commitlog": commitlog, "topics": len(self.topics), "clients": self.clients.client_count()}
 
+    def add_component(self, name: str, status: Callable[[], dict[str, Any]],
+                      healthy: Callable[[], bool] | None = None) -> None:
+        """Report an attached component (e.g. the lake's Spark jobs) in ``/health`` under ``name``.
+
+        ``status()`` is shown as is; ``healthy()`` (default: always) makes the broker "degraded"
+        when False.  Delivery never depends on such a component (DESIGN principle 1).
+        """
+        self._components[name] = (status, healthy or (lambda: True))
+
     def health(self) -> dict[str, Any]:
         """``{"status": "ok"|"degraded", ...}`` with the state of each component."""
         store_ok = self.running
@@ -1078,8 +1144,14 @@ class Broker:
         namesrvs = {addr: s.to_dict() for addr, s in self.registration.status().items()}
         # Before the first registration round finishes a name server counts as healthy.
         registration_ok = all(s["ok"] or (s["registrations"] == 0 and s["failures"] == 0) for s in namesrvs.values())
-        ok = store_ok and persist_error is None and registration_ok
-        return {"status": "ok" if ok else "degraded", "state": self._state,
+        components = {}
+        for name, (status, healthy) in self._components.items():
+            try:
+                components[name] = {**status(), "ok": bool(healthy())}
+            except Exception as exc:  # a component's report must not break /health
+                components[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        ok = store_ok and persist_error is None and registration_ok and all(c["ok"] for c in components.values())
+        return {"status": "ok" if ok else "degraded", "state": self._state, **components,
                 "store": {"ok": store_ok, "clean_start": self.store.clean_start},
                 "offsets": {"ok": persist_error is None, "pending": self.offsets.dirty_count(),
                             "last_error": None if persist_error is None else str(persist_error)},

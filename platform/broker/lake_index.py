@@ -26,9 +26,10 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from ..common.errors import ErrorCode, SparkMQError
+from ..common.message import StoredMessage
 from ..common.validation import validate_topic
 
-__all__ = ["Location", "LakeIndex", "DEFAULT_MAX_HITS", "MAX_HITS"]
+__all__ = ["Location", "LakeIndex", "DEFAULT_MAX_HITS", "MAX_HITS", "lake_row_to_stored"]
 
 #: RocketMQ answers at most 64 hits per query, 32 by default.
 DEFAULT_MAX_HITS = 32
@@ -53,6 +54,21 @@ class Location:
         return {"topic": self.topic, "broker": self.broker, "queue_id": self.queue_id,
                 "queue_offset": self.queue_offset, "commitlog_offset": self.commitlog_offset,
                 "store_timestamp": self.store_timestamp}
+
+
+def _ms(value: dt.datetime | None) -> int:
+    return 0 if value is None else int(value.timestamp() * 1000)
+
+
+def lake_row_to_stored(row: dict[str, Any]) -> StoredMessage:
+    """A row of ``messages`` as the store's message (so pulls and queries answer one shape)."""
+    return StoredMessage(
+        topic=row["topic"], queue_id=row["queue_id"], queue_offset=row["queue_offset"],
+        commitlog_offset=row["commitlog_offset"], store_size=row["size"], body=row["body"],
+        properties=dict(row.get("properties") or ()), flag=0, sys_flag=row["sys_flag"],
+        born_timestamp=_ms(row["born_ts"]), born_host=row["born_host"], store_timestamp=_ms(row["store_ts"]),
+        store_host=row["store_host"], reconsume_times=row["reconsume_times"], prepared_offset=0, tag_hash=0,
+        body_crc=0)
 
 
 def _check_hits(max_hits: object) -> int:
@@ -125,6 +141,23 @@ class LakeIndex:
                                  & (ds.field("topic") == topic) & (ds.field("store_ts") >= _ts(begin_ms))
                                  & (ds.field("store_ts") < _ts(end_ms)))
         return self._locations(found, _check_hits(max_hits))
+
+    def messages_range(self, topic: str, broker: str, queue_id: int, offset: int,
+                       max_count: int) -> list[StoredMessage]:
+        """Messages of one queue from ``offset`` (at most ``max_count``, in offset order) out of ``messages``.
+
+        The lake tier: what a pull below the log's retention is served from.
+        """
+        dataset = self._dataset("messages")
+        if dataset is None:
+            return []
+        found = dataset.to_table(filter=(ds.field("topic") == topic) & (ds.field("broker") == broker)
+                                 & (ds.field("queue_id") == queue_id) & (ds.field("queue_offset") >= offset)
+                                 & (ds.field("queue_offset") < offset + max_count))
+        rows = sorted(found.to_pylist(), key=lambda r: r["queue_offset"])
+        # A replayed dispatch never duplicates, but keep each offset once even if a table was rebuilt.
+        unique = {r["queue_offset"]: r for r in rows}
+        return [lake_row_to_stored(r) for r in unique.values()]
 
     def stored_message(self, location: Location) -> dict[str, Any] | None:
         """The full row of ``messages`` for a location (the lake tier), or None when not dispatched."""

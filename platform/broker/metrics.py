@@ -7,7 +7,7 @@ queue's max offset and every group's lag per topic.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -20,6 +20,33 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 #: Latency buckets in seconds: sub-millisecond sends up to multi-second SYNC_FLUSH waits.
 _BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class _ComponentCollector(Collector):
+    """Gauges of a component (e.g. the lake's jobs), read when Prometheus scrapes."""
+
+    def __init__(self, prefix: str, rows: Callable[[], Iterable[tuple[str, Mapping[str, float]]]]) -> None:
+        self._prefix = prefix
+        self._rows = rows
+
+    def collect(self) -> Iterator[Metric]:
+        """One gauge family per figure, one sample per named row."""
+        families: dict[str, GaugeMetricFamily] = {}
+        try:
+            rows = list(self._rows())
+        except Exception:  # a broken component must not break the scrape
+            return iter(())
+        for name, figures in rows:
+            for figure, value in figures.items():
+                if value is None:
+                    continue
+                family = families.get(figure)
+                if family is None:
+                    family = families[figure] = GaugeMetricFamily(
+                        f"sparkmq_{self._prefix}_{figure}", f"{self._prefix} {figure.replace('_', ' ')}",
+                        labels=["name"])
+                family.add_metric([name], float(value))
+        return iter(families.values())
 
 
 class _ScrapeCollector(Collector):
@@ -93,6 +120,11 @@ class BrokerMetrics:
             self.messages_pulled.labels(topic, group or "").inc(messages)
             self.bytes_pulled.labels(topic, group or "").inc(body_bytes)
         self.pull_latency.observe(seconds)
+
+    def add_component_gauges(self, prefix: str, rows: Callable[[], Iterable[tuple[str, Mapping[str, float]]]]) -> None:
+        """Expose a component's figures at scrape time: ``rows()`` yields (name, {figure: value}) and
+        each figure becomes the gauge ``sparkmq_<prefix>_<figure>{name=...}`` (e.g. the lake's jobs)."""
+        self.registry.register(_ComponentCollector(prefix, rows))
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -1,0 +1,207 @@
+"""A broker's lake: its SparkSession and streaming jobs under a supervisor.
+
+A broker with the lake enabled (the embedded default) builds one :class:`LakeService`
+over *itself* (``brokers={"broker-a": "127.0.0.1:10911"}``); ``sparkmq lake`` builds one
+over a whole cluster (``namesrv="a:9876;b:9876"``) as a standalone Spark application.
+The SparkSession starts on a background thread, so the broker serves messages at once
+and the tables catch up when Spark is ready (delivery never waits for Spark).
+
+Jobs: ``dispatch`` (commit log → ``consume_queue``, ``messages``, ``message_keys``);
+more join as they are built.  Checkpoints live under ``checkpoint_root/<job>``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .supervisor import JobSpec, Supervisor
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+__all__ = ["LakeService", "LakeSettings", "LAKE_JOBS"]
+
+log = logging.getLogger("sparkmq.lake")
+
+#: Jobs a lake service can run.
+LAKE_JOBS = ("dispatch",)
+
+
+def _dispatch_figures(query: StreamingQuery) -> dict[str, Any]:
+    from .dispatch import dispatch_stats
+
+    stats = dispatch_stats(query)
+    if stats is None:
+        return {}
+    last = stats.last
+    return {"rows_total": stats.rows, "batches_total": stats.batches, "job_error": stats.last_error,
+            "lag_ms_max": None if last is None else last.lag_ms_max,
+            "lag_ms_p99": None if last is None else last.lag_ms_p99}
+
+
+@dataclass(frozen=True)
+class LakeSettings:
+    """The ``[lake]`` table of a config file: whether a broker runs its lake, and how."""
+
+    enabled: bool = False
+    #: spark.master (None = local[*]); other Spark settings go in ``spark_conf``.
+    spark_master: str | None = None
+    spark_conf: Mapping[str, str] = field(default_factory=dict)
+    #: Micro-batch interval of the streaming jobs.
+    trigger_interval_s: float = 1.0
+    jobs: tuple[str, ...] = LAKE_JOBS
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any] | None, **overrides: Any) -> LakeSettings:
+        """From a TOML table; ValueError names unknown keys."""
+        data = {**dict(values or {}), **{k: v for k, v in overrides.items() if v is not None}}
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown [lake] settings {sorted(unknown)}; known: {sorted(known)}")
+        if "jobs" in data:
+            data["jobs"] = tuple(data["jobs"])
+        settings = cls(**data)
+        if settings.trigger_interval_s <= 0:
+            raise ValueError(f"trigger_interval_s must be > 0, got {settings.trigger_interval_s}")
+        unknown_jobs = set(settings.jobs) - set(LAKE_JOBS)
+        if unknown_jobs:
+            raise ValueError(f"unknown lake jobs {sorted(unknown_jobs)}; known: {list(LAKE_JOBS)}")
+        return settings
+
+    def spark_settings(self) -> dict[str, str]:
+        """``spark_conf`` with ``spark.master`` when given."""
+        conf = {k: str(v) for k, v in self.spark_conf.items()}
+        if self.spark_master:
+            conf["spark.master"] = self.spark_master
+        return conf
+
+    def service_for_broker(self, data_dir: str | os.PathLike[str], broker_name: str, addr: str) -> LakeService:
+        """The lake service of one broker: its own tables under ``data_dir/lake``, reading itself."""
+        root = Path(data_dir) / "lake"
+        return LakeService(root, root / "_checkpoints", brokers={broker_name: addr},
+                           spark_conf=self.spark_settings(), jobs=self.jobs,
+                           trigger={"processingTime": f"{self.trigger_interval_s} seconds"}, job_name=broker_name)
+
+
+class LakeService:
+    """SparkSession + supervised streaming jobs for one broker or one cluster."""
+
+    def __init__(self, lake_root: str | os.PathLike[str], checkpoint_root: str | os.PathLike[str], *,
+                 namesrv: str | None = None, brokers: Mapping[str, str] | None = None,
+                 spark_conf: Mapping[str, str] | None = None, jobs: tuple[str, ...] = LAKE_JOBS,
+                 trigger: Mapping[str, Any] | None = None, job_name: str | None = None,
+                 backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0) -> None:
+        """Exactly one of ``namesrv`` (a cluster) and ``brokers`` (name -> host:port) says what to read."""
+        if (namesrv is None) == (brokers is None):
+            raise ValueError("give exactly one of namesrv and brokers")
+        unknown = set(jobs) - set(LAKE_JOBS)
+        if unknown:
+            raise ValueError(f"unknown lake jobs {sorted(unknown)}; known: {list(LAKE_JOBS)}")
+        self.lake_root = Path(lake_root)
+        self.checkpoint_root = Path(checkpoint_root)
+        self.endpoints: str | Mapping[str, str] = namesrv if namesrv is not None else dict(brokers or {})
+        self.spark_conf = dict(spark_conf or {})
+        self.job_names = jobs
+        self.trigger = dict(trigger) if trigger else None
+        self.job_name = job_name
+        self._backoff = (backoff_initial_s, backoff_max_s)
+        self.spark: SparkSession | None = None
+        self.supervisor: Supervisor | None = None
+        self._state = "created"
+        self._error: str | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+
+    def _jobs(self) -> list[JobSpec]:
+        # Imported here: a broker without the lake never loads PySpark or the jobs.
+        from .dispatch import start_dispatch
+
+        assert self.spark is not None
+        spark = self.spark
+        specs = []
+        if "dispatch" in self.job_names:
+            specs.append(JobSpec(
+                "dispatch",
+                lambda: start_dispatch(spark, self.endpoints, self.lake_root, self.checkpoint_root / "dispatch",
+                                       self.trigger, job_name=self.job_name),
+                describe=_dispatch_figures))
+        return specs
+
+    # -- lifecycle --------------------------------------------------------------------
+    def start(self, background: bool = True) -> LakeService:
+        """Start Spark and the jobs (on a background thread unless ``background`` is False)."""
+        with self._lock:
+            self._state = "starting"
+        if background:
+            self._thread = threading.Thread(target=self._start, name="sparkmq-lake-start", daemon=True)
+            self._thread.start()
+        else:
+            self._start()
+        return self
+
+    def _start(self) -> None:
+        try:
+            from .session import get_spark  # imported here: a broker without the lake never loads PySpark
+
+            self.spark = get_spark(self.spark_conf)
+            if self._stopping.is_set():
+                return
+            supervisor = Supervisor(self._jobs(), backoff_initial_s=self._backoff[0], backoff_max_s=self._backoff[1])
+            with self._lock:
+                self.supervisor = supervisor
+            supervisor.start()
+            with self._lock:
+                self._state = "running"
+        except Exception as exc:  # the broker keeps serving; the lake reports why it is down
+            log.exception("the lake did not start")
+            with self._lock:
+                self._state = "failed"
+                self._error = f"{type(exc).__name__}: {exc}"
+
+    def wait_started(self, timeout_s: float = 120.0) -> bool:
+        """Wait for the start thread; True when the jobs are running."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        return self._state == "running"
+
+    def stop(self) -> None:
+        """Stop the jobs cleanly (each finishes its batch in flight); the SparkSession stays for reuse."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(120)
+        with self._lock:
+            supervisor = self.supervisor
+        if supervisor is not None:
+            supervisor.stop()
+        with self._lock:
+            self._state = "stopped"
+
+    # -- status -----------------------------------------------------------------------
+    def healthy(self) -> bool:
+        """Starting, or running with every job running (a job waiting to restart is not healthy)."""
+        status = self.status()
+        if status["state"] == "starting":
+            return True
+        return status["state"] == "running" and all(j["state"] == "running" for j in status["jobs"].values())
+
+    def gauge_rows(self) -> Iterable[tuple[str, Mapping[str, float | None]]]:
+        """Per job: up, restarts, last batch rows, dispatch lag (for the broker's /metrics)."""
+        for name, job in self.status()["jobs"].items():
+            yield name, {"up": 1.0 if job["state"] == "running" else 0.0, "restarts": job["restarts"],
+                         "last_batch_rows": job.get("last_batch_rows"), "lag_ms_p99": job.get("lag_ms_p99"),
+                         "rows_total": job.get("rows_total")}
+
+    def status(self) -> dict[str, Any]:
+        """``{"state", "error", "jobs": {name: JobStatus}}`` for /health, /metrics and the CLI."""
+        with self._lock:
+            state, error, supervisor = self._state, self._error, self.supervisor
+        jobs = supervisor.status() if supervisor is not None else {}
+        return {"state": state, "error": error, "lake_root": str(self.lake_root), "jobs": jobs}

@@ -1,0 +1,105 @@
+"""A broker as a long-running Spark service: its lake jobs, query through the index, and the lake tier.
+
+A real broker process runs with ``--lake`` (a SparkSession and the dispatch job in the broker
+process); messages become findable by key; ``/health`` and ``/metrics`` report the job.  Then
+the broker restarts with an aggressive retention and *without* Spark: pulls below the log's
+new minimum are served from the ``messages`` table (delta-rs), so history outlives the log.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from procs import ProcessHarness
+from sparkmq.platform.client import ClientConfig, Message, Producer
+from sparkmq.platform.common import wire
+
+pytestmark = [pytest.mark.spark, pytest.mark.cluster, pytest.mark.timeout(300)]
+
+STORE = """
+[store]
+segment_size = 1048576
+max_message_size = 65536
+max_properties_size = 8192
+"""
+AGGRESSIVE_RETENTION = STORE + """
+file_reserved_hours = 0.00001
+delete_when_hours = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23]
+retention_interval_ms = 200
+"""
+LAKE = """
+[lake]
+trigger_interval_s = 0.5
+[lake.spark_conf]
+"spark.master" = "local[1]"
+"""
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.25)
+
+
+def test_lake_jobs_index_and_the_lake_tier(procs: ProcessHarness, tmp_path: Path) -> None:
+    ns = procs.start("namesrv", "sparkmq.api.namesrv_main", "--scan-interval-s", "0.5")
+    (tmp_path / "lake.toml").write_text(STORE + LAKE)
+    (tmp_path / "retention.toml").write_text(AGGRESSIVE_RETENTION)
+    data_dir = tmp_path / "broker"
+    common = ["--data-dir", str(data_dir), "--namesrv", ns.addr, "--broker-name", "broker-a",
+              "--register-interval-s", "0.5"]
+    broker = procs.start("broker", "sparkmq.api.broker_main", "--config", str(tmp_path / "lake.toml"), "--lake",
+                         *common)
+    http = httpx.Client(base_url=broker.url, timeout=10)
+    body = os.urandom(8000)  # incompressible: 300 of them span three 1 MiB segments
+    with Producer("lake-test", ClientConfig(namesrv_addrs=ns.addr)) as producer:
+        results = [producer.send(Message("History", body + b"%d" % i, keys=(f"key-{i}",)), sharding_key="one")
+                   for i in range(300)]
+    queue_id = results[0].queue_id
+    assert {r.queue_id for r in results} == {queue_id} and results[-1].queue_offset == 299
+
+    # Findable through the index within seconds of the lake job running.
+    found = wait_until(lambda: http.get("/query/messages", params={"topic": "History", "key": "key-7"}).json()
+                       .get("messages"), 120, "key-7 to be indexed")
+    assert [wire.received_from_json(m).body for m in found] == [body + b"7"]
+    by_id = http.get("/query/messages", params={"msg_id": results[3].msg_id}).json()["messages"]
+    assert [m["queue_offset"] for m in by_id] == [results[3].queue_offset]
+    health = http.get("/health").json()
+    assert health["lake"]["state"] == "running" and health["lake"]["jobs"]["dispatch"]["state"] == "running"
+    metrics = http.get("/metrics").text
+    assert 'sparkmq_lake_job_up{name="dispatch"} 1.0' in metrics
+    wait_until(lambda: http.get("/query/messages", params={"topic": "History", "key": "key-299"}).json()
+               .get("messages"), 60, "the last message to be indexed")
+    http.close()
+    assert broker.stop(timeout=60) == 0
+
+    # Restart without Spark and with a retention that deletes every closed segment at once.
+    broker = procs.start("broker", "sparkmq.api.broker_main", "--config", str(tmp_path / "retention.toml"),
+                         "--port", str(broker.port), *common)
+    http = httpx.Client(base_url=broker.url, timeout=10)
+    low = wait_until(lambda: http.get(f"/topics/History/queues/{queue_id}/offsets").json()["min_offset"], 30,
+                     "retention to remove the oldest segments")
+    assert 0 < low < 300
+    pulled = http.get(f"/topics/History/queues/{queue_id}/messages", params={"offset": 0, "max": 32}).json()
+    assert pulled["status"] == "FOUND" and pulled["next_offset"] == 32
+    assert [wire.received_from_json(m).body for m in pulled["messages"]] == [body + b"%d" % i for i in range(32)]
+    # Reading on from the lake reaches the log without a gap.
+    offset, seen = 0, []
+    while offset < 300:
+        page = http.get(f"/topics/History/queues/{queue_id}/messages", params={"offset": offset, "max": 64}).json()
+        assert page["status"] == "FOUND", page["status"]
+        seen += [m["queue_offset"] for m in page["messages"]]
+        offset = page["next_offset"]
+    assert seen == list(range(300))
+    old = http.get("/query/messages", params={"topic": "History", "key": "key-1"}).json()["messages"]
+    assert [wire.received_from_json(m).body for m in old] == [body + b"1"]
+    http.close()
