@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 
 from .admin_cmd import admin, consume, produce
-from .lake_cmd import sql
+from .lake_cmd import lake, sql
 from .services import broker, dev, gateway, namesrv
 from .store_cmd import store
 
@@ -23,5 +23,5 @@ def main() -> None:
     """sparkmq: a RocketMQ-style message platform on Spark."""
 
 
-for command in (namesrv, broker, gateway, dev, admin, produce, consume, sql, store):
+for command in (namesrv, broker, gateway, dev, lake, admin, produce, consume, sql, store):
     main.add_command(command)
