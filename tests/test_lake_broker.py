@@ -8,6 +8,8 @@ new minimum are served from the ``messages`` table (delta-rs), so history outliv
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from procs import ProcessHarness
+from procs import ProcessHarness, child_env
+from sparkmq.platform.broker.lake_index import LakeIndex
 from sparkmq.platform.client import ClientConfig, Message, Producer
 from sparkmq.platform.common import wire
 
@@ -103,3 +106,30 @@ def test_lake_jobs_index_and_the_lake_tier(procs: ProcessHarness, tmp_path: Path
     old = http.get("/query/messages", params={"topic": "History", "key": "key-1"}).json()["messages"]
     assert [wire.received_from_json(m).body for m in old] == [body + b"1"]
     http.close()
+
+
+def test_sparkmq_lake_runs_the_jobs_for_a_whole_cluster(procs: ProcessHarness, tmp_path: Path) -> None:
+    ns = procs.start("namesrv", "sparkmq.api.namesrv_main", "--scan-interval-s", "0.5")
+    brokers = procs.start_many([("broker", "sparkmq.api.broker_main",
+                                 ["--data-dir", str(tmp_path / name), "--namesrv", ns.addr, "--broker-name", name,
+                                  "--register-interval-s", "0.5"]) for name in ("broker-a", "broker-b")])
+    wait_until(lambda: len(httpx.get(f"{ns.url}/cluster", timeout=5).json()["live_brokers"]) == 2, 30,
+               "both brokers registered")
+    with Producer("lake-cluster", ClientConfig(namesrv_addrs=ns.addr)) as producer:
+        sent = [producer.send(Message("Everywhere", b"m%d" % i, keys=(f"k{i}",))) for i in range(40)]
+    assert {r.broker_name for r in sent} == {"broker-a", "broker-b"}
+    lake_root = tmp_path / "lake"
+    log = (tmp_path / "lake.log").open("w")
+    job = subprocess.Popen([sys.executable, "-m", "sparkmq.api.cli", "lake", "--namesrv", ns.addr, "--lake-root",
+                            str(lake_root), "--spark-master", "local[1]", "--status-interval-s", "2"],
+                           stdout=log, stderr=subprocess.STDOUT, env=child_env(), stdin=subprocess.DEVNULL)
+    try:
+        index = LakeIndex(lake_root)
+        wait_until(lambda: all(index.by_msg_id(r.msg_id) for r in sent[-4:]), 180, "the cluster's messages indexed")
+        hits = {h.broker for r in sent for h in index.by_msg_id(r.msg_id)}
+        assert hits == {"broker-a", "broker-b"}
+        assert [h.queue_offset for h in index.by_key("Everywhere", "k5")] == [sent[5].queue_offset]
+    finally:
+        job.terminate()
+        assert job.wait(120) == 0, (tmp_path / "lake.log").read_text()[-3000:]
+    assert brokers[0].proc.poll() is None
