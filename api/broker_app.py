@@ -582,6 +582,14 @@ def query_messages(broker: BrokerDep, msg_id: str | None = None, topic: str | No
     return {"messages": [wire.stored_to_json(m, broker.name) for m in found]}
 
 
+@broker_router.get("/alerts", tags=["lake"])
+def alerts(broker: BrokerDep) -> dict[str, Any]:
+    """Open alerts raised by the lake's report rules (from the ``alerts`` table; empty without a lake)."""
+    from ..pipelines.alerts import open_alerts  # delta-rs only; no Spark
+
+    return {"alerts": open_alerts(broker.config.data_dir / "lake")}
+
+
 @broker_router.get("/broker")
 async def broker_info(broker: BrokerDep) -> dict[str, Any]:
     """Identity, role, name servers, commit-log offsets, topic and client counts."""

@@ -168,8 +168,8 @@ def load_config(path: Path | None, **overrides: object) -> BrokerConfig:
 
 def load_lake_settings(path: Path | None, enabled: bool | None = None) -> LakeSettings:
     """The ``[lake]`` table of a TOML file (disabled when absent), with ``enabled`` overriding it."""
-    table = tomllib.loads(path.read_text("utf-8")).get("lake", {}) if path is not None else {}
-    return LakeSettings.from_mapping(table, enabled=enabled)
+    data = tomllib.loads(path.read_text("utf-8")) if path is not None else {}
+    return LakeSettings.from_mapping(data.get("lake", {}), enabled=enabled, alerts=data.get("alerts"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -77,6 +77,8 @@ class EmbeddedPlatform:
         if data_dir is not None:
             broker["data_dir"] = str(data_dir)
         broker.update({k: v for k, v in broker_overrides.items() if v is not None})
+        if "alerts" in data:
+            lake_table["alerts"] = data["alerts"]
         return cls(namesrv, broker, data.get("store", {}), lake_table)
 
     # -- lifecycle ----------------------------------------------------------------------

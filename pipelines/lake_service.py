@@ -29,8 +29,8 @@ __all__ = ["LakeService", "LakeSettings", "LAKE_JOBS"]
 
 log = logging.getLogger("sparkmq.lake")
 
-#: Jobs a lake service can run.
-LAKE_JOBS = ("dispatch",)
+#: Jobs a lake service can run: streaming ``dispatch``, and ``reports`` (per-minute stats and alerts).
+LAKE_JOBS = ("dispatch", "reports")
 
 
 def _dispatch_figures(query: StreamingQuery) -> dict[str, Any]:
@@ -56,6 +56,8 @@ class LakeSettings:
     #: Micro-batch interval of the streaming jobs.
     trigger_interval_s: float = 1.0
     jobs: tuple[str, ...] = LAKE_JOBS
+    #: The ``[alerts]`` table (webhook_url, [[alerts.rules]]); read from the top level of the file.
+    alerts: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None, **overrides: Any) -> LakeSettings:
@@ -87,7 +89,8 @@ class LakeSettings:
         root = Path(data_dir) / "lake"
         return LakeService(root, root / "_checkpoints", brokers={broker_name: addr},
                            spark_conf=self.spark_settings(), jobs=self.jobs,
-                           trigger={"processingTime": f"{self.trigger_interval_s} seconds"}, job_name=broker_name)
+                           trigger={"processingTime": f"{self.trigger_interval_s} seconds"}, job_name=broker_name,
+                           alerts=self.alerts)
 
 
 class LakeService:
@@ -97,7 +100,8 @@ class LakeService:
                  namesrv: str | None = None, brokers: Mapping[str, str] | None = None,
                  spark_conf: Mapping[str, str] | None = None, jobs: tuple[str, ...] = LAKE_JOBS,
                  trigger: Mapping[str, Any] | None = None, job_name: str | None = None,
-                 backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0) -> None:
+                 backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0,
+                 alerts: Mapping[str, Any] | None = None, report_interval_s: float = 60.0) -> None:
         """Exactly one of ``namesrv`` (a cluster) and ``brokers`` (name -> host:port) says what to read."""
         if (namesrv is None) == (brokers is None):
             raise ValueError("give exactly one of namesrv and brokers")
@@ -112,6 +116,11 @@ class LakeService:
         self.trigger = dict(trigger) if trigger else None
         self.job_name = job_name
         self._backoff = (backoff_initial_s, backoff_max_s)
+        self.alerts = dict(alerts or {})
+        self.report_interval_s = report_interval_s
+        self.reporter: Any = None  # pipelines.reports.Reporter once started
+        self._report_stop = threading.Event()
+        self._report_thread: threading.Thread | None = None
         self.spark: SparkSession | None = None
         self.supervisor: Supervisor | None = None
         self._state = "created"
@@ -158,6 +167,8 @@ class LakeService:
             with self._lock:
                 self.supervisor = supervisor
             supervisor.start()
+            if "reports" in self.job_names:
+                self._start_reports()
             with self._lock:
                 self._state = "running"
         except Exception as exc:  # the broker keeps serving; the lake reports why it is down
@@ -165,6 +176,18 @@ class LakeService:
             with self._lock:
                 self._state = "failed"
                 self._error = f"{type(exc).__name__}: {exc}"
+
+    def _start_reports(self) -> None:
+        # Not a streaming query: a thread reporting each closed minute (see pipelines.reports).
+        from .reports import Reporter, offsets_source
+
+        brokers = list(self.endpoints) if isinstance(self.endpoints, Mapping) else None
+        self.reporter = Reporter(self.lake_root, offsets_source(self.endpoints), spark=self.spark,
+                                 job=self.job_name or "cluster", brokers=brokers, alerts=self.alerts)
+        self._report_thread = threading.Thread(target=self.reporter.loop,
+                                               args=(self._report_stop, self.report_interval_s),
+                                               name="sparkmq-lake-reports", daemon=True)
+        self._report_thread.start()
 
     def wait_started(self, timeout_s: float = 120.0) -> bool:
         """Wait for the start thread; True when the jobs are running."""
@@ -177,6 +200,9 @@ class LakeService:
         self._stopping.set()
         if self._thread is not None:
             self._thread.join(120)
+        self._report_stop.set()
+        if self._report_thread is not None:
+            self._report_thread.join(60)
         with self._lock:
             supervisor = self.supervisor
         if supervisor is not None:
@@ -204,4 +230,9 @@ class LakeService:
         with self._lock:
             state, error, supervisor = self._state, self._error, self.supervisor
         jobs = supervisor.status() if supervisor is not None else {}
+        if self.reporter is not None:
+            report = self.reporter.status()
+            alive = self._report_thread is not None and self._report_thread.is_alive()
+            jobs["reports"] = {"name": "reports", "state": "running" if alive else "stopped", "restarts": 0,
+                               "last_error": report.get("last_error"), **report}
         return {"state": state, "error": error, "lake_root": str(self.lake_root), "jobs": jobs}

@@ -291,7 +291,14 @@ def test_flow_control_stops_pulling_a_queue_that_is_not_consumed(env: Env) -> No
         consumer.shutdown()
 
 
-def test_refused_messages_are_redelivered_without_losing_their_offset(env: Env) -> None:
+class _NoSendBack(PushConsumer):
+    """A consumer whose broker refuses every send-back: refused messages must then be redelivered locally."""
+
+    def send_message_back(self, msg: ReceivedMessage, reason: str = "RECONSUME_LATER") -> bool:
+        return False
+
+
+def test_refused_messages_are_redelivered_locally_when_send_back_fails(env: Env) -> None:
     env.create_topic("flaky", queues=1)
     attempts: dict[bytes, list[int]] = {}
     lock = threading.Lock()
@@ -307,7 +314,7 @@ def test_refused_messages_are_redelivered_without_losing_their_offset(env: Env) 
             return ConsumeStatus.RECONSUME_LATER
         return ConsumeStatus.CONSUME_SUCCESS
 
-    consumer = PushConsumer("cg-flaky", env.client_config(), consume_from_where="FIRST_OFFSET")
+    consumer = _NoSendBack("cg-flaky", env.client_config(), consume_from_where="FIRST_OFFSET")
     consumer.subscribe("flaky")
     consumer.register_listener(listener)
     consumer.start()

@@ -7,6 +7,7 @@ new minimum are served from the ``messages`` table (delta-rs), so history outliv
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -78,6 +79,11 @@ def test_lake_jobs_index_and_the_lake_tier(procs: ProcessHarness, tmp_path: Path
     assert [m["queue_offset"] for m in by_id] == [results[3].queue_offset]
     health = http.get("/health").json()
     assert health["lake"]["state"] == "running" and health["lake"]["jobs"]["dispatch"]["state"] == "running"
+    assert health["lake"]["jobs"]["reports"]["state"] == "running"
+    assert http.get("/alerts").json() == {"alerts": []}
+    status = subprocess.run([sys.executable, "-m", "sparkmq.api.cli", "admin", "--namesrv", ns.addr, "--json",
+                             "lake", "status"], capture_output=True, text=True, timeout=60, env=child_env())
+    assert json.loads(status.stdout)["broker-a"]["jobs"]["dispatch"]["state"] == "running", status.stderr
     metrics = http.get("/metrics").text
     assert 'sparkmq_lake_job_up{name="dispatch"} 1.0' in metrics
     wait_until(lambda: http.get("/query/messages", params={"topic": "History", "key": "key-299"}).json()

@@ -22,6 +22,7 @@ from ...platform.client.producer import Producer
 from ...platform.client.pull_consumer import PullConsumer
 from ...platform.common.errors import SparkMQError
 from ...platform.common.message import Message
+from ...platform.common.system_topics import PROPERTY_DLQ_ORIGIN_TOPIC, PROPERTY_DLQ_REASON, PROPERTY_ORIGIN_MSG_ID
 from ...platform.common.wire import ReceivedMessage
 from .output import console, emit, emit_rows, fail
 
@@ -238,6 +239,33 @@ def cluster_list(ctx: click.Context) -> None:
     emit_rows(rows, ["cluster", "broker", "id", "addr"], False, title="cluster")
 
 
+@admin.group("lake")
+def lake_group() -> None:
+    """The brokers' lake jobs."""
+
+
+@lake_group.command("status")
+@click.option("--cluster", default=None)
+@click.pass_context
+@stable_errors
+def lake_status(ctx: click.Context, cluster: str | None) -> None:
+    """Each broker's lake: state, and per job its state, last batch, rows, restarts and last error."""
+    status = _admin(ctx).lake_status(cluster)
+    if ctx.obj["json"]:
+        emit(status, True)
+        return
+    rows = []
+    for broker_name, lake in status.items():
+        jobs = lake.get("jobs") or {"-": {}}
+        for job_name, job in jobs.items():
+            rows.append({"broker": broker_name, "lake": lake.get("state"), "job": job_name,
+                         "state": job.get("state"), "last_batch": job.get("last_batch_id"),
+                         "rows": job.get("rows_total", job.get("last_batch_rows")),
+                         "restarts": job.get("restarts"), "last_error": job.get("last_error")})
+    emit_rows(rows, ["broker", "lake", "job", "state", "last_batch", "rows", "restarts", "last_error"], False,
+              title="lake")
+
+
 @admin.group()
 def msg() -> None:
     """Look at messages."""
@@ -260,6 +288,98 @@ def _message_row(m: ReceivedMessage) -> dict[str, Any]:
             "body": m.body.decode("utf-8", "replace")}
 
 
+# -- dead letters, offset reset, timers ------------------------------------------------------
+
+@admin.group()
+def dlq() -> None:
+    """List and re-drive a group's dead letters (%DLQ%<group>)."""
+
+
+@dlq.command("list")
+@click.argument("group_name", metavar="GROUP")
+@click.option("--max", "max_messages", type=int, default=1000, show_default=True)
+@click.pass_context
+@stable_errors
+def dlq_list(ctx: click.Context, group_name: str, max_messages: int) -> None:
+    """The dead letters of GROUP with their original topic, id and last failure reason."""
+    rows = []
+    for m in _admin(ctx).dlq_messages(group_name, max_messages):
+        row = _message_row(m)
+        row.update(origin_topic=m.properties.get(PROPERTY_DLQ_ORIGIN_TOPIC),
+                   origin_msg_id=m.properties.get(PROPERTY_ORIGIN_MSG_ID),
+                   reason=m.properties.get(PROPERTY_DLQ_REASON))
+        rows.append(row)
+    emit_rows(rows, ["queue_offset", "msg_id", "origin_topic", "reconsume_times", "reason", "body"], ctx.obj["json"],
+              title=f"dead letters of {group_name}")
+
+
+@dlq.command("redrive")
+@click.argument("group_name", metavar="GROUP")
+@click.option("--msg-id", "msg_ids", multiple=True, help="a dead letter to send back (repeatable)")
+@click.option("--all", "all_messages", is_flag=True, help="every dead letter of the group")
+@click.option("--topic", "topic_name", default=None, help="with --all: only those of this original topic")
+@click.pass_context
+@stable_errors
+def dlq_redrive(ctx: click.Context, group_name: str, msg_ids: tuple[str, ...], all_messages: bool,
+                topic_name: str | None) -> None:
+    """Send dead letters of GROUP back to their original topics (the DLQ keeps its copy)."""
+    if bool(msg_ids) == all_messages:
+        raise click.UsageError("give --msg-id ... or --all")
+    result = _admin(ctx).redrive(group_name, msg_ids=list(msg_ids) or None, all=all_messages, topic=topic_name)
+    if ctx.obj["json"]:
+        emit(result, True)
+        return
+    emit_rows(result["results"], ["status", "msg_id", "topic", "broker_name", "queue_id", "queue_offset"], False,
+              title=f"re-drove {result['redriven']} message(s) of {group_name}")
+
+
+@admin.group()
+def offset() -> None:
+    """Reset a group's consumer offsets."""
+
+
+@offset.command("reset")
+@click.argument("group_name", metavar="GROUP")
+@click.argument("topic_name", metavar="TOPIC")
+@click.option("--timestamp", type=int, default=None, help="epoch ms: every queue to its first message at or after it")
+@click.option("--to-offset", "to_offsets", multiple=True, metavar="BROKER/QUEUE=OFFSET",
+              help="one queue to an exact offset (repeatable)")
+@click.pass_context
+@stable_errors
+def offset_reset(ctx: click.Context, group_name: str, topic_name: str, timestamp: int | None,
+                 to_offsets: tuple[str, ...]) -> None:
+    """Move GROUP's offsets of TOPIC by time or to exact offsets; running consumers follow at once."""
+    if (timestamp is None) == (not to_offsets):
+        raise click.UsageError("give --timestamp or --to-offset (not both)")
+    offsets: dict[str, int] | None = None
+    if to_offsets:
+        offsets = {}
+        for item in to_offsets:
+            queue, sep, value = item.partition("=")
+            if not sep or not value.strip().isdigit():
+                raise click.BadParameter(f"{item!r} is not broker/queue=offset", param_hint="--to-offset")
+            offsets[queue.strip()] = int(value)
+    result = _admin(ctx).reset_offsets(group_name, topic_name, timestamp=timestamp, offsets=offsets)
+    rows = [{"topic": mq.topic, "broker": mq.broker_name, "queue_id": mq.queue_id, "offset": off}
+            for mq, off in result.items()]
+    emit_rows(rows, ["topic", "broker", "queue_id", "offset"], ctx.obj["json"],
+              title=f"offsets of {group_name} on {topic_name}")
+
+
+@admin.group()
+def timer() -> None:
+    """Timer messages."""
+
+
+@timer.command("recall")
+@click.argument("msg_id")
+@click.pass_context
+@stable_errors
+def timer_recall(ctx: click.Context, msg_id: str) -> None:
+    """Recall a pending timer message by its message id (it will never be delivered)."""
+    emit(_admin(ctx).recall_timer(msg_id), ctx.obj["json"])
+
+
 # -- produce and consume ------------------------------------------------------------------
 
 @click.command()
@@ -271,11 +391,17 @@ def _message_row(m: ReceivedMessage) -> dict[str, Any]:
 @click.option("--property", "properties", multiple=True, help="key=value (repeatable)")
 @click.option("--sharding-key", default=None, help="send in order to the queue this key maps to")
 @click.option("--group", default="SPARKMQ_CLI_PRODUCER", show_default=True)
+@click.option("--delay-level", type=int, default=None, help="deliver after delay level N (1 = 1s ... 18 = 2h)")
+@click.option("--deliver-at-ms", type=int, default=None, help="a timer message: deliver at this epoch ms")
 @json_option
 @stable_errors
 def produce(topic_name: str, namesrv: str, body: str | None, tags: str | None, keys: str | None,
-            properties: tuple[str, ...], sharding_key: str | None, group: str, as_json: bool) -> None:
-    """Send messages to TOPIC (one per stdin line, or --body) and print where each was stored."""
+            properties: tuple[str, ...], sharding_key: str | None, group: str, delay_level: int | None,
+            deliver_at_ms: int | None, as_json: bool) -> None:
+    """Send messages to TOPIC (one per stdin line, or --body) and print where each was stored.
+
+    With --delay-level or --deliver-at-ms the place printed is the parked copy's.
+    """
     props = {}
     for item in properties:
         key, sep, value = item.partition("=")
@@ -288,7 +414,8 @@ def produce(topic_name: str, namesrv: str, body: str | None, tags: str | None, k
         for text in bodies:
             message = Message(topic_name, text.encode("utf-8"), tags=tags, keys=tuple((keys or "").split()),
                               properties=dict(props))
-            result = producer.send(message, sharding_key=sharding_key)
+            result = producer.send(message, sharding_key=sharding_key, delay_level=delay_level,
+                                   deliver_at_ms=deliver_at_ms)
             rows.append({"status": str(result.status), "msg_id": result.msg_id,
                          "offset_msg_id": result.offset_msg_id, "broker": result.broker_name,
                          "queue_id": result.queue_id, "queue_offset": result.queue_offset})
@@ -300,6 +427,7 @@ def produce(topic_name: str, namesrv: str, body: str | None, tags: str | None, k
 @namesrv_option
 @click.option("--group", default="SPARKMQ_CLI_CONSUMER", show_default=True)
 @click.option("--expression", default="*", show_default=True, help="tag expression: * or 'A || B'")
+@click.option("--sql", default=None, help="an SQL92 filter over message properties instead of --expression")
 @click.option("--from", "from_where", type=click.Choice(["first", "last"]), default="first", show_default=True,
               help="where a group with no committed offset starts")
 @click.option("--count", type=int, default=None, help="stop after this many messages")
@@ -307,12 +435,15 @@ def produce(topic_name: str, namesrv: str, body: str | None, tags: str | None, k
               help="stop after this many seconds without a message")
 @json_option
 @stable_errors
-def consume(topic_name: str, namesrv: str, group: str, expression: str, from_where: str, count: int | None,
-            timeout_s: float, as_json: bool) -> None:
+def consume(topic_name: str, namesrv: str, group: str, expression: str, sql: str | None, from_where: str,
+            count: int | None, timeout_s: float, as_json: bool) -> None:
     """Receive messages of TOPIC as GROUP and print them (JSON lines with --json); commits as it goes."""
     start = "CONSUME_FROM_FIRST_OFFSET" if from_where == "first" else "CONSUME_FROM_LAST_OFFSET"
     consumer = PullConsumer(group, _client_config(namesrv), consume_from_where=start)
-    consumer.subscribe(topic_name, expression)
+    if sql is not None:
+        consumer.subscribe(topic_name, sql, filter_type="SQL92")
+    else:
+        consumer.subscribe(topic_name, expression)
     consumer.start()
     received = 0
     idle_since = time.monotonic()

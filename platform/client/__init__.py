@@ -23,10 +23,23 @@ from .offset_store import LocalOffsetStore, OffsetStore, ReadOffsetType, RemoteO
 from .process_queue import ProcessQueue
 from .producer import Producer, QueueSelectorFn, SendCallback, SendResult, SendStatus, select_by_sharding_key
 from .pull_consumer import PullConsumer
-from .push_consumer import ConsumeStatus, MessageListener, PushConsumer
-from .rebalance import ConsumeFromWhere, MessageModel, Subscription
+from .push_consumer import (
+    DEFAULT_MAX_RECONSUME_TIMES,
+    ConsumeOrderlyStatus,
+    ConsumeStatus,
+    MessageListener,
+    OrderlyMessageListener,
+    PushConsumer,
+)
+from .rebalance import ConsumeFromWhere, MessageModel, MessageSelector, Subscription
 from .remoting import BrokerClient, NameServerClient, PullResult, RemotingError
 from .routes import TopicRouteCache, TopicRouteInfo
+from .transaction_producer import (
+    TransactionCheck,
+    TransactionProducer,
+    TransactionSendResult,
+    TransactionState,
+)
 
 __all__ = [
     "AdminClient",
@@ -37,7 +50,9 @@ __all__ = [
     "BrokerClient",
     "ClientConfig",
     "ConsumeFromWhere",
+    "ConsumeOrderlyStatus",
     "ConsumeStatus",
+    "DEFAULT_MAX_RECONSUME_TIMES",
     "DEFAULT_STRATEGY",
     "GroupLag",
     "LatencyFaultTolerance",
@@ -46,8 +61,10 @@ __all__ = [
     "MessageListener",
     "MessageModel",
     "MessageQueue",
+    "MessageSelector",
     "NameServerClient",
     "OffsetStore",
+    "OrderlyMessageListener",
     "ProcessQueue",
     "Producer",
     "PullConsumer",
@@ -68,6 +85,10 @@ __all__ = [
     "Subscription",
     "TopicRouteCache",
     "TopicRouteInfo",
+    "TransactionCheck",
+    "TransactionProducer",
+    "TransactionSendResult",
+    "TransactionState",
     "default_client_id",
     "not_available_duration_ms",
     "select_by_sharding_key",

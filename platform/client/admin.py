@@ -14,7 +14,7 @@ Example::
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,6 +111,14 @@ class AdminClient:
     def broker_info(self, addr: str) -> dict[str, Any]:
         """``GET /broker`` of one broker."""
         return self._brokers.get(addr).broker_info()
+
+    def lake_status(self, cluster: str | None = None) -> dict[str, dict[str, Any]]:
+        """Each master's lake (from its ``/health``): state and jobs, or ``{"state": "disabled"}``."""
+        out: dict[str, dict[str, Any]] = {}
+        for name, addr in sorted(self.masters(cluster).items()):
+            health = self._brokers.get(addr).health()
+            out[name] = health.get("lake") or {"state": "disabled", "jobs": {}}
+        return out
 
     # -- topics -------------------------------------------------------------------------------------
     def _targets(self, cluster: str | None, broker_addrs: Sequence[str] | None) -> list[str]:
@@ -263,3 +271,114 @@ class AdminClient:
             if msg.offset_msg_id.upper() == offset_msg_id.upper():
                 return msg
         raise first
+
+    # -- message features (issue 4) ------------------------------------------------------------------
+    def reset_offsets(self, group: str, topic: str, timestamp: int | None = None,
+                      offsets: Mapping[MessageQueue | str, int] | None = None) -> dict[MessageQueue, int]:
+        """Move ``group``'s offsets of ``topic``: to the first message stored at or after ``timestamp`` (epoch ms)
+        on every queue, or to exact ``offsets`` (by :class:`MessageQueue` or ``"broker/queue_id"``).
+
+        Running consumers of the group pick the new offsets up at once (the brokers move the group's
+        version).  Returns the offsets now set.  GROUP_NOT_EXIST when no broker knows the group.
+        """
+        validate_group(group)
+        validate_topic(topic)
+        if (timestamp is None) == (offsets is None):
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "give exactly one of timestamp and offsets")
+        masters = self.masters()
+        route = self.topic_route(topic)
+        plan: dict[str, dict[int, int] | None] = {}
+        if offsets is not None:
+            for key, offset in offsets.items():
+                mq = key if isinstance(key, MessageQueue) else _parse_queue(topic, key)
+                if mq.broker_name not in masters:
+                    raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"no live master named {mq.broker_name!r}")
+                if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+                    raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"offset of {mq.key} must be >= 0, got {offset!r}")
+                by_queue = plan.setdefault(mq.broker_name, {})
+                assert by_queue is not None
+                by_queue[mq.queue_id] = offset
+        else:
+            if isinstance(timestamp, bool) or not isinstance(timestamp, int) or timestamp < 0:
+                raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"timestamp must be epoch ms >= 0, got {timestamp!r}")
+            plan = {name: None for name in route.broker_names if name in masters}
+        out: dict[MessageQueue, int] = {}
+        missing: SparkMQError | None = None
+        for name, by_queue in sorted(plan.items()):
+            try:
+                answer = self._brokers.get(masters[name]).reset_offsets(group, topic, timestamp=timestamp,
+                                                                        offsets=by_queue)
+            except SparkMQError as exc:
+                if exc.code is not ErrorCode.GROUP_NOT_EXIST or offsets is not None:
+                    raise
+                missing = exc  # that broker never saw the group: fine while another one did
+                continue
+            for queue_id, offset in (answer.get("offsets") or {}).items():
+                out[MessageQueue(topic, name, int(queue_id))] = int(offset)
+        if not out and missing is not None:
+            raise missing
+        return dict(sorted(out.items()))
+
+    def dlq_messages(self, group: str, max_messages: int = 1000) -> list[ReceivedMessage]:
+        """The messages in ``%DLQ%<group>`` on every master (at most ``max_messages``), each with its
+        original topic (``DLQ_ORIGIN_TOPIC``), id (``ORIGIN_MESSAGE_ID``) and reason (``DLQ_REASON``)."""
+        validate_group(group)
+        out: list[ReceivedMessage] = []
+        for addr in self.masters().values():
+            offset = 0
+            while len(out) < max_messages:
+                try:
+                    answer = self._brokers.get(addr).dlq_messages(group, offset, min(32, max_messages - len(out)))
+                except SparkMQError as exc:
+                    if exc.code in (ErrorCode.TOPIC_NOT_EXIST, ErrorCode.GROUP_NOT_EXIST):
+                        break  # no dead letters of that group on this broker
+                    raise
+                messages = answer.get("messages") or []
+                out.extend(messages)
+                next_offset = int(answer.get("next_offset", offset))
+                if not messages or next_offset <= offset:
+                    break
+                offset = next_offset
+        return out[:max_messages]
+
+    def redrive(self, group: str, msg_ids: Sequence[str] | None = None, all: bool = False,  # noqa: A002
+                topic: str | None = None, tags: str | None = None) -> dict[str, Any]:
+        """Send dead letters of ``group`` back to their original topics: the ones with ``msg_ids``, or ``all``
+        (optionally only of ``topic`` / with ``tags``).  ``{"redriven": n, "results": [send results]}``."""
+        validate_group(group)
+        if not msg_ids and not all:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "give msg_ids or all=True")
+        total, results = 0, []
+        errors: list[SparkMQError] = []
+        for addr in self.masters().values():
+            try:
+                answer = self._brokers.get(addr).redrive(group, msg_ids=msg_ids, all_messages=all, topic=topic,
+                                                         tags=tags)
+            except SparkMQError as exc:
+                if exc.code is ErrorCode.SERVICE_NOT_AVAILABLE:
+                    raise
+                errors.append(exc)  # e.g. no DLQ of the group on that broker
+                continue
+            total += int(answer.get("redriven") or 0)
+            results.extend(answer.get("results") or [])
+        if not total and errors and len(errors) == len(self.masters()):
+            raise errors[0]
+        return {"redriven": total, "results": results}
+
+    def recall_timer(self, msg_id: str) -> dict[str, Any]:
+        """Recall a pending timer message on whichever master holds it: ``{"msg_id", "recalled"}``."""
+        if not isinstance(msg_id, str) or not msg_id.strip():
+            raise SparkMQError(ErrorCode.MESSAGE_ID_ILLEGAL, "a message id is needed")
+        for addr in self.masters().values():
+            answer = self._brokers.get(addr).recall_timer(msg_id)
+            if answer.get("recalled"):
+                return dict(answer)
+        return {"msg_id": msg_id, "recalled": False}
+
+
+def _parse_queue(topic: str, text: str) -> MessageQueue:
+    """``"broker-a/3"`` -> ``MessageQueue(topic, "broker-a", 3)``; INVALID_ARGUMENT otherwise."""
+    broker, sep, queue = str(text).rpartition("/")
+    if not sep or not broker or not queue.isdigit():
+        raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"a queue is 'broker/queue_id', got {text!r}")
+    return MessageQueue(topic, broker, int(queue))

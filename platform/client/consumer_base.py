@@ -33,8 +33,10 @@ from .config import ClientConfig
 from .offset_store import LocalOffsetStore, OffsetStore, RemoteOffsetStore
 from .process_queue import ProcessQueue
 from .rebalance import (
+    RETRY_TOPIC_PREFIX,
     ConsumeFromWhere,
     MessageModel,
+    MessageSelector,
     RebalanceImpl,
     Subscription,
     parse_consume_from_where,
@@ -100,17 +102,25 @@ class ConsumerBase(ABC):
         self._state_lock = threading.Lock()
         self._state = "created"
         self._manual = False  # PullConsumer.assign(): no group membership
+        #: Set when a broker's membership version moved: the next rebalance first checks for an offset reset.
+        self._offsets_check_due = False
 
     # -- configuration --------------------------------------------------------------------------
-    def subscribe(self, topic: str, expression: str = "*") -> None:
-        """Consume ``topic``'s messages whose tag matches ``expression`` (``"*"`` or ``"A || B"``).
+    def subscribe(self, topic: str, expression: str | MessageSelector = "*", filter_type: str = "TAG") -> None:
+        """Consume ``topic``'s messages that match ``expression``.
 
-        May be called after :meth:`start`; the next heartbeat and rebalance pick it up at once.
+        ``filter_type="TAG"`` (default): ``"*"`` or ``"A || B"``; ``"SQL92"``: an SQL92 expression over
+        message properties, evaluated by the broker.  A :class:`MessageSelector` carries both.  The
+        expression is compiled here first, so a malformed one raises FILTER_EXPRESSION_ILLEGAL (with
+        the position of the error) before anything is sent.  May be called after :meth:`start`; the
+        next heartbeat and rebalance pick it up at once.
         """
         validate_topic(topic)
         if self._manual:
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "this consumer uses assign(); it cannot also subscribe")
-        self._subscriptions[topic] = Subscription.parse(topic, expression)
+        if isinstance(expression, MessageSelector):
+            expression, filter_type = expression.expression, expression.filter_type
+        self._subscriptions[topic] = Subscription.parse(topic, expression, filter_type)
         if self._state == "running":
             self._scheduler.trigger("heartbeat")
             self._scheduler.trigger("rebalance")
@@ -124,12 +134,21 @@ class ConsumerBase(ABC):
 
     @property
     def subscriptions(self) -> dict[str, str]:
-        """Topic -> tag expression."""
+        """Topic -> expression (tag or SQL92; see :meth:`subscription`)."""
         return {t: s.expression for t, s in self._subscriptions.items()}
 
-    def assignment(self) -> list[MessageQueue]:
-        """The queues this consumer holds now, sorted."""
-        return self._rebalance.assignment()
+    def subscription(self, topic: str) -> Subscription | None:
+        """The subscription of ``topic`` (expression and filter type), or None."""
+        return self._subscriptions.get(topic)
+
+    def assignment(self, *, include_retry: bool = False) -> list[MessageQueue]:
+        """The queues of the subscribed topics this consumer holds now, sorted.
+
+        The group's retry topic (``%RETRY%<group>``, subscribed by itself) is plumbing and left out
+        unless ``include_retry``.
+        """
+        held = self._rebalance.assignment()
+        return held if include_retry else [q for q in held if not q.topic.startswith(RETRY_TOPIC_PREFIX)]
 
     def process_queue(self, mq: MessageQueue) -> ProcessQueue | None:
         """The process queue of a held queue (flow-control and offset state), or None."""
@@ -148,7 +167,9 @@ class ConsumerBase(ABC):
                 try:
                     self._routes.get(topic)
                 except SparkMQError as exc:
-                    log.warning("no route for %s yet (will retry): %s", topic, exc)
+                    # A retry topic only exists once a message failed: its missing route is normal.
+                    level = logging.DEBUG if topic.startswith(RETRY_TOPIC_PREFIX) else logging.WARNING
+                    log.log(level, "no route for %s yet (will retry): %s", topic, exc)
             self.send_heartbeats()
             with self._state_lock:
                 self._state = "running"
@@ -185,6 +206,7 @@ class ConsumerBase(ABC):
                 self.commit_offsets(raise_errors=False)
             except SparkMQError as exc:
                 log.warning("final offset commit of %s failed: %s", self.group, exc)
+        self._before_leave()
         self._rebalance.drop_all()
         if not self._manual:
             for addr in self._broker_addrs():
@@ -197,6 +219,9 @@ class ConsumerBase(ABC):
         self._namesrv.close()
         with self._state_lock:
             self._state = "stopped"
+
+    def _before_leave(self) -> None:  # noqa: B027 - optional hook
+        """Subclass hook, run after the final commit and before the queues are dropped (release locks)."""
 
     # -- the event loop ---------------------------------------------------------------------------
     def _start_loop(self) -> None:
@@ -308,9 +333,11 @@ class ConsumerBase(ABC):
             begin = time.monotonic()
             try:
                 result = await self._async.pull(
-                    addr, mq.topic, mq.queue_id, offset, cfg.pull_batch_size, tags=sub.expression,
+                    addr, mq.topic, mq.queue_id, offset, cfg.pull_batch_size,
+                    tags=sub.expression if sub.filter_type == "TAG" else "*",
                     wait_ms=cfg.long_poll_wait_ms, timeout=cfg.pull_timeout_s, group=self.group,
-                    client_id=self.client_id, arrow=cfg.pull_format == "arrow")
+                    client_id=self.client_id, arrow=cfg.pull_format == "arrow", filter_type=sub.filter_type,
+                    expression=sub.expression)
             except SparkMQError as exc:
                 log.debug("pull of %s@%s at %d failed: %s", mq.topic, mq.key, offset, exc)
                 await asyncio.sleep(cfg.pull_error_backoff_s)
@@ -377,6 +404,8 @@ class ConsumerBase(ABC):
             if version is not None and new != version:
                 log.info("group %s membership changed on %s (version %d -> %d); rebalancing", self.group, addr,
                          version, new)
+                # The version also moves when an admin resets the group's offsets: look at them first.
+                self._offsets_check_due = True
                 self._scheduler.trigger("rebalance")
             version = new
 
@@ -451,11 +480,47 @@ class ConsumerBase(ABC):
         """Rebalance now (also done every ``rebalance_interval_s`` and on membership notices); whether it changed."""
         if self._state != "running":
             return False
+        if self._offsets_check_due:
+            self._offsets_check_due = False
+            self.pickup_offset_reset()
         changed = self._rebalance.rebalance()
         if changed:
             log.info("%s of %s holds %s", self.client_id, self.group,
                      [f"{q.topic}@{q.key}" for q in self._rebalance.assignment()])
         return changed
+
+    def pickup_offset_reset(self) -> list[MessageQueue]:
+        """Restart every held queue whose committed offset on the broker is not the one this consumer committed
+        last -- an admin reset it (``POST /consumers/{group}/offsets/reset``) -- at that offset, forgetting the
+        in-memory progress of the queue.  Called when the group's version moves; returns the queues restarted.
+        """
+        if self.message_model is MessageModel.BROADCASTING or self._manual:
+            return []
+        moved: list[MessageQueue] = []
+        for mq, pq in sorted(self._rebalance.process_queues().items()):
+            if pq.dropped:
+                continue
+            addr = self._master_addr(mq)
+            if addr is None:
+                continue
+            try:
+                stored = self._brokers.get(addr).query_offset(self.group, mq.topic, mq.queue_id)
+            except SparkMQError as exc:
+                log.debug("offset of %s@%s not readable: %s", mq.topic, mq.key, exc)
+                continue
+            mine = self.offset_store.committed(mq)
+            if stored < 0 or mine is None or stored == mine:
+                continue
+            log.info("%s: the offset of %s@%s was reset to %d (last committed here %d); restarting there",
+                     self.group, mq.topic, mq.key, stored, mine)
+            self._rebalance.replace(mq, stored)
+            self.offset_store.mark_committed(mq, stored)
+            self._on_reset(mq)
+            moved.append(mq)
+        return moved
+
+    def _on_reset(self, mq: MessageQueue) -> None:  # noqa: B027 - optional hook
+        """Subclass hook: ``mq`` was restarted at a reset offset."""
 
     def commit_offsets(self, *, raise_errors: bool = False) -> dict[MessageQueue, int]:
         """Commit the smallest unfinished offset of every held queue now; the offsets committed (all held)."""

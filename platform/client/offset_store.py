@@ -84,6 +84,17 @@ class OffsetStore(ABC):
             self._table.pop(mq, None)
             self._committed.pop(mq, None)
 
+    def committed(self, mq: MessageQueue) -> int | None:
+        """The offset of ``mq`` this store last wrote or read from the store, or None."""
+        with self._lock:
+            return self._committed.get(mq)
+
+    def mark_committed(self, mq: MessageQueue, offset: int) -> None:
+        """Record that the store holds ``offset`` for ``mq`` (set elsewhere, by an offset reset)."""
+        with self._lock:
+            self._committed[mq] = offset
+            self._table[mq] = offset
+
     def table(self) -> dict[MessageQueue, int]:
         """A copy of the in-memory table."""
         with self._lock:

@@ -102,6 +102,16 @@ class ProcessQueue:
             return 0
         return next(reversed(self._msgs)) - next(iter(self._msgs))
 
+    def head(self, n: int) -> list[ReceivedMessage]:
+        """The ``n`` in-flight messages of smallest offset, ascending (an orderly consumer's next batch)."""
+        with self._lock:
+            out = []
+            for msg in self._msgs.values():
+                if len(out) >= n:
+                    break
+                out.append(msg)
+            return out
+
     def in_flight_offsets(self) -> list[int]:
         """The in-flight offsets, ascending."""
         with self._lock:

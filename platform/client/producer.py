@@ -29,7 +29,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -124,6 +124,26 @@ def select_by_sharding_key(queues: Sequence[MessageQueue], sharding_key: str) ->
     return ordered[zlib.crc32(sharding_key.encode("utf-8")) % len(ordered)]
 
 
+def _schedule_fields(delay_level: int | None, deliver_at_ms: int | None, delay_ms: int | None) -> dict[str, Any]:
+    """The send-body fields of a delayed or timer message; INVALID_ARGUMENT for more than one or a bad value.
+
+    Example::
+
+        >>> _schedule_fields(3, None, None)
+        {'delay_level': 3}
+    """
+    given = {k: v for k, v in (("delay_level", delay_level), ("deliver_at_ms", deliver_at_ms),
+                               ("delay_ms", delay_ms)) if v is not None}
+    if len(given) > 1:
+        raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"give one of delay_level, deliver_at_ms, delay_ms, not "
+                                                       f"{sorted(given)}")
+    for name, value in given.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "delay_level" else 0):
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"{name} must be a non-negative integer"
+                                                           f"{' >= 1' if name == 'delay_level' else ''}, got {value!r}")
+    return given
+
+
 @dataclass(slots=True)
 class _Prepared:
     """A validated message ready to go on the wire (body already compressed if it should be)."""
@@ -133,6 +153,8 @@ class _Prepared:
     body: bytes
     compressed: bool
     message: Message
+    #: Extra send-body fields: ``delay_level`` / ``deliver_at_ms`` / ``delay_ms``.
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Producer:
@@ -235,7 +257,7 @@ class Producer:
         return {"body": encode_body(p.body), "body_encoding": "base64", "tags": m.tags, "keys": list(m.keys),
                 "properties": dict(m.properties), "queue_id": mq.queue_id, "sharding_key": sharding_key,
                 "compressed": p.compressed, "producer_group": self.group, "born_timestamp": int(time.time() * 1000),
-                "born_host": None, "msg_id": p.msg_id}
+                "born_host": None, "msg_id": p.msg_id, **p.extra}
 
     # -- queue choice and the retry loop -----------------------------------------------------
     def _route(self, topic: str) -> TopicRouteInfo:
@@ -310,16 +332,23 @@ class Producer:
 
     # -- sends -------------------------------------------------------------------------------
     def send(self, msg: Message, timeout: float | None = None, *, sharding_key: str | None = None,
-             queue_selector: QueueSelectorFn | None = None) -> SendResult:
+             queue_selector: QueueSelectorFn | None = None, delay_level: int | None = None,
+             deliver_at_ms: int | None = None, delay_ms: int | None = None) -> SendResult:
         """Send one message and wait until a broker stored it.
 
         ``timeout`` (seconds, default ``send_timeout_s``) bounds all attempts together.  With a
         ``sharding_key`` (messages with equal keys go to one queue, in order) or a
         ``queue_selector`` the send is ordered: one queue, no retry.  Raises ``SparkMQError``
         (the last attempt's error when every attempt failed).
+
+        Scheduled delivery (at most one of them): ``delay_level`` (1..18: 1s 5s 10s 30s 1m ... 2h),
+        ``deliver_at_ms`` (epoch ms) or ``delay_ms`` (a timer message, recallable with
+        :meth:`AdminClient.recall_timer` while pending).  The result's queue and offset are then
+        those of the parked copy (``SCHEDULE_TOPIC_XXXX`` / ``rmq_sys_wheel_timer``).
         """
         self._check_running()
         prepared = self._prepare(msg)
+        prepared.extra = _schedule_fields(delay_level, deliver_at_ms, delay_ms)
         return self._send_prepared(prepared, timeout, sharding_key, queue_selector)
 
     def _send_prepared(self, prepared: _Prepared, timeout: float | None, sharding_key: str | None,
@@ -340,15 +369,18 @@ class Producer:
         return self._with_retries(prepared.topic, timeout, ordered, attempt)
 
     def send_async(self, msg: Message, callback: SendCallback | None = None, timeout: float | None = None, *,
-                   sharding_key: str | None = None,
-                   queue_selector: QueueSelectorFn | None = None) -> concurrent.futures.Future[SendResult]:
+                   sharding_key: str | None = None, queue_selector: QueueSelectorFn | None = None,
+                   delay_level: int | None = None, deliver_at_ms: int | None = None,
+                   delay_ms: int | None = None) -> concurrent.futures.Future[SendResult]:
         """Send on the producer's pool; returns a future of the :class:`SendResult`.
 
         The message is validated now (bad input raises here, not in the future).  ``callback``
-        is called with ``(result, None)`` or ``(None, error)`` when the send finishes.
+        is called with ``(result, None)`` or ``(None, error)`` when the send finishes.  Scheduled
+        delivery as for :meth:`send`.
         """
         self._check_running()
         prepared = self._prepare(msg)
+        prepared.extra = _schedule_fields(delay_level, deliver_at_ms, delay_ms)
         assert self._executor is not None
         future = self._executor.submit(self._send_prepared, prepared, timeout, sharding_key, queue_selector)
         if callback is not None:

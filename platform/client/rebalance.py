@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ..common.errors import ErrorCode, SparkMQError
+from ..common.filtering import FILTER_SQL92, FILTER_TAG, compile_filter
 from .allocation import AllocateStrategy, MessageQueue, strategy_by_name
 from .config import DEFAULT_CONSUME_TIMESTAMP_BACK_S
 from .offset_store import OffsetStore, ReadOffsetType
@@ -39,6 +40,7 @@ __all__ = [
     "RebalanceImpl",
     "resolve_strategy",
     "RETRY_TOPIC_PREFIX",
+    "MessageSelector",
 ]
 
 log = logging.getLogger("sparkmq.client")
@@ -88,8 +90,34 @@ def resolve_strategy(strategy: str | AllocateStrategy) -> AllocateStrategy:
 
 
 @dataclass(frozen=True)
+class MessageSelector:
+    """A subscription expression and its type (RocketMQ's ``MessageSelector``).
+
+    Example::
+
+        >>> MessageSelector.by_sql("a > 5").filter_type
+        'SQL92'
+        >>> MessageSelector.by_tag("A || B").expression
+        'A || B'
+    """
+
+    expression: str
+    filter_type: str = FILTER_TAG
+
+    @classmethod
+    def by_tag(cls, expression: str = "*") -> MessageSelector:
+        """A tag expression: ``"*"`` or ``"A || B"``."""
+        return cls(expression or "*", FILTER_TAG)
+
+    @classmethod
+    def by_sql(cls, expression: str) -> MessageSelector:
+        """An SQL92 expression over message properties (evaluated on the broker)."""
+        return cls(expression, FILTER_SQL92)
+
+
+@dataclass(frozen=True)
 class Subscription:
-    """A topic and its tag expression: ``"*"`` (everything) or ``"A || B"`` (those tags).
+    """A topic and its filter: a tag expression (``"*"`` or ``"A || B"``) or an SQL92 expression.
 
     Example::
 
@@ -98,16 +126,25 @@ class Subscription:
         (True, False, False)
         >>> Subscription.parse("t", "*").matches(None)
         True
+        >>> Subscription.parse("t", "a > 1", "SQL92").to_dict()["type"]
+        'SQL92'
     """
 
     topic: str
     expression: str
-    #: None = every message.
+    #: None = every message (the client re-check lets everything through; SQL92 is decided by the broker).
     tags: frozenset[str] | None
+    filter_type: str = FILTER_TAG
 
     @classmethod
-    def parse(cls, topic: str, expression: str | None) -> Subscription:
-        """Parse ``expression``; INVALID_ARGUMENT when it names no tag."""
+    def parse(cls, topic: str, expression: str | None, filter_type: str = FILTER_TAG) -> Subscription:
+        """Parse ``expression``; INVALID_ARGUMENT when a tag expression names no tag,
+        FILTER_EXPRESSION_ILLEGAL (with the error's position) for a malformed SQL92 one."""
+        kind = (filter_type or FILTER_TAG).upper()
+        if kind != FILTER_TAG:
+            # Compile locally first: a malformed expression fails here, at subscribe, with its position.
+            compile_filter(expression, kind)
+            return cls(topic, str(expression).strip(), None, kind)
         expr = (expression or "*").strip()
         if expr in ("", "*"):
             return cls(topic, "*", None)
@@ -117,12 +154,12 @@ class Subscription:
         return cls(topic, " || ".join(sorted(tags)), tags)
 
     def matches(self, tag: str | None) -> bool:
-        """Whether a message with ``tag`` belongs to this subscription (the client's re-check)."""
+        """Whether a message with ``tag`` belongs to this subscription (the client's tag re-check)."""
         return self.tags is None or (tag is not None and tag in self.tags)
 
     def to_dict(self) -> dict[str, str]:
         """The heartbeat's form."""
-        return {"topic": self.topic, "expression": self.expression, "type": "TAG"}
+        return {"topic": self.topic, "expression": self.expression, "type": self.filter_type}
 
 
 class RebalanceImpl:
@@ -157,6 +194,10 @@ class RebalanceImpl:
         self._fixed: set[MessageQueue] | None = None
         #: Called when the group's member list lacks this client (so the owner heartbeats again).
         self.on_not_member: Callable[[str], None] | None = None
+        #: Orderly consumers: may a newly allocated queue be taken (its broker lock obtained)?  False = not now.
+        self.before_add: Callable[[MessageQueue], bool] | None = None
+        #: Orderly consumers: called after a dropped queue's offset was committed (to release its broker lock).
+        self.after_remove: Callable[[ProcessQueue], None] | None = None
 
     # -- views --------------------------------------------------------------------------------
     def process_queues(self) -> dict[MessageQueue, ProcessQueue]:
@@ -244,6 +285,11 @@ class RebalanceImpl:
             self._remove(mq)
             changed = True
         for mq in sorted(wanted - set(self._pqs)):
+            # The lock first: the previous owner commits before it unlocks, so the offset read after
+            # the lock is the one it left.
+            if self.before_add is not None and not self.before_add(mq):
+                log.info("%s cannot lock %s@%s yet; trying at the next rebalance", self.client_id, topic, mq.key)
+                continue
             try:
                 offset = self.compute_pull_from_where(mq)
             except SparkMQError as exc:
@@ -269,6 +315,8 @@ class RebalanceImpl:
             log.warning("committing the offset of dropped %s@%s failed: %s", mq.topic, mq.key, exc)
         self.offset_store.remove(mq)
         log.info("%s drops %s@%s at offset %d", self.client_id, mq.topic, mq.key, pq.commit_offset())
+        if self.after_remove is not None:
+            self.after_remove(pq)
 
     def replace(self, mq: MessageQueue, offset: int) -> ProcessQueue:
         """Restart ``mq`` at ``offset`` with a fresh process queue (a pull consumer's seek)."""

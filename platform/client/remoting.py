@@ -20,6 +20,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -45,6 +46,11 @@ __all__ = [
 ]
 
 log = logging.getLogger("sparkmq.client")
+
+
+def _seg(value: object) -> str:
+    """One URL path segment: topics and groups may hold '%' (``%RETRY%g``, ``%DLQ%g``), so quote everything."""
+    return quote(str(value), safe="")
 
 #: Pull statuses (docs/http-api.md).
 FOUND = "FOUND"
@@ -142,8 +148,11 @@ class PullResult:
 
 
 def _pull_params(offset: int, max_messages: int, tags: str, wait_ms: int, group: str | None,
-                 client_id: str | None) -> dict[str, Any]:
+                 client_id: str | None, filter_type: str = "TAG", expression: str | None = None) -> dict[str, Any]:
     params: dict[str, Any] = {"offset": offset, "max": max_messages, "tags": tags or "*", "wait_ms": wait_ms}
+    if filter_type and filter_type.upper() != "TAG":
+        # SQL92: the expression travels in its own parameter; tags stay "*" for brokers that ignore the type.
+        params.update(filter_type=filter_type.upper(), expression=expression or "", tags="*")
     if group:
         params["group"] = group
     if client_id:
@@ -236,7 +245,7 @@ class NameServerClient:
 
     def topic_route(self, topic: str) -> dict[str, Any]:
         """``GET /routes/{topic}``: ``{"queue_datas": [...], "broker_datas": [...]}``; TOPIC_NOT_EXIST if none."""
-        return self.request("GET", f"/routes/{topic}")
+        return self.request("GET", f"/routes/{_seg(topic)}")
 
     def cluster_info(self) -> dict[str, Any]:
         """``GET /cluster``: clusters, brokers (addresses by id) and live broker addresses."""
@@ -289,33 +298,37 @@ class BrokerClient:
     # sending
     def send(self, topic: str, message: Mapping[str, Any], timeout: float | None = None) -> dict[str, Any]:
         """``POST /topics/{topic}/messages`` with one message object; the send result object."""
-        return self._post(f"/topics/{topic}/messages", dict(message), timeout=timeout)
+        return self._post(f"/topics/{_seg(topic)}/messages", dict(message), timeout=timeout)
 
     def send_batch(self, topic: str, params: Mapping[str, Any], *, messages: list[dict[str, Any]] | None = None,
                    arrow: bytes | None = None, timeout: float | None = None) -> dict[str, Any]:
         """``POST /topics/{topic}/batch``: JSON ``messages`` or an Arrow IPC stream of SEND_SCHEMA."""
         query = {k: v for k, v in params.items() if v is not None}
         if arrow is not None:
-            resp = self._call("POST", f"/topics/{topic}/batch", params=query, content=arrow,
+            resp = self._call("POST", f"/topics/{_seg(topic)}/batch", params=query, content=arrow,
                               headers={"Content-Type": ARROW_STREAM}, timeout=timeout)
             return _json(resp)
-        return self._post(f"/topics/{topic}/batch", {"messages": messages or []}, params=query, timeout=timeout)
+        return self._post(f"/topics/{_seg(topic)}/batch", {"messages": messages or []}, params=query, timeout=timeout)
 
     # pulling
     def pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, *, tags: str = "*",
              wait_ms: int = 0, group: str | None = None, client_id: str | None = None, arrow: bool = False,
-             timeout: float | None = None) -> PullResult:
-        """``GET /topics/{topic}/queues/{queue_id}/messages``; ``timeout`` must exceed ``wait_ms``."""
+             timeout: float | None = None, filter_type: str = "TAG", expression: str | None = None) -> PullResult:
+        """``GET /topics/{topic}/queues/{queue_id}/messages``; ``timeout`` must exceed ``wait_ms``.
+
+        ``filter_type="SQL92"`` with ``expression`` filters by message properties on the broker.
+        """
         headers = {"Accept": ARROW_STREAM} if arrow else None
-        resp = self._call("GET", f"/topics/{topic}/queues/{queue_id}/messages", headers=headers,
-                          params=_pull_params(offset, max_messages, tags, wait_ms, group, client_id),
+        resp = self._call("GET", f"/topics/{_seg(topic)}/queues/{queue_id}/messages", headers=headers,
+                          params=_pull_params(offset, max_messages, tags, wait_ms, group, client_id,
+                                              filter_type, expression),
                           timeout=timeout if timeout is not None else self._timeout + wait_ms / 1000)
         return _parse_pull(resp)
 
     def queue_offsets(self, topic: str, queue_id: int, timestamp: int | None = None) -> dict[str, int]:
         """``GET .../offsets``: ``min_offset``, ``max_offset`` and, for a timestamp, ``offset``."""
         params = {"timestamp": timestamp} if timestamp is not None else None
-        return self._get(f"/topics/{topic}/queues/{queue_id}/offsets", params=params)
+        return self._get(f"/topics/{_seg(topic)}/queues/{queue_id}/offsets", params=params)
 
     # clients and groups
     def heartbeat(self, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -334,31 +347,32 @@ class BrokerClient:
 
     def consumer_group(self, group: str) -> dict[str, Any]:
         """``GET /consumers/{group}``: version, sorted member ids, model and subscriptions."""
-        return self._get(f"/consumers/{group}")
+        return self._get(f"/consumers/{_seg(group)}")
 
     def group_changes(self, group: str, version: int, wait_ms: int, timeout: float | None = None) -> dict[str, Any]:
         """``GET /consumers/{group}/changes``: long-polls until the membership version differs from ``version``."""
-        return self._get(f"/consumers/{group}/changes", params={"version": version, "wait_ms": wait_ms},
+        return self._get(f"/consumers/{_seg(group)}/changes", params={"version": version, "wait_ms": wait_ms},
                          timeout=timeout if timeout is not None else self._timeout + wait_ms / 1000)
 
     # offsets
     def commit_offsets(self, group: str, offsets: Sequence[Mapping[str, Any]]) -> int:
         """``POST /consumers/{group}/offsets``; how many were committed."""
-        return int(self._post(f"/consumers/{group}/offsets", {"offsets": [dict(o) for o in offsets]})["committed"])
+        answer = self._post(f"/consumers/{_seg(group)}/offsets", {"offsets": [dict(o) for o in offsets]})
+        return int(answer["committed"])
 
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
         """``GET /consumers/{group}/offsets/{topic}/{queue_id}``; -1 when never committed."""
-        return int(self._get(f"/consumers/{group}/offsets/{topic}/{queue_id}")["offset"])
+        return int(self._get(f"/consumers/{_seg(group)}/offsets/{_seg(topic)}/{queue_id}")["offset"])
 
     def group_offsets(self, group: str, topic: str | None = None) -> dict[str, dict[str, int]]:
         """``GET /consumers/{group}/offsets``: ``{topic: {queue_id (str): offset}}``."""
         params = {"topic": topic} if topic else None
-        return dict(self._get(f"/consumers/{group}/offsets", params=params).get("offsets") or {})
+        return dict(self._get(f"/consumers/{_seg(group)}/offsets", params=params).get("offsets") or {})
 
     def group_lag(self, group: str, topic: str | None = None) -> dict[str, Any]:
         """``GET /consumers/{group}/lag``: ``total_lag`` and per-queue broker / consumer offsets."""
         params = {"topic": topic} if topic else None
-        return self._get(f"/consumers/{group}/lag", params=params)
+        return self._get(f"/consumers/{_seg(group)}/lag", params=params)
 
     # topics
     def topics(self) -> list[dict[str, Any]]:
@@ -367,7 +381,7 @@ class BrokerClient:
 
     def topic(self, topic: str) -> dict[str, Any]:
         """``GET /topics/{topic}``: one config."""
-        return self._get(f"/topics/{topic}")
+        return self._get(f"/topics/{_seg(topic)}")
 
     def create_topic(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """``POST /topics``: create or update; the config as stored."""
@@ -375,16 +389,80 @@ class BrokerClient:
 
     def delete_topic(self, topic: str) -> dict[str, Any]:
         """``DELETE /topics/{topic}``: ``{"topic", "deleted"}``."""
-        return _json(self._call("DELETE", f"/topics/{topic}"))
+        return _json(self._call("DELETE", f"/topics/{_seg(topic)}"))
 
     def topic_stats(self, topic: str) -> dict[str, Any]:
         """``GET /topics/{topic}/stats``: min/max offset and last store time per queue."""
-        return self._get(f"/topics/{topic}/stats")
+        return self._get(f"/topics/{_seg(topic)}/stats")
+
+    # message features (issue 4)
+    def send_half(self, topic: str, message: Mapping[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        """``POST /topics/{topic}/half``: store a transaction's half message (invisible); ``transaction_id`` etc."""
+        return self._post(f"/topics/{_seg(topic)}/half", dict(message), timeout=timeout)
+
+    def end_transaction(self, transaction_id: str, producer_group: str, action: str, *,
+                        from_check: bool = False) -> dict[str, Any]:
+        """``POST /transactions/{id}``: COMMIT, ROLLBACK or UNKNOWN; TRANSACTION_NOT_FOUND when unknown or settled."""
+        return self._post(f"/transactions/{_seg(transaction_id)}", {"producer_group": producer_group, "action": action,
+                                                              "from_check": from_check})
+
+    def transaction_checks(self, producer_group: str, client_id: str, wait_ms: int,
+                           timeout: float | None = None) -> list[dict[str, Any]]:
+        """``GET /transactions/checks``: long-polls for the check-backs due for ``producer_group``."""
+        answer = self._get("/transactions/checks", params={"producer_group": producer_group, "client_id": client_id,
+                                                           "wait_ms": wait_ms},
+                           timeout=timeout if timeout is not None else self._timeout + wait_ms / 1000)
+        return list(answer.get("checks") or [])
+
+    def send_back(self, group: str, offset_msg_id: str, *, delay_level: int = 0, reason: str = "",
+                  max_reconsume_times: int = 16) -> dict[str, Any]:
+        """``POST /consumers/{group}/send-back``: a failed message to ``%RETRY%<group>`` (or the DLQ)."""
+        return self._post(f"/consumers/{_seg(group)}/send-back", {
+            "offset_msg_id": offset_msg_id, "delay_level": delay_level, "reason": reason,
+            "max_reconsume_times": max_reconsume_times})
+
+    def dlq_messages(self, group: str, offset: int = 0, max_messages: int = 32) -> dict[str, Any]:
+        """``GET /dlq/{group}``: ``messages`` (as in a pull, bodies inflated) and ``next_offset``."""
+        answer = self._get(f"/dlq/{_seg(group)}", params={"offset": offset, "max": max_messages})
+        answer["messages"] = [received_from_json(m) for m in answer.get("messages") or ()]
+        return answer
+
+    def redrive(self, group: str, *, msg_ids: Sequence[str] | None = None, all_messages: bool = False,
+                topic: str | None = None, tags: str | None = None) -> dict[str, Any]:
+        """``POST /dlq/{group}/redrive``: send DLQ messages back to their original topics."""
+        body: dict[str, Any] = {"msg_ids": list(msg_ids)} if msg_ids else {"all": all_messages, "topic": topic,
+                                                                          "tags": tags}
+        return self._post(f"/dlq/{_seg(group)}/redrive", body)
+
+    def reset_offsets(self, group: str, topic: str, *, timestamp: int | None = None,
+                      offsets: Mapping[int, int] | None = None) -> dict[str, Any]:
+        """``POST /consumers/{group}/offsets/reset``: by ``timestamp`` (ms) or to ``offsets`` (queue id -> offset)."""
+        body: dict[str, Any] = {"topic": topic}
+        if timestamp is not None:
+            body["timestamp"] = timestamp
+        if offsets is not None:
+            body["offsets"] = {str(q): int(o) for q, o in offsets.items()}
+        return self._post(f"/consumers/{_seg(group)}/offsets/reset", body)
+
+    def recall_timer(self, msg_id: str) -> dict[str, Any]:
+        """``DELETE /timers/{msg_id}``: ``{"msg_id", "recalled"}``."""
+        return _json(self._call("DELETE", f"/timers/{_seg(msg_id)}"))
+
+    def lock_queues(self, group: str, client_id: str, queues: Sequence[tuple[str, int]]) -> set[tuple[str, int]]:
+        """``POST /locks/lock``: the ``(topic, queue_id)`` pairs this client holds now (locked or renewed)."""
+        answer = self._post("/locks/lock", {"group": group, "client_id": client_id,
+                                            "queues": [{"topic": t, "queue_id": q} for t, q in queues]})
+        return {(str(x["topic"]), int(x["queue_id"])) for x in answer.get("locked") or ()}
+
+    def unlock_queues(self, group: str, client_id: str, queues: Sequence[tuple[str, int]]) -> dict[str, Any]:
+        """``POST /locks/unlock``."""
+        return self._post("/locks/unlock", {"group": group, "client_id": client_id,
+                                            "queues": [{"topic": t, "queue_id": q} for t, q in queues]})
 
     # messages, broker
     def message(self, offset_msg_id: str) -> ReceivedMessage:
         """``GET /messages/{offset_msg_id}``: one stored message, body inflated."""
-        return received_from_json(self._get(f"/messages/{offset_msg_id}"))
+        return received_from_json(self._get(f"/messages/{_seg(offset_msg_id)}"))
 
     def broker_info(self) -> dict[str, Any]:
         """``GET /broker``: name, id, role, commit log bounds."""
@@ -447,12 +525,13 @@ class AsyncBrokerClient:
 
     async def pull(self, addr: str, topic: str, queue_id: int, offset: int, max_messages: int, *, tags: str,
                    wait_ms: int, timeout: float, group: str | None = None, client_id: str | None = None,
-                   arrow: bool = False) -> PullResult:
+                   arrow: bool = False, filter_type: str = "TAG", expression: str | None = None) -> PullResult:
         """Async twin of :meth:`BrokerClient.pull`."""
         headers = {"Accept": ARROW_STREAM} if arrow else None
         try:
-            resp = await self._http.get(f"{base_url(addr)}/topics/{topic}/queues/{queue_id}/messages",
-                                        params=_pull_params(offset, max_messages, tags, wait_ms, group, client_id),
+            resp = await self._http.get(f"{base_url(addr)}/topics/{_seg(topic)}/queues/{queue_id}/messages",
+                                        params=_pull_params(offset, max_messages, tags, wait_ms, group, client_id,
+                                                            filter_type, expression),
                                         headers=headers, timeout=timeout)
         except httpx.HTTPError as exc:
             raise _transport_error(addr, exc) from None
@@ -462,7 +541,7 @@ class AsyncBrokerClient:
                             timeout: float) -> dict[str, Any]:
         """Async twin of :meth:`BrokerClient.group_changes`."""
         try:
-            resp = await self._http.get(f"{base_url(addr)}/consumers/{group}/changes",
+            resp = await self._http.get(f"{base_url(addr)}/consumers/{_seg(group)}/changes",
                                         params={"version": version, "wait_ms": wait_ms}, timeout=timeout)
         except httpx.HTTPError as exc:
             raise _transport_error(addr, exc) from None
