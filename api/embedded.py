@@ -30,6 +30,8 @@ from .serving import Server, bind_socket, serve_app
 __all__ = ["EmbeddedPlatform"]
 
 _NAMESRV_KEYS = {"host", "port", "broker_expiry_s", "scan_interval_s"}
+#: Commit-log segment size of the embedded default (conf/single-node.toml says the same).
+EMBEDDED_SEGMENT_SIZE = 64 << 20
 
 
 class EmbeddedPlatform:
@@ -79,7 +81,10 @@ class EmbeddedPlatform:
         broker.update({k: v for k, v in broker_overrides.items() if v is not None})
         if "alerts" in data:
             lake_table["alerts"] = data["alerts"]
-        return cls(namesrv, broker, data.get("store", {}), lake_table)
+        store = dict(data.get("store", {}))
+        # One machine: 64 MiB segments unless the file says otherwise (1 GiB is allocated up front).
+        store.setdefault("segment_size", EMBEDDED_SEGMENT_SIZE)
+        return cls(namesrv, broker, store, lake_table)
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self, timeout: float = 60.0) -> EmbeddedPlatform:

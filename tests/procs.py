@@ -21,6 +21,11 @@ import sparkmq
 __all__ = ["ServiceProcess", "ProcessHarness", "child_env"]
 
 
+#: Settings every test service gets unless the test says otherwise: 8 MiB segments (a broker's
+#: default 1 GiB segment is allocated up front; dozens of test brokers would write tens of GiB).
+_TEST_DEFAULTS = {"sparkmq.api.broker_main": ["--segment-size", str(8 << 20)]}
+
+
 def child_env(**extra: str) -> dict[str, str]:
     """Environment for children: they import the same sparkmq as the tests (source tree first)."""
     root = str(Path(sparkmq.__file__).parent.parent)
@@ -90,7 +95,8 @@ class ProcessHarness:
         pending = []
         for kind, module, args in specs:
             log_path = self.work_dir / f"{kind}-{len(self.started) + len(pending)}.log"
-            argv = [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", "0", *args]
+            defaults = _TEST_DEFAULTS.get(module, [])  # before args: argparse keeps the last value given
+            argv = [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", "0", *defaults, *args]
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log_path.open("w"), text=True,
                                     env=env or child_env(), stdin=subprocess.DEVNULL)
             lines: queue.Queue[str] = queue.Queue()

@@ -60,7 +60,7 @@ def test_lake_jobs_index_and_the_lake_tier(procs: ProcessHarness, tmp_path: Path
     (tmp_path / "retention.toml").write_text(AGGRESSIVE_RETENTION)
     data_dir = tmp_path / "broker"
     common = ["--data-dir", str(data_dir), "--namesrv", ns.addr, "--broker-name", "broker-a",
-              "--register-interval-s", "0.5"]
+              "--segment-size", "1048576", "--register-interval-s", "0.5"]
     broker = procs.start("broker", "sparkmq.api.broker_main", "--config", str(tmp_path / "lake.toml"), "--lake",
                          *common)
     http = httpx.Client(base_url=broker.url, timeout=10)
@@ -84,6 +84,10 @@ def test_lake_jobs_index_and_the_lake_tier(procs: ProcessHarness, tmp_path: Path
     status = subprocess.run([sys.executable, "-m", "sparkmq.api.cli", "admin", "--namesrv", ns.addr, "--json",
                              "lake", "status"], capture_output=True, text=True, timeout=60, env=child_env())
     assert json.loads(status.stdout)["broker-a"]["jobs"]["dispatch"]["state"] == "running", status.stderr
+    query = subprocess.run([sys.executable, "-m", "sparkmq.api.cli", "admin", "--namesrv", ns.addr, "--json",
+                            "msg", "query", "--topic", "History", "--key", "key-9"],
+                           capture_output=True, text=True, timeout=60, env=child_env())
+    assert [m["queue_offset"] for m in json.loads(query.stdout)] == [results[9].queue_offset], query.stderr
     metrics = http.get("/metrics").text
     assert 'sparkmq_lake_job_up{name="dispatch"} 1.0' in metrics
     wait_until(lambda: http.get("/query/messages", params={"topic": "History", "key": "key-299"}).json()

@@ -7,6 +7,7 @@ prints JSON for scripts.  A stable error prints ``CODE: message`` and exits 1.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import functools
 import json
 import sys
@@ -280,6 +281,25 @@ def msg_view(ctx: click.Context, offset_msg_id: str) -> None:
     emit(_message_row(_admin(ctx).view_message(offset_msg_id)), ctx.obj["json"])
 
 
+@msg.command("query")
+@click.option("--topic", "topic_name", default=None)
+@click.option("--key", default=None, help="one of the message's KEYS (with --topic)")
+@click.option("--msg-id", default=None, help="the producer's unique message id")
+@click.option("--begin", "begin_ms", type=int, default=None, help="store time from, epoch ms (with --topic, --end)")
+@click.option("--end", "end_ms", type=int, default=None, help="store time until (exclusive), epoch ms")
+@click.option("--max", "max_hits", type=int, default=32, show_default=True, help="at most this many (64)")
+@click.pass_context
+@stable_errors
+def msg_query(ctx: click.Context, topic_name: str | None, key: str | None, msg_id: str | None,
+              begin_ms: int | None, end_ms: int | None, max_hits: int) -> None:
+    """Find messages through the lake's index: by key, by msg id, or by topic and store-time range."""
+    found = _admin(ctx).query_messages(topic=topic_name, key=key, msg_id=msg_id, begin_ms=begin_ms, end_ms=end_ms,
+                                       max_hits=max_hits)
+    rows = [_message_row(m) for m in found]
+    emit_rows(rows, ["topic", "broker", "queue_id", "queue_offset", "msg_id", "keys", "store_timestamp", "body"],
+              ctx.obj["json"], title="messages found")
+
+
 def _message_row(m: ReceivedMessage) -> dict[str, Any]:
     return {"topic": m.topic, "broker": m.broker_name, "queue_id": m.queue_id, "queue_offset": m.queue_offset,
             "msg_id": m.msg_id, "offset_msg_id": m.offset_msg_id, "tags": m.tags, "keys": list(m.keys),
@@ -378,6 +398,43 @@ def timer() -> None:
 def timer_recall(ctx: click.Context, msg_id: str) -> None:
     """Recall a pending timer message by its message id (it will never be delivered)."""
     emit(_admin(ctx).recall_timer(msg_id), ctx.obj["json"])
+
+
+# -- message trace -------------------------------------------------------------------------
+
+_TRACE_COLUMNS = ["step", "status", "time", "+ms", "total_ms", "topic", "group", "client_id", "broker", "queue",
+                  "offset", "reconsume", "cost_ms", "detail"]
+
+
+def _trace_row(event: dict[str, Any]) -> dict[str, Any]:
+    ts = datetime.datetime.fromtimestamp(event["event_ts"] / 1000, tz=datetime.UTC)
+    return {"step": event["event_type"], "status": event["status"], "time": ts.strftime("%H:%M:%S.%f")[:-3],
+            "+ms": event["elapsed_ms"], "total_ms": event["since_first_ms"], "topic": event["topic"],
+            "group": event.get("group"), "client_id": event.get("client_id"), "broker": event.get("broker"),
+            "queue": event.get("queue_id"), "offset": event.get("queue_offset"),
+            "reconsume": event.get("reconsume_times"), "cost_ms": event.get("cost_ms"), "detail": event.get("detail")}
+
+
+@admin.command("trace")
+@click.argument("msg_id", metavar="MSG_ID")
+@click.option("--cluster", default=None, help="only this cluster's masters")
+@json_option
+@click.pass_context
+@stable_errors
+def trace(ctx: click.Context, msg_id: str, cluster: str | None, as_json: bool) -> None:
+    """A message's path (send, store, deliver, consume, retries, DLQ) with the time between steps.
+
+    Read from the lakes' message_trace tables, so a message shows up once the trace job ran.
+    --json prints the events as a list (times as epoch ms, elapsed_ms, since_first_ms).
+    """
+    events = _admin(ctx).trace(msg_id, cluster)
+    if as_json or ctx.obj["json"]:
+        click.echo(json.dumps(events, default=str))
+        return
+    if not events:
+        console.print(f"no trace events for {msg_id} (yet: the trace job writes them within seconds)")
+        return
+    emit_rows([_trace_row(e) for e in events], _TRACE_COLUMNS, False, title=f"trace of {msg_id}")
 
 
 # -- produce and consume ------------------------------------------------------------------

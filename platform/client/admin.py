@@ -112,6 +112,35 @@ class AdminClient:
         """``GET /broker`` of one broker."""
         return self._brokers.get(addr).broker_info()
 
+    def query_messages(self, *, topic: str | None = None, key: str | None = None, msg_id: str | None = None,
+                       begin_ms: int | None = None, end_ms: int | None = None, max_hits: int = 32,
+                       cluster: str | None = None) -> list[ReceivedMessage]:
+        """Messages found through every master's lake index (by msg_id, topic + key, or topic + time range),
+        newest first, at most ``max_hits`` in all."""
+        params = {k: v for k, v in {"topic": topic, "key": key, "msg_id": msg_id, "begin": begin_ms,
+                                    "end": end_ms, "max": max_hits}.items() if v is not None}
+        found: list[ReceivedMessage] = []
+        for addr in sorted(self.masters(cluster).values()):
+            found += self._brokers.get(addr).query_messages(params)
+        found.sort(key=lambda m: (m.store_timestamp, m.queue_offset), reverse=True)
+        return found[:max_hits]
+
+    def trace(self, msg_id: str, cluster: str | None = None) -> list[dict[str, Any]]:
+        """A message's whole path: the trace events every master's lake holds for ``msg_id``, merged.
+
+        Events come in time order (send, store, deliver, consume, retry, dlq, transaction), each with
+        ``elapsed_ms`` since the previous step and ``since_first_ms``; an event two lakes both hold
+        appears once.  Empty until the trace job has written the message's events.
+        """
+        from ..broker.trace import trace_path  # the ordering rule lives with the broker's lookup
+
+        if not isinstance(msg_id, str) or not msg_id:
+            raise SparkMQError(ErrorCode.MESSAGE_ID_ILLEGAL, "the message id must be a non-empty string")
+        events: list[dict[str, Any]] = []
+        for addr in sorted(self.masters(cluster).values()):
+            events += self._brokers.get(addr).trace(msg_id)["events"]
+        return trace_path(events)
+
     def lake_status(self, cluster: str | None = None) -> dict[str, dict[str, Any]]:
         """Each master's lake (from its ``/health``): state and jobs, or ``{"state": "disabled"}``."""
         out: dict[str, dict[str, Any]] = {}

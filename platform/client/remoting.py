@@ -28,6 +28,7 @@ from ..common.errors import ErrorCode, SparkMQError
 from ..common.wire import (
     ARROW_STREAM,
     PULL_HEADERS,
+    PULL_SCHEMA,
     ReceivedMessage,
     from_ipc,
     received_from_arrow,
@@ -37,6 +38,7 @@ from ..common.wire import (
 __all__ = [
     "RemotingError",
     "PullResult",
+    "ArrowPullResult",
     "error_from_response",
     "NameServerClient",
     "BrokerClient",
@@ -145,6 +147,17 @@ class PullResult:
     min_offset: int
     max_offset: int
     messages: list[ReceivedMessage] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ArrowPullResult:
+    """One pull answered in Arrow, kept columnar: ``table`` has ``wire.PULL_SCHEMA``, bodies as stored."""
+
+    status: str
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    table: Any  # pyarrow.Table (Any: the client does not need pyarrow's types at import time)
 
 
 def _pull_params(offset: int, max_messages: int, tags: str, wait_ms: int, group: str | None,
@@ -311,6 +324,26 @@ class BrokerClient:
         return self._post(f"/topics/{_seg(topic)}/batch", {"messages": messages or []}, params=query, timeout=timeout)
 
     # pulling
+    def pull_arrow_table(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, *,
+                         tags: str = "*", timeout: float | None = None) -> ArrowPullResult:
+        """One pull as an Arrow table (``wire.PULL_SCHEMA``), never long-polling; for bulk readers (Spark).
+
+        Unlike ``pull(arrow=True)`` nothing is turned into Python objects: bodies stay as
+        stored (compressed when ``sys_flag`` says so).  Unfiltered pulls take the broker's
+        columnar fast path.  INTERNAL_ERROR when the broker does not answer in Arrow.
+        """
+        resp = self._call("GET", f"/topics/{_seg(topic)}/queues/{queue_id}/messages", headers={"Accept": ARROW_STREAM},
+                          params=_pull_params(offset, max_messages, tags, 0, None, None), timeout=timeout)
+        if resp.status_code >= 400:
+            raise error_from_response(resp)
+        if not resp.headers.get("content-type", "").startswith(ARROW_STREAM):
+            raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"{self.addr} answered a pull with "
+                                                         f"{resp.headers.get('content-type')!r}, not Arrow")
+        h = resp.headers
+        table = from_ipc(resp.content) if resp.content else PULL_SCHEMA.empty_table()
+        return ArrowPullResult(h[PULL_HEADERS["status"]], int(h[PULL_HEADERS["next_offset"]]),
+                               int(h[PULL_HEADERS["min_offset"]]), int(h[PULL_HEADERS["max_offset"]]), table)
+
     def pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, *, tags: str = "*",
              wait_ms: int = 0, group: str | None = None, client_id: str | None = None, arrow: bool = False,
              timeout: float | None = None, filter_type: str = "TAG", expression: str | None = None) -> PullResult:
@@ -467,6 +500,18 @@ class BrokerClient:
     def broker_info(self) -> dict[str, Any]:
         """``GET /broker``: name, id, role, commit log bounds."""
         return self._get("/broker")
+
+    def query_messages(self, params: Mapping[str, Any]) -> list[ReceivedMessage]:
+        """``GET /query/messages``: messages found through this broker's lake index."""
+        return [received_from_json(m) for m in self._get("/query/messages", params=dict(params))["messages"]]
+
+    def post_trace(self, events: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """``POST /trace``: client trace events (``send``, ``consume``) for the broker's trace topic."""
+        return self._post("/trace", {"events": list(events)})
+
+    def trace(self, msg_id: str) -> dict[str, Any]:
+        """``GET /trace/{msg_id}``: the message's path from this broker's ``message_trace`` table."""
+        return self._get(f"/trace/{_seg(msg_id)}")
 
     def health(self, timeout: float | None = None) -> dict[str, Any]:
         """``GET /health``."""
