@@ -43,6 +43,7 @@ from ..platform.common import wire
 from ..platform.common.errors import ErrorCode, SparkMQError
 from ..platform.store import GetResult
 from .errors import install_error_handlers, invalid_argument
+from .trace_routes import trace_router
 
 __all__ = [
     "create_app",
@@ -383,6 +384,15 @@ async def pull_messages(topic: TopicPath, queue_id: int, request: Request, broke
                         expression: Annotated[str | None, Query(description="SQL92 over properties")] = None,
                         ) -> Response:
     """Read messages of one queue from ``offset``; long-polls up to ``wait_ms`` when nothing new matches."""
+    if (_wants_arrow(request) and wait_ms == 0 and (filter_type or "TAG").upper() == "TAG"
+            and (tags or expression or "*").strip() == "*" and commit_offset is None and not group and not client_id):
+        # The Spark source's pull (no consumer group: nothing to commit or trace as a delivery):
+        # columns straight from the raw records, no per-message objects.
+        fast, batch = await run_in_threadpool(broker.pull_arrow_once, topic, queue_id, offset, max_count)
+        return Response(wire.to_ipc(batch), media_type=wire.ARROW_STREAM, headers={
+            wire.PULL_HEADERS["status"]: str(fast.status), wire.PULL_HEADERS["next_offset"]: str(fast.next_offset),
+            wire.PULL_HEADERS["min_offset"]: str(fast.min_offset),
+            wire.PULL_HEADERS["max_offset"]: str(fast.max_offset)})
     result = await broker.pull(topic, queue_id, offset, max_count, tags, wait_ms=wait_ms, group=group or None,
                                commit_offset=commit_offset, filter_type=filter_type, expression=expression)
     if _wants_arrow(request):
@@ -627,5 +637,6 @@ def create_app(broker: Broker) -> FastAPI:
     for router in (send_router, pull_router, topics_router, clients_router, features_router, offsets_router,
                    locks_router, broker_router):
         app.include_router(router)
+    app.include_router(trace_router)
     install_error_handlers(app, log)
     return app

@@ -201,6 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     add("--segment-size", type=int, help="commit-log segment size in bytes")
     add("--no-auto-create-topic", dest="auto_create_topic", action="store_const", const=False,
         help="sends to unknown topics fail with TOPIC_NOT_EXIST")
+    add("--no-trace", dest="trace_enabled", action="store_const", const=False,
+        help="record no trace events (RMQ_SYS_TRACE_TOPIC stays empty); default: on")
     add("--lake", dest="lake_enabled", action=argparse.BooleanOptionalAction, default=None,
         help="run the lake (SparkSession + dispatch job into data_dir/lake); default: the [lake] table, else off")
     add("--log-level", default="warning", choices=["debug", "info", "warning", "error"])

@@ -33,7 +33,6 @@ import pyarrow as pa
 from sparkmq.platform.client import BrokerClient, MessageQueue, NameServerClient, TopicRouteInfo
 from sparkmq.platform.client.remoting import BrokerClientPool, error_from_response
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
-from sparkmq.platform.common.wire import ARROW_STREAM, PULL_HEADERS, PULL_SCHEMA, from_ipc
 
 __all__ = [
     "ClusterView",
@@ -345,7 +344,6 @@ class PullPage:
     table: pa.Table
 
 
-_EMPTY_PULL = PULL_SCHEMA.empty_table()
 _pool_lock = threading.Lock()
 _pools: dict[float, BrokerClientPool] = {}
 
@@ -365,19 +363,10 @@ def pull_arrow(addr: str, topic: str, queue_id: int, offset: int, max_messages: 
     """Pull up to ``max_messages`` from ``offset`` with ``Accept: application/vnd.apache.arrow.stream``.
 
     ``BrokerClient.pull(arrow=True)`` turns the Arrow answer into Python objects row by row;
-    this keeps it columnar.  Never long-polls (``wait_ms=0``): Spark plans what exists.
+    this keeps it columnar (``BrokerClient.pull_arrow_table``, served by the broker's columnar
+    fast path).  Never long-polls (``wait_ms=0``): Spark plans what exists.
     Raises ``SparkMQError`` (``RemotingError`` when the broker is unreachable).
     """
-    client = _executor_pool(timeout_s).get(addr)
-    resp = client._call("GET", f"/topics/{topic_path(topic)}/queues/{queue_id}/messages",
-                        params={"offset": offset, "max": max_messages, "tags": tags or "*", "wait_ms": 0},
-                        headers={"Accept": ARROW_STREAM})
-    if resp.status_code >= 400:
-        raise error_from_response(resp)
-    if not resp.headers.get("content-type", "").startswith(ARROW_STREAM):
-        raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"{addr} answered a pull with "
-                                                     f"{resp.headers.get('content-type')!r}, not Arrow")
-    h = resp.headers
-    table = from_ipc(resp.content) if resp.content else _EMPTY_PULL
-    return PullPage(h[PULL_HEADERS["status"]], int(h[PULL_HEADERS["next_offset"]]),
-                    int(h[PULL_HEADERS["min_offset"]]), int(h[PULL_HEADERS["max_offset"]]), table)
+    answer = _executor_pool(timeout_s).get(addr).pull_arrow_table(topic, queue_id, offset, max_messages,
+                                                                   tags=tags or "*")
+    return PullPage(answer.status, answer.next_offset, answer.min_offset, answer.max_offset, answer.table)

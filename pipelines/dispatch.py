@@ -15,7 +15,7 @@ and a crash between the three appends is repaired by the replay.  The checkpoint
 tables belong together: :func:`start_dispatch` refuses a checkpoint that is behind the tables
 (a lost or swapped checkpoint would silently skip batches).
 
-What is dispatched: every user topic, ``%RETRY%`` and ``%DLQ%`` topics and the trace topic.
+What is dispatched: every user topic, ``%RETRY%`` and ``%DLQ%`` topics (trace events have their own job).
 Left out are the broker's bookkeeping topics whose messages reach the lake when they are
 delivered to their real topic (delay-level schedule, timer wheel, transaction half and op
 topics) and the ``TBW102`` template.
@@ -42,7 +42,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from sparkmq.platform.common.system_topics import SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
+from sparkmq.platform.common.system_topics import (
+    SCHEDULE_TOPIC,
+    TIMER_TOPIC,
+    TRACE_TOPIC,
+    TRANS_HALF_TOPIC,
+    TRANS_OP_HALF_TOPIC,
+)
 
 from . import tables
 from .cluster_io import Endpoints
@@ -71,9 +77,10 @@ log = logging.getLogger(__name__)
 #: The tables the job writes, in the order it writes them.
 DISPATCH_TABLES = (tables.CONSUME_QUEUE, tables.MESSAGES, tables.MESSAGE_KEYS)
 
-#: Topics whose messages are the broker's bookkeeping; they reach the lake via their real topic.
-_NOT_DISPATCHED = (SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, "TBW102")
-#: Every topic except those (the source's includeSystemTopics lets %RETRY%, %DLQ%, trace through).
+#: Topics whose messages are the broker's bookkeeping; they reach the lake via their real topic
+#: (and the trace topic through the trace job, into message_trace).
+_NOT_DISPATCHED = (SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRACE_TOPIC, "TBW102")
+#: Every topic except those (the source's includeSystemTopics lets %RETRY% and %DLQ% through).
 DISPATCH_PATTERN = "(?!(?:" + "|".join(re.escape(t) for t in _NOT_DISPATCHED) + ")$).+"
 
 #: Upper bound of one micro-batch (it is collected on the driver to be written with delta-rs).

@@ -29,14 +29,16 @@ __all__ = ["LakeService", "LakeSettings", "LAKE_JOBS"]
 
 log = logging.getLogger("sparkmq.lake")
 
-#: Jobs a lake service can run: streaming ``dispatch``, and ``reports`` (per-minute stats and alerts).
-LAKE_JOBS = ("dispatch", "reports")
+#: Jobs a lake service can run: the streaming ``dispatch``, ``trace`` and ``dlq`` queries, ``reports``
+#: (per-minute stats and alerts) and ``maintenance`` (compaction, vacuum, checkpoints), both threads.
+LAKE_JOBS = ("dispatch", "trace", "dlq", "reports", "maintenance")
 
 
 def _dispatch_figures(query: StreamingQuery) -> dict[str, Any]:
     from .dispatch import dispatch_stats
+    from .trace_job import trace_stats
 
-    stats = dispatch_stats(query)
+    stats = dispatch_stats(query) or trace_stats(query)
     if stats is None:
         return {}
     last = stats.last
@@ -101,7 +103,8 @@ class LakeService:
                  spark_conf: Mapping[str, str] | None = None, jobs: tuple[str, ...] = LAKE_JOBS,
                  trigger: Mapping[str, Any] | None = None, job_name: str | None = None,
                  backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0,
-                 alerts: Mapping[str, Any] | None = None, report_interval_s: float = 60.0) -> None:
+                 alerts: Mapping[str, Any] | None = None, report_interval_s: float = 60.0,
+                 maintenance_interval_s: float = 3600.0) -> None:
         """Exactly one of ``namesrv`` (a cluster) and ``brokers`` (name -> host:port) says what to read."""
         if (namesrv is None) == (brokers is None):
             raise ValueError("give exactly one of namesrv and brokers")
@@ -119,6 +122,8 @@ class LakeService:
         self.alerts = dict(alerts or {})
         self.report_interval_s = report_interval_s
         self.reporter: Any = None  # pipelines.reports.Reporter once started
+        self.maintainer: Any = None  # pipelines.maintenance.Maintainer once started
+        self.maintenance_interval_s = maintenance_interval_s
         self._report_stop = threading.Event()
         self._report_thread: threading.Thread | None = None
         self.spark: SparkSession | None = None
@@ -132,6 +137,8 @@ class LakeService:
     def _jobs(self) -> list[JobSpec]:
         # Imported here: a broker without the lake never loads PySpark or the jobs.
         from .dispatch import start_dispatch
+        from .dlq_job import start_dlq_job
+        from .trace_job import start_trace_job
 
         assert self.spark is not None
         spark = self.spark
@@ -142,6 +149,18 @@ class LakeService:
                 lambda: start_dispatch(spark, self.endpoints, self.lake_root, self.checkpoint_root / "dispatch",
                                        self.trigger, job_name=self.job_name),
                 describe=_dispatch_figures))
+        if "trace" in self.job_names:
+            specs.append(JobSpec(
+                "trace",
+                lambda: start_trace_job(spark, self.endpoints, self.lake_root, self.checkpoint_root / "trace",
+                                        self.trigger, job_name=self.job_name),
+                describe=_dispatch_figures))
+        if "dlq" in self.job_names:
+            # Dead letters are rare: their own slower trigger (the job's default) is enough.
+            specs.append(JobSpec(
+                "dlq",
+                lambda: start_dlq_job(spark, self.endpoints, self.lake_root, self.checkpoint_root / "dlq", None,
+                                      job_name=self.job_name)))
         return specs
 
     # -- lifecycle --------------------------------------------------------------------
@@ -169,6 +188,10 @@ class LakeService:
             supervisor.start()
             if "reports" in self.job_names:
                 self._start_reports()
+            if "maintenance" in self.job_names:
+                from .maintenance import Maintainer
+
+                self.maintainer = Maintainer(self.lake_root, interval_s=self.maintenance_interval_s).start()
             with self._lock:
                 self._state = "running"
         except Exception as exc:  # the broker keeps serving; the lake reports why it is down
@@ -203,6 +226,8 @@ class LakeService:
         self._report_stop.set()
         if self._report_thread is not None:
             self._report_thread.join(60)
+        if self.maintainer is not None:
+            self.maintainer.stop()
         with self._lock:
             supervisor = self.supervisor
         if supervisor is not None:
@@ -235,4 +260,6 @@ class LakeService:
             alive = self._report_thread is not None and self._report_thread.is_alive()
             jobs["reports"] = {"name": "reports", "state": "running" if alive else "stopped", "restarts": 0,
                                "last_error": report.get("last_error"), **report}
+        if self.maintainer is not None:
+            jobs["maintenance"] = {"name": "maintenance", "restarts": 0, **self.maintainer.status()}
         return {"state": state, "error": error, "lake_root": str(self.lake_root), "jobs": jobs}

@@ -51,7 +51,7 @@ from sparkmq.platform.common.message import KEY_SEPARATOR
 from sparkmq.platform.common.validation import validate_group, validate_topic
 from sparkmq.platform.common.wire import SendRow, send_rows_to_arrow, to_ipc
 
-from .cluster_io import Endpoints, OptionError, topic_path
+from .cluster_io import Endpoints, OptionError
 from .source import canonical_options
 
 __all__ = ["SINK_OPTIONS", "SinkCommitMessage", "SinkOptions", "SparkMQStreamWriter", "SparkMQWriter"]
@@ -207,7 +207,7 @@ class _Sender:
         client = self._brokers[next(self._next)]
         params = {"producer_group": self._options.producer_group}
         # The topic is percent-encoded here: BrokerClient.send_batch puts it into the path as is.
-        answer = client.send_batch(topic_path(topic), params, arrow=to_ipc(send_rows_to_arrow(rows)))
+        answer = client.send_batch(topic, params, arrow=to_ipc(send_rows_to_arrow(rows)))  # the client quotes it
         return len(answer["results"])
 
     def close(self) -> None:

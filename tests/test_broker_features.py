@@ -35,7 +35,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadServer]:
     config = BrokerConfig(host="127.0.0.1", port=0, data_dir=tmp_path_factory.mktemp("features"),
                           store={**SMALL_STORE, "segment_size": 8 << 20}, long_polling_max_ms=10_000,
                           message_delay_level="200ms 400ms 600ms", timer_max_delay_s=60.0,
-                          transaction_check_first_s=0.5, transaction_check_interval_s=0.5, transaction_check_max=3)
+                          transaction_check_first_s=0.5, transaction_check_interval_s=0.5, transaction_check_max=3,
+                          trace_enabled=False)  # these tests compare commit-log ends: no background trace writes
     srv = ThreadServer(config).start()
     yield srv
     srv.stop()

@@ -337,7 +337,7 @@ def pull_all(cluster: Cluster, topic: str) -> list[Any]:
     for q in route.read_queues:
         offset = 0
         while True:
-            result = cluster.client(q.broker_name).pull(topic_path(topic), q.queue_id, offset, 32)
+            result = cluster.client(q.broker_name).pull(topic, q.queue_id, offset, 32)  # the client quotes it
             out.extend(result.messages)
             if result.status != "FOUND":
                 break

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio.to_thread
+import pyarrow as pa
 
 from ...storage_native import StoreError
 from ..common.errors import ErrorCode, SparkMQError
@@ -52,6 +53,7 @@ from ..common.system_topics import (
     PROPERTY_RETRY_TOPIC,
     PROPERTY_TIMER_DELAY_SEC,
     PROPERTY_TIMER_DELIVER_MS,
+    TRACE_TOPIC,
     dlq_topic,
     retry_topic,
 )
@@ -72,6 +74,7 @@ from .retry import DEFAULT_MAX_RECONSUME_TIMES, plan_send_back
 from .schedule import ScheduleService
 from .timer import TimerService
 from .topics import TopicConfig, TopicConfigManager
+from .trace import MAX_POSTED_EVENTS, TracedTransactionService, TraceLookup, TraceRecorder, validate_event
 from .transaction import COMMIT, ROLLBACK, CheckRequest, TransactionService
 
 __all__ = [
@@ -201,6 +204,10 @@ class Broker:
         self._components: dict[str, tuple[Callable[[], dict[str, Any]], Callable[[], bool]]] = {}
         #: The lake's index and messages tables (written by the dispatch job), read with delta-rs.
         self.lake_index = LakeIndex(config.data_dir / "lake")
+        #: Trace events into RMQ_SYS_TRACE_TOPIC (buffered, written by its own thread), and their lookup.
+        self.tracer = TraceRecorder(self._put_trace, config.broker_name, enabled=config.trace_enabled)
+        self.trace_lookup = TraceLookup(config.data_dir / "lake")
+        self.add_component("trace", self.tracer.status)
         self._state_lock = threading.Lock()
         self._inflight = 0
         self._drained = threading.Condition(self._state_lock)
@@ -256,6 +263,7 @@ class Broker:
         self._state = "running"
         for service in self._services():
             service.start()
+        self.tracer.start()
         if register:
             self.registration.start()
         log.info("broker %s (%s) started at %s: %d topics, %d consumer offsets, store clean start %s",
@@ -272,10 +280,12 @@ class Broker:
                                    max_delay_s=cfg.timer_max_delay_s)
         # Scan often enough that short test timings are honoured, at most once a second in production.
         scan = max(0.05, min(1.0, cfg.transaction_check_first_s / 4, cfg.transaction_check_interval_s / 4))
-        self.transactions = TransactionService(
+        # Traced: every settled half (commit, rollback, discard after the checks) becomes a trace event.
+        traced: dict[str, Any] = {"recorder": self.tracer} if self.tracer.enabled else {}
+        self.transactions = (TracedTransactionService if traced else TransactionService)(
             self.store, cfg.progress_path("transaction_progress"), self._redeliver, self._offer_check,
             first_check_s=cfg.transaction_check_first_s, check_interval_s=cfg.transaction_check_interval_s,
-            max_checks=cfg.transaction_check_max, scan_interval_s=scan)
+            max_checks=cfg.transaction_check_max, scan_interval_s=scan, **traced)
 
     def _services(self) -> list[Any]:
         return [s for s in (self.schedule, self.timers, self.transactions) if s is not None]
@@ -317,6 +327,7 @@ class Broker:
                 log.warning("shutdown: %d operation(s) still in flight after %.0f s", self._inflight, _DRAIN_TIMEOUT_S)
         self.registration.stop(unregister=True)
         self._stop_services()
+        self.tracer.stop()  # writes the events still buffered while the store is open
         self.clients.stop()
         if not self.offsets.stop():
             log.error("shutdown: the final consumer offset persist failed (see above)")
@@ -377,6 +388,7 @@ class Broker:
             self.metrics.send_failed(exc.code.name)
             raise
         self._after_store(topic, qid, cfg)
+        self.tracer.stored(topic, [result], [msg], born_timestamp)
         # A parked message counts under its system topic now and under its own topic when delivered.
         self.metrics.sent(result.topic, 1, len(msg.body), time.perf_counter() - started)
         return SendResult(self._send_status(result.status), result.msg_id, result.offset_msg_id, topic, self.name,
@@ -422,6 +434,7 @@ class Broker:
             self.metrics.send_failed(exc.code.name)
             raise
         self._after_store(topic, qid, cfg)
+        self.tracer.stored(topic, results, batch, born_timestamp)
         self.metrics.sent(topic, len(batch), sum(len(m.body) for m in batch), time.perf_counter() - started)
         return BatchSendResult(self._send_status(results[-1].status), topic, self.name, qid, results)
 
@@ -498,7 +511,14 @@ class Broker:
                                 born_timestamp=parked.born_timestamp, reconsume_times=parked.reconsume_times,
                                 sys_flag=parked.sys_flag & COMPRESSED)
         self._after_store(message.topic, queue_id, cfg)
+        self.tracer.stored(message.topic, [result], [message], parked.born_timestamp, detail=f"from {parked.topic}")
         self.metrics.sent(message.topic, 1, len(message.body), time.perf_counter() - started)
+        return result
+
+    def _put_trace(self, message: Message) -> PutResult:
+        """Store one trace message (the recorder's thread): a direct put, so it is never traced itself."""
+        result = self.store.put(message, 0)
+        self.holds.notify_put(TRACE_TOPIC, 0)
         return result
 
     def recall_timer(self, msg_id: str) -> bool:
@@ -613,14 +633,16 @@ class Broker:
 
     def pull_once(self, topic: str, queue_id: int, offset: int, max_count: int = 32,
                   tags: frozenset[str] | None = None, *, group: str | None = None,
-                  commit_offset: int | None = None, sql: SqlFilter | None = None) -> GetResult:
+                  commit_offset: int | None = None, sql: SqlFilter | None = None,
+                  client_id: str | None = None) -> GetResult:
         """Read up to ``max_count`` messages without waiting; also commits ``commit_offset`` for ``group``.
 
         With a tag filter, a read that matched nothing keeps scanning towards the
         queue's end (bounded), so consumers do not round-trip over long runs of other tags.
         With ``sql`` (a compiled SQL92 filter; ``tags`` is then ignored) only each
         candidate's properties are decoded and evaluated, scanning up to
-        ``_MAX_SQL_EXAMINED`` units past non-matching ones.
+        ``_MAX_SQL_EXAMINED`` units past non-matching ones.  Messages returned to a ``group``
+        are traced as ``deliver`` events (with ``client_id``, the puller).
         """
         started = time.perf_counter()
         with self._operation():
@@ -638,6 +660,8 @@ class Broker:
                     result = self._from_lake_tier(topic, queue_id, offset, max_count, None, sql, result)
                 self.metrics.pulled(topic, group, len(result.messages), sum(len(m.body) for m in result.messages),
                                     time.perf_counter() - started)
+                if group is not None:
+                    self.tracer.delivered(topic, group, client_id, result.messages)
                 return result
             result = self.store.get_messages(topic, queue_id, offset, max_count, tags, self.config.pull_max_bytes)
             rounds = 1
@@ -653,7 +677,31 @@ class Broker:
                 result = self._from_lake_tier(topic, queue_id, offset, max_count, tags, None, result)
         self.metrics.pulled(topic, group, len(result.messages), sum(len(m.body) for m in result.messages),
                             time.perf_counter() - started)
+        if group is not None:
+            self.tracer.delivered(topic, group, client_id, result.messages)
         return result
+
+    def pull_arrow_once(self, topic: str, queue_id: int, offset: int, max_count: int = 32
+                        ) -> tuple[GetResult, pa.RecordBatch]:
+        """An unfiltered pull answered as one ``PULL_SCHEMA`` record batch, without waiting.
+
+        The fast path of Arrow pulls (the Spark source, the dispatch job): the store cuts the
+        columns out of the raw records instead of building ``StoredMessage`` objects.  A pull
+        below the log's retention goes through :meth:`pull_once` (the lake tier).
+        """
+        started = time.perf_counter()
+        with self._operation():
+            self._check_pull(topic, queue_id, offset, max_count)
+            result, batch = self.store.get_arrow(topic, queue_id, offset, max_count, self.config.pull_max_bytes,
+                                                 self.name)
+        if result.status is GetStatus.OFFSET_TOO_SMALL:
+            from ..common.wire import stored_to_arrow  # only this rare path builds rows
+
+            result = self.pull_once(topic, queue_id, offset, max_count)
+            return result, stored_to_arrow(result.messages, self.name)
+        self.metrics.pulled(topic, None, batch.num_rows, batch.column("body").nbytes if batch.num_rows else 0,
+                            time.perf_counter() - started)
+        return result, batch
 
     def _from_lake_tier(self, topic: str, queue_id: int, offset: int, max_count: int,
                         tags: frozenset[str] | None, sql: SqlFilter | None, log_result: GetResult) -> GetResult:
@@ -722,7 +770,8 @@ class Broker:
 
     async def pull(self, topic: str, queue_id: int, offset: int, max_count: int = 32, tags: str | None = None, *,
                    wait_ms: int = 0, group: str | None = None, commit_offset: int | None = None,
-                   filter_type: str | None = None, expression: str | None = None) -> GetResult:
+                   filter_type: str | None = None, expression: str | None = None,
+                   client_id: str | None = None) -> GetResult:
         """Pull with long polling: when nothing (matching) is new, hold up to ``min(wait_ms, long_polling_max_ms)``.
 
         A held pull answers as soon as a message lands on the queue (and matches), or
@@ -735,7 +784,7 @@ class Broker:
         deadline = time.monotonic() + min(wait_ms, self.config.long_polling_max_ms) / 1000.0
         result = await anyio.to_thread.run_sync(
             lambda: self.pull_once(topic, queue_id, offset, max_count, wanted, group=group,
-                                   commit_offset=commit_offset, sql=sql))
+                                   commit_offset=commit_offset, sql=sql, client_id=client_id))
         while True:
             status = result.status
             at_end = (status is GetStatus.NO_NEW_MSG
@@ -750,7 +799,8 @@ class Broker:
             if not self.running:
                 return result
             again = await anyio.to_thread.run_sync(
-                lambda s=start: self.pull_once(topic, queue_id, s, max_count, wanted, group=group, sql=sql))
+                lambda s=start: self.pull_once(topic, queue_id, s, max_count, wanted, group=group, sql=sql,
+                                               client_id=client_id))
             if again.status is GetStatus.NO_NEW_MSG and start > offset:
                 # Earlier rounds skipped non-matching messages: tell the caller to advance.
                 again = GetResult(GetStatus.NO_MATCHED_MSG, again.next_offset, again.min_offset, again.max_offset)
@@ -807,6 +857,10 @@ class Broker:
                 self.topics.ensure_system_topic(topic, 1)
                 assert plan.delay_level is not None
                 result = self._schedule().park(plan.message, plan.queue_id, plan.delay_level, **put_args)
+        delay_ms = None if plan.dead_letter else self.levels_ms[plan.delay_level - 1]  # type: ignore[operator]
+        self.tracer.sent_back(stored, group, dead_letter=plan.dead_letter, destination=topic,
+                              result=result, reconsume_times=plan.reconsume_times,  # type: ignore[arg-type]
+                              delay_ms=delay_ms, reason=reason)
         return {"status": "DLQ" if plan.dead_letter else "RETRY", "topic": topic,
                 "delay_level": plan.delay_level or 0, "reconsume_times": plan.reconsume_times,
                 "msg_id": result.msg_id, "offset_msg_id": result.offset_msg_id}  # type: ignore[attr-defined]
@@ -880,6 +934,8 @@ class Broker:
                 raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "a transactional message cannot be delayed")
             result = self._tx().prepare(msg, qid, producer_group, born_host=born_host, born_timestamp=born_timestamp)
         self._after_store(topic, qid, cfg)
+        self.tracer.stored(topic, [result], [msg], born_timestamp, status="HALF",
+                           detail="transaction half message (invisible until committed)")
         return {"status": str(self._send_status(result.status)), "transaction_id": result.msg_id,
                 "msg_id": result.msg_id, "offset_msg_id": result.offset_msg_id, "topic": topic,
                 "broker_name": self.name, "queue_id": qid, "queue_offset": result.queue_offset,
@@ -927,6 +983,33 @@ class Broker:
         return [{"transaction_id": c.transaction_id, "topic": c.topic, "msg_id": c.transaction_id,
                  "offset_msg_id": c.half_offset_msg_id, "check_times": c.check_times, "body": c.body,
                  "properties": c.properties} for c in taken]
+
+    # ================================================================== message trace
+    def record_trace(self, events: Sequence[Any]) -> dict[str, Any]:
+        """Buffer client events (``send``, ``consume``) for the trace topic; all validated first.
+
+        INVALID_ARGUMENT (nothing recorded) for a bad event or more than ``MAX_POSTED_EVENTS``.
+        ``accepted`` is 0 when tracing is off here, or ``dropped`` counts them when the buffer is full.
+        """
+        if not isinstance(events, Sequence) or isinstance(events, str | bytes):
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "events must be a list of trace events")
+        if len(events) > MAX_POSTED_EVENTS:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT,
+                               f"{len(events)} events in one request; at most {MAX_POSTED_EVENTS}")
+        checked = []
+        for i, data in enumerate(events):
+            try:
+                checked.append(validate_event(data))
+            except SparkMQError as exc:
+                raise SparkMQError(exc.code, f"event {i}: {exc.message}") from None
+        if not self.tracer.enabled:
+            return {"accepted": 0, "dropped": 0, "enabled": False}
+        ok = self.tracer.add_events(checked)
+        return {"accepted": len(checked) if ok else 0, "dropped": 0 if ok else len(checked), "enabled": True}
+
+    def trace(self, msg_id: str) -> dict[str, Any]:
+        """A message's path from this broker's ``message_trace`` table: events in order with elapsed times."""
+        return {"msg_id": msg_id, "broker": self.name, "events": self.trace_lookup.path(msg_id)}
 
     # ================================================================== offset reset
     def reset_offsets(self, group: str, topic: str, *, timestamp: int | None = None,

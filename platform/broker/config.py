@@ -176,6 +176,9 @@ class BrokerConfig:
     transaction_check_interval_s: float = 30.0
     #: After this many unanswered check-backs the half message is discarded.
     transaction_check_max: int = 15
+    #: Record trace events (store, deliver, retry, DLQ, transaction; clients' send/consume via POST /trace)
+    #: into RMQ_SYS_TRACE_TOPIC.  Off: nothing is written there.
+    trace_enabled: bool = True
     #: ``[store]`` settings (fields of StoreConfig except root/store_host, which the broker derives).
     store: Mapping[str, Any] = field(default_factory=dict)
 
@@ -207,8 +210,9 @@ class BrokerConfig:
         _check_int("default_topic_queue_nums", self.default_topic_queue_nums, 1, 1024)
         _check_int("pull_max_bytes", self.pull_max_bytes, 1, 2**31 - 1)
         _check_int("max_request_bytes", self.max_request_bytes, 1024, 2**31 - 1)
-        if not isinstance(self.auto_create_topic, bool):
-            raise ValueError(f"auto_create_topic must be true or false, got {self.auto_create_topic!r}")
+        for name in ("auto_create_topic", "trace_enabled"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         store = dict(self.store)
         unknown = sorted(set(store) - _STORE_FIELDS)
         if unknown:

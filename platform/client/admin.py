@@ -22,6 +22,7 @@ import httpx
 
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.ids import decode_offset_msg_id
+from ..common.trace import trace_path
 from ..common.validation import validate_group, validate_topic
 from ..common.wire import ReceivedMessage
 from ..namesrv.perm import PERM_MAX, PERM_READ_WRITE
@@ -132,7 +133,6 @@ class AdminClient:
         ``elapsed_ms`` since the previous step and ``since_first_ms``; an event two lakes both hold
         appears once.  Empty until the trace job has written the message's events.
         """
-        from ..broker.trace import trace_path  # the ordering rule lives with the broker's lookup
 
         if not isinstance(msg_id, str) or not msg_id:
             raise SparkMQError(ErrorCode.MESSAGE_ID_ILLEGAL, "the message id must be a non-empty string")

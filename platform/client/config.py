@@ -161,6 +161,10 @@ class ClientConfig:
     #: Where broadcasting consumers keep their offsets (``<dir>/<group>/offsets.json``).
     offset_store_dir: str | Path = field(default_factory=lambda: Path.home() / ".sparkmq_offsets")
 
+    # -- message trace -------------------------------------------------------------------
+    #: Producers post ``send`` and push consumers ``consume`` trace events (batched, ``POST /trace``).
+    trace_enabled: bool = True
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "namesrv_addrs", _normalise_addrs(self.namesrv_addrs))
         if not self.namesrv_addrs:
@@ -182,6 +186,8 @@ class ClientConfig:
             _count(name, getattr(self, name))
         _count("long_poll_wait_ms", self.long_poll_wait_ms, 0)
         _count("change_wait_ms", self.change_wait_ms, 0)
+        if not isinstance(self.trace_enabled, bool):
+            raise ValueError(f"trace_enabled must be true or false, got {self.trace_enabled!r}")
         if self.pull_format not in ("json", "arrow"):
             raise ValueError(f"pull_format must be 'json' or 'arrow', got {self.pull_format!r}")
         if self.consume_timestamp_ms is not None:

@@ -37,6 +37,7 @@ import httpx
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.ids import UniqueIdGenerator
 from ..common.message import Message, SendStatus
+from ..common.trace import TraceEvent
 from ..common.validation import validate_group, validate_topic
 from ..common.wire import SendRow, encode_body, send_rows_to_arrow, to_ipc
 from .allocation import MessageQueue
@@ -45,6 +46,7 @@ from .fault import LatencyFaultTolerance, QueueSelector
 from .remoting import BrokerClientPool, NameServerClient, RemotingError
 from .routes import TopicRouteCache, TopicRouteInfo
 from .scheduler import Scheduler
+from .trace import TraceDispatcher
 
 __all__ = [
     "Producer",
@@ -181,6 +183,8 @@ class Producer:
         self._state_lock = threading.Lock()
         self._state = "created"
         self._met_addrs: set[str] = set()  # masters this producer has sent to (heartbeat them at once)
+        #: ``send`` trace events, posted in batches to the broker that stored each message.
+        self._tracer = TraceDispatcher(self._brokers, f"producer-{group}") if config.trace_enabled else None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Producer:
@@ -199,6 +203,8 @@ class Producer:
                 self._scheduler.every("fault-detect", cfg.fault_detect_interval_s, self._probe_isolated,
                                       initial_delay_s=cfg.fault_detect_interval_s)
             self._scheduler.start()
+            if self._tracer is not None:
+                self._tracer.start()
             self._state = "running"
         return self
 
@@ -211,6 +217,8 @@ class Producer:
             self._state = "stopping"
         if self._executor is not None:
             self._executor.shutdown(wait=True)
+        if self._tracer is not None:
+            self._tracer.shutdown()  # posts the last events while the connections are still open
         self._scheduler.stop()
         for addr in self._known_addrs():
             try:
@@ -361,12 +369,27 @@ class Producer:
             def ordered(route: TopicRouteInfo) -> MessageQueue:
                 return self._selector.select(route.write_queues)
 
+        born_ms = int(time.time() * 1000)
+        begin = time.monotonic()
+
         def attempt(addr: str, mq: MessageQueue, left: float) -> SendResult:
             answer = self._brokers.get(addr).send(prepared.topic, self._payload(prepared, mq, sharding_key),
                                                   timeout=left)
-            return SendResult.from_dict(answer)
+            result = SendResult.from_dict(answer)
+            self._trace_send(addr, prepared.message, result, born_ms, begin)
+            return result
 
         return self._with_retries(prepared.topic, timeout, ordered, attempt)
+
+    def _trace_send(self, addr: str, message: Message, result: SendResult, born_ms: int, begin: float) -> None:
+        """A ``send`` trace event: when the send began, what it cost (retries included), where it went."""
+        if self._tracer is None or not result.msg_id:
+            return
+        self._tracer.record(addr, TraceEvent(
+            result.msg_id, result.topic, "send", str(result.status), born_ms, group=self.group,
+            client_id=self.client_id, cost_ms=int((time.monotonic() - begin) * 1000), born_ts=born_ms,
+            store_ts=result.store_timestamp or None, broker=result.broker_name, queue_id=result.queue_id,
+            queue_offset=result.queue_offset, tags=message.tags, keys=" ".join(message.keys) or None))
 
     def send_async(self, msg: Message, callback: SendCallback | None = None, timeout: float | None = None, *,
                    sharding_key: str | None = None, queue_selector: QueueSelectorFn | None = None,
@@ -430,6 +453,8 @@ class Producer:
             > self.config.compress_threshold
         prepared = [self._prepare(m, compress) for m in msgs]
         topic = prepared[0].topic
+        born_ms = int(time.time() * 1000)
+        begin = time.monotonic()
 
         ordered = None
         if sharding_key is not None or queue_selector is not None:
@@ -450,9 +475,12 @@ class Producer:
                      "keys": list(p.message.keys), "properties": dict(p.message.properties), "msg_id": p.msg_id}
                     for p in prepared], timeout=left)
             status = _status(answer.get("status"))
-            return [SendResult(status, str(r.get("msg_id", "")), str(r.get("offset_msg_id", "")), answer["topic"],
-                               answer["broker_name"], int(answer["queue_id"]), int(r["queue_offset"]),
-                               int(answer.get("store_timestamp") or 0)) for r in answer["results"]]
+            results = [SendResult(status, str(r.get("msg_id", "")), str(r.get("offset_msg_id", "")), answer["topic"],
+                                  answer["broker_name"], int(answer["queue_id"]), int(r["queue_offset"]),
+                                  int(answer.get("store_timestamp") or 0)) for r in answer["results"]]
+            for p, result in zip(prepared, results, strict=False):
+                self._trace_send(addr, p.message, result, born_ms, begin)
+            return results
 
         return self._with_retries(topic, timeout, ordered, attempt)
 

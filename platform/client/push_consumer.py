@@ -46,12 +46,14 @@ from typing import Any
 
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.system_topics import PROPERTY_RECONSUME_TIME, PROPERTY_RETRY_TOPIC, RETRY_PREFIX, retry_topic
+from ..common.trace import TraceEvent
 from ..common.wire import ReceivedMessage
 from .allocation import DEFAULT_STRATEGY, AllocateStrategy, MessageQueue
 from .config import ClientConfig
 from .consumer_base import ConsumerBase
 from .process_queue import ProcessQueue
 from .rebalance import ConsumeFromWhere, MessageModel, Subscription
+from .trace import TraceDispatcher
 
 __all__ = ["PushConsumer", "ConsumeStatus", "ConsumeOrderlyStatus", "MessageListener", "OrderlyMessageListener",
            "DEFAULT_MAX_RECONSUME_TIMES"]
@@ -135,6 +137,8 @@ class PushConsumer(ConsumerBase):
         self._orderly_guard = threading.Lock()
         self._orderly_running: set[ProcessQueue] = set()
         self._lock_times: dict[MessageQueue, float] = {}
+        #: ``consume`` trace events, posted in batches to the broker each message came from.
+        self._tracer = TraceDispatcher(self._brokers, f"consumer-{group}") if config.trace_enabled else None
 
     def register_listener(self, listener: MessageListener) -> None:
         """Set the function called with each batch of messages; it returns a :class:`ConsumeStatus`."""
@@ -185,6 +189,8 @@ class PushConsumer(ConsumerBase):
         except BaseException:
             self._executor.shutdown(wait=False, cancel_futures=True)
             raise
+        if self._tracer is not None:
+            self._tracer.start()
         return self
 
     def shutdown(self) -> None:
@@ -198,6 +204,8 @@ class PushConsumer(ConsumerBase):
         def drain() -> None:
             if self._executor is not None:
                 self._executor.shutdown(wait=True, cancel_futures=True)
+            if self._tracer is not None:
+                self._tracer.shutdown()  # the listeners are done: post their last events
         self._shutdown_base(before_commit=drain)
 
     def __enter__(self) -> PushConsumer:
@@ -242,6 +250,7 @@ class PushConsumer(ConsumerBase):
             return
         assert self._listener is not None
         reason = "RECONSUME_LATER"
+        began_ms, began = int(time.time() * 1000), time.monotonic()
         try:
             status = self._listener(list(batch))
         except Exception as exc:
@@ -251,10 +260,29 @@ class PushConsumer(ConsumerBase):
         if status is not ConsumeStatus.CONSUME_SUCCESS and status != ConsumeStatus.CONSUME_SUCCESS.value:
             if status is None:
                 log.warning("listener of %s returned None; treating it as RECONSUME_LATER", self.group)
+            self._trace_consume(batch, ConsumeStatus.RECONSUME_LATER.value, began_ms, began, reason)
             self._on_failure(pq, batch, reason)
             return
+        self._trace_consume(batch, ConsumeStatus.CONSUME_SUCCESS.value, began_ms, began)
         pq.remove(batch)
         self._count("consumed", len(batch))
+
+    def _trace_consume(self, batch: list[ReceivedMessage], status: str, began_ms: int, began: float,
+                       detail: str | None = None) -> None:
+        """One ``consume`` trace event per message: the listener's verdict, its cost and the attempt number."""
+        if self._tracer is None:
+            return
+        cost_ms = int((time.monotonic() - began) * 1000)
+        for m in batch:
+            if not m.msg_id:
+                continue
+            addr = self._master_addr(MessageQueue(m.topic, m.broker_name, m.queue_id))
+            self._tracer.record(addr, TraceEvent(
+                m.msg_id, m.topic, "consume", status, began_ms, group=self.group, client_id=self.client_id,
+                cost_ms=cost_ms, born_ts=m.born_timestamp or None, store_ts=m.store_timestamp or None,
+                broker=m.broker_name, queue_id=m.queue_id, queue_offset=m.queue_offset,
+                reconsume_times=m.reconsume_times, tags=m.tags, keys=" ".join(m.keys) or None,
+                detail=None if detail is None else detail[:1000]))
 
     def _on_failure(self, pq: ProcessQueue, batch: list[ReceivedMessage], reason: str = "RECONSUME_LATER") -> None:
         self._count("failed", len(batch))
@@ -333,12 +361,16 @@ class PushConsumer(ConsumerBase):
                 batch = pq.head(self.config.consume_batch_size)
                 if not batch:
                     return
+                began_ms, began = int(time.time() * 1000), time.monotonic()
                 try:
                     status = self._orderly_listener(list(batch))
                 except Exception:
                     log.exception("orderly listener of %s failed on %s@%s; suspending the queue", self.group,
                                   pq.mq.topic, pq.mq.key)
                     status = ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+                self._trace_consume(batch, ConsumeOrderlyStatus.SUCCESS.value
+                                    if status == ConsumeOrderlyStatus.SUCCESS.value
+                                    else ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT.value, began_ms, began)
                 if status == ConsumeOrderlyStatus.SUCCESS.value:
                     pq.remove(batch)
                     self._count("consumed", len(batch))

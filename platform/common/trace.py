@@ -19,7 +19,8 @@ from typing import Any
 
 from .errors import ErrorCode, SparkMQError
 
-__all__ = ["TraceEvent", "EVENT_TYPES", "encode_events", "decode_events", "MAX_EVENTS_PER_MESSAGE"]
+__all__ = ["TraceEvent", "EVENT_TYPES", "encode_events", "decode_events", "MAX_EVENTS_PER_MESSAGE", "event_order",
+           "trace_path"]
 
 EVENT_TYPES = ("send", "store", "deliver", "consume", "retry", "dlq", "transaction")
 #: Events packed into one trace message (keeps trace messages well under the body limit).
@@ -86,4 +87,34 @@ def decode_events(body: bytes) -> list[TraceEvent]:
         except json.JSONDecodeError as exc:
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"trace line {number} is not JSON: {exc}") from None
         out.append(TraceEvent.from_dict(data))
+    return out
+
+
+# -- a message's path ---------------------------------------------------------------------
+
+_STEP_RANK = {name: rank for rank, name in enumerate(("send", "transaction", "store", "deliver", "consume",
+                                                      "retry", "dlq"))}
+
+
+def event_order(event: Mapping[str, Any]) -> tuple[int, int]:
+    """Sort key of an event: its time, then its place in a message's life (send before store, ...)."""
+    return int(event["event_ts"]), _STEP_RANK.get(str(event["event_type"]), len(EVENT_TYPES))
+
+
+def trace_path(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Events in order, each with ``elapsed_ms`` since the previous step and ``since_first_ms``.
+
+    Identical events (the same event found in two brokers' tables) are kept once.
+    """
+    unique: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for event in events:
+        row = {k: v for k, v in event.items() if v is not None and k not in ("elapsed_ms", "since_first_ms")}
+        unique.setdefault(tuple(sorted(row.items())), row)
+    ordered = sorted(unique.values(), key=event_order)
+    out: list[dict[str, Any]] = []
+    for i, row in enumerate(ordered):
+        ts = int(row["event_ts"])
+        row["elapsed_ms"] = 0 if i == 0 else ts - int(ordered[i - 1]["event_ts"])
+        row["since_first_ms"] = ts - int(ordered[0]["event_ts"])
+        out.append(row)
     return out

@@ -1,0 +1,354 @@
+"""Lake benchmarks: brokers as real processes, the Spark jobs reading them over HTTP.
+
+    python benchmarks/bench_lake.py [--quick]          (python3 build.py bench lake)
+
+One line of figures each (every figure printed, reached or not, with its target):
+
+* ``lake.source_read`` -- batch read of a backlog (1,000,000 messages, 8 queues) through the
+  ``sparkmq`` source into a ``noop`` sink: messages/s.  Target >= 100,000.
+* ``lake.dispatch_throughput`` -- ``start_dispatch`` with ``trigger={"availableNow": True}`` over the
+  same backlog into ``consume_queue``, ``messages`` and ``message_keys``: messages/s.  Target >= 100,000.
+* ``lake.produce_with_lake`` -- batched produce (Arrow, 64 messages per request, one client thread
+  per queue) against a broker with ``--lake`` running its jobs, divided by the same against a broker
+  without the lake.  Target >= 0.7.
+* ``lake.freshness`` -- a steady 20,000 msgs/s into the ``--lake`` broker; for every row of
+  ``message_keys`` (msgId rows, one per message) the time it became visible (the commit
+  timestamp of the Delta version that added it) minus its store timestamp: p50/p99/max.
+  Target p99 <= 3 s.
+
+Bodies are 100 bytes with one key each.  Brokers run with ``--no-trace`` so the figures are
+about the lake's work, not the trace topic's.  The ``--lake`` broker's Spark runs ``local[1]``
+(``--lake-master`` to change it), its dispatch job on a 0.5 s trigger.  The benchmark process holds its own
+SparkSession (``local[2]``) for the first two.  The machine is shared (2 cores): the broker,
+Spark's JVM and Python workers, and the load generator compete -- compare figures of one run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from sparkmq.platform.client.remoting import BrokerClient
+from sparkmq.platform.common import wire
+
+BODY = os.urandom(50).hex().encode()  # 100 bytes
+QUEUES = 8
+BATCH = 1000
+
+
+def line(name: str, **figures: object) -> None:
+    """Print one benchmark line."""
+    parts = [name] + [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items()]
+    print(" ".join(parts), flush=True)
+
+
+# -- brokers ------------------------------------------------------------------------------------------
+
+class BrokerProc:
+    """A broker process on a free port (``--lake`` optional), stopped with SIGTERM."""
+
+    def __init__(self, root: Path, name: str, lake: bool, lake_master: str = "local[1]") -> None:
+        self.root = root
+        args = [sys.executable, "-m", "sparkmq.api.broker_main", "--host", "127.0.0.1", "--port", "0",
+                "--data-dir", str(root / name), "--broker-name", name, "--no-trace"]
+        if lake:
+            config = root / f"{name}.toml"
+            config.write_text('[lake]\ntrigger_interval_s = 0.5\njobs = ["dispatch"]\n'
+                              f'[lake.spark_conf]\n"spark.master" = "{lake_master}"\n')
+            args += ["--config", str(config), "--lake"]
+        self.name = name
+        self.log = (root / f"{name}.log").open("w")
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     stdin=subprocess.DEVNULL)
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: lines.put(self.proc.stdout.readline()), daemon=True).start()  # type: ignore
+        try:
+            ready = lines.get(timeout=60)
+        except queue.Empty:
+            ready = ""
+        match = re.search(r"listening on http://(\S+)", ready)
+        if match is None:
+            self.stop()
+            raise SystemExit(f"broker {name} did not start: {ready!r}")
+        self.addr = match.group(1)
+        threading.Thread(target=lambda: self.proc.stdout.read(), daemon=True).start()  # type: ignore
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(90)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.log.close()
+
+
+def arrow_batch(n: int, tag: str = "") -> bytes:
+    """An Arrow IPC batch send of ``n`` 100-byte messages, each with one key."""
+    keys = [f"{tag}k{i}" for i in range(n)]
+    return wire.to_ipc(pa.RecordBatch.from_arrays([
+        pa.array([BODY] * n, pa.binary()), pa.array([None] * n, pa.string()), pa.array(keys, pa.string()),
+        pa.array([[]] * n, wire.SEND_SCHEMA.field("properties").type)], schema=wire.SEND_SCHEMA))
+
+
+def load(addr: str, topic: str, total: int, batch: int = BATCH, threads: int = 2) -> float:
+    """Send ``total`` messages in Arrow batches spread over the queues; messages/s."""
+    payload = arrow_batch(batch)
+    requests = total // batch
+    counter = iter(range(requests))
+    lock = threading.Lock()
+
+    def worker() -> None:
+        client = BrokerClient(addr, 60.0)
+        try:
+            while True:
+                with lock:
+                    i = next(counter, None)
+                if i is None:
+                    return
+                client.send_batch(topic, {"queue_id": i % QUEUES}, arrow=payload)
+        finally:
+            client.close()
+
+    started = time.perf_counter()
+    workers = [threading.Thread(target=worker) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return requests * batch / (time.perf_counter() - started)
+
+
+def create_topic(addr: str, topic: str) -> None:
+    client = BrokerClient(addr, 30.0)
+    try:
+        client.create_topic({"topic": topic, "read_queue_nums": QUEUES, "write_queue_nums": QUEUES})
+    finally:
+        client.close()
+
+
+# -- the benchmarks -----------------------------------------------------------------------------------
+
+def bench_source_and_dispatch(spark, broker: BrokerProc, root: Path, n: int) -> None:
+    from sparkmq.pipelines.dispatch import dispatch_stats, start_dispatch
+    from sparkmq.pipelines.source import register
+
+    create_topic(broker.addr, "LakeBacklog")
+    rate = load(broker.addr, "LakeBacklog", n)
+    line("lake.backlog_load", messages=n, msgs_per_s=rate)
+    register(spark)
+    try:
+        # A warm-up read of a small topic: Python workers and the source's classes loaded once.
+        df = (spark.read.format("sparkmq").option("brokers", f"{broker.name}={broker.addr}")
+              .option("subscribe", "LakeBacklog").option("endingOffsets", "latest"))
+        started = time.perf_counter()
+        df.load().write.format("noop").mode("overwrite").save()
+        elapsed = time.perf_counter() - started
+        rows = n
+        line("lake.source_read", messages=rows, seconds=elapsed, msgs_per_s=rows / elapsed, target_msgs_per_s=100000,
+             reached=rows / elapsed >= 100_000)
+    except Exception as exc:
+        line("lake.source_read", error=repr(str(exc)[:200]))
+    try:
+        lake, ckpt = root / "lake-dispatch", root / "ckpt-dispatch"
+        started = time.perf_counter()
+        query = start_dispatch(spark, {broker.name: broker.addr}, lake, ckpt, {"availableNow": True})
+        query.awaitTermination()
+        elapsed = time.perf_counter() - started
+        stats = dispatch_stats(query)
+        rows = stats.rows if stats else 0
+        if query.exception() is not None:
+            raise RuntimeError(str(query.exception())[:200])
+        batches = list(stats.history) if stats else []
+        write_s = sum(b.duration_s for b in batches)
+        line("lake.dispatch_throughput", messages=rows, batches=len(batches), seconds=elapsed,
+             msgs_per_s=rows / elapsed, delta_write_s=write_s, target_msgs_per_s=100000,
+             reached=rows / elapsed >= 100_000)
+    except Exception as exc:
+        line("lake.dispatch_throughput", error=repr(str(exc)[:200]))
+
+
+def produce_rate(addr: str, topic: str, seconds: float) -> float:
+    """Batched produce (Arrow, 64 per request), one thread per 2 queues, for ``seconds``: messages/s."""
+    payload = arrow_batch(64, "p")
+    stop = time.monotonic() + seconds
+    counts: list[int] = []
+
+    def worker(q: int) -> None:
+        client = BrokerClient(addr, 30.0)
+        sent = 0
+        try:
+            while time.monotonic() < stop:
+                client.send_batch(topic, {"queue_id": q}, arrow=payload)
+                sent += 64
+        finally:
+            client.close()
+            counts.append(sent)
+
+    started = time.perf_counter()
+    workers = [threading.Thread(target=worker, args=(q,)) for q in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return sum(counts) / (time.perf_counter() - started)
+
+
+def wait_lake_running(addr: str, timeout: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            lake = httpx.get(f"http://{addr}/health", timeout=5).json().get("lake", {})
+            if lake.get("jobs", {}).get("dispatch", {}).get("state") == "running" and \
+                    lake["jobs"]["dispatch"].get("batches_total"):
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError("the broker's lake did not start")
+
+
+def visible_lags_ms(table_path: Path, since_version: int) -> np.ndarray:
+    """For every msgId row committed after ``since_version``: commit timestamp minus store timestamp, ms."""
+    log_dir = table_path / "_delta_log"
+    lags = []
+    for entry in sorted(log_dir.glob("*.json")):
+        version = int(entry.stem)
+        if version <= since_version:
+            continue
+        commit_ms, files = None, []
+        for raw in entry.read_text().splitlines():
+            action = json.loads(raw)
+            if "commitInfo" in action:
+                commit_ms = action["commitInfo"].get("timestamp")
+            elif "add" in action and action["add"].get("dataChange", True):
+                files.append(action["add"]["path"])
+        if commit_ms is None or not files:
+            continue
+        for f in files:
+            t = pq.read_table(table_path / f, columns=["key_type", "store_ts"])
+            kinds = t.column("key_type").to_numpy(zero_copy_only=False)
+            ts = t.column("store_ts").cast(pa.int64()).to_numpy() / 1000.0
+            lags.append(commit_ms - ts[kinds == "msg_id"])
+    return np.concatenate(lags) if lags else np.array([])
+
+
+def bench_freshness(broker: BrokerProc, rate: int, seconds: float) -> None:
+    """A steady ``rate`` msgs/s for ``seconds``; p99 of store -> visible in message_keys."""
+    path = Path(broker.root) / broker.name / "lake" / "message_keys"
+    from deltalake import DeltaTable
+
+    create_topic(broker.addr, "LakeFresh")
+    time.sleep(2.0)  # let the dispatch job notice the new topic
+    start_version = DeltaTable(str(path)).version()
+    per_request = 200
+    interval = per_request / rate
+    payload = arrow_batch(per_request, "f")
+    client = BrokerClient(broker.addr, 30.0)
+    sent, behind = 0, 0.0
+    started = time.monotonic()
+    try:
+        i = 0
+        while time.monotonic() - started < seconds:
+            due = started + i * interval
+            now = time.monotonic()
+            if due > now:
+                time.sleep(due - now)
+            else:
+                behind = max(behind, now - due)
+            client.send_batch("LakeFresh", {"queue_id": i % QUEUES}, arrow=payload)
+            sent += per_request
+            i += 1
+    finally:
+        client.close()
+    achieved = sent / (time.monotonic() - started)
+    # Wait for the tail to be dispatched (bounded), then measure from the Delta log.
+    deadline = time.monotonic() + 60
+    lags = visible_lags_ms(path, start_version)
+    while lags.size < sent and time.monotonic() < deadline:
+        time.sleep(1.0)
+        lags = visible_lags_ms(path, start_version)
+    if lags.size == 0:
+        line("lake.freshness", error="no rows became visible", sent=sent)
+        return
+    p50, p99 = np.percentile(lags, [50, 99])
+    line("lake.freshness", sent=sent, visible=int(lags.size), target_rate=rate, achieved_rate=achieved,
+         sender_behind_s=behind, p50_s=p50 / 1000, p99_s=p99 / 1000, max_s=float(lags.max()) / 1000,
+         target_p99_s=3, reached=bool(p99 <= 3000 and lags.size >= sent and achieved >= 0.95 * rate))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small counts for a CI smoke run")
+    parser.add_argument("--only", default="", help="comma list: read,produce,freshness (default all)")
+    parser.add_argument("--lake-master", default="local[1]",
+                        help="spark.master of the broker's lake (default local[1]: one core left to delivery)")
+    args = parser.parse_args()
+    n = 50_000 if args.quick else 1_000_000
+    produce_s = 3.0 if args.quick else 15.0
+    fresh_rate, fresh_s = (5_000, 5.0) if args.quick else (20_000, 30.0)
+    only = set(filter(None, args.only.split(","))) or {"read", "produce", "freshness"}
+    root = Path(tempfile.mkdtemp(prefix="sparkmq-bench-lake-"))
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    try:
+        if "read" in only:
+            from sparkmq.pipelines.session import get_spark, stop_spark
+
+            broker = BrokerProc(root, "bench-a", lake=False)
+            try:
+                spark = get_spark({"spark.master": "local[2]"}, app_name="sparkmq-bench-lake", log_level="ERROR")
+                try:
+                    bench_source_and_dispatch(spark, broker, root, n)
+                finally:
+                    stop_spark()
+            finally:
+                broker.stop()
+        if only & {"produce", "freshness"}:
+            without = None
+            if "produce" in only:
+                plain = BrokerProc(root, "bench-plain", lake=False)
+                try:
+                    create_topic(plain.addr, "LakeProduce")
+                    produce_rate(plain.addr, "LakeProduce", 1.0)  # warm-up
+                    without = produce_rate(plain.addr, "LakeProduce", produce_s)
+                finally:
+                    plain.stop()
+            laked = BrokerProc(root, "bench-lake", lake=True, lake_master=args.lake_master)
+            try:
+                create_topic(laked.addr, "LakeProduce")
+                laked_client = BrokerClient(laked.addr, 10.0)
+                laked_client.send("LakeProduce", {"body": "start", "queue_id": 0})
+                laked_client.close()
+                wait_lake_running(laked.addr)
+                if without is not None:
+                    produce_rate(laked.addr, "LakeProduce", 1.0)
+                    with_lake = produce_rate(laked.addr, "LakeProduce", produce_s)
+                    line("lake.produce_with_lake", without_msgs_per_s=without, with_msgs_per_s=with_lake,
+                         ratio=with_lake / without, target_ratio=0.7, reached=with_lake / without >= 0.7)
+                if "freshness" in only:
+                    time.sleep(5.0)  # let the job catch up with the produce benchmark's backlog
+                    bench_freshness(laked, fresh_rate, fresh_s)
+            finally:
+                laked.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

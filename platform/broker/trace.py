@@ -1,0 +1,349 @@
+"""Message trace on the broker: recording events into ``RMQ_SYS_TRACE_TOPIC`` and looking a message up.
+
+**Recording.** :class:`TraceRecorder` collects the broker's own events -- ``store`` (a put
+succeeded), ``deliver`` (a pull handed messages to a group), ``retry`` / ``dlq`` (send-back),
+``transaction`` (COMMIT / ROLLBACK / DISCARD) -- and the events clients post to ``POST /trace``
+(``send``, ``consume``).  The request path only appends a cheap tuple to a bounded buffer; a
+daemon thread turns the buffer into :class:`~sparkmq.platform.common.trace.TraceEvent` s every
+``flush_interval_s`` (200 ms) or as soon as ``batch_size`` (256) events wait, and stores them as
+JSON-lines messages of the trace topic with a direct store put.  When the buffer is full new
+events are dropped and counted: tracing never blocks or fails a send.  Trace messages are
+never traced themselves.
+
+**Lookup.** :class:`TraceLookup` reads the ``message_trace`` Delta table (written by
+``pipelines.trace_job``) with delta-rs: a first pass reads only the ``msg_id`` column to find
+the files holding the message, a second reads those files' rows, so a lookup stays cheap as the
+table grows.  :func:`trace_path` orders the events and adds the elapsed time between steps.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from ..common.errors import ErrorCode, SparkMQError
+from ..common.message import Message, StoredMessage
+from ..common.system_topics import PROPERTY_REAL_TOPIC, TRACE_TOPIC
+from ..common.trace import MAX_EVENTS_PER_MESSAGE, TraceEvent, event_order, trace_path
+from ..store import PutResult
+from .transaction import TransactionService
+
+__all__ = [
+    "MESSAGE_TRACE_TABLE",
+    "MAX_POSTED_EVENTS",
+    "TraceLookup",
+    "TraceRecorder",
+    "TracedTransactionService",
+    "event_order",
+    "trace_path",
+    "validate_event",
+]
+
+log = logging.getLogger("sparkmq.broker.trace")
+
+#: The lake table the trace job writes (``pipelines/tables.py`` defines it; the broker may not import it).
+MESSAGE_TRACE_TABLE = "message_trace"
+#: Most events one ``POST /trace`` may carry.
+MAX_POSTED_EVENTS = 10_000
+
+_INT_FIELDS = ("cost_ms", "born_ts", "store_ts", "queue_id", "queue_offset", "reconsume_times")
+_STR_FIELDS = ("trace_id", "group", "client_id", "broker", "tags", "keys", "detail")
+_FIELDS = tuple(TraceEvent.__dataclass_fields__)
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def event_json(event: TraceEvent) -> str:
+    """One JSON line of the trace codec (:func:`~sparkmq.platform.common.trace.encode_events`' format).
+
+    Hand-rolled because ``dataclasses.asdict`` (the codec's way) costs ~10x more, and the broker
+    encodes one event per stored and per delivered message.
+    """
+    return _encode({name: value for name in _FIELDS if (value := getattr(event, name)) is not None})
+
+
+def validate_event(data: object) -> TraceEvent:
+    """A posted event as a :class:`TraceEvent`; INVALID_ARGUMENT names what is wrong.
+
+    ``TraceEvent.from_dict`` checks the names and the event type; this also checks the JSON
+    types, so a row the trace job writes can never fail the table's schema.
+    """
+    if not isinstance(data, Mapping):
+        raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"a trace event must be an object, got {data!r}")
+    event = TraceEvent.from_dict(data)
+    for name in ("msg_id", "topic", "status"):
+        value = getattr(event, name)
+        if not isinstance(value, str) or not value:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"trace event {name} must be a non-empty string")
+    if isinstance(event.event_ts, bool) or not isinstance(event.event_ts, int) or event.event_ts < 0:
+        raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"event_ts must be epoch ms >= 0, got {event.event_ts!r}")
+    for name in _INT_FIELDS:
+        value = getattr(event, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"trace event {name} must be an integer, got {value!r}")
+    for name in _STR_FIELDS:
+        value = getattr(event, name)
+        if value is not None and not isinstance(value, str):
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"trace event {name} must be a string, got {value!r}")
+    return event
+
+
+def _keys_text(keys: Sequence[str]) -> str | None:
+    return " ".join(keys) or None
+
+
+# -- recording ---------------------------------------------------------------------------------------
+
+#: One buffered item: (number of events, a function that builds them on the flush thread).
+_Item = tuple[int, Callable[[], list[TraceEvent]]]
+
+
+class TraceRecorder:
+    """Buffers trace events and stores them in batches as messages of ``RMQ_SYS_TRACE_TOPIC``.
+
+    ``put(message)`` stores one trace message (the broker's direct store put).  Thread-safe;
+    :meth:`start` the flush thread, :meth:`stop` it (it flushes what is buffered first).
+    A disabled recorder accepts nothing and starts no thread.
+    """
+
+    def __init__(self, put: Callable[[Message], PutResult], broker_name: str, *, enabled: bool = True,
+                 flush_interval_s: float = 0.2, batch_size: int = 256, max_buffered: int = 65_536) -> None:
+        self._put = put
+        self.broker_name = broker_name
+        self.enabled = enabled
+        self.flush_interval_s = flush_interval_s
+        self.batch_size = batch_size
+        self.max_buffered = max_buffered
+        self._items: deque[_Item] = deque()
+        self._buffered = 0
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._flush_lock = threading.Lock()  # one writer at a time: keeps trace messages in event order
+        self.recorded = self.dropped = self.written = self.failed = self.messages = 0
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the flush thread (no-op when disabled or started)."""
+        if not self.enabled or self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name=f"sparkmq-trace-{self.broker_name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the flush thread after writing what is buffered (call before the store closes)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
+        self.flush()
+
+    def status(self) -> dict[str, Any]:
+        """Counters for ``/health``: events recorded, dropped (buffer full), written, failed to write."""
+        with self._cond:
+            buffered = self._buffered
+        return {"enabled": self.enabled, "recorded": self.recorded, "dropped": self.dropped,
+                "written": self.written, "failed": self.failed, "messages": self.messages, "buffered": buffered}
+
+    # -- the request path ---------------------------------------------------------------
+    def _add(self, count: int, build: Callable[[], list[TraceEvent]]) -> bool:
+        if not self.enabled or count <= 0:
+            return False
+        with self._cond:
+            if self._buffered + count > self.max_buffered:
+                self.dropped += count
+                return False
+            self._items.append((count, build))
+            self._buffered += count
+            self.recorded += count
+            if self._buffered >= self.batch_size:
+                self._cond.notify()
+        return True
+
+    def add_events(self, events: Sequence[TraceEvent]) -> bool:
+        """Buffer ready-made events (posted by clients); all or none (False: buffer full or disabled)."""
+        events = [e for e in events if e.topic != TRACE_TOPIC]
+        return self._add(len(events), lambda: events)
+
+    def stored(self, topic: str, results: Sequence[PutResult], messages: Sequence[Message],
+               born_ts: int | None, status: str | None = None, detail: str | None = None) -> None:
+        """``store`` events for messages put to ``topic`` (``results`` in the order of ``messages``).
+
+        Status ``STORED``, or ``DELAYED`` for a message parked in the schedule or timer topic
+        (its queue and offset are then the parked copy's); ``status`` overrides both.
+        """
+        if topic == TRACE_TOPIC or not self.enabled:
+            return
+        now = int(time.time() * 1000)
+
+        def one(r: PutResult, m: Message) -> TraceEvent:
+            parked = r.topic != topic
+            return TraceEvent(r.msg_id, topic, "store", status or ("DELAYED" if parked else "STORED"),
+                              r.store_timestamp or now, broker=self.broker_name, queue_id=r.queue_id,
+                              queue_offset=r.queue_offset, store_ts=r.store_timestamp,
+                              born_ts=born_ts if born_ts is not None else r.store_timestamp, tags=m.tags,
+                              keys=_keys_text(m.keys), detail=detail or (f"parked in {r.topic}" if parked else None))
+
+        def build() -> list[TraceEvent]:
+            return [one(r, m) for r, m in zip(results, messages, strict=True) if r.msg_id]
+        self._add(len(results), build)
+
+    def delivered(self, topic: str, group: str, client_id: str | None, messages: Sequence[StoredMessage]) -> None:
+        """``deliver`` events: a pull of ``group`` returned ``messages``."""
+        if topic == TRACE_TOPIC or not messages or not self.enabled:
+            return
+        now = int(time.time() * 1000)
+
+        def build() -> list[TraceEvent]:
+            return [TraceEvent(m.msg_id, topic, "deliver", "DELIVERED", now, group=group, client_id=client_id,
+                               broker=self.broker_name, queue_id=m.queue_id, queue_offset=m.queue_offset,
+                               store_ts=m.store_timestamp, born_ts=m.born_timestamp,
+                               reconsume_times=m.reconsume_times, tags=m.tags, keys=_keys_text(m.keys))
+                    for m in messages if m.msg_id]
+        self._add(len(messages), build)
+
+    def sent_back(self, original: StoredMessage, group: str, *, dead_letter: bool, destination: str,
+                  result: PutResult, reconsume_times: int, delay_ms: int | None, reason: str) -> None:
+        """A ``retry`` event (parked for ``delay_ms`` on its way to ``%RETRY%<group>``) or a ``dlq`` event."""
+        if not self.enabled:
+            return
+        now = int(time.time() * 1000)
+        topic = original.properties.get("RETRY_TOPIC", original.topic)
+        if dead_letter:
+            detail = f"to {destination}" + (f": {reason}" if reason else "")
+        else:
+            detail = f"to {destination} after {delay_ms} ms" + (f": {reason}" if reason else "")
+
+        def build() -> list[TraceEvent]:
+            return [TraceEvent(original.msg_id or result.msg_id, topic, "dlq" if dead_letter else "retry",
+                               "DLQ" if dead_letter else "RETRY", now, group=group, broker=self.broker_name,
+                               queue_id=result.queue_id, queue_offset=result.queue_offset,
+                               store_ts=result.store_timestamp, born_ts=original.born_timestamp,
+                               reconsume_times=reconsume_times, tags=original.tags,
+                               keys=_keys_text(original.keys), detail=detail[:1024])]
+        self._add(1, build)
+
+    def transaction(self, half: StoredMessage, producer_group: str, action: str) -> None:
+        """A ``transaction`` event: the half message was committed, rolled back or discarded."""
+        if not self.enabled:
+            return
+        now = int(time.time() * 1000)
+        topic = half.properties.get(PROPERTY_REAL_TOPIC, half.topic)
+
+        def build() -> list[TraceEvent]:
+            return [TraceEvent(half.msg_id, topic, "transaction", action, now, group=producer_group,
+                               broker=self.broker_name, store_ts=half.store_timestamp, born_ts=half.born_timestamp,
+                               tags=half.tags, keys=_keys_text(half.keys), detail="half message settled")]
+        self._add(1, build)
+
+    # -- the flush thread -----------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._stopping and self._buffered < self.batch_size:
+                    self._cond.wait(self.flush_interval_s)
+                if self._stopping:
+                    return
+            try:
+                self.flush()
+            except Exception:  # never let the thread die: the next round tries again
+                log.exception("writing trace events failed")
+
+    def flush(self) -> int:
+        """Write every buffered event now; returns how many were written."""
+        with self._flush_lock:
+            with self._cond:
+                items = list(self._items)
+                self._items.clear()
+                self._buffered = 0
+            if not items:
+                return 0
+            events: list[TraceEvent] = []
+            for _count, build in items:
+                try:
+                    events.extend(build())
+                except Exception:  # a malformed event must not take the others with it
+                    log.exception("building a trace event failed")
+            written = 0
+            for start in range(0, len(events), MAX_EVENTS_PER_MESSAGE):
+                chunk = events[start:start + MAX_EVENTS_PER_MESSAGE]
+                try:
+                    self._put(Message(TRACE_TOPIC, "\n".join(map(event_json, chunk)).encode("utf-8")))
+                except Exception as exc:  # e.g. the store is closing: count, do not retry forever
+                    self.failed += len(chunk)
+                    log.warning("storing %d trace events failed: %s", len(chunk), exc)
+                    continue
+                written += len(chunk)
+                self.messages += 1
+            self.written += written
+            return written
+
+
+class TracedTransactionService(TransactionService):
+    """The transaction service reporting every settled half (COMMIT, ROLLBACK, DISCARD) to a recorder."""
+
+    def __init__(self, *args: Any, recorder: TraceRecorder, **kwargs: Any) -> None:
+        self._recorder = recorder
+        super().__init__(*args, **kwargs)
+
+    def _settle(self, half: Any, action: str) -> None:
+        # _settle is the one place all three outcomes pass (end() and the discard in run_once).
+        super()._settle(half, action)
+        if self._recorder.enabled:
+            try:
+                self._recorder.transaction(self._read_half(half.offset), half.group, action)
+            except Exception:  # tracing must never fail a transaction that is already settled
+                log.exception("tracing transaction %s failed", half.transaction_id)
+
+
+# -- lookup --------------------------------------------------------------------------------------------
+
+def _ms(value: dt.datetime | None) -> int | None:
+    return None if value is None else int(value.timestamp() * 1000)
+
+
+class TraceLookup:
+    """Queries of ``<lake_root>/message_trace`` with delta-rs (no Spark on the request path)."""
+
+    def __init__(self, lake_root: str | Path) -> None:
+        self.lake_root = Path(lake_root)
+
+    def events(self, msg_id: str) -> list[dict[str, Any]]:
+        """Every event of ``msg_id`` as a JSON-ready dict (times in epoch ms), unordered; [] without a table."""
+        if not isinstance(msg_id, str) or not msg_id or len(msg_id) > 256:
+            raise SparkMQError(ErrorCode.MESSAGE_ID_ILLEGAL, "the message id must be 1-256 characters")
+        try:
+            dataset = DeltaTable(str(self.lake_root / MESSAGE_TRACE_TABLE)).to_pyarrow_dataset()
+        except TableNotFoundError:
+            return []  # the trace job has not written yet
+        wanted = ds.field("msg_id") == msg_id
+        # Pass 1 reads one column to find the files with the message; pass 2 reads only their rows.
+        files = {batch.fragment.path for batch in dataset.scanner(columns=["msg_id"], filter=wanted).scan_batches()
+                 if batch.record_batch.num_rows}
+        if not files:
+            return []
+        found = pa.concat_tables([f.to_table(schema=dataset.schema, filter=wanted)
+                                  for f in dataset.get_fragments() if f.path in files])
+        found = found.drop_columns([c for c in ("event_date",) if c in found.column_names])
+        for name in ("event_ts", "born_ts", "store_ts"):
+            if name in found.column_names:
+                millis = pc.divide(pc.cast(found[name], pa.int64()), 1000)
+                found = found.set_column(found.column_names.index(name), name, millis)
+        return [{k: v for k, v in row.items() if v is not None} for row in found.to_pylist()]
+
+    def path(self, msg_id: str) -> list[dict[str, Any]]:
+        """The message's path: :meth:`events` ordered, with elapsed times (see :func:`trace_path`)."""
+        return trace_path(self.events(msg_id))

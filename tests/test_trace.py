@@ -1,0 +1,256 @@
+"""Message trace end to end: clients and the broker record events, the trace job writes ``message_trace``,
+``GET /trace/{msg_id}``, ``AdminClient.trace`` and ``sparkmq admin trace`` show a message's path.
+
+Real name server + broker processes (delay levels of 100 ms so retries are quick), real clients,
+the shared SparkSession for the trace job (``availableNow``).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pyarrow as pa
+import pytest
+from chispa import assert_df_equality
+
+from procs import ProcessHarness, ServiceProcess, child_env
+from sparkmq.pipelines.sql import run_sql
+from sparkmq.pipelines.trace_job import start_trace_job, trace_arrow, trace_stats
+from sparkmq.platform.broker.trace import TraceRecorder, trace_path
+from sparkmq.platform.client import AdminClient, ClientConfig, ConsumeStatus, Message, Producer, PushConsumer
+from sparkmq.platform.common.system_topics import TRACE_TOPIC, retry_topic
+from sparkmq.platform.common.trace import TraceEvent, decode_events
+from sparkmq.platform.store import PutResult, PutStatus
+
+pytestmark = [pytest.mark.timeout(240)]
+
+FAST_LEVELS = " ".join(["100ms"] * 18)
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def start_cluster(procs: ProcessHarness, tmp_path: Path, *extra: str) -> tuple[ServiceProcess, ServiceProcess, Path]:
+    ns = procs.start("namesrv", "sparkmq.api.namesrv_main", "--scan-interval-s", "0.5")
+    data_dir = tmp_path / "broker"
+    broker = procs.start("broker", "sparkmq.api.broker_main", "--data-dir", str(data_dir), "--namesrv", ns.addr,
+                         "--broker-name", "broker-a", "--register-interval-s", "0.5",
+                         "--message-delay-level", FAST_LEVELS, "--segment-size", str(8 << 20), *extra)
+    return ns, broker, data_dir
+
+
+def client_config(ns: ServiceProcess, **overrides: Any) -> ClientConfig:
+    return ClientConfig(namesrv_addrs=ns.addr, heartbeat_interval_s=0.5, rebalance_interval_s=0.5,
+                        route_refresh_interval_s=0.5, offset_commit_interval_s=0.5, long_poll_wait_ms=1000,
+                        **overrides)
+
+
+def consumer(ns: ServiceProcess, group: str, topic: str, listener: Callable[[list], ConsumeStatus],
+             **kwargs: Any) -> PushConsumer:
+    c = PushConsumer(group, client_config(ns), consume_from_where="CONSUME_FROM_FIRST_OFFSET", **kwargs)
+    c.subscribe(topic)
+    c.register_listener(listener)
+    return c.start()
+
+
+def run_trace_job(spark: Any, broker: ServiceProcess, data_dir: Path, checkpoint: Path) -> None:
+    query = start_trace_job(spark, {"broker-a": broker.addr}, data_dir / "lake", checkpoint,
+                            trigger={"availableNow": True})
+    query.awaitTermination(120)
+    stats = trace_stats(query)
+    assert stats is not None and stats.last_error is None
+
+
+def types(events: list[dict[str, Any]]) -> list[str]:
+    return [e["event_type"] for e in events]
+
+
+@pytest.mark.spark
+def test_trace_shows_send_store_deliver_consume_and_the_retry_and_dlq_hops(
+        procs: ProcessHarness, tmp_path: Path, spark: Any) -> None:
+    ns, broker, data_dir = start_cluster(procs, tmp_path)
+    http = httpx.Client(base_url=broker.url, timeout=10)
+    with Producer("trace-pg", client_config(ns)) as producer:
+        producer.send(Message("TraceOk", b"warm-up"))  # creates the topics before the consumers look for routes
+        producer.send(Message("TraceBad", b"warm-up"))
+        consumed: list[str] = []
+        ok = consumer(ns, "ok-group", "TraceOk",
+                      lambda ms: consumed.extend(m.msg_id for m in ms) or ConsumeStatus.CONSUME_SUCCESS)
+        bad = consumer(ns, "bad-group", "TraceBad", lambda ms: ConsumeStatus.RECONSUME_LATER, max_reconsume_times=2)
+        try:
+            good_id = producer.send(Message("TraceOk", b"fine", tags="TagA", keys=("order-1",))).msg_id
+            bad_id = producer.send(Message("TraceBad", b"poison", tags="TagB")).msg_id
+            wait_until(lambda: good_id in consumed, 30, "the good message to be consumed")
+            wait_until(lambda: bad.stats["dlq"] >= 2, 60, "both bad messages to reach the DLQ")
+        finally:
+            ok.shutdown()
+            bad.shutdown()
+    # A producer with tracing off: the broker still traces the store, the producer sends no 'send' event.
+    with Producer("quiet-pg", client_config(ns, trace_enabled=False)) as quiet:
+        quiet_id = quiet.send(Message("TraceOk", b"quiet")).msg_id
+    wait_until(lambda: http.get("/health").json()["trace"]["buffered"] == 0, 10, "the broker to flush its events")
+
+    run_trace_job(spark, broker, data_dir, tmp_path / "ckpt")
+
+    good = http.get(f"/trace/{good_id}").json()["events"]
+    assert types(good) == ["send", "store", "deliver", "consume"], good
+    send, store, deliver, consume_ = good
+    assert send["status"] == "SEND_OK" and send["group"] == "trace-pg" and send["cost_ms"] >= 0
+    assert store["status"] == "STORED" and store["queue_offset"] == send["queue_offset"]
+    assert store["tags"] == "TagA" and store["keys"] == "order-1" and store["broker"] == "broker-a"
+    assert deliver["group"] == "ok-group" and consume_["group"] == "ok-group"
+    assert consume_["status"] == "CONSUME_SUCCESS" and consume_["reconsume_times"] == 0
+    assert all(e["elapsed_ms"] >= 0 for e in good) and good[-1]["since_first_ms"] == sum(e["elapsed_ms"] for e in good)
+
+    path = http.get(f"/trace/{bad_id}").json()["events"]
+    assert types(path) == ["send", "store", "deliver", "consume",
+                           "retry", "store", "deliver", "consume",
+                           "retry", "store", "deliver", "consume", "dlq"], types(path)
+    consumes = [e for e in path if e["event_type"] == "consume"]
+    assert [(e["status"], e["reconsume_times"]) for e in consumes] == [("RECONSUME_LATER", 0),
+                                                                      ("RECONSUME_LATER", 1),
+                                                                      ("RECONSUME_LATER", 2)]
+    retries = [e for e in path if e["event_type"] == "retry"]
+    assert [e["reconsume_times"] for e in retries] == [1, 2]
+    assert all(e["group"] == "bad-group" and "%RETRY%bad-group" in e["detail"] for e in retries)
+    assert [e["topic"] for e in path if e["event_type"] == "store"][1:] == [retry_topic("bad-group")] * 2
+    assert path[-1]["status"] == "DLQ" and path[-1]["detail"].startswith("to %DLQ%bad-group")
+
+    # (a pull of the stopped ok-group consumer still held on the broker may hand it out: 'deliver' is fine)
+    quiet_path = types(http.get(f"/trace/{quiet_id}").json()["events"])
+    assert quiet_path[0] == "store" and "send" not in quiet_path, quiet_path
+    assert all(e["topic"] != TRACE_TOPIC for e in good + path)
+
+    # SQL over the table.
+    counts = run_sql(spark, data_dir / "lake",
+                     f"SELECT event_type, count(*) AS n FROM message_trace WHERE msg_id = '{bad_id}' "
+                     "GROUP BY event_type ORDER BY event_type")
+    expected = spark.createDataFrame([("consume", 3), ("deliver", 3), ("dlq", 1), ("retry", 2), ("send", 1),
+                                      ("store", 3)], counts.schema)
+    assert_df_equality(counts, expected)
+
+    # The admin client merges every master; the CLI prints the path (JSON for scripts, a table for people).
+    with AdminClient(client_config(ns)) as admin:
+        assert admin.trace(bad_id) == path
+    out = subprocess.run([sys.executable, "-m", "sparkmq.api.cli", "admin", "--namesrv", ns.addr, "trace", good_id,
+                          "--json"], capture_output=True, text=True, timeout=60, env=child_env())
+    assert out.returncode == 0, out.stderr
+    assert types(json.loads(out.stdout)) == ["send", "store", "deliver", "consume"]
+    table = subprocess.run([sys.executable, "-m", "sparkmq.api.cli", "admin", "--namesrv", ns.addr, "trace",
+                            bad_id], capture_output=True, text=True, timeout=60, env=child_env(COLUMNS="300"))
+    assert table.returncode == 0 and "dlq" in table.stdout and "RECONSUME_LATER" in table.stdout, table.stderr
+
+    # A replayed batch adds nothing (the app transaction guard): each event exactly once.
+    body = pa.table({"body": [b"\n".join(json.dumps(e).encode() for e in (send, store))],
+                     "store_timestamp": pa.array([0], pa.timestamp("ms", tz="UTC"))})
+    assert not trace_arrow(body, 0, data_dir / "lake", "broker-a").written["message_trace"]
+    assert trace_arrow(body, 10_000, data_dir / "lake", "other-job").written["message_trace"]
+
+
+def test_no_trace_broker_writes_nothing_and_bad_events_are_refused(procs: ProcessHarness, tmp_path: Path) -> None:
+    ns, broker, _ = start_cluster(procs, tmp_path, "--no-trace")
+    http = httpx.Client(base_url=broker.url, timeout=10)
+    with Producer("pg", client_config(ns)) as producer:
+        msg_id = producer.send(Message("Quiet", b"x")).msg_id
+        got: list[str] = []
+        c = consumer(ns, "cg", "Quiet", lambda ms: got.extend(m.msg_id for m in ms) or ConsumeStatus.CONSUME_SUCCESS)
+        try:
+            wait_until(lambda: msg_id in got, 30, "the message to be consumed")
+        finally:
+            c.shutdown()
+    time.sleep(0.5)  # longer than a flush interval
+    stats = http.get(f"/topics/{TRACE_TOPIC}/stats").json()
+    assert [q["max_offset"] for q in stats["queues"]] == [0]
+    assert http.get("/health").json()["trace"] == {"enabled": False, "recorded": 0, "dropped": 0, "written": 0,
+                                                    "failed": 0, "messages": 0, "buffered": 0, "ok": True}
+
+    good = TraceEvent(msg_id, "Quiet", "consume", "CONSUME_SUCCESS", 1).to_dict()
+    assert http.post("/trace", json={"events": [good]}).json() == {"accepted": 0, "dropped": 0, "enabled": False}
+    for bad in ({**good, "event_type": "teleport"}, {**good, "event_ts": "soon"}, {"msg_id": msg_id},
+                {**good, "queue_id": True}, {**good, "topic": ""}):
+        answer = http.post("/trace", json={"events": [good, bad]})
+        assert answer.status_code == 400 and answer.json()["code"] == "INVALID_ARGUMENT", answer.text
+        assert answer.json()["message"].startswith("event 1:")
+    assert http.get(f"/trace/{msg_id}").json() == {"msg_id": msg_id, "broker": "broker-a", "events": []}
+
+
+def test_recorder_batches_bounds_and_never_traces_itself() -> None:
+    stored: list[Message] = []
+
+    def put(message: Any) -> PutResult:
+        stored.append(message)
+        return PutResult(PutStatus.PUT_OK, "id", "off", message.topic, 0, len(stored) - 1, 0, 0, 0)
+
+    recorder = TraceRecorder(put, "broker-a", max_buffered=300)
+    events = [TraceEvent(f"m{i}", "T", "send", "SEND_OK", i) for i in range(300)]
+    assert recorder.add_events(events)
+    assert not recorder.add_events(events[:1])  # full: dropped and counted, never blocks
+    assert not recorder.add_events([TraceEvent("t", TRACE_TOPIC, "send", "SEND_OK", 1)])  # trace messages: never
+    assert recorder.flush() == 300
+    assert [m.topic for m in stored] == [TRACE_TOPIC, TRACE_TOPIC]  # 256 + 44 events per message
+    assert [e.msg_id for m in stored for e in decode_events(m.body)] == [e.msg_id for e in events]
+    assert recorder.status() | {} == {"enabled": True, "recorded": 300, "dropped": 1, "written": 300, "failed": 0,
+                                      "messages": 2, "buffered": 0}
+    off = TraceRecorder(put, "broker-a", enabled=False)
+    assert not off.add_events(events) and off.flush() == 0
+
+
+def test_trace_path_orders_merges_and_times_the_steps() -> None:
+    store = {"msg_id": "m", "topic": "T", "event_type": "store", "status": "STORED", "event_ts": 100}
+    send = {**store, "event_type": "send", "status": "SEND_OK"}
+    consume = {**store, "event_type": "consume", "status": "CONSUME_SUCCESS", "event_ts": 130}
+    deliver = {**store, "event_type": "deliver", "status": "DELIVERED", "event_ts": 110}
+    path = trace_path([consume, store, deliver, send, dict(store)])  # the same event from two lakes counts once
+    assert types(path) == ["send", "store", "deliver", "consume"]
+    assert [(e["elapsed_ms"], e["since_first_ms"]) for e in path] == [(0, 0), (0, 0), (10, 10), (20, 30)]
+
+
+def test_broker_traces_transactions_delays_and_trace_messages_stay_untraced(tmp_path: Path) -> None:
+    from sparkmq.platform.broker.broker import Broker, OutgoingMessage
+    from sparkmq.platform.broker.config import BrokerConfig
+
+    broker = Broker(BrokerConfig(port=10911, data_dir=tmp_path, message_delay_level=FAST_LEVELS,
+                                 store={"segment_size": 8 << 20})).start(register=False)
+    try:
+        committed = broker.send_half("Tx", OutgoingMessage(b"c", tags="T"), "txg")["transaction_id"]
+        rolled = broker.send_half("Tx", OutgoingMessage(b"r"), "txg")["transaction_id"]
+        broker.end_transaction(committed, "txg", "COMMIT")
+        broker.end_transaction(rolled, "txg", "ROLLBACK")
+        delayed = broker.send("Later", OutgoingMessage(b"d"), delay_level=1).msg_id
+        wait_until(lambda: broker.store.max_offset("Later", 0) + broker.store.max_offset("Later", 1)
+                   + broker.store.max_offset("Later", 2) + broker.store.max_offset("Later", 3) > 0, 10,
+                   "the delayed message to be delivered")
+        broker.tracer.flush()
+        events: list[TraceEvent] = []
+        offset = 0
+        while (got := broker.pull_once(TRACE_TOPIC, 0, offset, 100, group="trace-reader")).messages:
+            events += [e for m in got.messages for e in decode_events(m.body)]
+            offset = got.next_offset
+        broker.tracer.flush()
+        assert broker.tracer.status()["recorded"] == len(events)  # reading the trace topic traced nothing
+
+        def steps(msg_id: str) -> list[tuple[str, str]]:
+            return [(e["event_type"], e["status"]) for e in trace_path(e.to_dict() for e in events)
+                    if e["msg_id"] == msg_id]
+
+        # The commit's put and its settle happen in the same millisecond or one after the other.
+        assert steps(committed)[0] == ("store", "HALF")
+        assert sorted(steps(committed)[1:]) == [("store", "STORED"), ("transaction", "COMMIT")]
+        assert steps(rolled) == [("store", "HALF"), ("transaction", "ROLLBACK")]
+        assert steps(delayed) == [("store", "DELAYED"), ("store", "STORED")]
+        assert all(e.topic in ("Tx", "Later") for e in events)
+    finally:
+        broker.shutdown()
