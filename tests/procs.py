@@ -13,12 +13,15 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import sparkmq
 
-__all__ = ["ServiceProcess", "ProcessHarness", "child_env"]
+__all__ = ["ServiceProcess", "ProcessHarness", "child_env", "wait_for"]
 
 
 #: Settings every test service gets unless the test says otherwise: 8 MiB segments (a broker's
@@ -122,3 +125,15 @@ class ProcessHarness:
         """Stop every service this harness started (newest first)."""
         for service in reversed(self.started):
             service.stop()
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    """Poll ``cond`` until it is truthy and return its value; AssertionError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)

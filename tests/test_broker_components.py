@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
+from procs import wait_for as wait_until
 from sparkmq.platform.broker.broker import Broker, OutgoingMessage
 from sparkmq.platform.broker.client_manager import ClientManager, ConsumerData, MessageModel, Subscription
 from sparkmq.platform.broker.config import BrokerConfig, BrokerRole, parse_namesrv_addrs
@@ -31,14 +32,6 @@ SMALL_STORE = {"segment_size": 1 << 20, "max_message_size": 64 * 1024, "max_prop
 def code_of(excinfo: pytest.ExceptionInfo[SparkMQError]) -> ErrorCode:
     return excinfo.value.code
 
-
-def wait_until(cond, timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll ``cond`` until true (a synchronisation helper, not an assertion on timing)."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 # -- config -----------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from procs import wait_for
 from sparkmq.platform.client import (
     AdminClient,
     ClientConfig,
@@ -35,17 +36,6 @@ pytestmark = pytest.mark.timeout(60)
 
 TOPIC = "orders"
 
-
-def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll ``cond`` until it is truthy; its value, or AssertionError after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from procs import ProcessHarness, child_env
+from procs import ProcessHarness, child_env, wait_for
 from sparkmq.platform.client import (
     AdminClient,
     ClientConfig,
@@ -46,17 +46,6 @@ pytestmark = pytest.mark.timeout(60)
 
 TESTS = Path(__file__).parent
 
-
-def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll ``cond`` until it is truthy; its value, or AssertionError after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 @dataclass

@@ -11,14 +11,13 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
 from procs import ProcessHarness, child_env
+from procs import wait_for as wait_until
 from sparkmq.platform.broker.lake_index import LakeIndex
 from sparkmq.platform.client import ClientConfig, Message, Producer
 from sparkmq.platform.common import wire
@@ -43,15 +42,6 @@ trigger_interval_s = 0.5
 "spark.master" = "local[1]"
 """
 
-
-def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.25)
 
 
 def test_lake_jobs_index_and_the_lake_tier(procs: ProcessHarness, tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ import os
 import signal
 import time
 import zlib
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -22,6 +21,7 @@ import psutil
 import pytest
 
 from procs import ProcessHarness
+from procs import wait_for as wait_until
 from sparkmq.platform.client.remoting import BrokerClient
 from sparkmq.platform.common import wire
 from sparkmq.platform.common.message import Message
@@ -34,18 +34,6 @@ trigger_interval_s = 0.5
 "spark.master" = "local[1]"
 """
 
-
-def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = predicate()
-        except (httpx.HTTPError, KeyError, psutil.NoSuchProcess):
-            value = None
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.25)
 
 
 def _jvm_children(pid: int) -> list[psutil.Process]:

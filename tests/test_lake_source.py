@@ -5,9 +5,8 @@ test uses its own topics.  The shared SparkSession comes from conftest.
 """
 from __future__ import annotations
 
-import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from procs import ProcessHarness, ServiceProcess
+from procs import wait_for as wait_until
 from sparkmq.pipelines.cluster_io import OptionError, PullPage, topic_path
 from sparkmq.pipelines.source import (
     SOURCE_SCHEMA,
@@ -95,20 +95,6 @@ class Cluster:
         self.admin.close()
         self.ns.close()
 
-
-def wait_until(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    """Poll ``cond`` until it is truthy (errors count as not yet); its value, or AssertionError."""
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = cond()
-            if value:
-                return value
-        except Exception as exc:  # the cluster is still converging
-            last = exc
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}" + (f" (last error: {last})" if last else ""))
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ import pytest
 from chispa import assert_df_equality
 
 from procs import ProcessHarness, ServiceProcess, child_env
+from procs import wait_for as wait_until
 from sparkmq.pipelines.sql import run_sql
 from sparkmq.pipelines.trace_job import start_trace_job, trace_arrow, trace_stats
 from sparkmq.platform.broker.trace import TraceRecorder, trace_path
@@ -32,15 +33,6 @@ pytestmark = [pytest.mark.timeout(240)]
 
 FAST_LEVELS = " ".join(["100ms"] * 18)
 
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def start_cluster(procs: ProcessHarness, tmp_path: Path, *extra: str) -> tuple[ServiceProcess, ServiceProcess, Path]:
