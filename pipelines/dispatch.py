@@ -69,6 +69,7 @@ __all__ = [
     "dispatch_arrow",
     "dispatch_source_options",
     "dispatch_stats",
+    "check_checkpoint",
     "start_dispatch",
 ]
 
@@ -264,19 +265,28 @@ def _latest_checkpoint_batch(checkpoint_dir: str) -> int | None:
     return max(ids, default=-1)
 
 
-def _check_checkpoint(checkpoint_dir: str, lake_root: str | os.PathLike[str], job: str) -> None:
-    """Refuse a checkpoint that is behind the tables: its batch ids would be skipped as already written."""
+def check_checkpoint(checkpoint_dir: str, lake_root: str | os.PathLike[str],
+                     app_ids: Mapping[str, str]) -> None:
+    """Refuse a checkpoint that is behind its tables (``app_ids``: table -> app id of its appends).
+
+    Such a checkpoint (lost or replaced) would replay batch ids the tables already hold,
+    and the exactly-once guard would skip them as written: data silently missing.
+    """
     latest = _latest_checkpoint_batch(checkpoint_dir)
     if latest is None:
         return
-    for name in DISPATCH_TABLES:
-        done = DeltaTable(tables.table_path(lake_root, name)).transaction_version(dispatch_app_id(job, name))
+    for name, app_id in app_ids.items():
+        done = DeltaTable(tables.table_path(lake_root, name)).transaction_version(app_id)
         if done is not None and done > latest:
             raise LakeError(
-                f"the table {name} already holds batch {done} of {dispatch_app_id(job, name)}, but the checkpoint "
+                f"the table {name} already holds batch {done} of {app_id}, but the checkpoint "
                 f"{checkpoint_dir} only reaches batch {latest}: it is not this job's checkpoint (lost or replaced?). "
                 "Its batches would be skipped as written. Restore the checkpoint, or start with a new job name "
                 "on fresh tables.")
+
+
+def _check_checkpoint(checkpoint_dir: str, lake_root: str | os.PathLike[str], job: str) -> None:
+    check_checkpoint(checkpoint_dir, lake_root, {name: dispatch_app_id(job, name) for name in DISPATCH_TABLES})
 
 
 def start_dispatch(spark: SparkSession, namesrv_or_brokers: str | Mapping[str, str],

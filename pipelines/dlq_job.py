@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 
 from sparkmq.platform.common.system_topics import (
     DLQ_PREFIX,
@@ -38,8 +37,7 @@ from sparkmq.platform.common.system_topics import (
 
 from . import tables
 from .delta_io import append_exactly_once
-from .dispatch import _endpoint_options, _latest_checkpoint_batch
-from .errors import LakeError
+from .dispatch import _endpoint_options, check_checkpoint
 from .source import FORMAT, register
 
 if TYPE_CHECKING:
@@ -116,15 +114,7 @@ def dlq_source_options(namesrv_or_brokers: str | Mapping[str, str],
 
 
 def _check_checkpoint(checkpoint_dir: str, lake_root: str, job: str) -> None:
-    latest = _latest_checkpoint_batch(checkpoint_dir)
-    if latest is None:
-        return
-    done = DeltaTable(tables.table_path(lake_root, tables.DEAD_LETTERS)).transaction_version(dlq_app_id(job))
-    if done is not None and done > latest:
-        raise LakeError(f"dead_letters already holds batch {done} of {dlq_app_id(job)}, but the checkpoint "
-                        f"{checkpoint_dir} only reaches batch {latest}: it is not this job's checkpoint. Restore it, "
-                        "or use a new job name.")
-
+    check_checkpoint(checkpoint_dir, lake_root, {tables.DEAD_LETTERS: dlq_app_id(job)})
 
 def start_dlq_job(spark: SparkSession, namesrv_or_brokers: str | Mapping[str, str],
                   lake_root: str | os.PathLike[str], checkpoint_dir: str | os.PathLike[str],

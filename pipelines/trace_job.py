@@ -26,7 +26,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from deltalake import DeltaTable
 
 from sparkmq.platform.common.errors import SparkMQError
 from sparkmq.platform.common.system_topics import TRACE_TOPIC
@@ -41,9 +40,8 @@ from .dispatch import (
     DispatchStats,
     _endpoint_options,
     _lag_ms,
-    _latest_checkpoint_batch,
+    check_checkpoint,
 )
-from .errors import LakeError
 from .source import FORMAT, register
 
 if TYPE_CHECKING:
@@ -151,15 +149,7 @@ def trace_source_options(namesrv_or_brokers: str | Mapping[str, str],
 
 
 def _check_checkpoint(checkpoint_dir: str, lake_root: str, job: str) -> None:
-    latest = _latest_checkpoint_batch(checkpoint_dir)
-    if latest is None:
-        return
-    done = DeltaTable(tables.table_path(lake_root, tables.MESSAGE_TRACE)).transaction_version(trace_app_id(job))
-    if done is not None and done > latest:
-        raise LakeError(f"message_trace already holds batch {done} of {trace_app_id(job)}, but the checkpoint "
-                        f"{checkpoint_dir} only reaches batch {latest}: it is not this job's checkpoint. Restore it, "
-                        "or start with a new job name.")
-
+    check_checkpoint(checkpoint_dir, lake_root, {tables.MESSAGE_TRACE: trace_app_id(job)})
 
 def start_trace_job(spark: SparkSession, namesrv_or_brokers: str | Mapping[str, str],
                     lake_root: str | os.PathLike[str], checkpoint_dir: str | os.PathLike[str],

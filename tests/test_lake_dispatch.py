@@ -202,3 +202,29 @@ def test_dispatch_topic_selection() -> None:
     for topic in (SCHEDULE_TOPIC, "rmq_sys_wheel_timer", "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC",
                   "TBW102", TRACE_TOPIC):
         assert not re.fullmatch(DISPATCH_PATTERN, topic), topic
+
+
+def test_check_checkpoint_refuses_a_checkpoint_behind_any_of_its_tables(tmp_path: Path) -> None:
+    """The guard every job (dispatch, trace, dlq) runs before starting from a checkpoint."""
+    import pyarrow as pa
+
+    from sparkmq.pipelines.delta_io import append_exactly_once
+    from sparkmq.pipelines.dispatch import check_checkpoint
+
+    lake = tmp_path / "lake"
+    tables.ensure_tables(lake, [tables.DEAD_LETTERS])
+    spec = tables.get_spec(tables.DEAD_LETTERS)
+    empty = pa.Table.from_pylist([], schema=spec.schema)
+    append_exactly_once(tables.table_path(lake, tables.DEAD_LETTERS), empty, "dlq-a", 3)
+    checkpoint = tmp_path / "ckpt"
+    with pytest.raises(LakeError, match="only reaches batch -1"):  # a lost checkpoint over written tables
+        check_checkpoint(str(checkpoint), lake, {tables.DEAD_LETTERS: "dlq-a"})
+    (checkpoint / "offsets").mkdir(parents=True)
+    for batch in range(2):
+        (checkpoint / "offsets" / str(batch)).write_text("{}")
+    with pytest.raises(LakeError, match="dead_letters already holds batch 3 of dlq-a"):  # behind
+        check_checkpoint(str(checkpoint), lake, {tables.DEAD_LETTERS: "dlq-a"})
+    check_checkpoint(str(checkpoint), lake, {tables.DEAD_LETTERS: "dlq-other"})  # another job's app id
+    for batch in range(2, 5):
+        (checkpoint / "offsets" / str(batch)).write_text("{}")
+    check_checkpoint(str(checkpoint), lake, {tables.DEAD_LETTERS: "dlq-a"})
