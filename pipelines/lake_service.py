@@ -254,7 +254,11 @@ class LakeService:
         """``{"state", "error", "jobs": {name: JobStatus}}`` for /health, /metrics and the CLI."""
         with self._lock:
             state, error, supervisor = self._state, self._error, self.supervisor
-        jobs = supervisor.status() if supervisor is not None else {}
+        if supervisor is not None:
+            jobs = supervisor.status()
+        else:  # Spark still starting (or it failed): every configured job is listed all the same
+            jobs = {name: {"name": name, "state": "starting" if state == "starting" else "stopped", "restarts": 0,
+                           "last_error": error} for name in self.job_names if name not in ("reports", "maintenance")}
         if self.reporter is not None:
             report = self.reporter.status()
             alive = self._report_thread is not None and self._report_thread.is_alive()
