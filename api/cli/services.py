@@ -99,6 +99,11 @@ def run_demo(namesrv_addr: str, messages: int) -> tuple[int, int, float]:
         return messages, len(wanted & received), elapsed
 
 
+def _lake_running(platform: EmbeddedPlatform) -> bool:
+    lake = platform.broker_service.lake if platform.broker_service is not None else None
+    return lake is not None and lake.status()["state"] == "running"
+
+
 @click.command()
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="TOML with [namesrv], [broker], [store] tables (see conf/single-node.toml)")
@@ -137,8 +142,14 @@ def dev(config_file: Path | None, data_dir: Path | None, namesrv_port: int | Non
             stop = threading.Event()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, lambda *_: stop.set())
+            lake_announced = not platform.lake_settings.enabled
             while not stop.wait(0.5) and platform.running:
-                pass
+                if not lake_announced and _lake_running(platform):
+                    lake_announced = True
+                    lake_root = platform.broker_service.config.data_dir / "lake"  # type: ignore[union-attr]
+                    console.print(f"lake running: Delta tables under [bold]{lake_root}[/]; try\n"
+                                  f"  sparkmq sql --lake-root {lake_root} "
+                                  "\"SELECT topic, count(*) AS n FROM messages GROUP BY topic\"")
     finally:
         platform.stop()
     if failed:
