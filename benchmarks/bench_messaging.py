@@ -115,8 +115,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         # The platform runs in its own process, as in production: the client does not share its GIL.
         platform = subprocess.Popen(
-            [sys.executable, "-m", "sparkmq.api.cli", "dev", "--no-demo", "--data-dir", tmp, "--namesrv-port", "0",
-             "--broker-port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            [sys.executable, "-m", "sparkmq.api.cli", "dev", "--no-demo", "--no-lake", "--data-dir", tmp,
+             "--namesrv-port", "0", "--broker-port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
             env=dict(os.environ, COLUMNS="200"))
         try:
             banner = platform.stdout.readline()  # type: ignore[union-attr]
