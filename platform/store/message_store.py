@@ -15,6 +15,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -344,13 +345,10 @@ class MessageStore:
         cq = self.commit_log.consume_queue(topic, queue_id)
         return cq.max_offset if cq is not None else 0
 
-    def get_messages(self, topic: str, queue_id: int, offset: int, max_count: int = 32,
-                     tags: Collection[str] | None = None, max_bytes: int = 0) -> GetResult:
-        """Up to ``max_count`` messages of a queue from ``offset``.
-
-        ``tags``: deliver only messages with one of these tags (None = all); the
-        consume queue's tag hash is matched first, then the tag string re-checked.
-        """
+    def _locate(self, topic: str, queue_id: int, offset: int,
+                max_count: int) -> tuple[CommitLog, Any, int] | GetResult:
+        """Validate a read and place ``offset`` in its queue: (log, consume queue, min offset) when there is
+        something to read, else the answer (no such queue, offset too small, at the end, past the end)."""
         validate_topic(topic)
         offset = _check_offset("offset", offset)
         if isinstance(queue_id, bool) or not isinstance(queue_id, int) or not 0 <= queue_id <= 65535:
@@ -368,6 +366,19 @@ class MessageStore:
             return GetResult(GetStatus.NO_NEW_MSG, hi, lo, hi)
         if offset > hi:
             return GetResult(GetStatus.OFFSET_OVERFLOW, hi, lo, hi)
+        return log_, cq, lo
+
+    def get_messages(self, topic: str, queue_id: int, offset: int, max_count: int = 32,
+                     tags: Collection[str] | None = None, max_bytes: int = 0) -> GetResult:
+        """Up to ``max_count`` messages of a queue from ``offset``.
+
+        ``tags``: deliver only messages with one of these tags (None = all); the
+        consume queue's tag hash is matched first, then the tag string re-checked.
+        """
+        where = self._locate(topic, queue_id, offset, max_count)
+        if isinstance(where, GetResult):
+            return where
+        log_, cq, lo = where
         wanted = frozenset(tags) if tags is not None else None
         hashes = frozenset(tag_hash(t) for t in wanted) if wanted is not None else None
         try:
@@ -391,24 +402,11 @@ class MessageStore:
         ``StoredMessage`` is built, which is what makes Arrow pulls (the Spark source, the
         dispatch job) fast.  The ``GetResult`` carries status and offsets, ``messages`` empty.
         """
-        validate_topic(topic)
-        offset = _check_offset("offset", offset)
-        if isinstance(queue_id, bool) or not isinstance(queue_id, int) or not 0 <= queue_id <= 65535:
-            raise SparkMQError(ErrorCode.QUEUE_ID_ILLEGAL, f"queue id must be in [0, 65535], got {queue_id!r}")
-        if isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1:
-            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"max_count must be a positive integer, got {max_count!r}")
+        where = self._locate(topic, queue_id, offset, max_count)
+        if isinstance(where, GetResult):
+            return where, _EMPTY_PULL_BATCH
+        log_, cq, lo = where
         empty = _EMPTY_PULL_BATCH
-        log_ = self.commit_log
-        cq = log_.consume_queue(topic, queue_id)
-        if cq is None:
-            return GetResult(GetStatus.NO_MATCHED_QUEUE, 0, 0, 0), empty
-        lo, hi = cq.min_offset, cq.max_offset
-        if offset < lo:
-            return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, hi), empty
-        if offset == hi:
-            return GetResult(GetStatus.NO_NEW_MSG, hi, lo, hi), empty
-        if offset > hi:
-            return GetResult(GetStatus.OFFSET_OVERFLOW, hi, lo, hi), empty
         try:
             next_offset, records = log_.get(topic, queue_id, offset, max_count, None, max_bytes)
         except StoreError as exc:
@@ -431,21 +429,10 @@ class MessageStore:
         matched, ``max_examined`` units were examined, or the queue ends; the result's
         ``next_offset`` is one past the last unit examined (NO_MATCHED_MSG when none matched).
         """
-        validate_topic(topic)
-        offset = _check_offset("offset", offset)
-        if isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1:
-            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"max_count must be a positive integer, got {max_count!r}")
-        log_ = self.commit_log
-        cq = log_.consume_queue(topic, queue_id)
-        if cq is None:
-            return GetResult(GetStatus.NO_MATCHED_QUEUE, 0, 0, 0)
-        lo, hi = cq.min_offset, cq.max_offset
-        if offset < lo:
-            return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, hi)
-        if offset == hi:
-            return GetResult(GetStatus.NO_NEW_MSG, hi, lo, hi)
-        if offset > hi:
-            return GetResult(GetStatus.OFFSET_OVERFLOW, hi, lo, hi)
+        where = self._locate(topic, queue_id, offset, max_count)
+        if isinstance(where, GetResult):
+            return where
+        log_, cq, lo = where
         found: list[StoredMessage] = []
         size = 0
         next_offset = offset
