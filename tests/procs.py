@@ -137,3 +137,25 @@ def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condit
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.05)
+
+
+def fast_client_config(namesrv_addrs: str, offset_dir: Path, **overrides: Any) -> Any:
+    """A ClientConfig with sub-second intervals for tests against real processes (``overrides`` win)."""
+    from sparkmq.platform.client import ClientConfig
+
+    settings: dict[str, Any] = dict(
+        namesrv_addrs=namesrv_addrs, heartbeat_interval_s=0.3, rebalance_interval_s=0.5,
+        offset_commit_interval_s=0.2, route_refresh_interval_s=0.5, long_poll_wait_ms=1000, change_wait_ms=2000,
+        reconsume_delay_s=0.2, pull_error_backoff_s=0.2, offset_store_dir=offset_dir)
+    settings.update(overrides)
+    return ClientConfig(**settings)
+
+
+def route_has(admin: Any, topic: str, queues: int) -> bool:
+    """Whether the name servers already route ``topic`` with ``queues`` read queues."""
+    from sparkmq.platform.common.errors import SparkMQError
+
+    try:
+        return len(admin.topic_route(topic).read_queues) == queues
+    except SparkMQError:
+        return False

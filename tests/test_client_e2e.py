@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from procs import wait_for
+from procs import fast_client_config, route_has, wait_for
 from sparkmq.platform.client import (
     AdminClient,
     ClientConfig,
@@ -49,26 +49,14 @@ class Env:
     tmp: Path
 
     def client_config(self, **kw: Any) -> ClientConfig:
-        base = dict(namesrv_addrs=self.config.namesrv_addrs, heartbeat_interval_s=0.3, rebalance_interval_s=0.5,
-                    offset_commit_interval_s=0.2, route_refresh_interval_s=0.5, long_poll_wait_ms=1000,
-                    change_wait_ms=2000, reconsume_delay_s=0.2, pull_error_backoff_s=0.2,
-                    offset_store_dir=self.tmp / "offsets")
-        base.update(kw)
-        return ClientConfig(**base)
+        return fast_client_config(self.config.namesrv_addrs, self.tmp / "offsets", **kw)
 
     def create_topic(self, topic: str, queues: int = 4) -> None:
         self.admin.create_topic(topic, queues, queues)
-        wait_for(lambda: _route_has(self.admin, topic, queues), what=f"route of {topic}")
+        wait_for(lambda: route_has(self.admin, topic, queues), what=f"route of {topic}")
 
     def max_offsets(self, topic: str) -> dict[MessageQueue, int]:
         return {MessageQueue(topic, s.broker_name, s.queue_id): s.max_offset for s in self.admin.topic_stats(topic)}
-
-
-def _route_has(admin: AdminClient, topic: str, queues: int) -> bool:
-    try:
-        return len(admin.topic_route(topic).read_queues) == queues
-    except SparkMQError:
-        return False
 
 
 @pytest.fixture(autouse=True)
@@ -459,7 +447,7 @@ def test_clients_keep_working_with_one_name_server_down(procs: Any, tmp_path: Pa
     config = ClientConfig(namesrv_addrs=[ns1.addr, ns2.addr], request_timeout_s=2.0)
     with AdminClient(config) as admin:
         admin.create_topic("ha", 2, 2)
-        wait_for(lambda: _route_has(admin, "ha", 2), what="route via the first name server")
+        wait_for(lambda: route_has(admin, "ha", 2), what="route via the first name server")
         ns1.kill9()
         with Producer("pg", config) as producer:
             assert producer.send(Message("ha", b"still here")).status is SendStatus.SEND_OK

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from procs import ProcessHarness, child_env, wait_for
+from procs import ProcessHarness, child_env, fast_client_config, route_has, wait_for
 from sparkmq.platform.client import (
     AdminClient,
     ClientConfig,
@@ -58,26 +58,14 @@ class Env:
     tmp: Path
 
     def client_config(self, **kw: Any) -> ClientConfig:
-        base = dict(namesrv_addrs=self.ns.addr, heartbeat_interval_s=0.3, rebalance_interval_s=0.5,
-                    offset_commit_interval_s=0.2, route_refresh_interval_s=0.5, long_poll_wait_ms=1000,
-                    change_wait_ms=2000, reconsume_delay_s=0.2, pull_error_backoff_s=0.2,
-                    offset_store_dir=self.tmp / "offsets")
-        base.update(kw)
-        return ClientConfig(**base)
+        return fast_client_config(self.ns.addr, self.tmp / "offsets", **kw)
 
     def create_topic(self, topic: str, queues: int = 4) -> None:
         self.admin.create_topic(topic, queues, queues)
-        wait_for(lambda: _route_has(self.admin, topic, queues), what=f"route of {topic}")
+        wait_for(lambda: route_has(self.admin, topic, queues), what=f"route of {topic}")
 
     def broker_client(self) -> BrokerClient:
         return BrokerClient(self.broker.addr, 5.0)
-
-
-def _route_has(admin: AdminClient, topic: str, queues: int) -> bool:
-    try:
-        return len(admin.topic_route(topic).read_queues) == queues
-    except SparkMQError:
-        return False
 
 
 @pytest.fixture(scope="module")
