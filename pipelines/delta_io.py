@@ -30,7 +30,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -52,6 +52,7 @@ __all__ = [
     "MIN_SAFE_VACUUM_RETENTION_HOURS",
     "Snapshot",
     "append_exactly_once",
+    "commit_once",
     "maintain",
     "read_delta",
     "snapshot",
@@ -213,27 +214,44 @@ def append_exactly_once(path: str | os.PathLike[str], data: pa.Table | pa.Record
     >>> append_exactly_once(path, batch, "sparkmq.dispatch/broker-a", 7)   # doctest: +SKIP
     False
     """
+    if isinstance(data, pa.RecordBatch):
+        data = pa.Table.from_batches([data])
+    def append(table: DeltaTable) -> None:
+        # The DeltaTable, not the path: the path would load a newer snapshot and the
+        # conflict check would no longer cover the transaction_version read by commit_once.
+        write_deltalake(table, data, mode="append",
+                        commit_properties=CommitProperties(app_transactions=[Transaction(app_id, version)]))
+
+    return commit_once(path, app_id, version, append)
+
+
+def commit_once(path: str | os.PathLike[str], app_id: str, version: int,
+                commit: Callable[[DeltaTable], None]) -> bool:
+    """Run ``commit(table)`` unless the table at ``path`` already records ``(app_id, version)``.
+
+    The guard of every exactly-once write (:func:`append_exactly_once`,
+    :func:`.delta_files.commit_data_files`): ``commit`` must write through the given
+    ``DeltaTable`` and carry the app transaction ``(app_id, version)``.  The check and the
+    commit use the same snapshot, so a concurrent writer of the same app id makes delta-rs
+    refuse the commit; then, as after any lost commit race, the table is reloaded and the
+    check repeated.  Returns whether ``commit`` ran and succeeded.
+    """
     if not isinstance(app_id, str) or not app_id:
         raise LakeError(f"app_id must be a non-empty string, got {app_id!r}", ErrorCode.INVALID_ARGUMENT)
     if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version < 2**63:
         raise LakeError(f"version must be an integer >= 0, got {version!r}", ErrorCode.INVALID_ARGUMENT)
-    if isinstance(data, pa.RecordBatch):
-        data = pa.Table.from_batches([data])
-    properties = CommitProperties(app_transactions=[Transaction(app_id, version)])
     for attempt in range(1, _APPEND_ATTEMPTS + 1):
         table = _open(path)
         done = table.transaction_version(app_id)
         if done is not None and done >= version:
-            log.debug("skip append to %s: %s is at version %d >= %d", path, app_id, done, version)
+            log.debug("skip commit to %s: %s is at version %d >= %d", path, app_id, done, version)
             return False
         try:
-            # Pass the DeltaTable, not the path: the path would load a newer snapshot and the
-            # conflict check would no longer cover the transaction_version read above.
-            write_deltalake(table, data, mode="append", commit_properties=properties)
+            commit(table)
         except CommitFailedError as exc:
             if attempt == _APPEND_ATTEMPTS:
-                raise LakeError(f"append to {path} as {app_id} v{version} lost {attempt} commit races: {exc}") from exc
-            log.info("append to %s as %s v%d lost a commit race (%s); re-checking", path, app_id, version, exc)
+                raise LakeError(f"commit to {path} as {app_id} v{version} lost {attempt} races: {exc}") from exc
+            log.info("commit to %s as %s v%d lost a race (%s); re-checking", path, app_id, version, exc)
             time.sleep(0.01 * attempt)  # let the winner finish before reloading
             continue
         return True
