@@ -19,6 +19,7 @@ fsync (topic changes) are plain ``def`` endpoints.
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 from collections.abc import Callable
@@ -382,17 +383,27 @@ async def pull_messages(topic: TopicPath, queue_id: int, request: Request, broke
                         client_id: str | None = None,
                         filter_type: Annotated[str, Query(description="TAG (tags) or SQL92 (expression)")] = "TAG",
                         expression: Annotated[str | None, Query(description="SQL92 over properties")] = None,
+                        form: Annotated[str, Query(description="Arrow answers without a filter or group: rows "
+                                                               "(PULL_SCHEMA) or records (stored records)")] = "rows",
                         ) -> Response:
     """Read messages of one queue from ``offset``; long-polls up to ``wait_ms`` when nothing new matches."""
-    if (_wants_arrow(request) and wait_ms == 0 and (filter_type or "TAG").upper() == "TAG"
-            and (tags or expression or "*").strip() == "*" and commit_offset is None and not group and not client_id):
+    if form not in ("rows", "records"):
+        raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"form must be rows or records, got {form!r}")
+    bulk = (_wants_arrow(request) and wait_ms == 0 and (filter_type or "TAG").upper() == "TAG"
+            and (tags or expression or "*").strip() == "*" and commit_offset is None and not group and not client_id)
+    if bulk:
         # The Spark source's pull (no consumer group: nothing to commit or trace as a delivery):
-        # columns straight from the raw records, no per-message objects.
-        fast, batch = await run_in_threadpool(broker.pull_arrow_once, topic, queue_id, offset, max_count)
+        # no per-message objects; in records form the reader decodes the stored records itself.
+        fast, batch = await run_in_threadpool(functools.partial(broker.pull_arrow_once, records=form == "records"),
+                                              topic, queue_id, offset, max_count)
         return Response(wire.to_ipc(batch), media_type=wire.ARROW_STREAM, headers={
             wire.PULL_HEADERS["status"]: str(fast.status), wire.PULL_HEADERS["next_offset"]: str(fast.next_offset),
             wire.PULL_HEADERS["min_offset"]: str(fast.min_offset),
-            wire.PULL_HEADERS["max_offset"]: str(fast.max_offset)})
+            wire.PULL_HEADERS["max_offset"]: str(fast.max_offset),
+            wire.PULL_HEADERS["form"]: "records" if batch.schema.names == ["record"] else "rows"})
+    if form == "records":
+        raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "form=records is for unfiltered Arrow pulls without a group, "
+                                                       "wait_ms or commit_offset")
     result = await broker.pull(topic, queue_id, offset, max_count, tags, wait_ms=wait_ms, group=group or None,
                                commit_offset=commit_offset, filter_type=filter_type, expression=expression)
     if _wants_arrow(request):

@@ -359,14 +359,15 @@ def _executor_pool(timeout_s: float) -> BrokerClientPool:
 
 
 def pull_arrow(addr: str, topic: str, queue_id: int, offset: int, max_messages: int, *, tags: str = "*",
-               timeout_s: float = 30.0) -> PullPage:
+               timeout_s: float = 30.0, broker_name: str | None = None) -> PullPage:
     """Pull up to ``max_messages`` from ``offset`` with ``Accept: application/vnd.apache.arrow.stream``.
 
     ``BrokerClient.pull(arrow=True)`` turns the Arrow answer into Python objects row by row;
-    this keeps it columnar (``BrokerClient.pull_arrow_table``, served by the broker's columnar
-    fast path).  Never long-polls (``wait_ms=0``): Spark plans what exists.
-    Raises ``SparkMQError`` (``RemotingError`` when the broker is unreachable).
+    this keeps it columnar (``BrokerClient.pull_arrow_table``, served by the broker's bulk
+    path).  Given ``broker_name``, an unfiltered pull carries the stored records and is decoded
+    here, on the executor, instead of on the broker.  Never long-polls (``wait_ms=0``): Spark
+    plans what exists.  Raises ``SparkMQError`` (``RemotingError`` when the broker is unreachable).
     """
     answer = _executor_pool(timeout_s).get(addr).pull_arrow_table(topic, queue_id, offset, max_messages,
-                                                                   tags=tags or "*")
+                                                                   tags=tags or "*", broker_name=broker_name)
     return PullPage(answer.status, answer.next_offset, answer.min_offset, answer.max_offset, answer.table)

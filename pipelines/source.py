@@ -55,8 +55,9 @@ Options (names are case-insensitive; an unknown option is an error that names it
   many queue offsets, shared among queues in proportion to their backlog.
 * ``failOnDataLoss`` (default true): a range that is no longer in the log (retention deleted
   it, or a broker lost an unflushed tail) fails the query with a clear error; false skips it.
-* ``tags``: broker-side tag filter (``A || B``); ``pullBatchSize`` (messages per pull, 1..1024,
-  default 1024); ``maxMessagesPerPartition`` (split big queue ranges into several tasks).
+* ``tags``: broker-side tag filter (``A || B``); ``pullBatchSize`` (messages per pull, 1..16384,
+  default 8192; tag-filtered pulls take at most 1024); ``maxMessagesPerPartition`` (split big
+  queue ranges into several tasks).
 * ``group``: after each batch, commit the read offsets to this consumer group on the brokers,
   so ``GET /consumers/{group}/lag`` shows how far the query is behind.  Progress itself lives in
   the checkpoint, as with Kafka; the group's offsets are only a view of it.
@@ -186,8 +187,11 @@ _NO_PROPERTIES = pa.array([], type=pa.string())
 _FOUND, _NO_NEW, _NO_MATCHED = "FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG"
 _TOO_SMALL, _OVERFLOW, _NO_QUEUE = "OFFSET_TOO_SMALL", "OFFSET_OVERFLOW", "NO_MATCHED_QUEUE"
 
-#: The broker's cap on one pull (MAX_PULL_BATCH).
-_MAX_PULL = 1024
+#: The broker's caps on one pull: a tag-filtered one (MAX_PULL_BATCH) and a bulk Arrow one
+#: (MAX_ARROW_PULL_BATCH), and the default: big pulls spread each request's fixed cost.
+_MAX_FILTERED_PULL = 1024
+_MAX_PULL = 16384
+_DEFAULT_PULL = 8192
 
 EARLIEST, LATEST = -2, -1
 
@@ -310,7 +314,7 @@ class SourceOptions:
     max_messages_per_trigger: int | None = None
     fail_on_data_loss: bool = True
     tags: str = "*"
-    pull_batch_size: int = _MAX_PULL
+    pull_batch_size: int = _DEFAULT_PULL
     max_messages_per_partition: int | None = None
     group: str | None = None
     raw: bool = False
@@ -385,7 +389,7 @@ class SourceOptions:
         except SparkMQError as exc:
             raise OptionError("tags", exc.message) from None
         kw["tags"] = tags.strip() or "*"
-        kw["pull_batch_size"] = _int(opts, "pullBatchSize", 1, _MAX_PULL) or _MAX_PULL
+        kw["pull_batch_size"] = _int(opts, "pullBatchSize", 1, _MAX_PULL) or _DEFAULT_PULL
         kw["max_messages_per_partition"] = _int(opts, "maxMessagesPerPartition", 1)
         if opts.get("group") is not None:
             try:
@@ -469,6 +473,8 @@ def _split_keys(raw: pa.Array) -> pa.Array:
 
 def _properties(props: pa.MapArray, drop: pa.Array) -> pa.MapArray:
     """``props`` without the entries whose key is in ``drop``, and without NULL maps (empty instead)."""
+    if len(drop) == 0 and props.null_count == 0:
+        return props
     keys, items = _child(props.keys, props.offsets), _child(props.items, props.offsets)
     keep = pc.invert(pc.is_in(keys, value_set=drop))
     return pa.MapArray.from_arrays(_filtered_offsets(props.offsets, keep), pc.filter(keys, keep),
@@ -536,7 +542,7 @@ class ReadSettings:
     """What ``read()`` needs on the executors (picklable, small)."""
 
     tags: str = "*"
-    pull_batch_size: int = _MAX_PULL
+    pull_batch_size: int = _DEFAULT_PULL
     fail_on_data_loss: bool = True
     raw: bool = False
     request_timeout_s: float = 30.0
@@ -559,10 +565,11 @@ def read_range(part: QueueRange, settings: ReadSettings) -> Iterator[pa.RecordBa
     """Pull ``part`` page by page (Arrow) and yield it as record batches of the source schema."""
     offset = part.start
     filtered = settings.tags != "*"
+    batch_size = min(settings.pull_batch_size, _MAX_FILTERED_PULL) if filtered else settings.pull_batch_size
     while offset < part.end:
-        want = min(settings.pull_batch_size, part.end - offset)
+        want = min(batch_size, part.end - offset)
         page = pull_arrow(part.addr, part.topic, part.queue_id, offset, want, tags=settings.tags,
-                          timeout_s=settings.request_timeout_s)
+                          timeout_s=settings.request_timeout_s, broker_name=part.broker)
         if page.status == _FOUND:
             table = page.table
             if filtered:  # the broker skips non-matching messages and may run past the range's end

@@ -11,13 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
 from sparkmq.api.broker_main import BrokerService
 from sparkmq.platform.broker.config import BrokerConfig
+from sparkmq.platform.client.remoting import BrokerClient
 from sparkmq.platform.common import wire
 from sparkmq.platform.common.ids import decode_offset_msg_id
+from sparkmq.platform.common.record_columns import RECORDS_SCHEMA, decode_records
 
 SMALL_STORE = {"segment_size": 1 << 20, "max_message_size": 64 * 1024, "max_properties_size": 8000}
 
@@ -326,7 +329,7 @@ def test_arrow_batch_send_and_arrow_pull_round_trip(http: httpx.Client) -> None:
                         headers={"accept": wire.ARROW_STREAM})
     assert response.status_code == 200 and response.headers["content-type"] == wire.ARROW_STREAM
     headers = {k: response.headers[v] for k, v in wire.PULL_HEADERS.items()}
-    assert headers == {"status": "FOUND", "next_offset": "20", "min_offset": "0", "max_offset": "20"}
+    assert headers == {"status": "FOUND", "next_offset": "20", "min_offset": "0", "max_offset": "20", "form": "rows"}
     table = wire.from_ipc(response.content)
     assert table.schema.equals(wire.PULL_SCHEMA)
     got = wire.received_from_arrow(table)
@@ -341,6 +344,37 @@ def test_arrow_batch_send_and_arrow_pull_round_trip(http: httpx.Client) -> None:
     # An empty Arrow pull still carries its status.
     empty = http.get("/topics/a1/queues/1/messages", params={"offset": 20}, headers={"accept": wire.ARROW_STREAM})
     assert empty.headers["X-Pull-Status"] == "NO_NEW_MSG" and wire.from_ipc(empty.content).num_rows == 0
+
+
+def test_bulk_pull_in_records_form_decodes_to_the_same_rows(http: httpx.Client) -> None:
+    """form=records carries the stored records; decoded by the reader they are the rows form's rows.
+    Bulk pulls take up to 16384 messages; a filtered or grouped pull stays at 1024 and refuses records."""
+    payload = wire.to_ipc(wire.send_rows_to_arrow([wire.SendRow(b"r%d" % i, "T" if i % 2 else None, (f"k{i}",),
+                                                                {"i": str(i)}) for i in range(1500)]))
+    ok(http.post("/topics/rec1/batch", params={"queue_id": 0}, content=payload,
+                 headers={"content-type": wire.ARROW_STREAM}))
+    arrow = {"accept": wire.ARROW_STREAM}
+    rows = http.get("/topics/rec1/queues/0/messages", params={"max": 1500}, headers=arrow)
+    records = http.get("/topics/rec1/queues/0/messages", params={"max": 1500, "form": "records"}, headers=arrow)
+    assert rows.headers["X-Pull-Form"] == "rows" and records.headers["X-Pull-Form"] == "records"
+    assert records.headers["X-Pull-Next-Offset"] == rows.headers["X-Pull-Next-Offset"] == "1500"
+    raw, decoded = wire.from_ipc(records.content), wire.from_ipc(rows.content)
+    name = decoded.column("broker_name")[0].as_py()
+    assert raw.schema.equals(RECORDS_SCHEMA) and raw.num_rows == 1500
+    assert pa.Table.from_batches([decode_records(raw.column("record"), name)]).equals(decoded)
+    # The client asks for records when it knows the broker name, and hands back the same table.
+    client = BrokerClient(http.base_url.netloc.decode(), 10.0)
+    try:
+        via_client = client.pull_arrow_table("rec1", 0, 0, 1500, broker_name=name).table
+        assert via_client.equals(decoded)
+    finally:
+        client.close()
+    error(http.get("/topics/rec1/queues/0/messages", params={"max": 16385}, headers=arrow), 400, "INVALID_ARGUMENT")
+    error(http.get("/topics/rec1/queues/0/messages", params={"max": 1025, "tags": "T"}, headers=arrow),
+          400, "INVALID_ARGUMENT")
+    error(http.get("/topics/rec1/queues/0/messages", params={"form": "pages"}, headers=arrow), 400, "INVALID_ARGUMENT")
+    error(http.get("/topics/rec1/queues/0/messages", params={"form": "records", "group": "g"}, headers=arrow),
+          400, "INVALID_ARGUMENT")
 
 
 # -- topics admin -----------------------------------------------------------------------------

@@ -83,6 +83,7 @@ __all__ = [
     "SendStatus",
     "SendResult",
     "BatchSendResult",
+    "MAX_ARROW_PULL_BATCH",
     "MAX_PULL_BATCH",
 ]
 
@@ -90,6 +91,9 @@ log = logging.getLogger("sparkmq.broker")
 
 #: The most messages one pull answers.
 MAX_PULL_BATCH = 1024
+#: The most messages one unfiltered Arrow pull without a group answers (the Spark source's bulk
+#: reads): columns are cut from the records in bulk, so bigger pulls only spread the request's cost.
+MAX_ARROW_PULL_BATCH = 16384
 #: A tag-filtered pull keeps scanning past non-matching messages for at most this many store reads.
 _MAX_FILTER_ROUNDS = 16
 _MAX_MSG_ID_LENGTH = 128
@@ -621,14 +625,15 @@ class Broker:
         return SendStatus.SEND_OK
 
     # ================================================================== pulling
-    def _check_pull(self, topic: str, queue_id: int, offset: int, max_count: int) -> TopicConfig:
+    def _check_pull(self, topic: str, queue_id: int, offset: int, max_count: int,
+                    max_batch: int = MAX_PULL_BATCH) -> TopicConfig:
         cfg = self.topics.require(topic)
         if not is_readable(cfg.perm):
             raise SparkMQError(ErrorCode.NO_PERMISSION, f"topic {topic!r} is not readable on {self.name} "
                                                         f"(perm {cfg.perm})")
         _check_int("queue_id", queue_id, 0, cfg.read_queue_nums - 1, ErrorCode.QUEUE_ID_ILLEGAL)
         _check_int("offset", offset, 0, 2**63 - 1, ErrorCode.OFFSET_ILLEGAL)
-        _check_int("max", max_count, 1, MAX_PULL_BATCH)
+        _check_int("max", max_count, 1, max_batch)
         return cfg
 
     def pull_once(self, topic: str, queue_id: int, offset: int, max_count: int = 32,
@@ -681,26 +686,28 @@ class Broker:
             self.tracer.delivered(topic, group, client_id, result.messages)
         return result
 
-    def pull_arrow_once(self, topic: str, queue_id: int, offset: int, max_count: int = 32
-                        ) -> tuple[GetResult, pa.RecordBatch]:
-        """An unfiltered pull answered as one ``PULL_SCHEMA`` record batch, without waiting.
+    def pull_arrow_once(self, topic: str, queue_id: int, offset: int, max_count: int = 32, *,
+                        records: bool = False) -> tuple[GetResult, pa.RecordBatch]:
+        """An unfiltered pull answered as one Arrow record batch, without waiting (up to 16384 messages).
 
-        The fast path of Arrow pulls (the Spark source, the dispatch job): the store cuts the
-        columns out of the raw records instead of building ``StoredMessage`` objects.  A pull
-        below the log's retention goes through :meth:`pull_once` (the lake tier).
+        The fast path of bulk pulls (the Spark source, the dispatch job): no ``StoredMessage``
+        objects.  ``records``: the records as stored (``RECORDS_SCHEMA``), decoded by the reader,
+        so the broker only copies bytes; else ``PULL_SCHEMA`` columns cut from the records here.
+        A pull below the log's retention goes through :meth:`pull_once` (the lake tier) and is
+        answered in ``PULL_SCHEMA`` either way.
         """
         started = time.perf_counter()
         with self._operation():
-            self._check_pull(topic, queue_id, offset, max_count)
+            self._check_pull(topic, queue_id, offset, max_count, MAX_ARROW_PULL_BATCH)
             result, batch = self.store.get_arrow(topic, queue_id, offset, max_count, self.config.pull_max_bytes,
-                                                 self.name)
+                                                 self.name, decode=not records)
         if result.status is GetStatus.OFFSET_TOO_SMALL:
             from ..common.wire import stored_to_arrow  # only this rare path builds rows
 
-            result = self.pull_once(topic, queue_id, offset, max_count)
+            result = self.pull_once(topic, queue_id, offset, min(max_count, MAX_PULL_BATCH))
             return result, stored_to_arrow(result.messages, self.name)
-        self.metrics.pulled(topic, None, batch.num_rows, batch.column("body").nbytes if batch.num_rows else 0,
-                            time.perf_counter() - started)
+        size = batch.column(0 if records else "body").nbytes if batch.num_rows else 0
+        self.metrics.pulled(topic, None, batch.num_rows, size, time.perf_counter() - started)
         return result, batch
 
     def _from_lake_tier(self, topic: str, queue_id: int, offset: int, max_count: int,

@@ -56,6 +56,8 @@ PULL_HEADERS = {
     "next_offset": "X-Pull-Next-Offset",
     "min_offset": "X-Pull-Min-Offset",
     "max_offset": "X-Pull-Max-Offset",
+    # "records" (RECORDS_SCHEMA: stored records, for the reader to decode) or "rows" (PULL_SCHEMA)
+    "form": "X-Pull-Form",
 }
 
 _PROPERTIES = pa.map_(pa.string(), pa.string())

@@ -17,14 +17,12 @@ import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ...storage_native import CommitLog, StoreError, decode_record
 from ...storage_native import errors as native_errors
-from ...storage_native.layout import RECORD_HEADER_SIZE, record_size
-from ..common.codec import decode_properties, encode_properties, pack_host, tag_hash, unpack_host
+from ...storage_native.layout import record_size
+from ..common.codec import decode_properties, encode_properties, pack_host, tag_hash
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.ids import UniqueIdGenerator, decode_offset_msg_id, encode_offset_msg_id, offset_msg_id_prefix
 from ..common.message import (
@@ -35,8 +33,8 @@ from ..common.message import (
     Message,
     StoredMessage,
 )
+from ..common.record_columns import EMPTY_PULL_BATCH, RECORDS_SCHEMA, records_array, records_to_arrow
 from ..common.validation import validate_topic
-from ..common.wire import PULL_SCHEMA
 from .checkpoint import read_checkpoint, write_checkpoint
 from .config import FlushMode, StoreConfig
 from .flush import FlushService
@@ -46,6 +44,8 @@ from .status import GetResult, GetStatus, PutResult, PutStatus
 
 __all__ = ["MessageStore", "translate_store_error", "record_properties", "raw_record_properties", "RawProperties",
            "records_to_arrow"]
+
+_EMPTY_RECORDS = pa.RecordBatch.from_pylist([], schema=RECORDS_SCHEMA)
 
 log = logging.getLogger(__name__)
 
@@ -395,18 +395,19 @@ class MessageStore:
         return GetResult(status, next_offset, lo, cq.max_offset, messages)
 
     def get_arrow(self, topic: str, queue_id: int, offset: int, max_count: int = 32, max_bytes: int = 0,
-                  broker_name: str = "") -> tuple[GetResult, pa.RecordBatch]:
-        """Like :meth:`get_messages` without a filter, but the messages as one ``PULL_SCHEMA`` record batch.
+                  broker_name: str = "", *, decode: bool = True) -> tuple[GetResult, pa.RecordBatch]:
+        """Like :meth:`get_messages` without a filter, but the messages as one Arrow record batch.
 
-        The columns are cut straight out of the raw records (:func:`records_to_arrow`): no
-        ``StoredMessage`` is built, which is what makes Arrow pulls (the Spark source, the
-        dispatch job) fast.  The ``GetResult`` carries status and offsets, ``messages`` empty.
+        ``decode``: a ``PULL_SCHEMA`` batch, the columns cut straight out of the raw records
+        (:func:`~..common.record_columns.records_to_arrow`, no ``StoredMessage`` built); else a
+        ``RECORDS_SCHEMA`` batch of the records as stored, for the reader to decode.  The
+        ``GetResult`` carries status and offsets, ``messages`` empty.
         """
+        empty = EMPTY_PULL_BATCH if decode else _EMPTY_RECORDS
         where = self._locate(topic, queue_id, offset, max_count)
         if isinstance(where, GetResult):
-            return where, _EMPTY_PULL_BATCH
+            return where, empty
         log_, cq, lo = where
-        empty = _EMPTY_PULL_BATCH
         try:
             next_offset, records = log_.get(topic, queue_id, offset, max_count, None, max_bytes)
         except StoreError as exc:
@@ -414,7 +415,11 @@ class MessageStore:
                 lo = cq.min_offset
                 return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, cq.max_offset), empty
             raise translate_store_error(exc) from None
-        batch = records_to_arrow([rec for _q, _c, rec in records], broker_name)
+        raw = [rec for _q, _c, rec in records]
+        if decode:
+            batch = records_to_arrow(raw, broker_name)
+        else:
+            batch = pa.RecordBatch.from_arrays([records_array(raw)], schema=RECORDS_SCHEMA)
         status = GetStatus.FOUND if batch.num_rows else GetStatus.NO_MATCHED_MSG
         return GetResult(status, next_offset, lo, cq.max_offset), batch
 
@@ -608,132 +613,6 @@ def record_properties(record: bytes | memoryview) -> dict[str, str]:
 
 def _record_size(body: bytes, topic: str, props: bytes) -> int:
     return record_size(len(body), len(topic.encode("utf-8")), len(props))
-
-
-# -- raw records to Arrow ---------------------------------------------------------------
-
-#: The fixed record header (layout.RECORD_HEADER) as a packed numpy record type.
-_HEADER_DTYPE = np.dtype([
-    ("total", "<u4"), ("magic", "<u4"), ("crc", "<u4"), ("queue_id", "<i4"), ("flag", "<i4"),
-    ("queue_offset", "<i8"), ("commitlog_offset", "<i8"), ("sys_flag", "<i4"), ("born_timestamp", "<i8"),
-    ("born_host", "V20"), ("store_timestamp", "<i8"), ("store_host", "V20"), ("reconsume_times", "<i4"),
-    ("prepared_offset", "<i8"), ("tag_hash", "<i8"), ("body_length", "<u4"),
-])
-assert _HEADER_DTYPE.itemsize == RECORD_HEADER_SIZE
-_HEADER_SPAN = np.arange(RECORD_HEADER_SIZE, dtype=np.int64)
-_EMPTY_PULL_BATCH = pa.RecordBatch.from_pylist([], schema=PULL_SCHEMA)
-_PROPERTY_MAP = PULL_SCHEMA.field("properties").type
-
-
-def _gather(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray, type_: pa.DataType) -> pa.Array:
-    """A binary/string array of the byte ranges ``[starts, starts + lengths)`` of ``buf`` (one gather)."""
-    offsets = np.zeros(len(starts) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    index = np.repeat(starts - offsets[:-1], lengths) + np.arange(int(offsets[-1]), dtype=np.int64)
-    return pa.Array.from_buffers(type_, len(starts), [None, pa.py_buffer(offsets), pa.py_buffer(buf[index])])
-
-
-def _hosts(raw: np.ndarray) -> tuple[pa.Array, list[str]]:
-    """The 20-byte host fields as "ip:port" strings; each distinct host is parsed once."""
-    rows = np.ascontiguousarray(raw).view(np.uint8).reshape(len(raw), 20)
-    if (rows == rows[0]).all():  # the usual case: one store host, one producer host per batch
-        name = unpack_host(rows[0].tobytes())
-        return pa.array([name] * len(rows), pa.string()), [name]
-    cache: dict[bytes, str] = {}
-    names = [cache.get(b) or cache.setdefault(b, unpack_host(b)) for b in map(bytes, rows)]
-    return pa.array(names, pa.string()), list(set(names))
-
-
-_HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
-
-
-def _offset_msg_ids(prefix: str, clog: np.ndarray) -> pa.Array:
-    """``prefix + f"{offset:016X}"`` for every commit-log offset (ids.encode_offset_msg_id), in numpy."""
-    n = len(clog)
-    digits = np.ascontiguousarray(clog.astype(">u8")).view(np.uint8).reshape(n, 8)
-    width = len(prefix) + 16
-    chars = np.empty((n, width), dtype=np.uint8)
-    chars[:, :len(prefix)] = np.frombuffer(prefix.encode("ascii"), dtype=np.uint8)
-    chars[:, len(prefix)::2] = _HEX[digits >> 4]
-    chars[:, len(prefix) + 1::2] = _HEX[digits & 0xF]
-    offsets = np.arange(0, (n + 1) * width, width, dtype=np.int32)
-    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(chars)])
-
-
-def _property_map(props: pa.Array) -> pa.MapArray:
-    """``key\\x01value\\x02`` strings (codec.encode_properties) as a map array, vectorised."""
-    pairs = pc.split_pattern(props, "\x02")
-    flat = pairs.flatten()
-    parents = pc.list_parent_indices(pairs)
-    keep = pc.not_equal(flat, "")
-    flat, parents = pc.filter(flat, keep), pc.filter(parents, keep)
-    kv = pc.split_pattern(flat, "\x01", max_splits=1)
-    counts = np.bincount(parents.to_numpy(zero_copy_only=False), minlength=len(props))
-    offsets = np.zeros(len(props) + 1, dtype=np.int32)
-    np.cumsum(counts, out=offsets[1:])
-    # A pair without the name separator is a key with an empty value (as decode_properties reads it).
-    whole = pc.if_else(pc.equal(pc.list_value_length(kv), 1), pc.binary_join_element_wise(flat, "", "\x01"), flat)
-    values = pc.list_element(pc.split_pattern(whole, "\x01", max_splits=1), 1)
-    keys = pc.list_element(kv, 0)
-    return pa.MapArray.from_arrays(pa.array(offsets), keys, values).cast(_PROPERTY_MAP)
-
-
-def records_to_arrow(records: Sequence[bytes | memoryview], broker_name: str) -> pa.RecordBatch:
-    """Whole commit-log records (layout.py) as one ``PULL_SCHEMA`` batch, column by column.
-
-    The fixed headers are read as one numpy record array and the variable parts (body,
-    topic, properties) are gathered into Arrow buffers, so the cost per message is a few
-    numpy/Arrow kernel elements instead of a decoded ``StoredMessage``.  Gives the same
-    rows as ``wire.stored_to_arrow`` over the decoded messages.
-    """
-    n = len(records)
-    if n == 0:
-        return _EMPTY_PULL_BATCH
-    lengths = np.fromiter(map(len, records), dtype=np.int64, count=n)
-    starts = np.zeros(n, dtype=np.int64)
-    np.cumsum(lengths[:-1], out=starts[1:])
-    buf = np.frombuffer(b"".join(records), dtype=np.uint8)
-    header = buf[starts[:, None] + _HEADER_SPAN].view(_HEADER_DTYPE).reshape(n)
-    body_start = starts + RECORD_HEADER_SIZE
-    body_len = header["body_length"].astype(np.int64)
-    topic_len_at = body_start + body_len
-    topic_start = topic_len_at + 1
-    topic_len = buf[topic_len_at].astype(np.int64)
-    props_len_at = topic_start + topic_len
-    props_len = buf[props_len_at].astype(np.int64) | (buf[props_len_at + 1].astype(np.int64) << 8)
-    if not np.array_equal(props_len_at + 2 + props_len, starts + lengths):
-        raise SparkMQError(ErrorCode.STORE_CORRUPT, "a record's lengths do not add up to its size")
-    properties = _property_map(_gather(buf, props_len_at + 2, props_len, pa.string()))
-    store_host, store_names = _hosts(header["store_host"])
-    born_host, _ = _hosts(header["born_host"])
-    clog = header["commitlog_offset"]
-    if len(store_names) == 1:
-        offset_ids = _offset_msg_ids(offset_msg_id_prefix(store_names[0] or "0.0.0.0:0"), clog)
-    else:
-        prefixes = {h: offset_msg_id_prefix(h or "0.0.0.0:0") for h in store_names}
-        offset_ids = pa.array([prefixes[h] + f"{c:016X}" for h, c in zip(store_host.to_pylist(), clog.tolist(),
-                                                                         strict=True)], pa.string())
-    columns = [
-        _gather(buf, topic_start, topic_len, pa.string()),
-        pa.array([broker_name] * n, pa.string()),
-        pa.array(header["queue_id"]),
-        pa.array(header["queue_offset"]),
-        pc.fill_null(pc.map_lookup(properties, PROPERTY_UNIQUE_ID, "first"), ""),
-        offset_ids,
-        pa.array(clog),
-        pa.array(header["total"].astype(np.int32)),
-        _gather(buf, body_start, body_len, pa.binary()),
-        pc.map_lookup(properties, PROPERTY_TAGS, "first"),
-        pc.map_lookup(properties, PROPERTY_KEYS, "first"),
-        properties,
-        pa.array(header["born_timestamp"]),
-        born_host,
-        pa.array(header["store_timestamp"]),
-        store_host,
-        pa.array(header["reconsume_times"]),
-        pa.array(header["sys_flag"]),
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=PULL_SCHEMA)
 
 
 def iter_all(store: MessageStore, topic: str, queue_id: int, batch: int = 256) -> Iterable[StoredMessage]:
