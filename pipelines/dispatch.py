@@ -1,17 +1,22 @@
 """The dispatch job: the commit log into the Delta tables ``consume_queue``, ``messages`` and ``message_keys``.
 
-A Structured Streaming query reads every topic through the ``sparkmq`` source in its stored
-form (``raw``: bodies as stored, all properties) and, per micro-batch (``foreachBatch``),
-appends to the three tables with delta-rs::
+A Structured Streaming query plans micro-batches over every topic like the ``sparkmq``
+source (same offsets, admission control and checkpoint).  Its Spark tasks pull their queue
+ranges in stored form (``raw``: bodies as stored, all properties) and write the three
+tables' Parquet files themselves (:mod:`.dispatch_writer`); per micro-batch
+(``foreachBatch``) the driver gathers the files' descriptions and commits them with
+delta-rs, one commit per table -- Delta's own protocol, with no message passing through
+the JVM or the driver::
 
     query = start_dispatch(spark, "127.0.0.1:9876", "/data/lake", "/data/checkpoints/dispatch",
                            trigger={"processingTime": "1 second"})
     dispatch_stats(query).last          # DispatchBatch: rows, lag from store to commit, ...
 
-Exactly once: each table's append carries the Delta app transaction
-``(f"dispatch-{job}-{table}", batch_id)`` (:func:`~.delta_io.append_exactly_once`), so a batch
+Exactly once: each table's commit carries the Delta app transaction
+``(f"dispatch-{job}-{table}", batch_id)`` (:func:`~.delta_files.commit_data_files`), so a batch
 Spark replays after a failure -- or a batch id run again by hand -- never adds rows twice,
-and a crash between the three appends is repaired by the replay.  The checkpoint and the
+and a crash between the three commits is repaired by the replay.  Files of a failed or
+replayed task are never committed (vacuum removes them).  The checkpoint and the
 tables belong together: :func:`start_dispatch` refuses a checkpoint that is behind the tables
 (a lost or swapped checkpoint would silently skip batches).
 
@@ -30,9 +35,8 @@ import os
 import re
 import threading
 import time
-import zlib
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,9 +56,18 @@ from sparkmq.platform.common.system_topics import (
 
 from . import tables
 from .cluster_io import Endpoints
-from .delta_io import append_exactly_once
+from .delta_files import DataFile, commit_data_files
+from .dispatch_writer import (
+    DEFAULT_TASKS,
+    DISPATCH_FORMAT,
+    DISPATCH_TABLES,
+    build_tables,
+    file_of_row,
+    merge_percentiles,
+    register_dispatch,
+    write_dispatch_files,
+)
 from .errors import LakeError
-from .source import FORMAT, register
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -65,6 +78,7 @@ __all__ = [
     "DispatchBatch",
     "DispatchStats",
     "build_tables",
+    "commit_batch",
     "dispatch_app_id",
     "dispatch_arrow",
     "dispatch_source_options",
@@ -75,17 +89,14 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The tables the job writes, in the order it writes them.
-DISPATCH_TABLES = (tables.CONSUME_QUEUE, tables.MESSAGES, tables.MESSAGE_KEYS)
-
 #: Topics whose messages are the broker's bookkeeping; they reach the lake via their real topic
 #: (and the trace topic through the trace job, into message_trace).
 _NOT_DISPATCHED = (SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRACE_TOPIC, "TBW102")
 #: Every topic except those (the source's includeSystemTopics lets %RETRY% and %DLQ% through).
 DISPATCH_PATTERN = "(?!(?:" + "|".join(re.escape(t) for t in _NOT_DISPATCHED) + ")$).+"
 
-#: Upper bound of one micro-batch (it is collected on the driver to be written with delta-rs).
-DEFAULT_MAX_MESSAGES_PER_TRIGGER = 200_000
+#: Upper bound of one micro-batch (its tasks hold it in memory while they write the files).
+DEFAULT_MAX_MESSAGES_PER_TRIGGER = 500_000
 DEFAULT_TRIGGER: Mapping[str, Any] = {"processingTime": "1 second"}
 
 _TS = pa.timestamp("us", tz="UTC")
@@ -155,79 +166,52 @@ def dispatch_stats(query: StreamingQuery) -> DispatchStats | None:
         return _stats.get(str(query.id))
 
 
-# -- rows to tables ----------------------------------------------------------------------------------
+# -- committing a batch -------------------------------------------------------------------------------
 
-def _col(t: pa.Table, name: str) -> pa.Array:
-    return t.column(name).combine_chunks()
-
-
-def build_tables(rows: pa.Table) -> dict[str, pa.Table]:
-    """The ``consume_queue``, ``messages`` and ``message_keys`` rows of source rows read with ``raw``.
-
-    ``rows`` has the source's columns (``SOURCE_SCHEMA``); the result follows the specs in
-    :mod:`.tables` exactly.  ``message_keys`` gets one row for the unique id and one per key.
-    """
-    topic, broker, qid, qoff = (_col(rows, c) for c in ("topic", "broker", "queue_id", "queue_offset"))
-    clog, size, store_ts = _col(rows, "commitlog_offset"), _col(rows, "store_size"), _col(rows, "store_timestamp")
-    store_ts = store_ts.cast(_TS)
-    tags = _col(rows, "tags")
-    # The consume queue's tag hash (codec.tag_hash: CRC-32 of the tag, 0 for none); Arrow has no CRC kernel.
-    tag_hash = pa.array([zlib.crc32(t.encode("utf-8")) if t else 0 for t in tags.to_pylist()], type=pa.int64())
-    cq = tables.get_spec(tables.CONSUME_QUEUE).schema
-    consume_queue = pa.Table.from_arrays([topic, broker, qid, qoff, clog, size, tag_hash, store_ts], schema=cq)
-
-    props = _col(rows, "properties")
-    raw_keys = pc.map_lookup(props, pa.scalar("KEYS"), "first")
-    ms = tables.get_spec(tables.MESSAGES).schema
-    messages = pa.Table.from_arrays([
-        topic, broker, qid, qoff, clog, size, _col(rows, "msg_id"), _col(rows, "offset_msg_id"), tags, raw_keys,
-        _col(rows, "body"), props.cast(ms.field("properties").type), _col(rows, "born_timestamp").cast(_TS),
-        _col(rows, "born_host"), store_ts, _col(rows, "store_host"), _col(rows, "reconsume_times"),
-        _col(rows, "sys_flag"), store_ts.cast(pa.date32()),
-    ], schema=ms)
-
-    # message_keys: the unique id of every message that has one, then each key.
-    msg_id = _col(rows, "msg_id")
-    has_id = pc.not_equal(msg_id, "")
-    keys = _col(rows, "keys")
-    offs = keys.offsets.to_numpy(zero_copy_only=False)
-    parents = pa.array(np.repeat(np.arange(len(keys)), np.diff(offs)))
-    key_values = keys.values.slice(offs[0], offs[-1] - offs[0]).cast(pa.string())
-    location = [topic, broker, qid, qoff, clog, store_ts]
-    ids = pc.filter(msg_id, has_id)
-    id_rows = [ids, pa.array(["msg_id"] * len(ids), pa.string())] + [pc.filter(c, has_id) for c in location]
-    key_rows = [key_values, pa.array(["key"] * len(key_values), pa.string())] + [pc.take(c, parents) for c in location]
-    mk = tables.get_spec(tables.MESSAGE_KEYS).schema
-    message_keys = pa.Table.from_arrays(
-        [pa.concat_arrays([a.cast(f.type), b.cast(f.type)]) for a, b, f in zip(id_rows, key_rows, mk, strict=True)],
-        schema=mk)
-    return {tables.CONSUME_QUEUE: consume_queue, tables.MESSAGES: messages, tables.MESSAGE_KEYS: message_keys}
-
-
-def _lag_ms(store_ts: pa.ChunkedArray | pa.Array, now_s: float) -> tuple[float | None, float | None, float | None]:
-    if len(store_ts) == 0:
+def _lags(store_ms: np.ndarray, now_s: float) -> tuple[float | None, float | None, float | None]:
+    """Max, p50 and p99 of ``now - store time`` in ms over store times in epoch ms (Nones when empty)."""
+    if store_ms.size == 0:
         return None, None, None
-    micros = pc.cast(store_ts, _TS).cast(pa.int64()).to_numpy(zero_copy_only=False)
-    lag = (now_s * 1e6 - micros) / 1000.0
+    lag = now_s * 1000.0 - store_ms.astype(np.float64)
     p50, p99 = np.percentile(lag, [50, 99])
     return float(lag.max()), float(p50), float(p99)
 
 
-def dispatch_arrow(rows: pa.Table, batch_id: int, lake_root: str | os.PathLike[str], job: str) -> DispatchBatch:
-    """Write one micro-batch's rows (``raw`` source rows) to the three tables, once per ``(job, batch_id)``.
+def _lag_ms(store_ts: pa.ChunkedArray | pa.Array, now_s: float) -> tuple[float | None, float | None, float | None]:
+    micros = pc.cast(store_ts, _TS).cast(pa.int64()).to_numpy(zero_copy_only=False)
+    return _lags(micros / 1000.0, now_s)
 
-    The body of the job's ``foreachBatch``; public so a batch can be re-run (it then writes
-    nothing).  An empty batch writes nothing and records no version.
+
+def commit_batch(files: Sequence[tuple[str, DataFile, Sequence[int] | None]], batch_id: int,
+                 lake_root: str | os.PathLike[str], job: str, begin: float | None = None) -> DispatchBatch:
+    """Commit one micro-batch's data files (``(table, file, percentiles)``), once per ``(job, batch_id)``.
+
+    Every table gets a commit (with no files when the batch had none for it) so all three
+    record the batch as done.  A batch without files commits nothing.
+    """
+    begin = time.time() if begin is None else begin
+    written: dict[str, bool] = dict.fromkeys(DISPATCH_TABLES, False)
+    rows = sum(f.num_records for name, f, _ in files if name == tables.CONSUME_QUEUE)
+    if files:
+        for name in DISPATCH_TABLES:
+            mine = [f for table, f, _ in files if table == name]
+            written[name] = commit_data_files(tables.table_path(lake_root, name), mine, dispatch_app_id(job, name),
+                                              batch_id, tables.get_spec(name).partition_by)
+    committed = time.time()
+    samples = merge_percentiles((p, f.num_records) for name, f, p in files if name == tables.CONSUME_QUEUE and p)
+    lag_max, lag_p50, lag_p99 = _lags(samples, committed)
+    return DispatchBatch(batch_id, rows, written, lag_max, lag_p50, lag_p99, committed, committed - begin)
+
+
+def dispatch_arrow(rows: pa.Table, batch_id: int, lake_root: str | os.PathLike[str], job: str) -> DispatchBatch:
+    """Write one batch of ``raw`` source rows to the three tables here, once per ``(job, batch_id)``.
+
+    What the job's tasks and driver do, in one process; public so a batch can be re-run by
+    hand (it then commits nothing).
     """
     begin = time.time()
-    written: dict[str, bool] = dict.fromkeys(DISPATCH_TABLES, False)
-    if rows.num_rows:
-        for name, table in build_tables(rows).items():
-            written[name] = append_exactly_once(tables.table_path(lake_root, name), table,
-                                                app_id=dispatch_app_id(job, name), version=batch_id)
-    committed = time.time()
-    lag_max, lag_p50, lag_p99 = _lag_ms(rows.column("store_timestamp"), committed)
-    return DispatchBatch(batch_id, rows.num_rows, written, lag_max, lag_p50, lag_p99, committed, committed - begin)
+    files = write_dispatch_files(os.fspath(lake_root), rows) if rows.num_rows else []
+    return commit_batch(files, batch_id, lake_root, job, begin)
 
 
 # -- the query -----------------------------------------------------------------------------------------
@@ -289,11 +273,18 @@ def _check_checkpoint(checkpoint_dir: str, lake_root: str | os.PathLike[str], jo
     check_checkpoint(checkpoint_dir, lake_root, {name: dispatch_app_id(job, name) for name in DISPATCH_TABLES})
 
 
+def _default_parallelism(spark: SparkSession) -> int:
+    try:
+        return max(1, int(spark.sparkContext.defaultParallelism))
+    except Exception:  # Spark Connect has no SparkContext  # noqa: BLE001
+        return DEFAULT_TASKS
+
+
 def start_dispatch(spark: SparkSession, namesrv_or_brokers: str | Mapping[str, str],
                    lake_root: str | os.PathLike[str], checkpoint_dir: str | os.PathLike[str],
                    trigger: Mapping[str, Any] | None = None, *, job_name: str | None = None,
                    max_messages_per_trigger: int | None = DEFAULT_MAX_MESSAGES_PER_TRIGGER,
-                   query_name: str | None = None) -> StreamingQuery:
+                   query_name: str | None = None, tasks: int | None = None) -> StreamingQuery:
     """Start the dispatch query and return it (running; stop it with ``query.stop()``).
 
     ``namesrv_or_brokers``: name servers ``"host:port;host:port"`` (a whole cluster), or brokers
@@ -302,6 +293,7 @@ def start_dispatch(spark: SparkSession, namesrv_or_brokers: str | Mapping[str, s
     ``{"processingTime": "1 second"}``; ``{"availableNow": True}`` catches up and stops).
     ``job_name`` names the app ids ``dispatch-{job_name}-{table}`` (default: the broker's name
     when one broker is given, else ``cluster``); it must stay the same for a checkpoint.
+    ``tasks``: Spark tasks per micro-batch (default: the session's default parallelism).
 
     Creates the three tables if needed; raises :class:`LakeError` when the checkpoint is behind them.
     """
@@ -312,12 +304,13 @@ def start_dispatch(spark: SparkSession, namesrv_or_brokers: str | Mapping[str, s
     checkpoint = os.fspath(checkpoint_dir)
     tables.ensure_tables(lake_root, DISPATCH_TABLES)
     _check_checkpoint(checkpoint, lake_root, job)
-    register(spark)
+    register_dispatch(spark)
     stats = DispatchStats(job)
 
     def run_batch(df: DataFrame, batch_id: int) -> None:
+        begin = time.time()
         try:
-            result = dispatch_arrow(df.toArrow(), batch_id, lake_root, job)
+            result = commit_batch([file_of_row(r) for r in df.collect()], batch_id, lake_root, job, begin)
         except BaseException as exc:
             stats.fail(exc)
             raise
@@ -327,7 +320,8 @@ def start_dispatch(spark: SparkSession, namesrv_or_brokers: str | Mapping[str, s
                      batch_id, result.rows, [t for t, w in result.written.items() if w], result.lag_ms_max,
                      result.lag_ms_p99, result.duration_s)
 
-    reader = spark.readStream.format(FORMAT)
+    reader = (spark.readStream.format(DISPATCH_FORMAT).option("lakeRoot", lake_root)
+              .option("tasks", str(tasks or _default_parallelism(spark))))
     for key, value in source_options.items():
         reader = reader.option(key, value)
     query = (reader.load().writeStream

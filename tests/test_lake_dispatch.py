@@ -29,7 +29,9 @@ from sparkmq.pipelines.dispatch import (
     dispatch_stats,
     start_dispatch,
 )
+from sparkmq.pipelines.dispatch_writer import group_ranges
 from sparkmq.pipelines.errors import LakeError
+from sparkmq.pipelines.source import QueueRange
 from sparkmq.platform.client import TopicRouteInfo
 from sparkmq.platform.common.codec import tag_hash
 from sparkmq.platform.common.system_topics import SCHEDULE_TOPIC, TRACE_TOPIC
@@ -228,3 +230,16 @@ def test_check_checkpoint_refuses_a_checkpoint_behind_any_of_its_tables(tmp_path
     for batch in range(2, 5):
         (checkpoint / "offsets" / str(batch)).write_text("{}")
     check_checkpoint(str(checkpoint), lake, {tables.DEAD_LETTERS: "dlq-a"})
+
+
+def test_dispatch_tasks_share_the_ranges_evenly() -> None:
+    """group_ranges: every range in exactly one task, at most ``tasks`` tasks, sizes within the largest range."""
+    ranges = [QueueRange("t", "b", q, "h:1", 0, size) for q, size in enumerate([500, 20, 300, 300, 10, 170, 700])]
+    for tasks in (1, 2, 3, 10):
+        planned = group_ranges(ranges, tasks)
+        assert len(planned) == min(tasks, len(ranges))
+        assert sorted((r for t in planned for r in t.ranges), key=lambda r: r.queue_id) == ranges
+        loads = [t.messages for t in planned]
+        assert max(loads) - min(loads) <= 700
+    assert group_ranges(ranges, 2) == group_ranges(list(reversed(ranges)), 2)   # deterministic
+    assert group_ranges([], 2) == []
