@@ -57,6 +57,8 @@ class LakeSettings:
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     #: Micro-batch interval of the streaming jobs.
     trigger_interval_s: float = 1.0
+    #: Niceness of Spark's JVM and Python workers on a local master (0: the broker's own priority).
+    nice: int = 10
     jobs: tuple[str, ...] = LAKE_JOBS
     #: The ``[alerts]`` table (webhook_url, [[alerts.rules]]); read from the top level of the file.
     alerts: Mapping[str, Any] = field(default_factory=dict)
@@ -74,6 +76,8 @@ class LakeSettings:
         settings = cls(**data)
         if settings.trigger_interval_s <= 0:
             raise ValueError(f"trigger_interval_s must be > 0, got {settings.trigger_interval_s}")
+        if isinstance(settings.nice, bool) or not isinstance(settings.nice, int) or not 0 <= settings.nice <= 19:
+            raise ValueError(f"nice must be an integer from 0 to 19, got {settings.nice!r}")
         unknown_jobs = set(settings.jobs) - set(LAKE_JOBS)
         if unknown_jobs:
             raise ValueError(f"unknown lake jobs {sorted(unknown_jobs)}; known: {list(LAKE_JOBS)}")
@@ -92,7 +96,7 @@ class LakeSettings:
         return LakeService(root, root / "_checkpoints", brokers={broker_name: addr},
                            spark_conf=self.spark_settings(), jobs=self.jobs,
                            trigger={"processingTime": f"{self.trigger_interval_s} seconds"}, job_name=broker_name,
-                           alerts=self.alerts)
+                           alerts=self.alerts, nice=self.nice)
 
 
 class LakeService:
@@ -104,8 +108,12 @@ class LakeService:
                  trigger: Mapping[str, Any] | None = None, job_name: str | None = None,
                  backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0,
                  alerts: Mapping[str, Any] | None = None, report_interval_s: float = 60.0,
-                 maintenance_interval_s: float = 3600.0) -> None:
-        """Exactly one of ``namesrv`` (a cluster) and ``brokers`` (name -> host:port) says what to read."""
+                 maintenance_interval_s: float = 3600.0, nice: int = 0) -> None:
+        """Exactly one of ``namesrv`` (a cluster) and ``brokers`` (name -> host:port) says what to read.
+
+        ``nice``: run a local Spark at this niceness (:func:`.session.lower_priority`), for a lake
+        that shares its machine with a broker.
+        """
         if (namesrv is None) == (brokers is None):
             raise ValueError("give exactly one of namesrv and brokers")
         unknown = set(jobs) - set(LAKE_JOBS)
@@ -124,6 +132,7 @@ class LakeService:
         self.reporter: Any = None  # pipelines.reports.Reporter once started
         self.maintainer: Any = None  # pipelines.maintenance.Maintainer once started
         self.maintenance_interval_s = maintenance_interval_s
+        self.nice = nice
         self._report_stop = threading.Event()
         self._report_thread: threading.Thread | None = None
         self.spark: SparkSession | None = None
@@ -177,9 +186,10 @@ class LakeService:
 
     def _start(self) -> None:
         try:
-            from .session import get_spark  # imported here: a broker without the lake never loads PySpark
+            from .session import get_spark, lower_priority  # here: a broker without the lake never loads PySpark
 
             self.spark = get_spark(self.spark_conf)
+            lower_priority(self.spark, self.nice)
             if self._stopping.is_set():
                 return
             supervisor = Supervisor(self._jobs(), backoff_initial_s=self._backoff[0], backoff_max_s=self._backoff[1])

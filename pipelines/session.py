@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -141,6 +142,33 @@ def get_spark(conf: Mapping[str, Any] | None = None, app_name: str = DEFAULT_APP
         log.info("started SparkSession %r (%s)", app_name, remote or session.sparkContext.master)
         _session = session
         return session
+
+
+def lower_priority(session: SparkSession, nice: int) -> int:
+    """Run the session's JVM (and the Python workers it starts later) at niceness ``nice``; return how many
+    threads were changed.
+
+    A broker's lake shares the machine with the broker: at a lower priority, Spark gets the
+    CPU the broker leaves, so sends and pulls never queue behind a micro-batch (principle 1:
+    delivery never waits for Spark).  Only a JVM this process launched (a local master) is
+    changed; Linux niceness is per thread, so every current thread is set, and threads and
+    worker processes the JVM starts later inherit it.  Without /proc (not Linux) nothing happens.
+    """
+    if nice <= 0:
+        return 0
+    proc = getattr(getattr(session.sparkContext, "_gateway", None), "proc", None)
+    tasks = Path(f"/proc/{proc.pid}/task") if proc is not None else None
+    if tasks is None or not tasks.is_dir():
+        return 0
+    changed = 0
+    for tid in tasks.iterdir():
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(tid.name), nice)
+            changed += 1
+        except OSError:  # the thread ended meanwhile
+            continue
+    log.info("Spark's JVM (pid %d) runs at nice %d (%d threads)", proc.pid, nice, changed)
+    return changed
 
 
 def stop_spark() -> None:

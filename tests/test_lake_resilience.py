@@ -18,13 +18,18 @@ from pathlib import Path
 
 import httpx
 import psutil
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from procs import ProcessHarness
 from procs import wait_for as wait_until
 from sparkmq.platform.client.remoting import BrokerClient
 from sparkmq.platform.common import wire
 from sparkmq.platform.common.message import Message
+from sparkmq.platform.common.record_columns import RECORDS_SCHEMA, decode_records, map_value
 from sparkmq.platform.common.sysflag import COMPRESSED
 
 LAKE = """
@@ -63,6 +68,7 @@ def test_messages_flow_after_spark_is_killed(procs: ProcessHarness, tmp_path: Pa
         jvms = wait_until(lambda: _jvm_children(broker.proc.pid), 30, "the broker's java child")
         assert len(jvms) == 1, jvms
         jvm = jvms[0]
+        assert jvm.nice() == 10  # the lake's default niceness: Spark takes the CPU the broker leaves
         os.kill(jvm.pid, signal.SIGKILL)
         # The JVM is the broker's child, not ours: dead means gone or a zombie until the broker reaps it.
         wait_until(lambda: not jvm.is_running() or jvm.status() == psutil.STATUS_ZOMBIE, 10, "the JVM to die")
@@ -115,5 +121,24 @@ def test_columnar_pull_matches_the_object_path(impl, store_factory) -> None:
         assert (result.status, result.next_offset, result.min_offset, result.max_offset) == \
             (expected.status, expected.next_offset, expected.min_offset, expected.max_offset)
         assert batch.equals(wire.stored_to_arrow(expected.messages, "broker-z"))
+        # The records form: the stored bytes, decoded by the reader into the same rows.
+        same, records = store.get_arrow("Cols", 1, offset, count, decode=False)
+        assert same.next_offset == result.next_offset and records.schema.equals(RECORDS_SCHEMA)
+        assert decode_records(records.column("record"), "broker-z").equals(batch)
+        # ... also from a slice of a larger array (offsets not starting at zero).
+        if count > 2:
+            assert decode_records(records.column("record").slice(1), "broker-z").equals(batch.slice(1))
     empty, batch = store.get_arrow("Cols", 1, 300, 5)
     assert str(empty.status) == "NO_NEW_MSG" and batch.num_rows == 0 and batch.schema == wire.PULL_SCHEMA
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.lists(st.tuples(st.sampled_from(["A", "B", "KEYS", ""]), st.text(max_size=3)),
+                                              max_size=4)), max_size=30),
+       st.integers(0, 5))
+def test_map_value_is_map_lookup_first(maps: list, cut: int) -> None:
+    """map_value gives pc.map_lookup(..., "first") on any map array, NULL maps and slices included."""
+    array = pa.array(maps, pa.map_(pa.string(), pa.string()))
+    array = array.slice(min(cut, len(array)))
+    for key in ("A", "KEYS", "", "missing"):
+        assert map_value(array, key).equals(pc.map_lookup(array, key, "first"))
