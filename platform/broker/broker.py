@@ -39,6 +39,7 @@ from ..common.message import (
     PROPERTY_TAGS,
     PROPERTY_UNIQUE_ID,
     Message,
+    SendResult,
     SendStatus,
     StoredMessage,
 )
@@ -132,27 +133,6 @@ class OutgoingMessage:
     properties: dict[str, str] = field(default_factory=dict)
     #: The producer's unique id (UNIQ_KEY); None = the broker makes one.
     msg_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SendResult:
-    """Where one sent message was stored."""
-
-    status: SendStatus
-    msg_id: str
-    offset_msg_id: str
-    topic: str
-    broker_name: str
-    queue_id: int
-    queue_offset: int
-    store_timestamp: int
-    commitlog_offset: int
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON answer of ``POST /topics/{topic}/messages``."""
-        return {"status": str(self.status), "msg_id": self.msg_id, "offset_msg_id": self.offset_msg_id,
-                "topic": self.topic, "broker_name": self.broker_name, "queue_id": self.queue_id,
-                "queue_offset": self.queue_offset, "store_timestamp": self.store_timestamp}
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,12 +28,11 @@ import hashlib
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from functools import total_ordering
 from types import MappingProxyType
 from typing import ClassVar
 
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
+from sparkmq.platform.common.message import MessageQueue
 
 __all__ = [
     "MessageQueue",
@@ -57,51 +56,6 @@ DEFAULT_VIRTUAL_NODES = 10
 
 def _invalid(message: str) -> SparkMQError:
     return SparkMQError(ErrorCode.INVALID_ARGUMENT, message)
-
-
-@total_ordering
-@dataclass(frozen=True)
-class MessageQueue:
-    """One queue of a topic on one broker; immutable, hashable and ordered.
-
-    Ordering is by ``(broker_name, queue_id, topic)`` rather than field order, so the
-    sorted view groups each broker's queues together in queue-id order (contiguous
-    blocks in ``averagely`` then stay on as few brokers as possible).
-
-    Example:
-        >>> q = MessageQueue("orders", "broker-b", 0)
-        >>> q.key
-        'broker-b/0'
-        >>> sorted([q, MessageQueue("orders", "broker-a", 3)])[0].broker_name
-        'broker-a'
-    """
-
-    topic: str
-    broker_name: str
-    queue_id: int
-
-    def __post_init__(self) -> None:
-        # Queues come from name server routes and HTTP bodies; reject junk early so a
-        # bad view fails loudly instead of producing a silently different assignment.
-        if not isinstance(self.topic, str) or not self.topic:
-            raise _invalid(f"topic must be a non-empty string, got {self.topic!r}")
-        if not isinstance(self.broker_name, str) or not self.broker_name:
-            raise _invalid(f"broker_name must be a non-empty string, got {self.broker_name!r}")
-        if isinstance(self.queue_id, bool) or not isinstance(self.queue_id, int) or self.queue_id < 0:
-            raise _invalid(f"queue_id must be a non-negative integer, got {self.queue_id!r}")
-
-    @property
-    def key(self) -> str:
-        """``"broker/queue_id"``, e.g. ``"broker-a/3"``."""
-        return f"{self.broker_name}/{self.queue_id}"
-
-    def _sort_key(self) -> tuple[str, int, str]:
-        return (self.broker_name, self.queue_id, self.topic)
-
-    def __lt__(self, other: object) -> bool:
-        if not isinstance(other, MessageQueue):
-            return NotImplemented
-        return self._sort_key() < other._sort_key()
 
 
 class AllocateStrategy(ABC):

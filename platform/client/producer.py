@@ -36,7 +36,7 @@ import httpx
 
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.ids import UniqueIdGenerator
-from ..common.message import Message, SendStatus
+from ..common.message import Message, SendResult, SendStatus, send_status
 from ..common.trace import TraceEvent
 from ..common.validation import validate_group, validate_topic
 from ..common.wire import SendRow, encode_body, send_rows_to_arrow, to_ipc
@@ -59,39 +59,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("sparkmq.client")
-
-
-@dataclass(frozen=True, slots=True)
-class SendResult:
-    """Where a message was stored and under which ids."""
-
-    status: SendStatus
-    msg_id: str
-    offset_msg_id: str
-    topic: str
-    broker_name: str
-    queue_id: int
-    queue_offset: int
-    store_timestamp: int = 0
-
-    @property
-    def message_queue(self) -> MessageQueue:
-        """The queue the message went to."""
-        return MessageQueue(self.topic, self.broker_name, self.queue_id)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SendResult:
-        """From a broker's send answer."""
-        return cls(_status(data.get("status")), str(data.get("msg_id", "")), str(data.get("offset_msg_id", "")),
-                   str(data["topic"]), str(data["broker_name"]), int(data["queue_id"]), int(data["queue_offset"]),
-                   int(data.get("store_timestamp") or 0))
-
-
-def _status(value: object) -> SendStatus:
-    try:
-        return SendStatus(value)
-    except ValueError:
-        raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"unknown send status {value!r}") from None
 
 
 #: ``queue_selector(write_queues, message) -> queue``: user-chosen queue for ordered sends.
@@ -474,7 +441,7 @@ class Producer:
                     {"body": encode_body(p.body), "body_encoding": "base64", "tags": p.message.tags,
                      "keys": list(p.message.keys), "properties": dict(p.message.properties), "msg_id": p.msg_id}
                     for p in prepared], timeout=left)
-            status = _status(answer.get("status"))
+            status = send_status(answer.get("status"))
             results = [SendResult(status, str(r.get("msg_id", "")), str(r.get("offset_msg_id", "")), answer["topic"],
                                   answer["broker_name"], int(answer["queue_id"]), int(r["queue_offset"]),
                                   int(answer.get("store_timestamp") or 0)) for r in answer["results"]]

@@ -2,13 +2,17 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import total_ordering
+from typing import Any
 
 from .codec import decode_properties, unpack_host
+from .errors import ErrorCode, SparkMQError
 from .ids import encode_offset_msg_id
 
-__all__ = ["Message", "StoredMessage", "SendStatus", "PROPERTY_TAGS", "PROPERTY_KEYS", "PROPERTY_UNIQUE_ID",
-           "KEY_SEPARATOR"]
+__all__ = ["Message", "MessageQueue", "StoredMessage", "SendResult", "SendStatus", "send_status", "PROPERTY_TAGS",
+           "PROPERTY_KEYS", "PROPERTY_UNIQUE_ID", "KEY_SEPARATOR"]
 
 #: Reserved property names (RocketMQ's spelling, so its users recognise them).
 PROPERTY_TAGS = "TAGS"
@@ -92,3 +96,94 @@ class StoredMessage:
     def offset_msg_id(self) -> str:
         """The id that decodes to this message's store host and commit-log offset."""
         return encode_offset_msg_id(self.store_host or "0.0.0.0:0", self.commitlog_offset)
+
+
+def _invalid_queue(message: str) -> SparkMQError:
+    return SparkMQError(ErrorCode.INVALID_ARGUMENT, message)
+
+
+@total_ordering
+@dataclass(frozen=True)
+class MessageQueue:
+    """One queue of a topic on one broker; immutable, hashable and ordered.
+
+    Ordering is by ``(broker_name, queue_id, topic)`` rather than field order, so the
+    sorted view groups each broker's queues together in queue-id order (contiguous
+    blocks in ``averagely`` then stay on as few brokers as possible).
+
+    Example:
+        >>> q = MessageQueue("orders", "broker-b", 0)
+        >>> q.key
+        'broker-b/0'
+        >>> sorted([q, MessageQueue("orders", "broker-a", 3)])[0].broker_name
+        'broker-a'
+    """
+
+    topic: str
+    broker_name: str
+    queue_id: int
+
+    def __post_init__(self) -> None:
+        # Queues come from name server routes and HTTP bodies; reject junk early so a
+        # bad view fails loudly instead of producing a silently different assignment.
+        if not isinstance(self.topic, str) or not self.topic:
+            raise _invalid_queue(f"topic must be a non-empty string, got {self.topic!r}")
+        if not isinstance(self.broker_name, str) or not self.broker_name:
+            raise _invalid_queue(f"broker_name must be a non-empty string, got {self.broker_name!r}")
+        if isinstance(self.queue_id, bool) or not isinstance(self.queue_id, int) or self.queue_id < 0:
+            raise _invalid_queue(f"queue_id must be a non-negative integer, got {self.queue_id!r}")
+
+    @property
+    def key(self) -> str:
+        """``"broker/queue_id"``, e.g. ``"broker-a/3"``."""
+        return f"{self.broker_name}/{self.queue_id}"
+
+    def _sort_key(self) -> tuple[str, int, str]:
+        return (self.broker_name, self.queue_id, self.topic)
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, MessageQueue):
+            return NotImplemented
+        return self._sort_key() < other._sort_key()
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """Where one sent message was stored and under which ids (the broker's answer and the producer's result)."""
+
+    status: SendStatus
+    msg_id: str
+    offset_msg_id: str
+    topic: str
+    broker_name: str
+    queue_id: int
+    queue_offset: int
+    store_timestamp: int = 0
+    #: The record's commit-log offset on its broker (the broker knows it; not on the wire: -1 at clients).
+    commitlog_offset: int = -1
+
+    @property
+    def message_queue(self) -> MessageQueue:
+        """The queue the message went to."""
+        return MessageQueue(self.topic, self.broker_name, self.queue_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON answer of ``POST /topics/{topic}/messages``."""
+        return {"status": str(self.status), "msg_id": self.msg_id, "offset_msg_id": self.offset_msg_id,
+                "topic": self.topic, "broker_name": self.broker_name, "queue_id": self.queue_id,
+                "queue_offset": self.queue_offset, "store_timestamp": self.store_timestamp}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SendResult:
+        """From a broker's send answer; INTERNAL_ERROR for a status this client does not know."""
+        return cls(send_status(data.get("status")), str(data.get("msg_id", "")), str(data.get("offset_msg_id", "")),
+                   str(data["topic"]), str(data["broker_name"]), int(data["queue_id"]), int(data["queue_offset"]),
+                   int(data.get("store_timestamp") or 0))
+
+
+def send_status(value: object) -> SendStatus:
+    """A send status from the wire; INTERNAL_ERROR when unknown."""
+    try:
+        return SendStatus(value)
+    except ValueError:
+        raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"unknown send status {value!r}") from None
