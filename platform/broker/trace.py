@@ -20,9 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +31,7 @@ import pyarrow.dataset as ds
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
+from ..common.batching import BatchBuffer
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.message import Message, StoredMessage
 from ..common.system_topics import PROPERTY_REAL_TOPIC, TRACE_TOPIC
@@ -60,17 +59,12 @@ MAX_POSTED_EVENTS = 10_000
 
 _INT_FIELDS = ("cost_ms", "born_ts", "store_ts", "queue_id", "queue_offset", "reconsume_times")
 _STR_FIELDS = ("trace_id", "group", "client_id", "broker", "tags", "keys", "detail")
-_FIELDS = tuple(TraceEvent.__dataclass_fields__)
 _encode = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def event_json(event: TraceEvent) -> str:
-    """One JSON line of the trace codec (:func:`~sparkmq.platform.common.trace.encode_events`' format).
-
-    Hand-rolled because ``dataclasses.asdict`` (the codec's way) costs ~10x more, and the broker
-    encodes one event per stored and per delivered message.
-    """
-    return _encode({name: value for name in _FIELDS if (value := getattr(event, name)) is not None})
+    """One JSON line of the trace codec (:func:`~sparkmq.platform.common.trace.encode_events`' format)."""
+    return _encode(event.to_dict())
 
 
 def validate_event(data: object) -> TraceEvent:
@@ -105,8 +99,8 @@ def _keys_text(keys: Sequence[str]) -> str | None:
 
 # -- recording ---------------------------------------------------------------------------------------
 
-#: One buffered item: (number of events, a function that builds them on the flush thread).
-_Item = tuple[int, Callable[[], list[TraceEvent]]]
+#: One buffered item: a function that builds its events on the flush thread (the hot path only appends).
+_Item = Callable[[], list[TraceEvent]]
 
 
 class TraceRecorder:
@@ -122,56 +116,47 @@ class TraceRecorder:
         self._put = put
         self.broker_name = broker_name
         self.enabled = enabled
-        self.flush_interval_s = flush_interval_s
-        self.batch_size = batch_size
-        self.max_buffered = max_buffered
-        self._items: deque[_Item] = deque()
-        self._buffered = 0
-        self._cond = threading.Condition()
-        self._stopping = False
-        self._thread: threading.Thread | None = None
-        self._flush_lock = threading.Lock()  # one writer at a time: keeps trace messages in event order
-        self.recorded = self.dropped = self.written = self.failed = self.messages = 0
+        # One writer at a time (the buffer's delivery): trace messages stay in event order.
+        self._buffer: BatchBuffer[_Item] = BatchBuffer(f"sparkmq-trace-{broker_name}", self._write,
+                                                       interval_s=flush_interval_s, batch_size=batch_size,
+                                                       max_buffered=max_buffered)
+        self.written = self.failed = self.messages = 0
+
+    @property
+    def recorded(self) -> int:
+        """Events accepted into the buffer."""
+        return self._buffer.offered
+
+    @property
+    def dropped(self) -> int:
+        """Events refused because the buffer was full."""
+        return self._buffer.dropped
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         """Start the flush thread (no-op when disabled or started)."""
-        if not self.enabled or self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._run, name=f"sparkmq-trace-{self.broker_name}", daemon=True)
-        self._thread.start()
+        if self.enabled:
+            self._buffer.start()
 
     def stop(self) -> None:
         """Stop the flush thread after writing what is buffered (call before the store closes)."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(10)
-            self._thread = None
-        self.flush()
+        self._buffer.stop()
+
+    def flush(self) -> int:
+        """Write every buffered event now; returns how many were written."""
+        return self._buffer.flush()
 
     def status(self) -> dict[str, Any]:
         """Counters for ``/health``: events recorded, dropped (buffer full), written, failed to write."""
-        with self._cond:
-            buffered = self._buffered
         return {"enabled": self.enabled, "recorded": self.recorded, "dropped": self.dropped,
-                "written": self.written, "failed": self.failed, "messages": self.messages, "buffered": buffered}
+                "written": self.written, "failed": self.failed, "messages": self.messages,
+                "buffered": self._buffer.buffered}
 
     # -- the request path ---------------------------------------------------------------
     def _add(self, count: int, build: Callable[[], list[TraceEvent]]) -> bool:
         if not self.enabled or count <= 0:
             return False
-        with self._cond:
-            if self._buffered + count > self.max_buffered:
-                self.dropped += count
-                return False
-            self._items.append((count, build))
-            self._buffered += count
-            self.recorded += count
-            if self._buffered >= self.batch_size:
-                self._cond.notify()
-        return True
+        return self._buffer.offer(build, count)
 
     def add_events(self, events: Sequence[TraceEvent]) -> bool:
         """Buffer ready-made events (posted by clients); all or none (False: buffer full or disabled)."""
@@ -250,46 +235,27 @@ class TraceRecorder:
         self._add(1, build)
 
     # -- the flush thread -----------------------------------------------------------------
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                if not self._stopping and self._buffered < self.batch_size:
-                    self._cond.wait(self.flush_interval_s)
-                if self._stopping:
-                    return
+    def _write(self, builders: list[_Item]) -> int:
+        """Build the buffered events and store them as trace messages; how many were written."""
+        events: list[TraceEvent] = []
+        for build in builders:
             try:
-                self.flush()
-            except Exception:  # never let the thread die: the next round tries again
-                log.exception("writing trace events failed")
-
-    def flush(self) -> int:
-        """Write every buffered event now; returns how many were written."""
-        with self._flush_lock:
-            with self._cond:
-                items = list(self._items)
-                self._items.clear()
-                self._buffered = 0
-            if not items:
-                return 0
-            events: list[TraceEvent] = []
-            for _count, build in items:
-                try:
-                    events.extend(build())
-                except Exception:  # a malformed event must not take the others with it
-                    log.exception("building a trace event failed")
-            written = 0
-            for start in range(0, len(events), MAX_EVENTS_PER_MESSAGE):
-                chunk = events[start:start + MAX_EVENTS_PER_MESSAGE]
-                try:
-                    self._put(Message(TRACE_TOPIC, "\n".join(map(event_json, chunk)).encode("utf-8")))
-                except Exception as exc:  # e.g. the store is closing: count, do not retry forever
-                    self.failed += len(chunk)
-                    log.warning("storing %d trace events failed: %s", len(chunk), exc)
-                    continue
-                written += len(chunk)
-                self.messages += 1
-            self.written += written
-            return written
+                events.extend(build())
+            except Exception:  # a malformed event must not take the others with it
+                log.exception("building a trace event failed")
+        written = 0
+        for start in range(0, len(events), MAX_EVENTS_PER_MESSAGE):
+            chunk = events[start:start + MAX_EVENTS_PER_MESSAGE]
+            try:
+                self._put(Message(TRACE_TOPIC, "\n".join(map(event_json, chunk)).encode("utf-8")))
+            except Exception as exc:  # e.g. the store is closing: count, do not retry forever
+                self.failed += len(chunk)
+                log.warning("storing %d trace events failed: %s", len(chunk), exc)
+                continue
+            written += len(chunk)
+            self.messages += 1
+        self.written += written
+        return written
 
 
 class TracedTransactionService(TransactionService):

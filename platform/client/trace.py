@@ -9,9 +9,9 @@ messaging.  Off with ``ClientConfig(trace_enabled=False)``.
 from __future__ import annotations
 
 import logging
-import threading
 from collections import defaultdict
 
+from ..common.batching import BatchBuffer
 from ..common.errors import SparkMQError
 from ..common.trace import TraceEvent
 from .remoting import BrokerClientPool
@@ -21,14 +21,6 @@ __all__ = ["TraceDispatcher"]
 log = logging.getLogger("sparkmq.client.trace")
 
 
-_FIELDS = tuple(TraceEvent.__dataclass_fields__)
-
-
-def _as_dict(event: TraceEvent) -> dict[str, object]:
-    # TraceEvent.to_dict's result without dataclasses.asdict's deep copy (~10x cheaper per event).
-    return {name: value for name in _FIELDS if (value := getattr(event, name)) is not None}
-
-
 class TraceDispatcher:
     """Buffers trace events and posts them to brokers in batches.  Thread-safe."""
 
@@ -36,71 +28,53 @@ class TraceDispatcher:
                  batch_size: int = 256, max_buffered: int = 16_384) -> None:
         self._brokers = brokers
         self.name = name
-        self.flush_interval_s = flush_interval_s
-        self.batch_size = batch_size
-        self.max_buffered = max_buffered
-        self._pending: dict[str, list[TraceEvent]] = defaultdict(list)
-        self._count = 0
-        self._cond = threading.Condition()
-        self._flush_lock = threading.Lock()
-        self._stopping = False
-        self._thread: threading.Thread | None = None
-        self.recorded = self.dropped = self.posted = 0
+        self._buffer: BatchBuffer[tuple[str, TraceEvent]] = BatchBuffer(
+            f"sparkmq-trace-{name}", self._post, interval_s=flush_interval_s, batch_size=batch_size,
+            max_buffered=max_buffered)
+        self._unaddressed = self._failed = 0
+        self.posted = 0
+
+    @property
+    def recorded(self) -> int:
+        """Events accepted into the buffer."""
+        return self._buffer.offered
+
+    @property
+    def dropped(self) -> int:
+        """Events lost: no broker address, the buffer full, or the broker not taking them."""
+        return self._buffer.dropped + self._unaddressed + self._failed
 
     def start(self) -> None:
         """Start the posting thread (idempotent)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=f"sparkmq-trace-{self.name}", daemon=True)
-            self._thread.start()
+        self._buffer.start()
 
     def shutdown(self) -> None:
         """Post what is buffered and stop the thread (call before the broker connections close)."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(10)
-            self._thread = None
-        self.flush()
+        self._buffer.stop()
 
     def record(self, addr: str | None, event: TraceEvent) -> None:
         """Buffer ``event`` for the broker at ``addr`` (dropped when ``addr`` is None or the buffer is full)."""
-        with self._cond:
-            if addr is None or self._count >= self.max_buffered:
-                self.dropped += 1
-                return
-            self._pending[addr].append(event)
-            self._count += 1
-            self.recorded += 1
-            if self._count >= self.batch_size:
-                self._cond.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                if not self._stopping and self._count < self.batch_size:
-                    self._cond.wait(self.flush_interval_s)
-                if self._stopping:
-                    return
-            try:
-                self.flush()
-            except Exception:  # keep the thread alive; the next round posts again
-                log.exception("posting trace events failed")
+        if addr is None:
+            self._unaddressed += 1
+            return
+        self._buffer.offer((addr, event))
 
     def flush(self) -> int:
         """Post every buffered event now; returns how many brokers accepted."""
-        with self._flush_lock:
-            with self._cond:
-                pending, self._pending = self._pending, defaultdict(list)
-                self._count = 0
-            posted = 0
-            for addr, events in pending.items():
-                try:
-                    answer = self._brokers.get(addr).post_trace([_as_dict(e) for e in events])
-                except SparkMQError as exc:
-                    self.dropped += len(events)
-                    log.debug("posting %d trace events to %s failed: %s", len(events), addr, exc)
-                    continue
-                posted += int(answer.get("accepted", 0))
-            self.posted += posted
-            return posted
+        return self._buffer.flush()
+
+    def _post(self, items: list[tuple[str, TraceEvent]]) -> int:
+        by_broker: dict[str, list[TraceEvent]] = defaultdict(list)
+        for addr, event in items:
+            by_broker[addr].append(event)
+        posted = 0
+        for addr, events in by_broker.items():
+            try:
+                answer = self._brokers.get(addr).post_trace([e.to_dict() for e in events])
+            except SparkMQError as exc:
+                self._failed += len(events)
+                log.debug("posting %d trace events to %s failed: %s", len(events), addr, exc)
+                continue
+            posted += int(answer.get("accepted", 0))
+        self.posted += posted
+        return posted

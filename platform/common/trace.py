@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from .errors import ErrorCode, SparkMQError
@@ -67,8 +67,15 @@ class TraceEvent:
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"bad trace event {dict(data)!r}: {exc}") from None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form without the empty fields."""
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        """JSON form without the empty fields.
+
+        Every field is a plain value, so no ``dataclasses.asdict`` deep copy (~10x the cost, and
+        brokers encode one event per stored and per delivered message).
+        """
+        return {name: value for name in _FIELD_NAMES if (value := getattr(self, name)) is not None}
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(TraceEvent))
 
 
 def encode_events(events: Iterable[TraceEvent]) -> bytes:
