@@ -443,8 +443,12 @@ def test_orderly_suspend_retries_the_same_messages_in_place(env: Env) -> None:
     env.create_topic("ft-suspend", queues=1)
     calls: list[tuple[float, list[str]]] = []
 
+    counts: list[int] = []
+
     def listener(msgs: list[ReceivedMessage]) -> ConsumeOrderlyStatus:
         calls.append((time.monotonic(), [m.body.decode() for m in msgs]))
+        if msgs[0].body == b"s-1":
+            counts.append(msgs[0].reconsume_times)
         if msgs[0].body == b"s-1" and sum(1 for _, b in calls if b == ["s-1"]) < 3:
             return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
         return ConsumeOrderlyStatus.SUCCESS
@@ -463,8 +467,41 @@ def test_orderly_suspend_retries_the_same_messages_in_place(env: Env) -> None:
         gaps = [calls[i + 1][0] - calls[i][0] for i in (1, 2)]
         assert min(gaps) >= 0.28
         assert consumer.stats["suspended"] == 2 and consumer.stats["consumed"] == 4
+        assert counts == [0, 1, 2]   # each suspension counts as a reconsume
         wait_for(lambda: env.admin.group_offsets("cg-ft-suspend").get(MessageQueue("ft-suspend", "broker-a", 0)) == 4,
                  what="offset 4 committed")
+    finally:
+        consumer.shutdown()
+
+
+def test_orderly_message_suspended_max_reconsume_times_goes_to_the_dlq(env: Env) -> None:
+    """With max_reconsume_times set, an orderly consumer dead-letters a message it keeps suspending
+    (RocketMQ's checkReconsumeTimes) and the queue moves on in order; by default it retries forever."""
+    env.create_topic("ft-osusp", queues=1)
+    seen: list[tuple[str, int]] = []
+
+    def listener(msgs: list[ReceivedMessage]) -> ConsumeOrderlyStatus:
+        seen.extend((m.body.decode(), m.reconsume_times) for m in msgs)
+        return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT if msgs[0].body == b"poison" \
+            else ConsumeOrderlyStatus.SUCCESS
+
+    consumer = PushConsumer("cg-ft-osusp", env.client_config(), consume_from_where="FIRST_OFFSET",
+                            suspend_current_queue_time_ms=100, max_reconsume_times=2)
+    consumer.subscribe("ft-osusp")
+    consumer.register_listener_orderly(listener)
+    with Producer("pg-ft", env.client_config()) as producer:
+        sent = [producer.send(Message("ft-osusp", body), sharding_key="k") for body in (b"a", b"poison", b"b")]
+    consumer.start()
+    try:
+        wait_for(lambda: ("b", 0) in seen, what="the message after the poison one")
+        assert seen == [("a", 0), ("poison", 0), ("poison", 1), ("poison", 2), ("b", 0)]
+        dead = wait_for(lambda: env.admin.dlq_messages("cg-ft-osusp"), what="the poison message in the DLQ")
+        assert [m.body for m in dead] == [b"poison"]
+        assert dead[0].properties.get("ORIGIN_MESSAGE_ID", dead[0].msg_id) == sent[1].msg_id
+        assert "suspended 3 times" in dead[0].properties[PROPERTY_DLQ_REASON]
+        assert consumer.stats["dlq"] == 1 and consumer.stats["suspended"] == 3
+        wait_for(lambda: env.admin.group_offsets("cg-ft-osusp").get(MessageQueue("ft-osusp", "broker-a", 0)) == 3,
+                 what="offset 3 committed")
     finally:
         consumer.shutdown()
 

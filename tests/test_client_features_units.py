@@ -107,7 +107,9 @@ def test_push_consumer_checks_its_retry_and_orderly_settings() -> None:
         PushConsumer("cg", CFG, lock_interval_s=0)
     consumer = PushConsumer("cg", CFG, max_reconsume_times=3)
     consumer.register_listener_orderly(lambda msgs: "SUCCESS")
-    assert consumer.orderly and consumer.max_reconsume_times == 3
+    assert consumer.orderly and consumer.max_reconsume_times == 3 and consumer.orderly_max_reconsume_times == 3
+    default = PushConsumer("cg", CFG)   # RocketMQ: 16 send-backs when concurrent, no limit when orderly
+    assert default.max_reconsume_times == 16 and default.orderly_max_reconsume_times is None
 
 
 def test_admin_reset_offsets_sends_each_broker_its_queues() -> None:

@@ -22,8 +22,10 @@ renewed every ``lock_interval_s`` = 20 s; a lock not renewed for ``client_lock_e
 counts as lost here, the broker's expires after 60 s) and a queue is only pulled while the lock is
 held.  One thread at a time consumes a queue, in offset order; ``SUSPEND_CURRENT_QUEUE_A_MOMENT``
 (or an exception) retries the same messages after ``suspend_current_queue_time_ms`` without moving
-the offset.  A queue taken away is committed, then unlocked, so the next owner starts where this
-one stopped.
+the offset, each suspension counting as a reconsume.  As in RocketMQ, that goes on without end
+unless ``max_reconsume_times`` is given: then a clustering consumer sends a message suspended that
+many times to ``%DLQ%<group>`` and the queue moves on.  A queue taken away is committed, then
+unlocked, so the next owner starts where this one stopped.
 
 Example::
 
@@ -100,7 +102,9 @@ class PushConsumer(ConsumerBase):
         consume_from_where: start of a group with no committed offset: ``CONSUME_FROM_LAST_OFFSET``
             (default), ``CONSUME_FROM_FIRST_OFFSET`` or ``CONSUME_FROM_TIMESTAMP``
             (``config.consume_timestamp_ms``, default now - 30 min).
-        max_reconsume_times: send-backs of a message before the broker moves it to ``%DLQ%<group>`` (16).
+        max_reconsume_times: send-backs of a message before the broker moves it to ``%DLQ%<group>``
+            (default 16); orderly: suspensions of a message before it goes to the DLQ (default: none,
+            it is retried in place without end, as RocketMQ does).
         suspend_current_queue_time_ms: orderly: pause of a queue whose listener asked to suspend (1000).
         lock_interval_s: orderly: renew the broker locks of the held queues this often (20).
         client_lock_expiry_s: orderly: a lock not renewed for this long counts as lost (30).
@@ -111,17 +115,19 @@ class PushConsumer(ConsumerBase):
     def __init__(self, group: str, config: ClientConfig, message_model: str | MessageModel = MessageModel.CLUSTERING,
                  allocate_strategy: str | AllocateStrategy = DEFAULT_STRATEGY,
                  consume_from_where: str | ConsumeFromWhere = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET, *,
-                 max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES, suspend_current_queue_time_ms: int = 1000,
+                 max_reconsume_times: int | None = None, suspend_current_queue_time_ms: int = 1000,
                  lock_interval_s: float = 20.0, client_lock_expiry_s: float = 30.0) -> None:
         super().__init__(group, config, message_model=message_model, allocate_strategy=allocate_strategy,
                          consume_from_where=consume_from_where)
-        if isinstance(max_reconsume_times, bool) or not isinstance(max_reconsume_times, int) \
-                or max_reconsume_times < 0:
+        if max_reconsume_times is not None and (isinstance(max_reconsume_times, bool)
+                                                or not isinstance(max_reconsume_times, int) or max_reconsume_times < 0):
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"max_reconsume_times must be >= 0, got "
                                                            f"{max_reconsume_times!r}")
         if suspend_current_queue_time_ms < 0 or lock_interval_s <= 0 or client_lock_expiry_s <= 0:
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "suspend time must be >= 0 and lock intervals > 0")
-        self.max_reconsume_times = max_reconsume_times
+        self.max_reconsume_times = DEFAULT_MAX_RECONSUME_TIMES if max_reconsume_times is None else max_reconsume_times
+        #: Orderly: suspensions before the DLQ (None: retried in place without end).
+        self.orderly_max_reconsume_times = max_reconsume_times
         self.suspend_current_queue_time_ms = suspend_current_queue_time_ms
         self.lock_interval_s = lock_interval_s
         self.client_lock_expiry_s = client_lock_expiry_s
@@ -311,19 +317,22 @@ class PushConsumer(ConsumerBase):
         except RuntimeError:  # stopping: they stay unfinished, so the next owner gets them
             pass
 
-    def send_message_back(self, msg: ReceivedMessage, reason: str = "RECONSUME_LATER") -> bool:
-        """Hand a refused message to the broker's retry path; whether it took it.
+    def send_message_back(self, msg: ReceivedMessage, reason: str = "RECONSUME_LATER", *,
+                          to_dlq: bool = False) -> bool:
+        """Hand a refused message to the broker's retry path (or with ``to_dlq`` straight to the DLQ); whether
+        it took it.
 
         ``POST /consumers/{group}/send-back`` on the master of the message's broker, with delay level 0
-        (the broker's schedule: level 3 + reconsume count) and this consumer's ``max_reconsume_times``;
-        the broker answers RETRY (back through ``%RETRY%<group>``) or DLQ.  False when the broker cannot
-        be reached or refuses, so the caller redelivers locally instead.  Subclasses may override it.
+        (the broker's schedule: level 3 + reconsume count; -1 with ``to_dlq``) and this consumer's
+        ``max_reconsume_times``; the broker answers RETRY (back through ``%RETRY%<group>``) or DLQ.
+        False when the broker cannot be reached or refuses, so the caller redelivers locally instead.
+        Subclasses may override it.
         """
         addr = self._master_addr(MessageQueue(msg.topic, msg.broker_name, msg.queue_id))
         if addr is None:
             return False
         try:
-            answer = self._brokers.get(addr).send_back(self.group, msg.offset_msg_id, delay_level=0,
+            answer = self._brokers.get(addr).send_back(self.group, msg.offset_msg_id, delay_level=-1 if to_dlq else 0,
                                                        reason=reason[:1000],
                                                        max_reconsume_times=self.max_reconsume_times)
         except SparkMQError as exc:
@@ -376,6 +385,9 @@ class PushConsumer(ConsumerBase):
                     self._count("consumed", len(batch))
                     continue
                 self._count("suspended", 1)
+                if self._orderly_dead_letters(batch):
+                    pq.remove(batch)  # every message of the batch is in the DLQ: the queue moves on
+                    continue
                 # Same messages again after the pause; the offset does not move meanwhile.
                 self._stopping.wait(self.suspend_current_queue_time_ms / 1000)
         finally:
@@ -386,6 +398,20 @@ class PushConsumer(ConsumerBase):
                     self._later(retry_in, self._schedule_orderly, pq)
                 else:
                     self._schedule_orderly(pq)
+
+    def _orderly_dead_letters(self, batch: list[ReceivedMessage]) -> bool:
+        """After a suspension: each message suspended ``max_reconsume_times`` times goes to the DLQ, the
+        others count one more reconsume.  Whether none is left to retry (RocketMQ's checkReconsumeTimes)."""
+        limit = self.orderly_max_reconsume_times
+        retry = False
+        for msg in batch:
+            if limit is not None and msg.reconsume_times >= limit and self.message_model is MessageModel.CLUSTERING \
+                    and self.send_message_back(msg, f"suspended {msg.reconsume_times + 1} times (orderly)",
+                                               to_dlq=True):
+                continue
+            msg.reconsume_times += 1
+            retry = True
+        return not retry
 
     def lock_held(self, mq: MessageQueue) -> bool:
         """Orderly: whether this consumer holds ``mq``'s broker lock (renewed within ``client_lock_expiry_s``)."""
