@@ -57,6 +57,8 @@ class LakeSettings:
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     #: Micro-batch interval of the streaming jobs.
     trigger_interval_s: float = 1.0
+    #: Upper bound of one dispatch micro-batch (its tasks hold it in memory while they write).
+    max_messages_per_trigger: int = 500_000
     #: Niceness of Spark's JVM and Python workers on a local master (0: the broker's own priority).
     nice: int = 10
     jobs: tuple[str, ...] = LAKE_JOBS
@@ -76,6 +78,9 @@ class LakeSettings:
         settings = cls(**data)
         if settings.trigger_interval_s <= 0:
             raise ValueError(f"trigger_interval_s must be > 0, got {settings.trigger_interval_s}")
+        limit = settings.max_messages_per_trigger
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"max_messages_per_trigger must be an integer >= 1, got {limit!r}")
         if isinstance(settings.nice, bool) or not isinstance(settings.nice, int) or not 0 <= settings.nice <= 19:
             raise ValueError(f"nice must be an integer from 0 to 19, got {settings.nice!r}")
         unknown_jobs = set(settings.jobs) - set(LAKE_JOBS)
@@ -96,7 +101,7 @@ class LakeSettings:
         return LakeService(root, root / "_checkpoints", brokers={broker_name: addr},
                            spark_conf=self.spark_settings(), jobs=self.jobs,
                            trigger={"processingTime": f"{self.trigger_interval_s} seconds"}, job_name=broker_name,
-                           alerts=self.alerts, nice=self.nice)
+                           alerts=self.alerts, nice=self.nice, max_messages_per_trigger=self.max_messages_per_trigger)
 
 
 class LakeService:
@@ -108,11 +113,13 @@ class LakeService:
                  trigger: Mapping[str, Any] | None = None, job_name: str | None = None,
                  backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0,
                  alerts: Mapping[str, Any] | None = None, report_interval_s: float = 60.0,
-                 maintenance_interval_s: float = 3600.0, nice: int = 0) -> None:
+                 maintenance_interval_s: float = 3600.0, nice: int = 0,
+                 max_messages_per_trigger: int | None = None) -> None:
         """Exactly one of ``namesrv`` (a cluster) and ``brokers`` (name -> host:port) says what to read.
 
         ``nice``: run a local Spark at this niceness (:func:`.session.lower_priority`), for a lake
-        that shares its machine with a broker.
+        that shares its machine with a broker.  ``max_messages_per_trigger``: the dispatch job's
+        batch bound (None: its default).
         """
         if (namesrv is None) == (brokers is None):
             raise ValueError("give exactly one of namesrv and brokers")
@@ -133,6 +140,7 @@ class LakeService:
         self.maintainer: Any = None  # pipelines.maintenance.Maintainer once started
         self.maintenance_interval_s = maintenance_interval_s
         self.nice = nice
+        self.max_messages_per_trigger = max_messages_per_trigger
         self._report_stop = threading.Event()
         self._report_thread: threading.Thread | None = None
         self.spark: SparkSession | None = None
@@ -152,11 +160,13 @@ class LakeService:
         assert self.spark is not None
         spark = self.spark
         specs = []
+        limit = {} if self.max_messages_per_trigger is None else {"max_messages_per_trigger":
+                                                                  self.max_messages_per_trigger}
         if "dispatch" in self.job_names:
             specs.append(JobSpec(
                 "dispatch",
                 lambda: start_dispatch(spark, self.endpoints, self.lake_root, self.checkpoint_root / "dispatch",
-                                       self.trigger, job_name=self.job_name),
+                                       self.trigger, job_name=self.job_name, **limit),
                 describe=_dispatch_figures))
         if "trace" in self.job_names:
             specs.append(JobSpec(
