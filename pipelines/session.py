@@ -57,6 +57,12 @@ _LOCAL_DEFAULTS: dict[str, str] = {
     # Loopback: sandboxes and laptops often have hostnames that do not resolve.
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
+    # Streaming checkpoints through Hadoop's FileSystem API: the default FileContext manager asks a
+    # forked `readlink` process about every file it renames (the local file system without Hadoop's
+    # native library), two per micro-batch -- 70 ms of a trigger's 115 ms on this machine.  Rename
+    # stays atomic on a local disk.
+    "spark.sql.streaming.checkpointFileManagerClass":
+        "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
 }
 
 #: log4j2 settings that silence Spark's start-up chatter (its default profile logs at INFO
