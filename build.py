@@ -134,7 +134,17 @@ def setup(force: bool = False) -> None:
     else:
         say("dependencies up to date")
     build_native(force=force)
+    build_class_archive(force=force)
     say("setup complete")
+
+
+def build_class_archive(force: bool = False) -> None:
+    """Spark's classes, parsed once into an archive every Spark driver here maps: it starts in half the time.
+
+    Built once per environment (about a minute); a failure only means Spark starts without it.
+    """
+    cmd = [str(VENV_PY), "-m", "sparkmq.pipelines.class_archive", "build"] + (["--force"] if force else [])
+    subprocess.run(cmd, cwd=ROOT, env=venv_env(), stdin=subprocess.DEVNULL)
 
 
 def venv_env() -> dict[str, str]:

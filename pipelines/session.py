@@ -103,14 +103,16 @@ def _log4j_file(level: str) -> str:
 
 
 def get_spark(conf: Mapping[str, Any] | None = None, app_name: str = DEFAULT_APP_NAME, *,
-              log_level: str = "WARN") -> SparkSession:
+              log_level: str = "WARN", class_archive: bool = True) -> SparkSession:
     """The process's SparkSession, created on the first call with ``conf`` (a mapping of Spark settings).
 
     Later calls return the same session and ignore ``conf``/``app_name`` (Spark cannot
     change a running driver's static settings); after :func:`stop_spark` the next call
     creates a new one.  ``conf`` overrides every default.  Sets ``PYSPARK_PYTHON`` and
     ``PYSPARK_DRIVER_PYTHON`` to this interpreter when they are unset, so Python workers
-    import the same packages (pyarrow, sparkmq).
+    import the same packages (pyarrow, sparkmq).  A classic driver maps this environment's
+    class-data archive when it has one (:mod:`.class_archive`; ``class_archive=False`` does not);
+    ``spark.driver.extraJavaOptions`` in ``conf`` is added to the options set here.
 
     >>> spark = get_spark({"spark.master": "local[2]"})          # doctest: +SKIP
     >>> spark.conf.get("spark.sql.session.timeZone")              # doctest: +SKIP
@@ -138,8 +140,9 @@ def get_spark(conf: Mapping[str, Any] | None = None, app_name: str = DEFAULT_APP
             master = settings.pop("spark.master", "local[*]")
             builder = builder.master(master)
             defaults = {**_SQL_DEFAULTS, **_CLASSIC_DEFAULTS,
-                        **(_LOCAL_DEFAULTS if master.startswith("local") else {}),
-                        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{_log4j_file(level)}"}
+                        **(_LOCAL_DEFAULTS if master.startswith("local") else {})}
+            settings["spark.driver.extraJavaOptions"] = _driver_java_options(
+                level, class_archive, settings.get("spark.driver.extraJavaOptions", ""))
         for key, value in {**defaults, **settings}.items():
             builder = builder.config(key, value)
         session = builder.getOrCreate()
@@ -148,6 +151,17 @@ def get_spark(conf: Mapping[str, Any] | None = None, app_name: str = DEFAULT_APP
         log.info("started SparkSession %r (%s)", app_name, remote or session.sparkContext.master)
         _session = session
         return session
+
+
+def _driver_java_options(level: str, class_archive: bool, given: str) -> str:
+    """The driver JVM's options: quiet log4j, the class-data archive when there is one, then ``given``."""
+    options = [f"-Dlog4j2.configurationFile=file:{_log4j_file(level)}"]
+    if class_archive:
+        from .class_archive import java_options
+
+        options.append(java_options())
+    options.append(given)
+    return " ".join(o for o in options if o)
 
 
 def lower_priority(session: SparkSession, nice: int) -> int:
