@@ -2,7 +2,7 @@
 """The one entry point of sparkmq: set up, build, run, test, benchmark.
 
     python3 build.py run            # set up, then start the platform with a demo
-    python3 build.py test           # set up, then run the whole test suite
+    python3 build.py test           # set up, then run the whole test suite (pytest arguments may follow)
     python3 build.py setup          # venv in .venv, dependencies, the C extension
     python3 build.py bench [GROUP] [--quick]
     python3 build.py clean          # remove build products (keeps .venv)
@@ -217,7 +217,13 @@ def main(argv: list[str] | None = None) -> None:
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("clean", help="remove build products")
     p.set_defaults(func=cmd_clean)
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # Everything after `run` / `test` belongs to sparkmq dev / pytest, options included
+    # (argparse's REMAINDER refuses one that starts with a dash: `test -m "not slow"`).
+    passthrough = argv[1:] if argv[:1] in (["run"], ["test"]) and argv[1:2] not in (["-h"], ["--help"]) else None
+    args = parser.parse_args(argv[:1] if passthrough is not None else argv)
+    if passthrough is not None:
+        args.extra = passthrough
     args.func(args)
 
 
