@@ -59,8 +59,9 @@ class LakeSettings:
     trigger_interval_s: float = 1.0
     #: Upper bound of one dispatch micro-batch (its tasks hold it in memory while they write).
     max_messages_per_trigger: int = 500_000
-    #: Niceness of Spark's JVM and Python workers on a local master (0: the broker's own priority).
-    nice: int = 10
+    #: CPU priority of Spark's JVM and Python workers on a local master: "idle" (Linux SCHED_IDLE: only
+    #: the CPU the broker leaves idle) or a niceness 0..19 (0: the broker's own priority).
+    nice: int | str = "idle"
     jobs: tuple[str, ...] = LAKE_JOBS
     #: The ``[alerts]`` table (webhook_url, [[alerts.rules]]); read from the top level of the file.
     alerts: Mapping[str, Any] = field(default_factory=dict)
@@ -81,8 +82,9 @@ class LakeSettings:
         limit = settings.max_messages_per_trigger
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"max_messages_per_trigger must be an integer >= 1, got {limit!r}")
-        if isinstance(settings.nice, bool) or not isinstance(settings.nice, int) or not 0 <= settings.nice <= 19:
-            raise ValueError(f"nice must be an integer from 0 to 19, got {settings.nice!r}")
+        nice = settings.nice
+        if nice != "idle" and (isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19):
+            raise ValueError(f'nice must be "idle" or an integer from 0 to 19, got {nice!r}')
         unknown_jobs = set(settings.jobs) - set(LAKE_JOBS)
         if unknown_jobs:
             raise ValueError(f"unknown lake jobs {sorted(unknown_jobs)}; known: {list(LAKE_JOBS)}")
@@ -113,13 +115,13 @@ class LakeService:
                  trigger: Mapping[str, Any] | None = None, job_name: str | None = None,
                  backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0,
                  alerts: Mapping[str, Any] | None = None, report_interval_s: float = 60.0,
-                 maintenance_interval_s: float = 3600.0, nice: int = 0,
+                 maintenance_interval_s: float = 3600.0, nice: int | str = 0,
                  max_messages_per_trigger: int | None = None) -> None:
         """Exactly one of ``namesrv`` (a cluster) and ``brokers`` (name -> host:port) says what to read.
 
-        ``nice``: run a local Spark at this niceness (:func:`.session.lower_priority`), for a lake
-        that shares its machine with a broker.  ``max_messages_per_trigger``: the dispatch job's
-        batch bound (None: its default).
+        ``nice``: run a local Spark at this priority (a niceness, or ``"idle"``:
+        :func:`.session.lower_priority`), for a lake that shares its machine with a broker.
+        ``max_messages_per_trigger``: the dispatch job's batch bound (None: its default).
         """
         if (namesrv is None) == (brokers is None):
             raise ValueError("give exactly one of namesrv and brokers")

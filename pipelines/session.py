@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["DEFAULT_APP_NAME", "get_spark", "stop_spark"]
+__all__ = ["DEFAULT_APP_NAME", "IDLE", "get_spark", "lower_priority", "stop_spark"]
 
 log = logging.getLogger(__name__)
 
@@ -164,17 +164,25 @@ def _driver_java_options(level: str, class_archive: bool, given: str) -> str:
     return " ".join(o for o in options if o)
 
 
-def lower_priority(session: SparkSession, nice: int) -> int:
-    """Run the session's JVM (and the Python workers it starts later) at niceness ``nice``; return how many
-    threads were changed.
+#: ``lower_priority``'s lowest setting: Linux's SCHED_IDLE scheduling class.
+IDLE = "idle"
+
+
+def lower_priority(session: SparkSession, nice: int | str) -> int:
+    """Run the session's JVM (and the Python workers it starts later) at a lower CPU priority; return how
+    many threads were changed.
 
     A broker's lake shares the machine with the broker: at a lower priority, Spark gets the
     CPU the broker leaves, so sends and pulls never queue behind a micro-batch (principle 1:
-    delivery never waits for Spark).  Only a JVM this process launched (a local master) is
-    changed; Linux niceness is per thread, so every current thread is set, and threads and
-    worker processes the JVM starts later inherit it.  Without /proc (not Linux) nothing happens.
+    delivery never waits for Spark).  ``nice`` is a niceness (1..19; 0 changes nothing) or
+    :data:`IDLE`: the SCHED_IDLE class, whose threads run only on a core nothing else wants --
+    the lake then falls behind while the broker keeps every core busy and catches up after
+    (niceness 10 still takes about a tenth of a busy core).  Only a JVM this process launched
+    (a local master) is changed; Linux priorities are per thread, so every current thread is
+    set, and threads and worker processes the JVM starts later inherit it.  Without /proc (not
+    Linux) nothing happens.
     """
-    if nice <= 0:
+    if nice != IDLE and (not isinstance(nice, int) or nice <= 0):
         return 0
     proc = getattr(getattr(session.sparkContext, "_gateway", None), "proc", None)
     tasks = Path(f"/proc/{proc.pid}/task") if proc is not None else None
@@ -183,11 +191,15 @@ def lower_priority(session: SparkSession, nice: int) -> int:
     changed = 0
     for tid in tasks.iterdir():
         try:
-            os.setpriority(os.PRIO_PROCESS, int(tid.name), nice)
+            if nice == IDLE:
+                os.sched_setscheduler(int(tid.name), os.SCHED_IDLE, os.sched_param(0))
+            else:
+                os.setpriority(os.PRIO_PROCESS, int(tid.name), int(nice))
             changed += 1
         except OSError:  # the thread ended meanwhile
             continue
-    log.info("Spark's JVM (pid %d) runs at nice %d (%d threads)", proc.pid, nice, changed)
+    log.info("Spark's JVM (pid %d) runs at %s (%d threads)", proc.pid,
+             "SCHED_IDLE" if nice == IDLE else f"nice {nice}", changed)
     return changed
 
 
