@@ -426,6 +426,41 @@ def test_reset_by_time_and_by_offset_moves_the_version(http: httpx.Client) -> No
     assert ok(http.get(f"/consumers/{group}/offsets/{topic}/0"))["offset"] == 2
 
 
+def test_a_reset_survives_a_stale_commit_and_sends_the_groups_pulls_to_the_new_offset(http: httpx.Client) -> None:
+    """The fence: a commit of the old progress after a reset is ignored; the group's pull elsewhere (a held one
+    too) answers OFFSET_RESET; a pull at the reset offset takes the reset up, and commits count again."""
+    topic, group = fresh("ResetFence"), fresh("fencegrp")
+    for i in range(8):
+        ok(http.post(f"/topics/{topic}/messages", json={"body": f"m{i}", "queue_id": 0}))
+    _join(http, group, topic)
+
+    def commit(offset: int) -> int:
+        entry = {"topic": topic, "queue_id": 0, "offset": offset}
+        return ok(http.post(f"/consumers/{group}/offsets", json={"offsets": [entry]}))["committed"]
+
+    def pull(offset: int, **params: Any) -> dict[str, Any]:
+        return ok(http.get(f"/topics/{topic}/queues/0/messages", params={"offset": offset, "group": group, **params}))
+
+    assert commit(8) == 1
+    held: dict[str, Any] = {}
+    holder = threading.Thread(target=lambda: held.update(pull(8, wait_ms=8000, max=4)))
+    holder.start()                                  # the consumer's long poll at the end of the queue
+    time.sleep(0.3)
+    began = time.monotonic()
+    ok(http.post(f"/consumers/{group}/offsets/reset", json={"topic": topic, "offsets": {"0": 3}}))
+    assert commit(8) == 0                           # its periodic commit of the old progress, in flight
+    assert ok(http.get(f"/consumers/{group}/offsets/{topic}/0"))["offset"] == 3
+    holder.join(10)
+    assert time.monotonic() - began < 2.0           # woken by the reset, not by its 8 s deadline
+    assert held["status"] == "OFFSET_RESET" and held["next_offset"] == 3 and held["messages"] == []
+    again = pull(8)
+    assert again["status"] == "OFFSET_RESET" and again["next_offset"] == 3
+    assert [decode_body(m["body"]) for m in pull(3, max=2)["messages"]] == [b"m3", b"m4"]  # taken up: served
+    assert commit(5) == 1 and ok(http.get(f"/consumers/{group}/offsets/{topic}/0"))["offset"] == 5
+    assert pull(8)["status"] == "NO_NEW_MSG"       # no fence left
+    assert ok(http.get(f"/topics/{topic}/queues/0/messages", params={"offset": 0}))["status"] == "FOUND"
+
+
 def test_reset_refusals_change_nothing(http: httpx.Client) -> None:
     topic, group = fresh("ResetBad"), fresh("resetbad")
     ok(http.post(f"/topics/{topic}/messages", json={"body": "x", "queue_id": 0}))

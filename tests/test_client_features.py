@@ -556,6 +556,47 @@ def test_reset_by_offset_and_by_time_moves_a_running_group(env: Env) -> None:
     assert info.value.code is ErrorCode.GROUP_NOT_EXIST
 
 
+def test_a_reset_is_not_undone_by_the_consumers_commit_of_its_old_progress(env: Env) -> None:
+    """The race a reset must survive: the group's consumer (its own process, frozen with SIGSTOP so the order is
+    sure) commits its old progress after the reset, before it heard of it.  The broker ignores that commit; when
+    the consumer runs again it restarts at the reset offset and consumes from there."""
+    env.create_topic("ft-fence", queues=1)
+    queue = MessageQueue("ft-fence", "broker-a", 0)
+    with Producer("pg-ft", env.client_config()) as producer:
+        for i in range(10):
+            producer.send(Message("ft-fence", f"m{i}".encode()), sharding_key="k")
+    out = env.tmp / "fence-child.jsonl"
+    child = subprocess.Popen([sys.executable, str(TESTS / "consumer_child.py"), "--namesrv", env.ns.addr, "--group",
+                              "cg-ft-fence", "--topic", "ft-fence", "--out", str(out), "--from-where",
+                              "CONSUME_FROM_FIRST_OFFSET", "--interval-s", "0.3", "--offset-dir", str(env.tmp / "fo")],
+                             env=child_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=(env.tmp / "fence-child.log").open("w"))
+
+    def offsets_seen() -> list[int]:
+        lines = out.read_text().splitlines() if out.exists() else []
+        return [e["o"] for e in map(json.loads, lines) if e["e"] == "msg"]
+
+    try:
+        wait_for(lambda: sorted(offsets_seen()) == list(range(10)), 30, "all ten consumed")  # concurrently: any order
+        wait_for(lambda: env.admin.group_offsets("cg-ft-fence").get(queue) == 10, 10, "offset 10 committed")
+        os.kill(child.pid, signal.SIGSTOP)
+        try:
+            env.admin.reset_offsets("cg-ft-fence", "ft-fence", offsets={"broker-a/0": 4})
+            client = env.broker_client()    # the consumer's commit of its old progress, in flight
+            try:
+                assert client.commit_offsets("cg-ft-fence", [{"topic": "ft-fence", "queue_id": 0, "offset": 10}]) == 0
+            finally:
+                client.close()
+            assert env.admin.group_offsets("cg-ft-fence").get(queue) == 4
+        finally:
+            os.kill(child.pid, signal.SIGCONT)
+        wait_for(lambda: sorted(offsets_seen()[10:]) == list(range(4, 10)), 20, "m4..m9 consumed again")
+        wait_for(lambda: env.admin.group_offsets("cg-ft-fence").get(queue) == 10, 10, "offset 10 again")
+    finally:
+        child.terminate()
+        assert child.wait(30) == 0
+
+
 # -- delay and timer sends ---------------------------------------------------------------------------
 
 def test_delay_level_and_timer_sends_and_recall(env: Env) -> None:

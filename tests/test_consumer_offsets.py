@@ -72,6 +72,39 @@ def test_commit_query_reset_remove(table: Path) -> None:
     assert not table.exists()  # nothing touches disk before a persist
 
 
+def test_a_reset_is_fenced_until_its_consumer_pulls_there(table: Path) -> None:
+    """A consumer's commit of its old progress, sent before it heard of the reset, cannot undo the reset."""
+    m = ConsumerOffsetManager(table, "broker-a")
+    m.commit("g", "T", 0, 50)
+    m.commit("g", "T", 1, 70)
+    m.reset("g", "T", {0: 10})
+    assert m.pending_reset("g", "T", 0) == 10 and m.pending_reset("g", "T", 1) is None
+    assert m.commit("g", "T", 0, 50) is False and m.query("g", "T", 0) == 10     # stale: ignored
+    assert m.commit("g", "T", 1, 71) is True and m.query("g", "T", 1) == 71      # other queues: as ever
+    assert m.commit("g", "T", 0, 10) is True and m.pending_reset("g", "T", 0) == 10  # the reset offset itself
+    assert m.settle_reset("g", "T", 0, 55) == 10        # a pull elsewhere is sent to the reset offset
+    assert m.pending_reset("g", "T", 0) == 10
+    assert m.settle_reset("g", "T", 0, 10) is None      # the consumer pulls there: the fence drops
+    assert m.pending_reset("g", "T", 0) is None and m.settle_reset("g", "T", 0, 12) is None
+    assert m.commit("g", "T", 0, 12) is True and m.query("g", "T", 0) == 12
+    m.reset("g", "T", {0: 3}, fence=False)              # e.g. a broadcasting group: no fence
+    assert m.pending_reset("g", "T", 0) is None and m.commit("g", "T", 0, 40) is True
+    m.reset("g", "T", {0: 5})
+    assert m.remove_group("g") == 2 and m.pending_reset("g", "T", 0) is None
+    m.reset("g", "T", {0: 5})
+    assert m.remove_topic("T") == 1 and m.pending_reset("g", "T", 0) is None
+
+
+def test_a_reset_nobody_takes_up_expires(table: Path) -> None:
+    m = ConsumerOffsetManager(table, "broker-a", reset_fence_s=0.2)
+    m.reset("g", "T", {0: 10})
+    assert m.commit("g", "T", 0, 50) is False
+    time.sleep(0.25)
+    assert m.pending_reset("g", "T", 0) is None and m.commit("g", "T", 0, 50) is True
+    with pytest.raises(SparkMQError):
+        ConsumerOffsetManager(table, "broker-a", reset_fence_s=0)
+
+
 def test_lag(table: Path) -> None:
     m = ConsumerOffsetManager(table, "broker-a")
     assert m.lag("g", "T", 0, 50) == 50                  # never committed: from min_offset

@@ -178,7 +178,7 @@ class Broker:
         self.clients = ClientManager(config.client_expiry_s, config.client_scan_interval_s)
         self.locks = QueueLockManager(config.queue_lock_expiry_s)
         self.offsets = ConsumerOffsetManager(config.lake_table_path(CONSUMER_OFFSETS_TABLE), config.broker_name,
-                                             config.offset_persist_interval_s)
+                                             config.offset_persist_interval_s, config.offset_reset_fence_s)
         self.holds = PullHoldService()
         self.metrics = BrokerMetrics(self._scrape_commitlog_max, self._scrape_queue_max, self._scrape_group_lag)
         self.registration = RegistrationService(config.namesrv_addrs, self.registration_payload,
@@ -638,6 +638,11 @@ class Broker:
                 if group is None:
                     raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "commit_offset needs a group")
                 self.offsets.commit(group, topic, queue_id, commit_offset)
+            reset_to = None if group is None else self.offsets.settle_reset(group, topic, queue_id, offset)
+            if reset_to is not None:
+                # An admin reset the group's offset here: the consumer restarts there, nothing is read.
+                return GetResult(GetStatus.OFFSET_RESET, reset_to, self.store.min_offset(topic, queue_id),
+                                 self.store.max_offset(topic, queue_id))
             if sql is not None:
                 result = self.store.get_messages_matching(topic, queue_id, offset, max_count, sql.matches,
                                                           _MAX_SQL_EXAMINED, self.config.pull_max_bytes)
@@ -782,7 +787,8 @@ class Broker:
                 return result
             start = result.next_offset
             await self.holds.hold(topic, queue_id, remaining,
-                                  lambda s=start: self.running and self.store.max_offset(topic, queue_id) > s)
+                                  lambda s=start: self.running and (self.store.max_offset(topic, queue_id) > s
+                                                                    or self._reset_moves(group, topic, queue_id, s)))
             if not self.running:
                 return result
             again = await anyio.to_thread.run_sync(
@@ -792,6 +798,10 @@ class Broker:
                 # Earlier rounds skipped non-matching messages: tell the caller to advance.
                 again = GetResult(GetStatus.NO_MATCHED_MSG, again.next_offset, again.min_offset, again.max_offset)
             result = again
+
+    def _reset_moves(self, group: str | None, topic: str, queue_id: int, offset: int) -> bool:
+        """Whether a pending offset reset sends ``group``'s puller at ``offset`` elsewhere (wakes a held pull)."""
+        return group is not None and self.offsets.pending_reset(group, topic, queue_id) not in (None, offset)
 
     def queue_offsets(self, topic: str, queue_id: int, timestamp: int | None = None) -> dict[str, int]:
         """``{"min_offset", "max_offset"}`` of a queue, plus ``"offset"`` (first stored at or after ``timestamp``)."""
@@ -1004,9 +1014,12 @@ class Broker:
         """Move ``group``'s offsets on ``topic`` to the first message at/after ``timestamp`` or to ``offsets``.
 
         The group's version moves (``/consumers/{group}/changes`` answers), so running
-        consumers re-read their offsets.  GROUP_NOT_EXIST when the group has no members
-        and no committed offsets here; QUEUE_ID_ILLEGAL / OFFSET_ILLEGAL for bad entries
-        (an offset beyond the queue's max); nothing changes on error.
+        consumers re-read their offsets, and a pull of the group elsewhere on a reset queue
+        answers ``OFFSET_RESET`` with the new offset; until the consumer pulls there, its
+        commits of other offsets are ignored (a stale commit cannot undo the reset).
+        GROUP_NOT_EXIST when the group has no members and no committed offsets here;
+        QUEUE_ID_ILLEGAL / OFFSET_ILLEGAL for bad entries (an offset beyond the queue's
+        max); nothing changes on error.
         """
         validate_group(group)
         cfg = self.topics.require(topic)
@@ -1028,7 +1041,13 @@ class Broker:
                 high = self.store.max_offset(topic, queue_id)
                 _check_int(f"offset of queue {queue_id}", offset, 0, high, ErrorCode.OFFSET_ILLEGAL)
                 new[queue_id] = offset
-        self.offsets.reset(group, topic, new)
+        # Clustering: the new offsets are fenced until each queue's consumer pulls there (ConsumerOffsetManager).
+        # Broadcasting consumers keep their offsets themselves, one per member: no fence to settle.
+        broadcasting = self.clients.group_info(group).message_model is MessageModel.BROADCASTING \
+            and bool(self.clients.members(group))
+        self.offsets.reset(group, topic, new, fence=not broadcasting)
+        for queue_id in new:
+            self.holds.notify_put(topic, queue_id)  # held pulls of the group come back with OFFSET_RESET
         version = self.clients.bump_version(group)
         log.info("group %s reset on %s to %s", group, topic, new)
         return {"group": group, "topic": topic, "offsets": {str(q): o for q, o in sorted(new.items())},
@@ -1036,7 +1055,11 @@ class Broker:
 
     # ================================================================== consumer offsets
     def commit_offsets(self, group: str, entries: Iterable[tuple[str, int, int]]) -> int:
-        """Commit ``(topic, queue_id, offset)`` entries for ``group``, all or nothing; returns how many."""
+        """Commit ``(topic, queue_id, offset)`` entries for ``group``, all or nothing; returns how many were applied.
+
+        An entry is not applied while an offset reset of its queue waits for the consumer (see
+        :meth:`reset_offsets`); every entry is validated before any is applied.
+        """
         validate_group(group)
         checked = []
         for entry in entries:
@@ -1045,9 +1068,7 @@ class Broker:
             _check_int("queue_id", queue_id, 0, cfg.queue_count - 1, ErrorCode.QUEUE_ID_ILLEGAL)
             _check_int("offset", offset, 0, 2**63 - 1, ErrorCode.OFFSET_ILLEGAL)
             checked.append((topic, queue_id, offset))
-        for topic, queue_id, offset in checked:
-            self.offsets.commit(group, topic, queue_id, offset)
-        return len(checked)
+        return sum(self.offsets.commit(group, topic, queue_id, offset) for topic, queue_id, offset in checked)
 
     def query_offsets(self, group: str, topic: str | None = None) -> dict[str, dict[int, int]]:
         """``{topic: {queue_id: offset}}`` of ``group`` (one topic when given)."""

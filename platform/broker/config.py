@@ -156,6 +156,9 @@ class BrokerConfig:
     long_polling_max_ms: int = 15_000
     #: Consumer offsets are written to the consumer_offsets table this often.
     offset_persist_interval_s: float = 5.0
+    #: After an offset reset, commits of other offsets are ignored until the group's consumer pulls at the
+    #: reset offset, or for at most this long (a consumer's stale commit must not undo the reset).
+    offset_reset_fence_s: float = 60.0
     #: A queue lock not renewed for this long is free again.
     queue_lock_expiry_s: float = 60.0
     #: Sends to an unknown (non-system) topic create it.
@@ -197,7 +200,7 @@ class BrokerConfig:
         if self.advertised_addr is not None:
             _check_addr("advertised_addr", self.advertised_addr)
         for name in ("register_interval_s", "register_timeout_s", "client_expiry_s", "client_scan_interval_s",
-                     "offset_persist_interval_s", "queue_lock_expiry_s"):
+                     "offset_persist_interval_s", "offset_reset_fence_s", "queue_lock_expiry_s"):
             _check_seconds(name, getattr(self, name))
         for name in ("timer_max_delay_s", "transaction_check_first_s", "transaction_check_interval_s"):
             _check_seconds(name, getattr(self, name))

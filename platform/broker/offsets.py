@@ -39,6 +39,14 @@ says how far the broker has persisted.  The next version is always
 ``max(local, table) + 1``, so a restarted broker (or a manager that never called
 ``load()``) continues the sequence instead of repeating a number.
 
+Offset resets are *fenced* (RocketMQ 5 keeps a reset-offset table for the same reason):
+a consumer that has not yet heard of a reset would otherwise overwrite it with its next
+periodic commit of its old progress, and the reset would be lost.  After ``reset`` each
+queue's new offset is *pending* until the group's consumer pulls exactly there
+(:meth:`settle_reset`, called by the pull path, which answers a pull elsewhere with the
+reset offset); until then commits of any other offset are ignored.  A pending reset
+expires after ``reset_fence_s`` (no consumer came), and the fence then drops.
+
 Nothing here imports FastAPI or pyspark.
 """
 from __future__ import annotations
@@ -117,25 +125,29 @@ class ConsumerOffsetManager:
     check them against the queue's min/max offsets (the processor layer does).
     """
 
-    def __init__(self, table_path: str | Path, broker_name: str, persist_interval_s: float = 5.0) -> None:
+    def __init__(self, table_path: str | Path, broker_name: str, persist_interval_s: float = 5.0,
+                 reset_fence_s: float = 60.0) -> None:
         """Create an empty manager; call ``load()`` to restore, ``start()`` to persist periodically.
 
         ``table_path`` is the directory of the Delta table (created on first persist);
-        ``broker_name`` tags this broker's rows so several brokers can share one table.
+        ``broker_name`` tags this broker's rows so several brokers can share one table;
+        ``reset_fence_s`` bounds how long a reset waits for its consumer (see the module doc).
         """
         if not isinstance(broker_name, str) or not broker_name:
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "the broker name must be a non-empty string")
-        if not persist_interval_s > 0:
-            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "the persist interval must be positive")
+        if not persist_interval_s > 0 or not reset_fence_s > 0:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "the persist interval and the reset fence must be positive")
         self.table_path = str(table_path)
         self.broker_name = broker_name
         self.persist_interval_s = float(persist_interval_s)
+        self.reset_fence_s = float(reset_fence_s)
         self.app_id = app_id_for(broker_name)
 
         self._lock = threading.Lock()             # guards the in-memory state below
         self._offsets: dict[Key, int] = {}
         self._updated_at: dict[Key, datetime] = {}
         self._dirty: set[Key] = set()            # keys changed since the last successful persist
+        self._pending_resets: dict[Key, tuple[int, float]] = {}  # reset offset, monotonic deadline
         self._removed_groups: set[str] = set()   # groups whose table rows must be deleted
         self._removed_topics: set[str] = set()   # topics whose table rows must be deleted (topic deleted)
 
@@ -148,18 +160,60 @@ class ConsumerOffsetManager:
 
     # ------------------------------------------------------------------ offsets
 
-    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        """Record ``offset`` as the group's next offset to consume on (topic, queue_id).
+    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> bool:
+        """Record ``offset`` as the group's next offset to consume on (topic, queue_id); whether it was applied.
 
         Backward commits are accepted on purpose: after an admin ``reset`` to an
         earlier offset, consumers legitimately re-commit lower values, and RocketMQ
-        behaves the same way.  Raises ``SparkMQError`` (GROUP_ILLEGAL, TOPIC_ILLEGAL,
+        behaves the same way.  Not applied (False): a commit of another offset while a
+        reset of the queue is pending -- it comes from a consumer that has not taken the
+        reset up yet.  Raises ``SparkMQError`` (GROUP_ILLEGAL, TOPIC_ILLEGAL,
         QUEUE_ID_ILLEGAL, OFFSET_ILLEGAL) and changes nothing on bad input.
         """
         key = self._key(group, topic, queue_id)
         _check_offset(offset)
         with self._lock:
+            pending = self._pending(key)
+            if pending is not None and offset != pending:
+                log.debug("commit of %s %s/%d at %d ignored: reset to %d pending", group, topic, queue_id, offset,
+                          pending)
+                return False
             self._set(key, offset, datetime.now(UTC))
+            return True
+
+    def pending_reset(self, group: str, topic: str, queue_id: int) -> int | None:
+        """The offset of a reset of (group, topic, queue_id) its consumer has not taken up yet, if any."""
+        key = self._key(group, topic, queue_id)
+        with self._lock:
+            return self._pending(key)
+
+    def settle_reset(self, group: str, topic: str, queue_id: int, pull_offset: int) -> int | None:
+        """A pull of ``group`` at ``pull_offset``: the reset offset it must move to, or None to serve it.
+
+        A pull exactly at the pending reset offset means the consumer took the reset up:
+        the fence drops and the pull is served.
+        """
+        key = self._key(group, topic, queue_id)
+        with self._lock:
+            pending = self._pending(key)
+            if pending is None:
+                return None
+            if pull_offset == pending:
+                del self._pending_resets[key]
+                return None
+            return pending
+
+    def _pending(self, key: Key) -> int | None:
+        # Caller holds self._lock.
+        entry = self._pending_resets.get(key)
+        if entry is None:
+            return None
+        if time.monotonic() >= entry[1]:
+            del self._pending_resets[key]
+            log.info("offset reset of %s %s/%d to %d was not taken up within %.0f s; commits are accepted again",
+                     *key, entry[0], self.reset_fence_s)
+            return None
+        return entry[0]
 
     def query(self, group: str, topic: str, queue_id: int) -> int | None:
         """The committed offset of (group, topic, queue_id), or None if the group never committed one."""
@@ -201,11 +255,12 @@ class ConsumerOffsetManager:
         with self._lock:
             return sorted({k[1] for k in self._offsets if k[0] == group})
 
-    def reset(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
+    def reset(self, group: str, topic: str, offsets: Mapping[int, int], *, fence: bool = True) -> None:
         """Overwrite the group's offsets of ``topic`` with ``{queue_id: offset}`` (may go backwards).
 
         All-or-nothing: every entry is validated before any is applied.  Queues of
-        the topic not named in ``offsets`` keep their offsets.
+        the topic not named in ``offsets`` keep their offsets.  With ``fence`` each new
+        offset stays pending until the group's consumer pulls there (see the module doc).
         """
         validate_group(group)
         validate_topic(topic)
@@ -213,9 +268,14 @@ class ConsumerOffsetManager:
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "offsets must be a mapping of queue id to offset")
         checked = [(_check_queue_id(q), _check_offset(o)) for q, o in offsets.items()]
         now = datetime.now(UTC)
+        deadline = time.monotonic() + self.reset_fence_s
         with self._lock:
             for queue_id, offset in checked:
                 self._set((group, topic, queue_id), offset, now)
+                if fence:
+                    self._pending_resets[(group, topic, queue_id)] = (offset, deadline)
+                else:
+                    self._pending_resets.pop((group, topic, queue_id), None)
 
     def remove_group(self, group: str) -> int:
         """Forget every offset of ``group``; the next persist deletes its rows. Returns how many were removed."""
@@ -226,6 +286,8 @@ class ConsumerOffsetManager:
                 del self._offsets[key]
                 self._updated_at.pop(key, None)
                 self._dirty.discard(key)
+            for key in [k for k in self._pending_resets if k[0] == group]:
+                del self._pending_resets[key]
             # Delete even if nothing is in memory: rows may exist that were never loaded.
             self._removed_groups.add(group)
             return len(keys)
@@ -242,6 +304,8 @@ class ConsumerOffsetManager:
                 del self._offsets[key]
                 self._updated_at.pop(key, None)
                 self._dirty.discard(key)
+            for key in [k for k in self._pending_resets if k[1] == topic]:
+                del self._pending_resets[key]
             self._removed_topics.add(topic)
             return len(keys)
 

@@ -48,6 +48,7 @@ from .remoting import (
     NO_MATCHED_MSG,
     NO_NEW_MSG,
     OFFSET_OVERFLOW,
+    OFFSET_RESET,
     OFFSET_TOO_SMALL,
     AsyncBrokerClient,
     BrokerClientPool,
@@ -350,6 +351,11 @@ class ConsumerBase(ABC):
                 if kept:
                     self._on_pulled(pq, kept)
                 continue
+            if result.status == OFFSET_RESET:
+                log.info("%s: the offset of %s@%s was reset to %d (pulling at %d); restarting there", self.group,
+                         mq.topic, mq.key, result.next_offset, offset)
+                self._restart_at(mq, result.next_offset)
+                break  # this process queue is dropped: a new one pulls from the reset offset
             if result.status in (OFFSET_TOO_SMALL, OFFSET_OVERFLOW):
                 log.warning("%s@%s: offset %d is %s; moving to %d", mq.topic, mq.key, offset, result.status,
                             result.next_offset)
@@ -513,11 +519,20 @@ class ConsumerBase(ABC):
                 continue
             log.info("%s: the offset of %s@%s was reset to %d (last committed here %d); restarting there",
                      self.group, mq.topic, mq.key, stored, mine)
-            self._rebalance.replace(mq, stored)
-            self.offset_store.mark_committed(mq, stored)
-            self._on_reset(mq)
-            moved.append(mq)
+            if self._restart_at(mq, stored):
+                moved.append(mq)
         return moved
+
+    def _restart_at(self, mq: MessageQueue, offset: int) -> bool:
+        """Restart the held queue ``mq`` at a reset ``offset``, forgetting its in-memory progress; whether it was
+        still held (a rebalance may have taken it meanwhile)."""
+        try:
+            self._rebalance.replace(mq, offset)
+        except SparkMQError:  # no longer ours: its next owner reads the reset offset
+            return False
+        self.offset_store.mark_committed(mq, offset)
+        self._on_reset(mq)
+        return True
 
     def _on_reset(self, mq: MessageQueue) -> None:  # noqa: B027 - optional hook
         """Subclass hook: ``mq`` was restarted at a reset offset."""

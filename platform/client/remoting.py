@@ -61,6 +61,8 @@ NO_MATCHED_MSG = "NO_MATCHED_MSG"
 OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
 OFFSET_OVERFLOW = "OFFSET_OVERFLOW"
 NO_MATCHED_QUEUE = "NO_MATCHED_QUEUE"
+#: An admin reset the pulling group's offset: restart the queue at ``next_offset``.
+OFFSET_RESET = "OFFSET_RESET"
 
 
 class RemotingError(SparkMQError):

@@ -31,6 +31,9 @@ class GetStatus(enum.StrEnum):
     OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
     #: Past the queue's end; next_offset is the queue's max offset.
     OFFSET_OVERFLOW = "OFFSET_OVERFLOW"
+    #: Set by the broker, never by the store: an admin reset the pulling group's offset on this queue;
+    #: next_offset is the new offset, where the consumer restarts (nothing was read).
+    OFFSET_RESET = "OFFSET_RESET"
 
 
 @dataclass(frozen=True, slots=True)
