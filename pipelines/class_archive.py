@@ -3,14 +3,14 @@
 Spark's driver JVM loads and verifies some 20,000 classes from about 280 jars before the
 first job runs; on a 2-core machine that is most of its 10 s start.  Java's application
 class-data sharing (AppCDS) keeps those classes, already parsed and verified, in an archive
-that later JVMs map into memory: the session starts in about half the time, and its first
-jobs run sooner.  Brokers with a lake, ``sparkmq lake``, ``sparkmq sql``, notebooks and the
-test suite all start Spark drivers, often.
+that later JVMs map into memory: measured here, a session starts in 5-7 s instead of 9-10 s
+and its first job takes 2.3 s instead of 3.8 s.  Brokers with a lake, ``sparkmq lake``,
+``sparkmq sql``, notebooks and the test suite all start Spark drivers, often.
 
 The archive belongs to one environment: one Java, one PySpark with its jars.  It lives in
 the environment (``<sys.prefix>/share/sparkmq/``) under a name that fingerprints both, so
 another Java or a reinstalled PySpark simply finds none.  ``build.py setup`` builds it
-(:func:`build`, about 30 s, once) by running a small workload that touches what the lake
+(:func:`build`, about a minute, once) by running a small workload that touches what the lake
 uses -- Python data sources (batch, stream, sink), ``foreachBatch``, Arrow transfers,
 Parquet reads, SQL -- in a JVM that writes the classes it loaded at exit.
 :func:`~.session.get_spark` uses it when it is there (:func:`java_options`); without it
@@ -210,7 +210,7 @@ def _dump(target: Path) -> None:
 
 
 def build(force: bool = False) -> Path | None:
-    """Build this environment's archive if it has none (a Spark driver runs a small workload; ~30 s).
+    """Build this environment's archive if it has none (a Spark driver runs a small workload; about a minute).
 
     Returns the archive's path, or None when it cannot be built here (no Java or PySpark, or the
     workload failed: Spark then starts without it).  Archives of other environments are removed.

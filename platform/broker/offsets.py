@@ -183,6 +183,8 @@ class ConsumerOffsetManager:
 
     def pending_reset(self, group: str, topic: str, queue_id: int) -> int | None:
         """The offset of a reset of (group, topic, queue_id) its consumer has not taken up yet, if any."""
+        if not self._pending_resets:
+            return None
         key = self._key(group, topic, queue_id)
         with self._lock:
             return self._pending(key)
@@ -193,6 +195,8 @@ class ConsumerOffsetManager:
         A pull exactly at the pending reset offset means the consumer took the reset up:
         the fence drops and the pull is served.
         """
+        if not self._pending_resets:  # every pull asks: the usual answer without a lock (a reset racing
+            return None               # this pull is seen by the consumer's next one)
         key = self._key(group, topic, queue_id)
         with self._lock:
             pending = self._pending(key)
