@@ -139,7 +139,7 @@ def setup(force: bool = False) -> None:
 
 
 def build_class_archive(force: bool = False) -> None:
-    """Spark's classes, parsed once into an archive every Spark driver here maps: it starts in 5-7 s, not 9-10 s.
+    """Spark's classes, parsed once into an archive every Spark driver here maps: it starts in about 5 s, not 9 s.
 
     Built once per environment (about a minute); a failure only means Spark starts without it.
     """

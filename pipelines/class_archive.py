@@ -3,8 +3,8 @@
 Spark's driver JVM loads and verifies some 20,000 classes from about 280 jars before the
 first job runs; on a 2-core machine that is most of its 10 s start.  Java's application
 class-data sharing (AppCDS) keeps those classes, already parsed and verified, in an archive
-that later JVMs map into memory: measured here, a session starts in 5-7 s instead of 9-10 s
-and its first job takes 2.3 s instead of 3.8 s.  Brokers with a lake, ``sparkmq lake``,
+that later JVMs map into memory: measured here, a session starts in 4.5-5.2 s instead of
+8.0-9.2 s and its first job takes 2.3 s instead of 3.8 s.  Brokers with a lake, ``sparkmq lake``,
 ``sparkmq sql``, notebooks and the test suite all start Spark drivers, often.
 
 The archive belongs to one environment: one Java, one PySpark with its jars.  It lives in
