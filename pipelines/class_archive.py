@@ -1,6 +1,6 @@
 """A class-data-sharing archive of Spark's JVM classes: every Spark driver of this environment starts faster.
 
-Spark's driver JVM loads and verifies some 20,000 classes from about 280 jars before the
+Spark's driver JVM loads and verifies thousands of classes from about 280 jars before the
 first job runs; on a 2-core machine that is most of its 10 s start.  Java's application
 class-data sharing (AppCDS) keeps those classes, already parsed and verified, in an archive
 that later JVMs map into memory: measured here, a session starts in 4.5-5.2 s instead of
