@@ -1,6 +1,7 @@
 """The storage core: commit log + consume queues, in C with a pure-Python twin.
 
-``CommitLog``, ``ConsumeQueue`` and ``decode_record`` come from the C extension
+``CommitLog``, ``ConsumeQueue``, ``decode_record`` and the packed codecs
+(``decode_batch``, ``encode_batch``, ``decode_records``) come from the C extension
 unless it is missing or ``SPARKMQ_STORE_IMPL=python`` forces the twin.  ``IMPL``
 says which one is in use; ``implementations()`` gives both for parity tests.
 The contract is ``_commitlog.pyi``; the byte formats are ``layout.py``.
@@ -13,7 +14,8 @@ from types import ModuleType
 from . import layout
 from .errors import StoreError
 
-__all__ = ["CommitLog", "ConsumeQueue", "decode_record", "StoreError", "IMPL", "implementations", "layout"]
+__all__ = ["CommitLog", "ConsumeQueue", "decode_record", "decode_batch", "encode_batch", "decode_records",
+           "StoreError", "IMPL", "implementations", "layout"]
 
 #: Environment variable that selects the implementation: "native" (default) or "python".
 IMPL_ENV = "SPARKMQ_STORE_IMPL"
@@ -50,3 +52,6 @@ IMPL, _module = _select()
 CommitLog = _module.CommitLog
 ConsumeQueue = _module.ConsumeQueue
 decode_record = _module.decode_record
+decode_batch = _module.decode_batch
+encode_batch = _module.encode_batch
+decode_records = _module.decode_records

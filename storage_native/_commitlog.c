@@ -180,8 +180,14 @@ static kwtab KW_QUEUE = {{"topic", "queue_id", NULL}, {0}};
 static kwtab KW_UNITS = {{"queue_offset", "max_count", NULL}, {0}};
 static kwtab KW_DECODE = {{"buf", "verify_crc", NULL}, {0}};
 static kwtab KW_CRC = {{"data", "value", NULL}, {0}};
-static kwtab *const ALL_KW[] = {&KW_APPEND, &KW_BATCH, &KW_SCAN, &KW_RAW, &KW_GET,
-                                &KW_QUEUE,  &KW_UNITS, &KW_DECODE, &KW_CRC};
+static kwtab KW_PACKED = {{"topic", "queue_id", "data", "count", "sys_flag", "born_host", "store_host",
+                           "store_timestamp", "max_body", "max_properties", "reserved_keys", NULL}, {0}};
+static kwtab KW_DECODE_BATCH = {{"data", "count", NULL}, {0}};
+static kwtab KW_ENCODE = {{"messages", "id_prefix", "month_start_ms", "counter", "born_timestamp", NULL}, {0}};
+static kwtab KW_RECORDS = {{"data", "broker_name", "factory", "inflate", NULL}, {0}};
+static kwtab *const ALL_KW[] = {&KW_APPEND, &KW_BATCH,  &KW_SCAN,         &KW_RAW,    &KW_GET,    &KW_QUEUE,
+                                &KW_UNITS,  &KW_DECODE, &KW_CRC,          &KW_PACKED, &KW_ENCODE, &KW_RECORDS,
+                                &KW_DECODE_BATCH};
 
 static int intern_kw(void)
 {
@@ -566,6 +572,113 @@ static PyObject *Log_append_batch(LogObject *self, PyObject *const *args, Py_ssi
     return res;
 }
 
+/* reserved_keys: a tuple of str, each at most CL_MAX_RESERVED_KEY bytes of UTF-8 */
+static int reserved_arg(PyObject *o, const char ***names, size_t **lens, size_t *n)
+{
+    *names = NULL;
+    *lens = NULL;
+    *n = 0;
+    if (!o)
+        return 0;
+    if (!PyTuple_Check(o)) {
+        PyErr_SetString(PyExc_TypeError, "reserved_keys must be a tuple of str");
+        return -1;
+    }
+    Py_ssize_t k = PyTuple_GET_SIZE(o);
+    *names = PyMem_Malloc((size_t)(k ? k : 1) * sizeof **names);
+    *lens = PyMem_Malloc((size_t)(k ? k : 1) * sizeof **lens);
+    if (!*names || !*lens) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *name = PyTuple_GET_ITEM(o, i);
+        Py_ssize_t len;
+        if (!PyUnicode_Check(name)) {
+            PyErr_SetString(PyExc_TypeError, "reserved_keys must be a tuple of str");
+            return -1;
+        }
+        if (!((*names)[i] = PyUnicode_AsUTF8AndSize(name, &len)))
+            return -1;
+        if (len > CL_MAX_RESERVED_KEY)
+            return store_error("INVALID_ARGUMENT", "reserved key %zd is %zd bytes, the limit is %d", i, len,
+                               CL_MAX_RESERVED_KEY),
+                   -1;
+        (*lens)[i] = (size_t)len;
+    }
+    *n = (size_t)k;
+    return 0;
+}
+
+static PyObject *Log_append_packed(LogObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *a[11];
+    cl_log *c;
+    if (nargs > 4) {
+        PyErr_Format(PyExc_TypeError, "append_packed() takes 4 positional arguments but %zd were given", nargs);
+        return NULL;
+    }
+    if (PARSE("append_packed", KW_PACKED, 4, 11, a) || !(c = log_of(self)) || check_open(c))
+        return NULL;
+    const char *topic;
+    Py_ssize_t tlen;
+    int qid, has_bhost, has_shost;
+    uint8_t shost[CL_HOST_SIZE];
+    int64_t store_ts, count, first = 0;
+    cl_packed_rules r;
+    memset(&r, 0, sizeof r);
+    const char **rnames = NULL;
+    size_t *rlens = NULL, nres = 0;
+    Py_buffer b;
+    b.obj = NULL;
+    PyObject *offs = NULL, *res = NULL;
+    if (check_topic(a[0], &topic, &tlen) || check_queue_id(a[1], &qid) ||
+        check_host(a[5], "born_host", "", r.born_host, &has_bhost) ||
+        check_host(a[6], "store_host", "", shost, &has_shost) || store_ts_arg(a[7], &store_ts) ||
+        (a[4] && as_i32(a[4], &r.sys_flag, "sys_flag")) || opt_i64(a[8], 4194304, &r.max_body, NULL, "max_body") ||
+        opt_i64(a[9], 32767, &r.max_props, NULL, "max_properties") || reserved_arg(a[10], &rnames, &rlens, &nres) ||
+        as_i64(a[3], &count, NULL, "count") || PyObject_GetBuffer(a[2], &b, PyBUF_SIMPLE))
+        goto out;
+    r.topic_len = (size_t)tlen;
+    r.seg_size = c->seg_size;
+    r.reserved = rnames;
+    r.reserved_len = rlens;
+    r.nreserved = nres;
+    /* the answer's buffer is made while we hold the GIL; a count the data cannot
+     * hold fails the framing, so it needs none */
+    if (count >= 1 && (uint64_t)count <= (uint64_t)b.len / CL_PACKED_HEADER &&
+        !(offs = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)count * 8)))
+        goto out;
+    cl_err e;
+    cl_msg *msgs;
+    int rc;
+    int64_t end = 0;
+    Py_BEGIN_ALLOW_THREADS
+        msgs = cl_packed_prepare(b.buf, (size_t)b.len, count, &r, &e);
+        rc = msgs ? 0 : -1;
+        if (!rc) {
+            int64_t *offsets = (int64_t *)PyBytes_AS_STRING(offs);
+            pthread_mutex_lock(&c->mu);
+            rc = cl_append_locked(c, topic, (size_t)tlen, qid, msgs, (size_t)count, store_ts,
+                                  has_shost ? shost : NULL, offsets, &first, &e);
+            pthread_mutex_unlock(&c->mu);
+            end = offsets[count - 1] + (int64_t)msgs[count - 1].size;
+        }
+        free(msgs);
+    Py_END_ALLOW_THREADS
+    if (rc)
+        raise_err(&e);
+    else
+        res = Py_BuildValue("(LLLO)", (long long)first, (long long)store_ts, (long long)end, offs);
+out:
+    if (b.obj)
+        PyBuffer_Release(&b);
+    Py_XDECREF(offs);
+    PyMem_Free(rnames);
+    PyMem_Free(rlens);
+    return res;
+}
+
 /* ---------------------------------------------------------------- reading */
 
 /* the record at `offset`, pinned: *fp holds a reference for the caller */
@@ -744,48 +857,89 @@ static const char *topic_key(PyObject *topic, Py_ssize_t *n)
     return s;
 }
 
-static PyObject *Log_get(LogObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+/* The records get and read_packed return (pinned in es) and next_queue_offset. */
+static int get_locate(LogObject *self, const char *fname, PyObject *const *args, Py_ssize_t nargs,
+                      PyObject *kwnames, cl_ents *es, PyObject **nx)
 {
     PyObject *a[6];
     cl_log *c;
     int64_t qoff, count, limit, qid, next = 0;
     int big_off, big_count, big_qid;
-    if (PARSE("get", KW_GET, 4, 6, a) || !(c = log_of(self)) || check_open(c) ||
-        as_i64(a[2], &qoff, &big_off, "queue_offset") || as_i64(a[3], &count, &big_count, "max_count") ||
-        opt_i64(a[5], 0, &limit, NULL, "max_bytes") || as_i64(a[1], &qid, &big_qid, "queue_id"))
-        return NULL;
+    if (parse_args(fname, args, nargs, kwnames, KW_GET.interned, KW_GET.names, 4, 6, a) || !(c = log_of(self)) ||
+        check_open(c) || as_i64(a[2], &qoff, &big_off, "queue_offset") ||
+        as_i64(a[3], &count, &big_count, "max_count") || opt_i64(a[5], 0, &limit, NULL, "max_bytes") ||
+        as_i64(a[1], &qid, &big_qid, "queue_id"))
+        return -1;
     PyObject *tagset = a[4] && a[4] != Py_None ? a[4] : NULL;
     if (tagset && !PyAnySet_Check(tagset)) {
         PyErr_SetString(PyExc_TypeError, "tag_hashes must be a set or frozenset");
-        return NULL;
+        return -1;
     }
     int64_t *tags = NULL;
     size_t ntags = 0;
     if (tagset && tags_from_set(tagset, &tags, &ntags)) {
         PyMem_Free(tags);
-        return NULL;
+        return -1;
     }
     Py_ssize_t tlen = 0;
     const char *topic = topic_key(a[0], &tlen);
-    cl_ents es = {0};
     cl_err e;
     lock_log(c);
     cl_queue *q = topic && !big_qid ? cl_find_queue_locked(c, topic, (size_t)tlen, qid) : NULL;
-    int rc = cl_get_locked(c, q, qoff, count, tags, ntags, tagset != NULL, limit, &es, &next, &e);
+    int rc = cl_get_locked(c, q, qoff, count, tags, ntags, tagset != NULL, limit, es, &next, &e);
     unlock_log(c);
     PyMem_Free(tags);
-    PyObject *res = NULL;
-    if (rc)
+    if (rc) {
+        cl_ents_release(es);
         raise_err_arg(&e, big_off ? a[2] : big_count ? a[3] : NULL, big_off ? qoff : count);
-    else {
-        PyObject *list = ents_to_list(&es, 0);
-        PyObject *nx = big_off ? PyNumber_Index(a[2]) : PyLong_FromLongLong(next);
-        if (list && nx)
-            res = PyTuple_Pack(2, nx, list);
-        Py_XDECREF(list);
-        Py_XDECREF(nx);
+        return -1;
+    }
+    if (!(*nx = big_off ? PyNumber_Index(a[2]) : PyLong_FromLongLong(next))) {
+        cl_ents_release(es);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *Log_get(LogObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    cl_ents es = {0};
+    PyObject *nx;
+    if (get_locate(self, "get", args, nargs, kwnames, &es, &nx))
+        return NULL;
+    PyObject *list = ents_to_list(&es, 0);
+    cl_ents_release(&es);
+    PyObject *res = list ? PyTuple_Pack(2, nx, list) : NULL;
+    Py_XDECREF(list);
+    Py_DECREF(nx);
+    return res;
+}
+
+static PyObject *Log_read_packed(LogObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    cl_ents es = {0};
+    PyObject *nx;
+    if (get_locate(self, "read_packed", args, nargs, kwnames, &es, &nx))
+        return NULL;
+    size_t total = 0;
+    for (size_t i = 0; i < es.n; i++)
+        total += es.v[i].len;
+    PyObject *data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total), *res = NULL;
+    if (data) {
+        char *dst = PyBytes_AS_STRING(data);
+        /* one copy of every record; the mappings are pinned by es, not by the lock */
+        if (total >= BIG_COPY) {
+            Py_BEGIN_ALLOW_THREADS
+                for (size_t i = 0; i < es.n; dst += es.v[i].len, i++)
+                    memcpy(dst, es.v[i].ptr, es.v[i].len);
+            Py_END_ALLOW_THREADS
+        } else
+            for (size_t i = 0; i < es.n; dst += es.v[i].len, i++)
+                memcpy(dst, es.v[i].ptr, es.v[i].len);
+        res = Py_BuildValue("(OnN)", nx, (Py_ssize_t)es.n, data);
     }
     cl_ents_release(&es);
+    Py_DECREF(nx);
     return res;
 }
 
@@ -1118,6 +1272,14 @@ static PyMethodDef Log_methods[] = {
     {"get", (PyCFunction)(void (*)(void))Log_get, METH_FASTCALL | METH_KEYWORDS,
      "get(topic, queue_id, queue_offset, max_count, tag_hashes=None, max_bytes=0)\n--\n\n"
      "Read through the consume queue: (next_queue_offset, [(queue_offset, commitlog_offset, record)])."},
+    {"append_packed", (PyCFunction)(void (*)(void))Log_append_packed, METH_FASTCALL | METH_KEYWORDS,
+     "append_packed(topic, queue_id, data, count, *, sys_flag=0, born_host=None, store_host=None, "
+     "store_timestamp=0, max_body=4194304, max_properties=32767, reserved_keys=())\n--\n\n"
+     "Validate a packed batch and append it to one queue in one lock hold; returns "
+     "(first_queue_offset, store_timestamp, end_offset, offsets)."},
+    {"read_packed", (PyCFunction)(void (*)(void))Log_read_packed, METH_FASTCALL | METH_KEYWORDS,
+     "read_packed(topic, queue_id, queue_offset, max_count, tag_hashes=None, max_bytes=0)\n--\n\n"
+     "Like get, but the records concatenated: (next_queue_offset, count, data)."},
     {"consume_queue", (PyCFunction)(void (*)(void))Log_consume_queue, METH_FASTCALL | METH_KEYWORDS,
      "consume_queue(topic, queue_id)\n--\n\nThe queue's index, or None."},
     {"queues", (PyCFunction)Log_queues, METH_NOARGS, "queues()\n--\n\nEvery (topic, queue_id), sorted."},
@@ -1451,9 +1613,795 @@ static PyObject *mod_crc32(PyObject *mod, PyObject *const *args, Py_ssize_t narg
     return PyLong_FromUnsignedLong(r);
 }
 
+/* ------------------------------------------------------------ packed codecs */
+
+/* interned at module init */
+static PyObject *S_body, *S_tags, *S_keys, *S_properties, *S_flag, *S_TAGS, *S_KEYS, *S_space, *S_empty;
+
+static int intern_codec_names(void)
+{
+    struct {
+        PyObject **slot;
+        const char *text;
+    } t[] = {{&S_body, "body"}, {&S_tags, "tags"}, {&S_keys, "keys"}, {&S_properties, "properties"},
+             {&S_flag, "flag"}, {&S_TAGS, "TAGS"}, {&S_KEYS, "KEYS"},     {&S_space, " "},
+             {&S_empty, ""}};
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++)
+        if (!(*t[i].slot = PyUnicode_InternFromString(t[i].text)))
+            return -1;
+    return 0;
+}
+
+static inline uint16_t rd16(const char *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+static inline uint32_t rd32(const char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline int32_t rdi32(const char *p) { int32_t v; memcpy(&v, p, 4); return v; }
+static inline int64_t rd64(const char *p) { int64_t v; memcpy(&v, p, 8); return v; }
+
+static PyObject *mod_decode_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *a[2];
+    int64_t count;
+    Py_buffer b;
+    if (PARSE("decode_batch", KW_DECODE_BATCH, 2, 2, a) || as_i64(a[1], &count, NULL, "count") ||
+        PyObject_GetBuffer(a[0], &b, PyBUF_SIMPLE))
+        return NULL;
+    cl_err e;
+    PyObject *list = NULL;
+    if (cl_packed_frame(b.buf, (size_t)b.len, count, &e))
+        raise_err(&e);
+    else if ((list = PyList_New((Py_ssize_t)count))) {
+        const char *p = b.buf, *end = p + b.len;
+        for (int64_t i = 0; i < count; i++) {
+            /* framed above, but a finaliser run by an allocation may have rewritten a bytearray */
+            if (end - p < CL_PACKED_HEADER ||
+                (uint64_t)CL_PACKED_HEADER + rd32(p) + rd16(p + 4) > (uint64_t)(end - p)) {
+                store_error("MESSAGE_ILLEGAL", "the batch changed while it was being read");
+                Py_CLEAR(list);
+                break;
+            }
+            uint32_t blen = rd32(p);
+            uint16_t plen = rd16(p + 4);
+            PyObject *t = Py_BuildValue("(y#y#iL)", p + CL_PACKED_HEADER, (Py_ssize_t)blen,
+                                        p + CL_PACKED_HEADER + blen, (Py_ssize_t)plen, (int)rdi32(p + 6),
+                                        (long long)rd64(p + 10));
+            if (!t) {
+                Py_CLEAR(list);
+                break;
+            }
+            PyList_SET_ITEM(list, (Py_ssize_t)i, t);
+            p += CL_PACKED_HEADER + (size_t)blen + plen;
+        }
+    }
+    PyBuffer_Release(&b);
+    return list;
+}
+
+/* ---------------------------------------------------------- encode_batch */
+
+/* StoreError(code, "message <i>: <text>") */
+static int msg_error(const char *code, Py_ssize_t i, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    PyObject *tail = PyUnicode_FromFormatV(fmt, ap);
+    va_end(ap);
+    if (!tail)
+        return -1;
+    raise_store(code, PyUnicode_FromFormat("message %zd: %U", i, tail));
+    Py_DECREF(tail);
+    return -1;
+}
+
+#define ILLEGAL(i, ...) msg_error("MESSAGE_ILLEGAL", i, __VA_ARGS__)
+
+/* UTF-8 of a str; NULL without an exception when it cannot be encoded (surrogates) */
+static const char *utf8_or_null(PyObject *s, Py_ssize_t *n)
+{
+    const char *p = PyUnicode_AsUTF8AndSize(s, n);
+    if (!p && PyErr_ExceptionMatches(PyExc_UnicodeEncodeError))
+        PyErr_Clear();
+    return p;
+}
+
+static int has_separator(const char *p, Py_ssize_t n) { return memchr(p, 1, (size_t)n) || memchr(p, 2, (size_t)n); }
+
+/* A property name or value that goes into the encoding: encodable, no separators. */
+static const char *prop_text(Py_ssize_t i, PyObject *s, PyObject *name, Py_ssize_t *n)
+{
+    const char *p = utf8_or_null(s, n);
+    if (!p) {
+        if (!PyErr_Occurred())
+            ILLEGAL(i, "property %R is not valid Unicode", name);
+        return NULL;
+    }
+    if (has_separator(p, *n)) {
+        ILLEGAL(i, "property %R contains a reserved control character (\\x01 or \\x02)", name);
+        return NULL;
+    }
+    return p;
+}
+
+static PyObject *type_name(PyObject *o) { return PyType_GetName(Py_TYPE(o)); }
+
+typedef struct sbuf {
+    char *p;
+    size_t n, cap;
+} sbuf;
+
+static int sb_put(sbuf *b, const void *s, size_t n)
+{
+    if (b->cap - b->n < n) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap - b->n < n)
+            cap *= 2;
+        char *p = PyMem_Realloc(b->p, cap);
+        if (!p) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    return 0;
+}
+
+static int sb_pair(sbuf *b, const char *k, size_t kn, const char *v, size_t vn)
+{
+    return sb_put(b, k, kn) || sb_put(b, "\x01", 1) || sb_put(b, v, vn) || sb_put(b, "\x02", 1);
+}
+
+/* one message between the two passes of encode_batch */
+typedef struct enc_msg {
+    Py_buffer body;
+    size_t props_off, props_len;
+    int32_t flag;
+} enc_msg;
+
+typedef struct enc_ids {
+    const char *prefix; /* 20 hex digits */
+    uint32_t since;     /* (born_timestamp - month_start_ms) & 0xFFFFFFFF */
+    unsigned counter;
+} enc_ids;
+
+/* The key items of `keys` (a str is one key, "" none) as a new list, validated. */
+static PyObject *attr_keys(Py_ssize_t i, PyObject *keys)
+{
+    PyObject *list;
+    if (PyUnicode_Check(keys))
+        list = PyUnicode_GET_LENGTH(keys) ? PyList_New(1) : PyList_New(0);
+    else if (PyList_Check(keys) || PyTuple_Check(keys))
+        list = PySequence_List(keys);
+    else {
+        PyObject *tn = type_name(keys);
+        if (tn)
+            ILLEGAL(i, "keys must be a tuple of strings, got %U", tn);
+        Py_XDECREF(tn);
+        return NULL;
+    }
+    if (!list)
+        return NULL;
+    if (PyUnicode_Check(keys) && PyList_GET_SIZE(list))
+        PyList_SET_ITEM(list, 0, Py_NewRef(keys));
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(list); k++) {
+        PyObject *key = PyList_GET_ITEM(list, k);
+        Py_ssize_t n;
+        if (!PyUnicode_Check(key) || PyUnicode_GET_LENGTH(key) == 0 ||
+            PyUnicode_FindChar(key, ' ', 0, PyUnicode_GET_LENGTH(key), 1) >= 0) {
+            ILLEGAL(i, "keys must be non-empty strings without spaces");
+            Py_DECREF(list);
+            return NULL;
+        }
+        if (!prop_text(i, key, S_KEYS, &n)) {
+            Py_DECREF(list);
+            return NULL;
+        }
+    }
+    return list;
+}
+
+/* Pass 1 for one message: validate, append its properties to `props`, its id to msg_ids. */
+static int enc_message(Py_ssize_t i, PyObject *msg, enc_ids *ids, sbuf *props, enc_msg *em, PyObject *msg_ids)
+{
+    PyObject *body = NULL, *tags = NULL, *keys = NULL, *pd = NULL, *flag = NULL, *keylist = NULL, *id = NULL;
+    PyObject *ptags = NULL, *pkeys = NULL, *pid = NULL, *k, *v, *tn = NULL;
+    int rc = -1;
+    if (!(body = PyObject_GetAttr(msg, S_body)) || !(tags = PyObject_GetAttr(msg, S_tags)) ||
+        !(keys = PyObject_GetAttr(msg, S_keys)) || !(pd = PyObject_GetAttr(msg, S_properties)) ||
+        !(flag = PyObject_GetAttr(msg, S_flag)))
+        goto out;
+    if (PyUnicode_Check(body) || !PyObject_CheckBuffer(body)) {
+        if ((tn = type_name(body)))
+            ILLEGAL(i, "the body must be bytes, got %U", tn);
+        goto out;
+    }
+    if (PyObject_GetBuffer(body, &em->body, PyBUF_SIMPLE))
+        goto out;
+    if (em->body.len == 0) {
+        ILLEGAL(i, "the body must not be empty");
+        goto out;
+    }
+    if ((uint64_t)em->body.len > UINT32_MAX) {
+        msg_error("MESSAGE_TOO_LARGE", i, "the body is %zd bytes, the limit is 4294967295", em->body.len);
+        goto out;
+    }
+    if (tags != Py_None && !PyUnicode_Check(tags)) {
+        if ((tn = type_name(tags)))
+            ILLEGAL(i, "the tag must be a str, got %U", tn);
+        goto out;
+    }
+    if (!(keylist = attr_keys(i, keys)))
+        goto out;
+    if (!PyDict_Check(pd)) {
+        if ((tn = type_name(pd)))
+            ILLEGAL(i, "properties must be a dict, got %U", tn);
+        goto out;
+    }
+    Py_ssize_t pos = 0, n;
+    while (PyDict_Next(pd, &pos, &k, &v)) {
+        if (!PyUnicode_Check(k) || !PyUnicode_Check(v)) {
+            ILLEGAL(i, "property %R must map a string to a string", k);
+            goto out;
+        }
+        if (PyUnicode_GET_LENGTH(k) == 0) {
+            ILLEGAL(i, "property names must not be empty");
+            goto out;
+        }
+        if (!prop_text(i, k, k, &n) || !prop_text(i, v, k, &n))
+            goto out;
+        if (!PyUnicode_CompareWithASCIIString(k, "TAGS"))
+            ptags = v;
+        else if (!PyUnicode_CompareWithASCIIString(k, "KEYS"))
+            pkeys = v;
+        else if (!PyUnicode_CompareWithASCIIString(k, "UNIQ_KEY"))
+            pid = v;
+    }
+    int ovf = 0;
+    long long fv = PyLong_Check(flag) ? PyLong_AsLongLongAndOverflow(flag, &ovf) : 0;
+    if (!PyLong_Check(flag) || ovf || fv < INT32_MIN || fv > INT32_MAX) {
+        ILLEGAL(i, "the flag must be an int in [-2147483648, 2147483647], got %R", flag);
+        goto out;
+    }
+    em->flag = (int32_t)fv;
+    /* TAGS: the attribute, or the property when the attribute is None */
+    PyObject *tag = tags != Py_None ? tags : NULL;
+    if (ptags) {
+        if (tag && PyUnicode_Compare(tag, ptags) != 0) {
+            ILLEGAL(i, "tags %R disagree with property TAGS %R", tag, ptags);
+            goto out;
+        }
+        tag = ptags;
+    }
+    const char *tp = NULL;
+    Py_ssize_t tlen = 0;
+    if (tag) {
+        if (!(tp = prop_text(i, tag, S_TAGS, &tlen)))
+            goto out;
+        if (!cl_tag_ok(tp, (size_t)tlen)) {
+            ILLEGAL(i, "the TAGS value is empty, padded with whitespace or has '||'");
+            goto out;
+        }
+    }
+    /* KEYS: the attribute, or the property's space-separated keys */
+    if (pkeys) {
+        PyObject *parts = PyUnicode_Split(pkeys, S_space, -1), *from = parts ? PyList_New(0) : NULL;
+        for (Py_ssize_t j = 0; from && j < PyList_GET_SIZE(parts); j++)
+            if (PyUnicode_GET_LENGTH(PyList_GET_ITEM(parts, j)) && PyList_Append(from, PyList_GET_ITEM(parts, j)))
+                Py_CLEAR(from);
+        Py_XDECREF(parts);
+        if (!from)
+            goto out;
+        if (PyList_GET_SIZE(keylist)) {
+            int same = PyList_GET_SIZE(keylist) == PyList_GET_SIZE(from);
+            for (Py_ssize_t j = 0; same && j < PyList_GET_SIZE(from); j++)
+                same = PyUnicode_Compare(PyList_GET_ITEM(keylist, j), PyList_GET_ITEM(from, j)) == 0;
+            Py_DECREF(from);
+            if (!same) {
+                ILLEGAL(i, "keys %R disagree with property KEYS", keylist);
+                goto out;
+            }
+        } else
+            Py_SETREF(keylist, from);
+    }
+    /* UNIQ_KEY: the user's, else a new one (UniqueIdGenerator.next_id's format) */
+    char idbuf[33];
+    const char *idp;
+    Py_ssize_t idn;
+    if (pid) {
+        if (!(idp = PyUnicode_AsUTF8AndSize(pid, &idn)))
+            goto out;
+        if (!cl_uniq_ok(idp, (size_t)idn)) {
+            ILLEGAL(i, "the UNIQ_KEY must be 1 to 128 printable ASCII characters without spaces");
+            goto out;
+        }
+        id = Py_NewRef(pid);
+    } else {
+        ids->counter = (ids->counter + 1) & 0xFFFF;
+        memcpy(idbuf, ids->prefix, 20);
+        snprintf(idbuf + 20, sizeof idbuf - 20, "%08X%04X", (unsigned)ids->since, ids->counter);
+        idp = idbuf;
+        idn = 32;
+        if (!(id = PyUnicode_FromStringAndSize(idbuf, 32)))
+            goto out;
+    }
+    /* TAGS, KEYS, UNIQ_KEY, then the user's properties in dict order */
+    size_t start = props->n;
+    if (tag && sb_pair(props, "TAGS", 4, tp, (size_t)tlen))
+        goto out;
+    if (PyList_GET_SIZE(keylist)) {
+        if (sb_put(props, "KEYS\x01", 5))
+            goto out;
+        for (Py_ssize_t j = 0; j < PyList_GET_SIZE(keylist); j++) {
+            const char *kp = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(keylist, j), &n);
+            if (!kp || (j && sb_put(props, " ", 1)) || sb_put(props, kp, (size_t)n))
+                goto out;
+        }
+        if (sb_put(props, "\x02", 1))
+            goto out;
+    }
+    if (sb_pair(props, "UNIQ_KEY", 8, idp, (size_t)idn))
+        goto out;
+    pos = 0;
+    while (PyDict_Next(pd, &pos, &k, &v)) {
+        if (!PyUnicode_CompareWithASCIIString(k, "TAGS") || !PyUnicode_CompareWithASCIIString(k, "KEYS") ||
+            !PyUnicode_CompareWithASCIIString(k, "UNIQ_KEY"))
+            continue;
+        Py_ssize_t kn, vn;
+        const char *kp = PyUnicode_AsUTF8AndSize(k, &kn), *vp = kp ? PyUnicode_AsUTF8AndSize(v, &vn) : NULL;
+        if (!vp || sb_pair(props, kp, (size_t)kn, vp, (size_t)vn))
+            goto out;
+    }
+    em->props_off = start;
+    em->props_len = props->n - start;
+    if (em->props_len > CL_MAX_PROPS) {
+        msg_error("PROPERTIES_TOO_LARGE", i, "the properties are %zu bytes, the limit is %d", em->props_len,
+                  CL_MAX_PROPS);
+        goto out;
+    }
+    rc = PyList_Append(msg_ids, id);
+out:
+    Py_XDECREF(tn);
+    Py_XDECREF(body);
+    Py_XDECREF(tags);
+    Py_XDECREF(keys);
+    Py_XDECREF(pd);
+    Py_XDECREF(flag);
+    Py_XDECREF(keylist);
+    Py_XDECREF(id);
+    return rc;
+}
+
+static int is_hex20(PyObject *o)
+{
+    if (!PyUnicode_Check(o) || !PyUnicode_IS_ASCII(o) || PyUnicode_GET_LENGTH(o) != 20)
+        return 0;
+    const Py_UCS1 *p = PyUnicode_1BYTE_DATA(o);
+    for (int k = 0; k < 20; k++)
+        if (!((p[k] >= '0' && p[k] <= '9') || (p[k] >= 'A' && p[k] <= 'F') || (p[k] >= 'a' && p[k] <= 'f')))
+            return 0;
+    return 1;
+}
+
+static PyObject *mod_encode_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *a[5];
+    int64_t month, born;
+    if (PARSE("encode_batch", KW_ENCODE, 5, 5, a))
+        return NULL;
+    if (!PyList_Check(a[0]) && !PyTuple_Check(a[0])) {
+        PyErr_SetString(PyExc_TypeError, "messages must be a list or tuple");
+        return NULL;
+    }
+    if (!is_hex20(a[1]))
+        return store_error("INVALID_ARGUMENT", "id_prefix must be 20 hexadecimal digits, got %R", a[1]);
+    if (as_i64(a[2], &month, NULL, "month_start_ms"))
+        return NULL;
+    PyObject *cnt = PyNumber_Index(a[3]);
+    if (!cnt)
+        return NULL;
+    unsigned long long cmask = PyLong_AsUnsignedLongLongMask(cnt); /* two's complement, as Python's & */
+    Py_DECREF(cnt);
+    if (cmask == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    if (as_i64(a[4], &born, NULL, "born_timestamp"))
+        return NULL;
+    enc_ids ids = {PyUnicode_AsUTF8(a[1]), (uint32_t)((uint64_t)born - (uint64_t)month), (unsigned)(cmask & 0xFFFF)};
+    /* a snapshot: attribute access may run Python code that mutates a list */
+    PyObject *items = PyList_Check(a[0]) ? PyList_AsTuple(a[0]) : Py_NewRef(a[0]);
+    if (!items)
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(items), i = 0;
+    PyObject *msg_ids = NULL, *data = NULL, *res = NULL;
+    enc_msg *ems = NULL;
+    sbuf props = {0};
+    if (n == 0) {
+        store_error("MESSAGE_ILLEGAL", "the batch is empty");
+        goto out;
+    }
+    if (!(ems = PyMem_Calloc((size_t)n, sizeof *ems))) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    if (!(msg_ids = PyList_New(0)))
+        goto out;
+    size_t total = 0;
+    for (; i < n; i++) {
+        if (enc_message(i, PyTuple_GET_ITEM(items, i), &ids, &props, &ems[i], msg_ids))
+            goto out;
+        total += CL_PACKED_HEADER + (size_t)ems[i].body.len + ems[i].props_len;
+    }
+    if (!(data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total)))
+        goto out;
+    char *w = PyBytes_AS_STRING(data);
+    for (Py_ssize_t j = 0; j < n; j++) {
+        uint32_t blen = (uint32_t)ems[j].body.len;
+        uint16_t plen = (uint16_t)ems[j].props_len;
+        memcpy(w, &blen, 4);
+        memcpy(w + 4, &plen, 2);
+        memcpy(w + 6, &ems[j].flag, 4);
+        memcpy(w + 10, &born, 8);
+        memcpy(w + CL_PACKED_HEADER, ems[j].body.buf, blen);
+        memcpy(w + CL_PACKED_HEADER + blen, props.p + ems[j].props_off, plen);
+        w += CL_PACKED_HEADER + (size_t)blen + plen;
+    }
+    res = Py_BuildValue("(OOI)", data, msg_ids, ids.counter);
+out:
+    for (Py_ssize_t j = 0; ems && j < n && j <= i; j++)
+        if (ems[j].body.obj)
+            PyBuffer_Release(&ems[j].body);
+    PyMem_Free(ems);
+    PyMem_Free(props.p);
+    Py_XDECREF(msg_ids);
+    Py_XDECREF(data);
+    Py_DECREF(items);
+    return res;
+}
+
+/* -------------------------------------------------------- decode_records */
+
+/* recent (bytes -> str) conversions of one call; the bytes live in its buffer */
+typedef struct str_cache {
+    struct {
+        const char *p;
+        size_t n;
+        PyObject *o;
+    } e[16];
+    unsigned next;
+} str_cache;
+
+static PyObject *cached_str(str_cache *c, const char *p, size_t n)
+{
+    for (int k = 0; k < 16; k++)
+        if (c->e[k].o && c->e[k].n == n && !memcmp(c->e[k].p, p, n))
+            return Py_NewRef(c->e[k].o);
+    PyObject *o = PyUnicode_DecodeUTF8(p, (Py_ssize_t)n, "strict");
+    if (!o)
+        return NULL;
+    unsigned k = c->next++ % 16;
+    Py_XSETREF(c->e[k].o, Py_NewRef(o));
+    c->e[k].p = p;
+    c->e[k].n = n;
+    return o;
+}
+
+static void cache_clear(str_cache *c)
+{
+    for (int k = 0; k < 16; k++)
+        Py_CLEAR(c->e[k].o);
+}
+
+/* platform.common.codec.unpack_host: "" for all zero, "a.b.c.d:port" for an
+ * IPv4-mapped address, else "[v6]:port" compressed as Python's ipaddress does
+ * (the first longest run of two or more zero groups becomes "::") */
+static size_t format_host(const uint8_t *h, char *out)
+{
+    static const uint8_t zero[CL_HOST_SIZE];
+    if (!memcmp(h, zero, CL_HOST_SIZE))
+        return 0;
+    uint32_t port;
+    memcpy(&port, h + 16, 4);
+    static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
+    if (!memcmp(h, mapped, 12))
+        return (size_t)sprintf(out, "%u.%u.%u.%u:%u", h[12], h[13], h[14], h[15], (unsigned)port);
+    unsigned g[8];
+    int best = -1, best_len = 0, run = -1, run_len = 0;
+    for (int k = 0; k < 8; k++) {
+        g[k] = (unsigned)h[2 * k] << 8 | h[2 * k + 1];
+        if (g[k] == 0) {
+            if (run < 0)
+                run = k;
+            if (++run_len > best_len) {
+                best = run;
+                best_len = run_len;
+            }
+        } else {
+            run = -1;
+            run_len = 0;
+        }
+    }
+    if (best_len < 2)
+        best = -1;
+    char *w = out;
+    *w++ = '[';
+    for (int k = 0; k < 8; k++) {
+        if (k == best) {
+            w += sprintf(w, "::");
+            k += best_len - 1;
+            continue;
+        }
+        if (k && k != best + best_len)
+            *w++ = ':';
+        w += sprintf(w, "%x", g[k]);
+    }
+    w += sprintf(w, "]:%u", (unsigned)port);
+    return (size_t)(w - out);
+}
+
+/* ids.offset_msg_id_prefix of the host (all zero counts as 0.0.0.0:0) */
+static size_t offset_id_prefix(const uint8_t *h, char *out)
+{
+    static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
+    static const uint8_t zero[CL_HOST_SIZE];
+    uint32_t port;
+    memcpy(&port, h + 16, 4);
+    if (!memcmp(h, zero, CL_HOST_SIZE))
+        return (size_t)sprintf(out, "%016X", 0);
+    size_t n = 0;
+    for (int k = memcmp(h, mapped, 12) ? 0 : 12; k < 16; k++)
+        n += (size_t)sprintf(out + n, "%02X", h[k]);
+    return n + (size_t)sprintf(out + n, "%08X", (unsigned)port);
+}
+
+/* one host field: its text and offsetMsgId prefix, reused while it repeats */
+typedef struct host_cache {
+    uint8_t raw[CL_HOST_SIZE];
+    PyObject *text;
+    char prefix[48];
+    size_t prefix_len;
+} host_cache;
+
+static PyObject *host_text(host_cache *c, const char *raw)
+{
+    if (!c->text || memcmp(c->raw, raw, CL_HOST_SIZE)) {
+        char buf[64];
+        size_t n = format_host((const uint8_t *)raw, buf);
+        PyObject *t = PyUnicode_FromStringAndSize(buf, (Py_ssize_t)n);
+        if (!t)
+            return NULL;
+        Py_XSETREF(c->text, t);
+        memcpy(c->raw, raw, CL_HOST_SIZE);
+        c->prefix_len = offset_id_prefix((const uint8_t *)raw, c->prefix);
+    }
+    return Py_NewRef(c->text);
+}
+
+/* decode_record's checks for the record at the start of p (left bytes remain) */
+static int record_frame(const char *p, size_t left, uint32_t *total, uint64_t *tpos, uint64_t *ppos, uint16_t *plen)
+{
+    if (left < CL_HEADER_SIZE)
+        return corrupt("record is malformed: buffer shorter than the header"), -1;
+    uint32_t magic = rd32(p + F_MAGIC);
+    if (magic != CL_RECORD_MAGIC)
+        return corrupt("record is malformed: bad magic 0x%08x", (unsigned)magic), -1;
+    *total = rd32(p + F_TOTAL);
+    if (*total < CL_HEADER_SIZE || *total > left)
+        return corrupt("record is malformed: total_size %u != buffer length %zu", (unsigned)*total, left), -1;
+    *tpos = (uint64_t)CL_HEADER_SIZE + rd32(p + F_BODY_LEN);
+    if (*tpos + 1 > *total)
+        return corrupt("record is malformed: lengths overrun the record"), -1;
+    *ppos = *tpos + 1 + (unsigned char)p[*tpos];
+    *plen = *ppos + 2 <= *total ? rd16(p + *ppos) : 0;
+    if (*ppos + 2 > *total || *ppos + 2 + *plen != *total)
+        return corrupt("record is malformed: lengths overrun the record"), -1;
+    return 0;
+}
+
+/* codec.decode_properties: split on \x02, skip empty pairs, name up to the first \x01.
+ * special[] gets the values of TAGS, KEYS and UNIQ_KEY (new references; the last
+ * one of a repeated name, as in the dict), saving three lookups per record. */
+static PyObject *decode_props(const char *p, size_t n, str_cache *names, str_cache *tags, PyObject *special[3])
+{
+    PyObject *d = PyDict_New();
+    size_t pos = 0;
+    while (d && pos < n) {
+        const char *end = memchr(p + pos, 2, n - pos);
+        size_t plen = end ? (size_t)(end - (p + pos)) : n - pos;
+        if (plen) {
+            const char *key = p + pos, *sep = memchr(key, 1, plen);
+            size_t klen = sep ? (size_t)(sep - key) : plen;
+            PyObject *k = cached_str(names, key, klen);
+            size_t vlen = sep ? plen - klen - 1 : 0;
+            PyObject *v;
+            if (!k)
+                v = NULL;
+            else if (!sep)
+                v = Py_NewRef(S_empty);
+            else if (klen == 4 && !memcmp(key, "TAGS", 4)) /* few distinct tags: reuse them */
+                v = cached_str(tags, sep + 1, vlen);
+            else
+                v = PyUnicode_DecodeUTF8(sep + 1, (Py_ssize_t)vlen, "strict");
+            if (!v || PyDict_SetItem(d, k, v))
+                Py_CLEAR(d);
+            else if (klen == 4 && !memcmp(key, "TAGS", 4))
+                Py_XSETREF(special[0], Py_NewRef(v));
+            else if (klen == 4 && !memcmp(key, "KEYS", 4))
+                Py_XSETREF(special[1], Py_NewRef(v));
+            else if (klen == 8 && !memcmp(key, "UNIQ_KEY", 8))
+                Py_XSETREF(special[2], Py_NewRef(v));
+            Py_XDECREF(k);
+            Py_XDECREF(v);
+        }
+        pos += plen + 1;
+    }
+    if (!d && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+        PyErr_Clear();
+        corrupt("record is malformed: properties are not UTF-8");
+    }
+    return d;
+}
+
+/* Python's f"{v:016X}": upper hex zero-padded to 16 characters, a sign included */
+static size_t hex16(int64_t v, char *out)
+{
+    static const char digits[] = "0123456789ABCDEF";
+    uint64_t u = v < 0 ? 0ULL - (uint64_t)v : (uint64_t)v;
+    char tmp[16];
+    int n = 0;
+    do
+        tmp[n++] = digits[u & 15];
+    while (u >>= 4);
+    char *w = out;
+    if (v < 0)
+        *w++ = '-';
+    for (int pad = (v < 0 ? 15 : 16) - n; pad > 0; pad--)
+        *w++ = '0';
+    while (n)
+        *w++ = tmp[--n];
+    return (size_t)(w - out);
+}
+
+/* an int object, reused while the value repeats (timestamps, sizes of a batch) */
+typedef struct int_cache {
+    long long v;
+    PyObject *o;
+} int_cache;
+
+static PyObject *cached_int(int_cache *c, long long v)
+{
+    if (!c->o || c->v != v) {
+        PyObject *o = PyLong_FromLongLong(v);
+        if (!o)
+            return NULL;
+        Py_XSETREF(c->o, o);
+        c->v = v;
+    }
+    return Py_NewRef(c->o);
+}
+
+static PyObject *mod_decode_records(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *a[4];
+    Py_buffer b;
+    if (PARSE("decode_records", KW_RECORDS, 4, 4, a) || PyObject_GetBuffer(a[0], &b, PyBUF_SIMPLE))
+        return NULL;
+    PyObject *out = PyList_New(0), *topic = NULL;
+    const char *topic_raw = NULL;
+    size_t topic_n = 0;
+    str_cache names = {0}, tagvals = {0};
+    host_cache born = {0}, store = {0};
+    int_cache ints[3] = {{0}};
+    const char *base = b.buf;
+    size_t len = (size_t)b.len, pos = 0;
+    while (out && pos < len) {
+        const char *p = base + pos;
+        uint32_t total;
+        uint64_t tpos, ppos;
+        uint16_t plen;
+        if (record_frame(p, len - pos, &total, &tpos, &ppos, &plen)) {
+            Py_CLEAR(out);
+            break;
+        }
+        size_t tn = (size_t)(ppos - tpos - 1); /* as framed: the buffer is not re-read */
+        if (!topic || tn != topic_n || memcmp(topic_raw, p + tpos + 1, tn)) {
+            PyObject *t = PyUnicode_DecodeUTF8(p + tpos + 1, (Py_ssize_t)tn, "strict");
+            if (!t) {
+                PyErr_Clear();
+                corrupt("record is malformed: topic is not UTF-8");
+                Py_CLEAR(out);
+                break;
+            }
+            Py_XSETREF(topic, t);
+            topic_raw = p + tpos + 1;
+            topic_n = tn;
+        }
+        /* factory(topic, broker_name, queue_id, queue_offset, msg_id, offset_msg_id, body, tags, keys,
+         *         properties, born_timestamp, born_host, store_timestamp, store_host, reconsume_times,
+         *         sys_flag, commitlog_offset, store_size) */
+        PyObject *f[18] = {0};
+        int32_t sys_flag = rdi32(p + F_SYSFLAG);
+        int64_t clo = rd64(p + F_CLOFF);
+        PyObject *special[3] = {NULL, NULL, NULL};
+        PyObject *props = decode_props(p + ppos + 2, plen, &names, &tagvals, special);
+        int ok = props != NULL;
+        if (ok) {
+            PyObject *tags = special[0], *keys = special[1], *uniq = special[2];
+            f[0] = Py_NewRef(topic);
+            f[1] = Py_NewRef(a[1]);
+            f[2] = PyLong_FromLong(rdi32(p + F_QID));
+            f[3] = PyLong_FromLongLong(rd64(p + F_QOFF));
+            f[4] = Py_NewRef(uniq ? uniq : S_empty);
+            f[11] = host_text(&born, p + F_BORN_HOST);
+            f[13] = host_text(&store, p + F_STORE_HOST);
+            if (f[13]) {
+                char id[80];
+                memcpy(id, store.prefix, store.prefix_len);
+                size_t idn = store.prefix_len + hex16(clo, id + store.prefix_len);
+                f[5] = PyUnicode_FromStringAndSize(id, (Py_ssize_t)idn);
+            }
+            f[6] = PyBytes_FromStringAndSize(p + CL_HEADER_SIZE, (Py_ssize_t)(tpos - CL_HEADER_SIZE));
+            if (f[6] && (sys_flag & 1)) /* COMPRESSED */
+                Py_SETREF(f[6], PyObject_CallOneArg(a[3], f[6]));
+            f[7] = Py_NewRef(tags ? tags : Py_None);
+            Py_ssize_t klen = keys ? PyUnicode_GET_LENGTH(keys) : 0;
+            if (klen && PyUnicode_FindChar(keys, ' ', 0, klen, 1) == -1)
+                f[8] = PyTuple_Pack(1, keys); /* the common single key */
+            else if (keys) {
+                PyObject *parts = PyUnicode_Split(keys, S_space, -1);
+                Py_ssize_t kept = 0;
+                for (Py_ssize_t j = 0; parts && j < PyList_GET_SIZE(parts); j++)
+                    kept += PyUnicode_GET_LENGTH(PyList_GET_ITEM(parts, j)) > 0;
+                if (parts && (f[8] = PyTuple_New(kept)))
+                    for (Py_ssize_t j = 0, w = 0; j < PyList_GET_SIZE(parts); j++)
+                        if (PyUnicode_GET_LENGTH(PyList_GET_ITEM(parts, j)))
+                            PyTuple_SET_ITEM(f[8], w++, Py_NewRef(PyList_GET_ITEM(parts, j)));
+                Py_XDECREF(parts);
+            } else
+                f[8] = PyTuple_New(0);
+            f[9] = Py_NewRef(props);
+            f[10] = cached_int(&ints[0], rd64(p + F_BORN_TS));
+            f[12] = cached_int(&ints[1], rd64(p + F_STORE_TS));
+            f[14] = PyLong_FromLong(rdi32(p + F_RECONSUME));
+            f[15] = PyLong_FromLong(sys_flag);
+            f[16] = PyLong_FromLongLong(clo);
+            f[17] = cached_int(&ints[2], total);
+            for (int k = 0; k < 18; k++)
+                ok = ok && f[k];
+            ok = ok && !PyErr_Occurred();
+        }
+        PyObject *m = ok ? PyObject_Vectorcall(a[2], f, 18, NULL) : NULL;
+        for (int k = 0; k < 18; k++)
+            Py_XDECREF(f[k]);
+        for (int k = 0; k < 3; k++)
+            Py_XDECREF(special[k]);
+        Py_XDECREF(props);
+        if (!m || PyList_Append(out, m))
+            Py_CLEAR(out);
+        Py_XDECREF(m);
+        pos += total;
+    }
+    Py_XDECREF(topic);
+    Py_XDECREF(born.text);
+    Py_XDECREF(store.text);
+    for (int k = 0; k < 3; k++)
+        Py_XDECREF(ints[k].o);
+    cache_clear(&names);
+    cache_clear(&tagvals);
+    PyBuffer_Release(&b);
+    return out;
+}
+
 static PyMethodDef module_methods[] = {
     {"decode_record", (PyCFunction)(void (*)(void))mod_decode_record, METH_FASTCALL | METH_KEYWORDS,
      "decode_record(buf, verify_crc=False)\n--\n\nDecode one whole record (as returned by CommitLog.read)."},
+    {"decode_batch", (PyCFunction)(void (*)(void))mod_decode_batch, METH_FASTCALL | METH_KEYWORDS,
+     "decode_batch(data, count)\n--\n\nThe entries of a packed batch: [(body, properties, flag, born_timestamp)]."},
+    {"encode_batch", (PyCFunction)(void (*)(void))mod_encode_batch, METH_FASTCALL | METH_KEYWORDS,
+     "encode_batch(messages, id_prefix, month_start_ms, counter, born_timestamp)\n--\n\n"
+     "Validate messages and pack them: (data, msg_ids, next_counter)."},
+    {"decode_records", (PyCFunction)(void (*)(void))mod_decode_records, METH_FASTCALL | METH_KEYWORDS,
+     "decode_records(data, broker_name, factory, inflate)\n--\n\n"
+     "factory(...) of every record of concatenated stored records (a pull's packed records)."},
     {"_crc32", (PyCFunction)(void (*)(void))mod_crc32, METH_FASTCALL | METH_KEYWORDS,
      "_crc32(data, value=0)\n--\n\nThe store's CRC-32 (equal to zlib.crc32); for tests."},
     {NULL, NULL, 0, NULL}};
@@ -1475,7 +2423,8 @@ static struct PyModuleDef moduledef = {
 PyMODINIT_FUNC PyInit__commitlog(void)
 {
     sparkmq_crc32_init();
-    if (intern_kw() || PyType_Ready(&LogType) || PyType_Ready(&QueueType) || PyType_Ready(&ViewType))
+    if (intern_kw() || intern_codec_names() || PyType_Ready(&LogType) || PyType_Ready(&QueueType) ||
+        PyType_Ready(&ViewType))
         return NULL;
     PyObject *errors = PyImport_ImportModule("sparkmq.storage_native.errors");
     if (!errors)

@@ -11,7 +11,8 @@ Errors common to every method of an open log: a closed log raises
 ``CLOSED: commit log is closed``; an OS failure raises ``IO_ERROR: <what>: <strerror>``;
 no space for a new file raises ``DISK_FULL``.
 """
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 FORMAT_VERSION: int
 
@@ -39,6 +40,121 @@ def decode_record(buf: bytes | memoryview, verify_crc: bool = False) -> DecodedR
     lengths do not add up to total_size exactly),
     ``record is malformed: topic is not UTF-8``,
     ``record fails its CRC check`` (only with ``verify_crc``).
+    """
+
+
+#: One entry of a packed batch as ``decode_batch`` returns it: (body, properties, flag, born_timestamp).
+PackedEntry = tuple[bytes, bytes, int, int]
+
+_M = TypeVar("_M")
+
+
+class OutgoingMessage(Protocol):
+    """What ``encode_batch`` reads of a message (``platform.common.message.Message``)."""
+
+    body: bytes | bytearray | memoryview
+    tags: str | None
+    keys: tuple[str, ...] | list[str] | str
+    properties: dict[str, str]
+    flag: int
+
+
+def decode_batch(buf: bytes | bytearray | memoryview, count: int) -> list[PackedEntry]:
+    """The ``count`` entries of a packed batch (docs/remoting.md "Packed batch").
+
+    Checks the framing only, none of the rules ``CommitLog.append_packed`` adds:
+    the broker's slow path (delayed batches).  ``count`` beyond int64 raises
+    OverflowError.  Framing errors (shared with ``append_packed``; all
+    ``MESSAGE_ILLEGAL``, checked over the whole buffer before any entry's content):
+    ``batch count must be >= 1, got %d``;
+    ``the batch holds %d messages, the count says %d`` (the data ends early);
+    ``message %d: the entry header is truncated (%d bytes left)`` (fewer than 18 bytes);
+    ``message %d: the entry needs %d bytes, %d are left`` (its lengths overrun the data);
+    ``the batch has %d bytes after its %d messages`` (trailing bytes).
+    """
+
+
+def encode_batch(
+    messages: Sequence[OutgoingMessage],
+    id_prefix: str,
+    month_start_ms: int,
+    counter: int,
+    born_timestamp: int,
+) -> tuple[bytes, list[str], int]:
+    """Validate messages and pack them into a packed batch: (data, msg_ids, next_counter).
+
+    Each entry's properties are TAGS (``.tags``), KEYS (``.keys`` joined by one
+    space; a str is one key, "" or () none), UNIQ_KEY, then ``.properties`` in dict
+    order.  ``.properties`` may hold TAGS / KEYS / UNIQ_KEY: TAGS is the tag when
+    ``.tags`` is None (else it must equal it), KEYS gives the keys (split on spaces)
+    when ``.keys`` is empty (else it must equal them); a UNIQ_KEY is kept as the
+    message's id.  Every other message gets ``id_prefix`` + 8 upper-hex digits of
+    ``(born_timestamp - month_start_ms) & 0xFFFFFFFF`` + 4 upper-hex digits of the
+    counter, ``counter = (counter + 1) & 0xFFFF`` before each id
+    (``UniqueIdGenerator.next_id``'s format); ``next_counter`` is the counter after
+    the last such id (``counter & 0xFFFF`` when none was made).  Every entry's
+    born_timestamp is ``born_timestamp``.  See ``UniqueIdGenerator.with_state``.
+
+    ``messages`` must be a list or tuple (else TypeError).  Argument errors:
+    ``INVALID_ARGUMENT: id_prefix must be 20 hexadecimal digits, got %r``;
+    month_start_ms / born_timestamp beyond int64 raise OverflowError;
+    ``MESSAGE_ILLEGAL: the batch is empty``.
+    Message errors, each prefixed with ``message %d: ``, checked in this order
+    (``MESSAGE_ILLEGAL`` unless said otherwise; %r is Python's repr):
+    ``the body must be bytes, got %s`` (str or no buffer; %s the type's name);
+    ``the body must not be empty``;
+    ``MESSAGE_TOO_LARGE``: ``the body is %d bytes, the limit is 4294967295``;
+    ``the tag must be a str, got %s``;
+    ``keys must be a tuple of strings, got %s``;
+    ``keys must be non-empty strings without spaces``;
+    ``property 'KEYS' is not valid Unicode``;
+    ``property 'KEYS' contains a reserved control character (\\x01 or \\x02)``;
+    ``properties must be a dict, got %s``;
+    then for each (name, value) in dict order:
+    ``property %r must map a string to a string``;
+    ``property names must not be empty``;
+    ``property %r is not valid Unicode`` (name or value cannot be UTF-8 encoded);
+    ``property %r contains a reserved control character (\\x01 or \\x02)``;
+    then ``the flag must be an int in [-2147483648, 2147483647], got %r``;
+    ``tags %r disagree with property TAGS %r``;
+    the tag as a property value (``property 'TAGS' ...``, the two texts above), then
+    ``the TAGS value is empty, padded with whitespace or has '||'``;
+    ``keys %r disagree with property KEYS`` (%r the list of ``.keys``);
+    ``the UNIQ_KEY must be 1 to 128 printable ASCII characters without spaces``;
+    ``PROPERTIES_TOO_LARGE``: ``the properties are %d bytes, the limit is 65535``.
+    """
+
+
+def decode_records(
+    buf: bytes | bytearray | memoryview,
+    broker_name: str,
+    factory: Callable[..., _M],
+    inflate: Callable[[bytes], Any],
+) -> list[_M]:
+    """Build a message of every record of concatenated stored records (a pull's packed records).
+
+    Calls ``factory(topic, broker_name, queue_id, queue_offset, msg_id,
+    offset_msg_id, body, tags, keys, properties, born_timestamp, born_host,
+    store_timestamp, store_host, reconsume_times, sys_flag, commitlog_offset,
+    store_size)`` positionally (``platform.common.wire.ReceivedMessage``'s fields):
+    msg_id is the UNIQ_KEY property ("" without), tags the TAGS property or None,
+    keys the tuple of the KEYS property's space-separated keys, properties every
+    property (``codec.decode_properties``: split on \\x02, empty pairs skipped, the
+    name up to the first \\x01, the last of a repeated name wins); hosts are
+    ``codec.unpack_host`` texts ("" all zero, "a.b.c.d:port", "[v6]:port");
+    offset_msg_id is ``ids.encode_offset_msg_id(store_host or "0.0.0.0:0",
+    commitlog_offset)``.  A COMPRESSED record's body (sys_flag bit 0) is
+    ``inflate(body)``; ``inflate`` is not called for others.  Exceptions of
+    ``factory`` and ``inflate`` propagate.  The CRC is not checked.
+
+    Errors (``CORRUPT_RECORD``) for the record at each position, in this order:
+    ``record is malformed: buffer shorter than the header`` (fewer than 120 bytes left),
+    ``record is malformed: bad magic 0x%08x``,
+    ``record is malformed: total_size %u != buffer length %u`` (total_size below 120
+    or past the bytes left; the bytes left are shown),
+    ``record is malformed: lengths overrun the record``,
+    ``record is malformed: topic is not UTF-8``,
+    ``record is malformed: properties are not UTF-8``.
     """
 
 
@@ -192,6 +308,67 @@ class CommitLog:
         Topic/queue/store_host errors are reported without a prefix, before items.
         """
 
+    def append_packed(
+        self,
+        topic: str,
+        queue_id: int,
+        data: bytes | bytearray | memoryview,
+        count: int,
+        *,
+        sys_flag: int = 0,
+        born_host: bytes | None = None,
+        store_host: bytes | None = None,
+        store_timestamp: int = 0,
+        max_body: int = 4194304,
+        max_properties: int = 32767,
+        reserved_keys: tuple[str, ...] = (),
+    ) -> tuple[int, int, int, bytes]:
+        """Validate a packed batch (docs/remoting.md "Packed batch") and append its
+        ``count`` messages to one queue in one lock hold; returns
+        (first_queue_offset, store_timestamp, end_offset, offsets).
+
+        Queue offsets are consecutive from the first; ``end_offset`` is the log
+        offset just past the last record (what a SYNC_FLUSH waiter waits for);
+        ``offsets`` is ``count`` little-endian int64 commit-log offsets.  Each record
+        gets the entry's flag and born_timestamp, ``sys_flag``, ``born_host``,
+        reconsume_times 0, prepared_offset 0 and as tag hash the CRC-32 of its TAGS
+        value (0 without), as ``platform.common.codec.tag_hash``.  Validation and
+        copying run with the GIL released.  Nothing is written unless every entry
+        passes.
+
+        Argument errors first, in this order: topic, queue_id, born_host and
+        store_host as ``append``; sys_flag beyond int32 and store_timestamp,
+        max_body, max_properties, count beyond int64 raise OverflowError;
+        ``reserved_keys`` must be a tuple of str (else TypeError),
+        ``INVALID_ARGUMENT: reserved key %d is %d bytes, the limit is 255``.
+        Then the framing (the errors of ``decode_batch``), then each entry in order,
+        prefixed with ``message %d: `` (``MESSAGE_ILLEGAL`` unless said otherwise):
+        ``the body is empty``;
+        ``MESSAGE_TOO_LARGE``: ``the body is %d bytes, the limit is %d`` (> max_body);
+        ``PROPERTIES_TOO_LARGE``: ``the properties are %d bytes, the limit is %d`` (> max_properties);
+        ``the batch is compressed but the body is not zlib data`` (sys_flag bit 0 set
+        and the body does not start with a zlib header: byte0 & 0x0F == 8 and
+        (byte0 << 8 | byte1) % 31 == 0);
+        ``the properties are not valid UTF-8``;
+        then each "name\\x01value\\x02" pair (%d its index):
+        ``property %d is not terminated by \\x02``;
+        ``property %d has no \\x01 between name and value``;
+        ``property %d has an empty name``;
+        ``property %d has more than one \\x01``;
+        ``the property %s is reserved`` (its name is in ``reserved_keys``);
+        ``property %s appears twice`` (TAGS, KEYS or UNIQ_KEY);
+        ``the TAGS value is empty, padded with whitespace or has '||'`` (ASCII
+        whitespace: space, \\t, \\n, \\v, \\f, \\r);
+        ``the KEYS value is empty or has an empty key`` (leading, trailing or double space);
+        ``the UNIQ_KEY must be 1 to 128 printable ASCII characters without spaces`` (0x21..0x7E);
+        then ``the properties have no UNIQ_KEY``;
+        ``INVALID_ARGUMENT``: ``record of %d bytes does not fit in a segment of %d bytes``.
+        The C core validates and copies without the GIL; should another thread
+        resize-free rewrite a bytearray ``data`` meanwhile so that the lengths no
+        longer fit, it raises ``MESSAGE_ILLEGAL: the batch changed while it was
+        being read`` instead of reading past the buffer.
+        """
+
     def read(self, offset: int) -> bytes:
         """The whole record starting at ``offset`` (a copy).  No CRC check.
 
@@ -248,6 +425,22 @@ class CommitLog:
         ``INVALID_ARGUMENT: queue offset must be >= 0, got %d``;
         ``INVALID_ARGUMENT: max_count must be >= 1, got %d``;
         ``OFFSET_TOO_SMALL: queue offset %d is below the minimum queue offset %d``.
+        """
+
+    def read_packed(
+        self,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        max_count: int,
+        tag_hashes: set[int] | frozenset[int] | None = None,
+        max_bytes: int = 0,
+    ) -> tuple[int, int, bytes]:
+        """``get`` with the matched records concatenated: (next_queue_offset, count, data).
+
+        The same units are examined and matched, with the same errors, as ``get``;
+        ``data`` is the records back to back (docs/remoting.md "Packed records"),
+        copied in one bytes object (with the GIL released when large, as ``get``).
         """
 
     def consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:

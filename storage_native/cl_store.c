@@ -19,7 +19,9 @@
 const char CL_INVALID_ARGUMENT[] = "INVALID_ARGUMENT", CL_OFFSET_ILLEGAL[] = "OFFSET_ILLEGAL",
            CL_OFFSET_TOO_SMALL[] = "OFFSET_TOO_SMALL", CL_OFFSET_OVERFLOW[] = "OFFSET_OVERFLOW",
            CL_CORRUPT_RECORD[] = "CORRUPT_RECORD", CL_CORRUPT_STORE[] = "CORRUPT_STORE",
-           CL_DISK_FULL[] = "DISK_FULL", CL_IO_ERROR[] = "IO_ERROR", CL_CLOSED[] = "CLOSED";
+           CL_DISK_FULL[] = "DISK_FULL", CL_IO_ERROR[] = "IO_ERROR", CL_CLOSED[] = "CLOSED",
+           CL_MESSAGE_ILLEGAL[] = "MESSAGE_ILLEGAL", CL_MESSAGE_TOO_LARGE[] = "MESSAGE_TOO_LARGE",
+           CL_PROPERTIES_TOO_LARGE[] = "PROPERTIES_TOO_LARGE";
 
 typedef long long ll; /* for printf: int64_t is long on LP64, long long elsewhere */
 
@@ -1793,4 +1795,197 @@ out:
         release_files_locked(c);
     pthread_mutex_unlock(&c->mu);
     return rc;
+}
+
+/* --------------------------------------------------------- packed batches */
+
+int cl_packed_frame(const char *data, size_t len, int64_t count, cl_err *e)
+{
+    if (count < 1)
+        return cl_fail(e, CL_MESSAGE_ILLEGAL, "batch count must be >= 1, got %lld", (ll)count);
+    size_t pos = 0;
+    for (int64_t i = 0; i < count; i++) {
+        size_t left = len - pos;
+        if (left == 0)
+            return cl_fail(e, CL_MESSAGE_ILLEGAL, "the batch holds %lld messages, the count says %lld", (ll)i,
+                           (ll)count);
+        if (left < CL_PACKED_HEADER)
+            return cl_fail(e, CL_MESSAGE_ILLEGAL, "message %lld: the entry header is truncated (%zu bytes left)",
+                           (ll)i, left);
+        uint64_t need = (uint64_t)CL_PACKED_HEADER + ld32(data + pos) + ld16(data + pos + 4);
+        if (need > left)
+            return cl_fail(e, CL_MESSAGE_ILLEGAL, "message %lld: the entry needs %llu bytes, %zu are left", (ll)i,
+                           (unsigned long long)need, left);
+        pos += (size_t)need;
+    }
+    if (pos < len)
+        return cl_fail(e, CL_MESSAGE_ILLEGAL, "the batch has %zu bytes after its %lld messages", len - pos, (ll)count);
+    return 0;
+}
+
+static int is_ascii_space(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+
+int cl_tag_ok(const char *s, size_t n)
+{
+    if (n == 0 || is_ascii_space((unsigned char)s[0]) || is_ascii_space((unsigned char)s[n - 1]))
+        return 0;
+    for (size_t k = 0; k + 1 < n; k++)
+        if (s[k] == '|' && s[k + 1] == '|')
+            return 0;
+    return 1;
+}
+
+int cl_uniq_ok(const char *s, size_t n)
+{
+    if (n == 0 || n > CL_MAX_UNIQ_KEY)
+        return 0;
+    for (size_t k = 0; k < n; k++)
+        if ((unsigned char)s[k] < 0x21 || (unsigned char)s[k] > 0x7E)
+            return 0;
+    return 1;
+}
+
+/* space-separated keys, none empty */
+static int keys_ok(const char *s, size_t n)
+{
+    if (n == 0 || s[0] == ' ' || s[n - 1] == ' ')
+        return 0;
+    for (size_t k = 0; k + 1 < n; k++)
+        if (s[k] == ' ' && s[k + 1] == ' ')
+            return 0;
+    return 1;
+}
+
+static int key_is(const char *k, size_t n, const char *name)
+{
+    size_t m = strlen(name);
+    return n == m && !memcmp(k, name, m);
+}
+
+/* The property rules of one entry; sets m->tag_hash (CRC-32 of TAGS, 0 without). */
+static int check_props(const cl_packed_rules *r, int64_t i, cl_msg *m, cl_err *e)
+{
+    const char *p = m->props;
+    size_t n = m->props_len, pos = 0, pair = 0;
+    int seen_tags = 0, seen_keys = 0, seen_uniq = 0;
+    if (!cl_utf8_valid((const unsigned char *)p, n))
+        return cl_fail(e, CL_MESSAGE_ILLEGAL, "message %lld: the properties are not valid UTF-8", (ll)i);
+    m->tag_hash = 0;
+    for (; pos < n; pair++) {
+        const char *end = memchr(p + pos, 2, n - pos);
+        if (!end)
+            return cl_fail(e, CL_MESSAGE_ILLEGAL, "message %lld: property %zu is not terminated by \\x02", (ll)i, pair);
+        size_t plen = (size_t)(end - (p + pos));
+        const char *key = p + pos, *sep = memchr(key, 1, plen);
+        if (!sep)
+            return cl_fail(e, CL_MESSAGE_ILLEGAL, "message %lld: property %zu has no \\x01 between name and value",
+                           (ll)i, pair);
+        size_t klen = (size_t)(sep - key);
+        if (klen == 0)
+            return cl_fail(e, CL_MESSAGE_ILLEGAL, "message %lld: property %zu has an empty name", (ll)i, pair);
+        const char *val = sep + 1;
+        size_t vlen = plen - klen - 1;
+        if (memchr(val, 1, vlen))
+            return cl_fail(e, CL_MESSAGE_ILLEGAL, "message %lld: property %zu has more than one \\x01", (ll)i, pair);
+        for (size_t k = 0; k < r->nreserved; k++)
+            if (r->reserved_len[k] == klen && !memcmp(r->reserved[k], key, klen))
+                return cl_fail(e, CL_MESSAGE_ILLEGAL, "message %lld: the property %.*s is reserved", (ll)i, (int)klen,
+                               key);
+        if (key_is(key, klen, "TAGS")) {
+            if (seen_tags++)
+                return cl_fail(e, CL_MESSAGE_ILLEGAL, "message %lld: property TAGS appears twice", (ll)i);
+            if (!cl_tag_ok(val, vlen))
+                return cl_fail(e, CL_MESSAGE_ILLEGAL,
+                               "message %lld: the TAGS value is empty, padded with whitespace or has '||'", (ll)i);
+            m->tag_hash = (int64_t)sparkmq_crc32(0, val, vlen);
+        } else if (key_is(key, klen, "KEYS")) {
+            if (seen_keys++)
+                return cl_fail(e, CL_MESSAGE_ILLEGAL, "message %lld: property KEYS appears twice", (ll)i);
+            if (!keys_ok(val, vlen))
+                return cl_fail(e, CL_MESSAGE_ILLEGAL, "message %lld: the KEYS value is empty or has an empty key",
+                               (ll)i);
+        } else if (key_is(key, klen, "UNIQ_KEY")) {
+            if (seen_uniq++)
+                return cl_fail(e, CL_MESSAGE_ILLEGAL, "message %lld: property UNIQ_KEY appears twice", (ll)i);
+            if (!cl_uniq_ok(val, vlen))
+                return cl_fail(e, CL_MESSAGE_ILLEGAL,
+                               "message %lld: the UNIQ_KEY must be 1 to 128 printable ASCII characters without spaces",
+                               (ll)i);
+        }
+        pos += plen + 1;
+    }
+    if (!seen_uniq)
+        return cl_fail(e, CL_MESSAGE_ILLEGAL, "message %lld: the properties have no UNIQ_KEY", (ll)i);
+    return 0;
+}
+
+/* Every rule of one framed entry, in the order of _commitlog.pyi. */
+static int check_entry(const cl_packed_rules *r, int64_t i, cl_msg *m, cl_err *e)
+{
+    if (m->body_len == 0)
+        return cl_fail(e, CL_MESSAGE_ILLEGAL, "message %lld: the body is empty", (ll)i);
+    if ((int64_t)m->body_len > r->max_body)
+        return cl_fail(e, CL_MESSAGE_TOO_LARGE, "message %lld: the body is %zu bytes, the limit is %lld", (ll)i,
+                       m->body_len, (ll)r->max_body);
+    if ((int64_t)m->props_len > r->max_props)
+        return cl_fail(e, CL_PROPERTIES_TOO_LARGE, "message %lld: the properties are %zu bytes, the limit is %lld",
+                       (ll)i, m->props_len, (ll)r->max_props);
+    if (r->sys_flag & 1) { /* COMPRESSED: each body must start with a zlib header */
+        const unsigned char *b = (const unsigned char *)m->body;
+        if (m->body_len < 2 || (b[0] & 0x0F) != 8 || ((unsigned)b[0] << 8 | b[1]) % 31 != 0)
+            return cl_fail(e, CL_MESSAGE_ILLEGAL, "message %lld: the batch is compressed but the body is not zlib data",
+                           (ll)i);
+    }
+    if (check_props(r, i, m, e))
+        return -1;
+    m->size = cl_record_size(m->body_len, r->topic_len, m->props_len);
+    if (m->size > (uint64_t)(r->seg_size - CL_BLANK_SIZE) || m->size > UINT32_MAX)
+        return cl_fail(e, CL_INVALID_ARGUMENT,
+                       "message %lld: record of %llu bytes does not fit in a segment of %lld bytes", (ll)i,
+                       (unsigned long long)m->size, (ll)r->seg_size);
+    return 0;
+}
+
+cl_msg *cl_packed_prepare(const char *data, size_t len, int64_t count, const cl_packed_rules *r, cl_err *e)
+{
+    if (cl_packed_frame(data, len, count, e))
+        return NULL;
+    /* framing bounds count by len / 18; malloc'd pages are touched only as entries
+     * pass, so a huge batch of bad entries costs no memory */
+    cl_msg *msgs = malloc((size_t)count * sizeof *msgs);
+    if (!msgs) {
+        oom(e);
+        return NULL;
+    }
+    size_t pos = 0;
+    for (int64_t i = 0; i < count; i++) {
+        const char *h = data + pos;
+        cl_msg *m = &msgs[i];
+        if (len - pos < CL_PACKED_HEADER)
+            goto changed;
+        m->body_len = ld32(h);
+        m->props_len = ld16(h + 4);
+        m->flag = (int32_t)ld32(h + 6);
+        m->born_ts = ld64(h + 10);
+        /* framing checked these bounds; a bytearray another thread writes to
+         * while the GIL is released may have changed them since */
+        if ((uint64_t)CL_PACKED_HEADER + m->body_len + m->props_len > len - pos)
+            goto changed;
+        m->body = h + CL_PACKED_HEADER;
+        m->props = m->body + m->body_len;
+        m->sys_flag = r->sys_flag;
+        m->reconsume = 0;
+        m->prepared = 0;
+        memcpy(m->born_host, r->born_host, CL_HOST_SIZE);
+        if (check_entry(r, i, m, e)) {
+            free(msgs);
+            return NULL;
+        }
+        pos += CL_PACKED_HEADER + m->body_len + m->props_len;
+    }
+    return msgs;
+changed:
+    free(msgs);
+    cl_fail(e, CL_MESSAGE_ILLEGAL, "the batch changed while it was being read");
+    return NULL;
 }

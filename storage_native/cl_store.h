@@ -35,6 +35,11 @@
 #define CL_MIN_SEGMENT 4096
 #define CL_PAGE 4096
 #define CL_GET_MAX_EXAMINED 16384
+/* packed batch entry header (docs/remoting.md): body_length u32, properties_length
+ * u16, flag i32, born_timestamp i64 */
+#define CL_PACKED_HEADER 18
+#define CL_MAX_UNIQ_KEY 128
+#define CL_MAX_RESERVED_KEY 255
 /* Drop page-table entries of cold mappings after this many bytes of I/O. */
 #define CL_TRIM_EVERY ((uint64_t)64 << 20)
 /* Pre-fault the active segment this far ahead of the write head. */
@@ -62,7 +67,8 @@ enum {
 
 /* error codes (errors.py) */
 extern const char CL_INVALID_ARGUMENT[], CL_OFFSET_ILLEGAL[], CL_OFFSET_TOO_SMALL[], CL_OFFSET_OVERFLOW[],
-    CL_CORRUPT_RECORD[], CL_CORRUPT_STORE[], CL_DISK_FULL[], CL_IO_ERROR[], CL_CLOSED[];
+    CL_CORRUPT_RECORD[], CL_CORRUPT_STORE[], CL_DISK_FULL[], CL_IO_ERROR[], CL_CLOSED[], CL_MESSAGE_ILLEGAL[],
+    CL_MESSAGE_TOO_LARGE[], CL_PROPERTIES_TOO_LARGE[];
 
 typedef struct cl_err {
     const char *code;
@@ -189,6 +195,32 @@ void cl_note_read_locked(cl_log *c, const mfile *f, size_t rel, size_t len);
 
 void cl_queue_unit_locked(cl_log *c, cl_queue *q, int64_t idx, int64_t *clo, int32_t *size, int64_t *tag);
 int cl_queue_truncate_locked(cl_log *c, cl_queue *q, int64_t off, int64_t *dropped, cl_err *e);
+
+/* ------------------------------------------------------- packed batches
+ * No lock and no Python: the binding runs these with the GIL released, before
+ * it takes the log lock to append. */
+
+/* What append_packed checks besides the framing. */
+typedef struct cl_packed_rules {
+    int64_t max_body, max_props, seg_size;
+    size_t topic_len;
+    int32_t sys_flag; /* compressed when bit 0 is set */
+    uint8_t born_host[CL_HOST_SIZE];
+    const char *const *reserved; /* names no property may use (UTF-8) */
+    const size_t *reserved_len;
+    size_t nreserved;
+} cl_packed_rules;
+
+/* Framing only: `count` entries whose lengths add up to `len` exactly.
+ * MESSAGE_ILLEGAL with the texts of _commitlog.pyi. */
+int cl_packed_frame(const char *data, size_t len, int64_t count, cl_err *e);
+/* Frames and validates every entry, then returns them as messages ready for
+ * cl_append_locked (bodies and properties point into data); free() the array. */
+cl_msg *cl_packed_prepare(const char *data, size_t len, int64_t count, const cl_packed_rules *r, cl_err *e);
+
+/* Value rules shared with the encoder (UTF-8 bytes). */
+int cl_tag_ok(const char *s, size_t n);  /* non-empty, no "||", no ASCII space at either end */
+int cl_uniq_ok(const char *s, size_t n); /* 1..128 bytes of 0x21..0x7E */
 
 /* Take flush_mu and mu themselves (call without either, GIL released). */
 int cl_flush(cl_log *c, int64_t *flushed, cl_err *e);

@@ -17,6 +17,9 @@ __all__ = [
     "DISK_FULL",
     "IO_ERROR",
     "CLOSED",
+    "MESSAGE_ILLEGAL",
+    "MESSAGE_TOO_LARGE",
+    "PROPERTIES_TOO_LARGE",
 ]
 
 #: An argument is out of range (sizes, ids, host length, segment size …).
@@ -37,6 +40,13 @@ DISK_FULL = "DISK_FULL"
 IO_ERROR = "IO_ERROR"
 #: The log was closed.
 CLOSED = "CLOSED"
+#: A message of a packed batch (or one being encoded) breaks a message rule:
+#: framing, empty body, malformed properties, bad TAGS/KEYS/UNIQ_KEY, a reserved name.
+MESSAGE_ILLEGAL = "MESSAGE_ILLEGAL"
+#: A body of a packed batch is larger than the broker's maximum message size.
+MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"
+#: The properties of a packed-batch message are larger than the broker's limit.
+PROPERTIES_TOO_LARGE = "PROPERTIES_TOO_LARGE"
 
 
 class StoreError(Exception):

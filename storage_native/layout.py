@@ -80,6 +80,9 @@ __all__ = [
     "SYS_FLAG_TRANSACTION_PREPARED",
     "SYS_FLAG_TRANSACTION_COMMIT",
     "SYS_FLAG_TRANSACTION_ROLLBACK",
+    "PACKED_ENTRY",
+    "PACKED_ENTRY_SIZE",
+    "MAX_UNIQ_KEY_BYTES",
     "record_size",
     "segment_file_name",
 ]
@@ -114,6 +117,14 @@ DEFAULT_SEGMENT_SIZE = 1 << 30
 DEFAULT_CQ_UNITS_PER_FILE = 300_000
 #: Segments are mmap'd, so they are whole pages.
 MIN_SEGMENT_SIZE = 4096
+
+#: One entry of a packed batch (docs/remoting.md "Packed batch"): body_length,
+#: properties_length, flag, born_timestamp; then the body and the properties.
+PACKED_ENTRY = struct.Struct("<IHiq")
+PACKED_ENTRY_SIZE = PACKED_ENTRY.size  # 18
+assert PACKED_ENTRY_SIZE == 18
+#: A UNIQ_KEY is 1..128 bytes of printable ASCII without spaces (0x21..0x7E).
+MAX_UNIQ_KEY_BYTES = 128
 
 # sys_flag bits (mirroring RocketMQ's MessageSysFlag where it has one).
 SYS_FLAG_COMPRESSED = 0x1

@@ -8,6 +8,7 @@ It appends 4-5x slower than the C core (``store.native_vs_python``) and keeps no
 from __future__ import annotations
 
 import errno
+import ipaddress
 import mmap
 import operator
 import os
@@ -25,9 +26,12 @@ from .errors import (
     DISK_FULL,
     INVALID_ARGUMENT,
     IO_ERROR,
+    MESSAGE_ILLEGAL,
+    MESSAGE_TOO_LARGE,
     OFFSET_ILLEGAL,
     OFFSET_OVERFLOW,
     OFFSET_TOO_SMALL,
+    PROPERTIES_TOO_LARGE,
     StoreError,
 )
 from .layout import (
@@ -42,15 +46,20 @@ from .layout import (
     MAX_PROPERTIES_BYTES,
     MAX_QUEUE_ID,
     MAX_TOPIC_BYTES,
+    MAX_UNIQ_KEY_BYTES,
     MIN_RECORD_SIZE,
     MIN_SEGMENT_SIZE,
+    PACKED_ENTRY,
+    PACKED_ENTRY_SIZE,
     RECORD_HEADER,
     RECORD_HEADER_SIZE,
     RECORD_MAGIC,
+    SYS_FLAG_COMPRESSED,
     segment_file_name,
 )
 
-__all__ = ["CommitLog", "ConsumeQueue", "decode_record", "FORMAT_VERSION"]
+__all__ = ["CommitLog", "ConsumeQueue", "decode_record", "decode_batch", "encode_batch", "decode_records",
+           "FORMAT_VERSION"]
 
 _NAME = re.compile(r"^\d{20}$")
 _TMP_SUFFIX = ".tmp"
@@ -196,6 +205,342 @@ def decode_record(buf, verify_crc: bool = False) -> tuple:
     return (total, crc, queue_id, flag, queue_offset, clog_offset, sys_flag, born_ts, born_host,
             store_ts, store_host, reconsume, prepared, tag_hash,
             bytes(mv[RECORD_HEADER_SIZE:pos]), topic, bytes(mv[ppos + 2:total]))
+
+
+# -- packed batches and records (docs/remoting.md) ------------------------------------------
+_ASCII_SPACE = b" \t\n\x0b\x0c\r"
+_MAPPED_V4 = bytes(10) + b"\xff\xff"
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+_MAX_RESERVED_KEY = 255
+_SPECIAL = ("TAGS", "KEYS", "UNIQ_KEY")
+_FLAG_TEXT = "the flag must be an int in [-2147483648, 2147483647], got "
+
+
+def _packed_frame(mv: memoryview, count: int) -> list[tuple[int, int, int, int, int]]:
+    """(position, body_length, properties_length, flag, born_timestamp) of each entry; framing errors."""
+    if count < 1:
+        raise _err(MESSAGE_ILLEGAL, f"batch count must be >= 1, got {count}")
+    size = mv.nbytes
+    pos = 0
+    entries = []
+    for i in range(count):
+        left = size - pos
+        if left == 0:
+            raise _err(MESSAGE_ILLEGAL, f"the batch holds {i} messages, the count says {count}")
+        if left < PACKED_ENTRY_SIZE:
+            raise _err(MESSAGE_ILLEGAL, f"message {i}: the entry header is truncated ({left} bytes left)")
+        body_len, props_len, flag, born = PACKED_ENTRY.unpack_from(mv, pos)
+        need = PACKED_ENTRY_SIZE + body_len + props_len
+        if need > left:
+            raise _err(MESSAGE_ILLEGAL, f"message {i}: the entry needs {need} bytes, {left} are left")
+        entries.append((pos, body_len, props_len, flag, born))
+        pos += need
+    if pos < size:
+        raise _err(MESSAGE_ILLEGAL, f"the batch has {size - pos} bytes after its {count} messages")
+    return entries
+
+
+def _tag_ok(value: bytes) -> bool:
+    return (bool(value) and value[0] not in _ASCII_SPACE and value[-1] not in _ASCII_SPACE
+            and b"||" not in value)
+
+
+def _keys_ok(value: bytes) -> bool:
+    return bool(value) and value[0] != 0x20 and value[-1] != 0x20 and b"  " not in value
+
+
+def _uniq_ok(value: bytes) -> bool:
+    return 0 < len(value) <= MAX_UNIQ_KEY_BYTES and all(0x21 <= c <= 0x7E for c in value)
+
+
+def _check_packed_props(i: int, props: bytes, reserved: frozenset[bytes]) -> int:
+    """The property rules of entry ``i``; returns its tag hash (CRC-32 of TAGS, 0 without)."""
+    try:
+        props.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _err(MESSAGE_ILLEGAL, f"message {i}: the properties are not valid UTF-8") from None
+    tag_hash = 0
+    seen: set[bytes] = set()
+    pos = 0
+    pair = 0
+    while pos < len(props):
+        end = props.find(b"\x02", pos)
+        if end < 0:
+            raise _err(MESSAGE_ILLEGAL, f"message {i}: property {pair} is not terminated by \\x02")
+        sep = props.find(b"\x01", pos, end)
+        if sep < 0:
+            raise _err(MESSAGE_ILLEGAL, f"message {i}: property {pair} has no \\x01 between name and value")
+        if sep == pos:
+            raise _err(MESSAGE_ILLEGAL, f"message {i}: property {pair} has an empty name")
+        if props.find(b"\x01", sep + 1, end) >= 0:
+            raise _err(MESSAGE_ILLEGAL, f"message {i}: property {pair} has more than one \\x01")
+        key = props[pos:sep]
+        value = props[sep + 1:end]
+        if key in reserved:
+            raise _err(MESSAGE_ILLEGAL, f"message {i}: the property {key.decode('utf-8')} is reserved")
+        if key in (b"TAGS", b"KEYS", b"UNIQ_KEY"):
+            if key in seen:
+                raise _err(MESSAGE_ILLEGAL, f"message {i}: property {key.decode('ascii')} appears twice")
+            seen.add(key)
+            if key == b"TAGS":
+                if not _tag_ok(value):
+                    raise _err(MESSAGE_ILLEGAL,
+                               f"message {i}: the TAGS value is empty, padded with whitespace or has '||'")
+                tag_hash = zlib.crc32(value)
+            elif key == b"KEYS":
+                if not _keys_ok(value):
+                    raise _err(MESSAGE_ILLEGAL, f"message {i}: the KEYS value is empty or has an empty key")
+            elif not _uniq_ok(value):
+                raise _err(MESSAGE_ILLEGAL, f"message {i}: the UNIQ_KEY must be 1 to 128 printable ASCII "
+                                            "characters without spaces")
+        pos = end + 1
+        pair += 1
+    if b"UNIQ_KEY" not in seen:
+        raise _err(MESSAGE_ILLEGAL, f"message {i}: the properties have no UNIQ_KEY")
+    return tag_hash
+
+
+def _check_packed_entry(i: int, body: bytes, props: bytes, max_body: int, max_props: int, compressed: bool,
+                        reserved: frozenset[bytes], topic_len: int, segment_size: int) -> int:
+    """Every rule of one framed entry, in the contract's order; returns its tag hash."""
+    if not body:
+        raise _err(MESSAGE_ILLEGAL, f"message {i}: the body is empty")
+    if len(body) > max_body:
+        raise _err(MESSAGE_TOO_LARGE, f"message {i}: the body is {len(body)} bytes, the limit is {max_body}")
+    if len(props) > max_props:
+        raise _err(PROPERTIES_TOO_LARGE,
+                   f"message {i}: the properties are {len(props)} bytes, the limit is {max_props}")
+    if compressed and (len(body) < 2 or body[0] & 0x0F != 8 or (body[0] << 8 | body[1]) % 31):
+        raise _err(MESSAGE_ILLEGAL, f"message {i}: the batch is compressed but the body is not zlib data")
+    tag_hash = _check_packed_props(i, props, reserved)
+    size = RECORD_HEADER_SIZE + len(body) + 1 + topic_len + 2 + len(props)
+    if size > segment_size - BLANK_MARKER_SIZE or size > 0xFFFFFFFF:
+        raise _err(INVALID_ARGUMENT,
+                   f"message {i}: record of {size} bytes does not fit in a segment of {segment_size} bytes")
+    return tag_hash
+
+
+def _reserved_arg(reserved_keys: object) -> frozenset[bytes]:
+    if not isinstance(reserved_keys, tuple) or not all(isinstance(k, str) for k in reserved_keys):
+        raise TypeError("reserved_keys must be a tuple of str")
+    out = []
+    for i, key in enumerate(reserved_keys):
+        raw = key.encode("utf-8")
+        if len(raw) > _MAX_RESERVED_KEY:
+            raise _err(INVALID_ARGUMENT, f"reserved key {i} is {len(raw)} bytes, the limit is {_MAX_RESERVED_KEY}")
+        out.append(raw)
+    return frozenset(out)
+
+
+def decode_batch(data, count: int) -> list[tuple[bytes, bytes, int, int]]:
+    """The entries of a packed batch; see ``_commitlog.pyi``."""
+    n = _bounded(count, 64)
+    mv = memoryview(data).cast("B")
+    out = []
+    for pos, body_len, props_len, flag, born in _packed_frame(mv, n):
+        start = pos + PACKED_ENTRY_SIZE
+        out.append((bytes(mv[start:start + body_len]), bytes(mv[start + body_len:start + body_len + props_len]),
+                    flag, born))
+    return out
+
+
+def _illegal(i: int, text: str) -> StoreError:
+    return _err(MESSAGE_ILLEGAL, f"message {i}: {text}")
+
+
+def _prop_text(i: int, text: str, name: str) -> bytes:
+    """UTF-8 of a property name or value: encodable and without separators."""
+    try:
+        raw = text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _illegal(i, f"property {name!r} is not valid Unicode") from None
+    if b"\x01" in raw or b"\x02" in raw:
+        raise _illegal(i, f"property {name!r} contains a reserved control character (\\x01 or \\x02)")
+    return raw
+
+
+def _attr_keys(i: int, keys: object) -> list[str]:
+    if isinstance(keys, str):
+        found = [keys] if keys else []
+    elif isinstance(keys, (list, tuple)):
+        found = list(keys)
+    else:
+        raise _illegal(i, f"keys must be a tuple of strings, got {type(keys).__name__}")
+    for key in found:
+        if not isinstance(key, str) or not key or " " in key:
+            raise _illegal(i, "keys must be non-empty strings without spaces")
+        _prop_text(i, key, "KEYS")
+    return found
+
+
+def encode_batch(messages, id_prefix: str, month_start_ms: int, counter: int,
+                 born_timestamp: int) -> tuple[bytes, list[str], int]:
+    """Validate messages and pack them (the client's encoder); see ``_commitlog.pyi``."""
+    if not isinstance(messages, (list, tuple)):
+        raise TypeError("messages must be a list or tuple")
+    if not (isinstance(id_prefix, str) and len(id_prefix) == 20 and id_prefix.isascii()
+            and all(c in _HEX_DIGITS for c in id_prefix)):
+        raise _err(INVALID_ARGUMENT, f"id_prefix must be 20 hexadecimal digits, got {id_prefix!r}")
+    month = _bounded(month_start_ms, 64)
+    count = operator.index(counter) & 0xFFFF
+    born = _bounded(born_timestamp, 64)
+    items = tuple(messages)
+    if not items:
+        raise _err(MESSAGE_ILLEGAL, "the batch is empty")
+    since = (born - month) & 0xFFFFFFFF
+    entries: list[bytes] = []
+    msg_ids: list[str] = []
+    for i, msg in enumerate(items):
+        body, tags, keys, props, flag = msg.body, msg.tags, msg.keys, msg.properties, msg.flag
+        if isinstance(body, str):
+            raise _illegal(i, "the body must be bytes, got str")
+        try:
+            mv = memoryview(body)
+        except TypeError:
+            raise _illegal(i, f"the body must be bytes, got {type(body).__name__}") from None
+        if not mv.c_contiguous:
+            raise BufferError("the body is not a contiguous buffer")
+        if mv.nbytes == 0:
+            raise _illegal(i, "the body must not be empty")
+        if mv.nbytes > 0xFFFFFFFF:
+            raise _err(MESSAGE_TOO_LARGE, f"message {i}: the body is {mv.nbytes} bytes, the limit is 4294967295")
+        if tags is not None and not isinstance(tags, str):
+            raise _illegal(i, f"the tag must be a str, got {type(tags).__name__}")
+        key_list = _attr_keys(i, keys)
+        if not isinstance(props, dict):
+            raise _illegal(i, f"properties must be a dict, got {type(props).__name__}")
+        prop_tags = prop_keys = prop_id = None
+        for key, value in props.items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise _illegal(i, f"property {key!r} must map a string to a string")
+            if not key:
+                raise _illegal(i, "property names must not be empty")
+            _prop_text(i, key, key)
+            _prop_text(i, value, key)
+            if key == "TAGS":
+                prop_tags = value
+            elif key == "KEYS":
+                prop_keys = value
+            elif key == "UNIQ_KEY":
+                prop_id = value
+        if not isinstance(flag, int) or not -(1 << 31) <= flag < (1 << 31):
+            raise _illegal(i, f"{_FLAG_TEXT}{flag!r}")
+        tag = tags
+        if prop_tags is not None:
+            if tag is not None and tag != prop_tags:
+                raise _illegal(i, f"tags {tag!r} disagree with property TAGS {prop_tags!r}")
+            tag = prop_tags
+        parts: list[bytes] = []
+        if tag is not None:
+            raw_tag = _prop_text(i, tag, "TAGS")
+            if not _tag_ok(raw_tag):
+                raise _illegal(i, "the TAGS value is empty, padded with whitespace or has '||'")
+            parts += (b"TAGS\x01", raw_tag, b"\x02")
+        if prop_keys is not None:
+            from_props = [k for k in prop_keys.split(" ") if k]
+            if key_list:
+                if key_list != from_props:
+                    raise _illegal(i, f"keys {key_list!r} disagree with property KEYS")
+            else:
+                key_list = from_props
+        if prop_id is not None:
+            if not _uniq_ok(prop_id.encode("utf-8")):
+                raise _illegal(i, "the UNIQ_KEY must be 1 to 128 printable ASCII characters without spaces")
+            msg_id = prop_id
+        else:
+            count = (count + 1) & 0xFFFF
+            msg_id = f"{id_prefix}{since:08X}{count:04X}"
+        if key_list:
+            parts += (b"KEYS\x01", " ".join(key_list).encode("utf-8"), b"\x02")
+        parts += (b"UNIQ_KEY\x01", msg_id.encode("utf-8"), b"\x02")
+        for key, value in props.items():
+            if key not in _SPECIAL:
+                parts += (key.encode("utf-8"), b"\x01", value.encode("utf-8"), b"\x02")
+        raw_props = b"".join(parts)
+        if len(raw_props) > MAX_PROPERTIES_BYTES:
+            raise _err(PROPERTIES_TOO_LARGE,
+                       f"message {i}: the properties are {len(raw_props)} bytes, the limit is {MAX_PROPERTIES_BYTES}")
+        entries += (PACKED_ENTRY.pack(mv.nbytes, len(raw_props), flag, born), mv.tobytes(), raw_props)
+        msg_ids.append(msg_id)
+    return b"".join(entries), msg_ids, count
+
+
+def _host_text(raw: bytes) -> str:
+    """platform.common.codec.unpack_host."""
+    if not any(raw):
+        return ""
+    ip = ipaddress.IPv6Address(raw[:16])
+    port = int.from_bytes(raw[16:20], "little")
+    if ip.ipv4_mapped is not None:
+        return f"{ip.ipv4_mapped}:{port}"
+    return f"[{ip}]:{port}"
+
+
+def _offset_id_prefix(raw: bytes) -> str:
+    """ids.offset_msg_id_prefix of the host; all zero counts as 0.0.0.0:0."""
+    if not any(raw):
+        return "0" * 16
+    address = raw[12:16] if raw[:12] == _MAPPED_V4 else raw[:16]
+    return (address + raw[16:20][::-1]).hex().upper()
+
+
+def decode_records(data, broker_name: str, factory, inflate) -> list:
+    """``factory(...)`` of every record of concatenated stored records; see ``_commitlog.pyi``."""
+    mv = memoryview(data).cast("B")
+    size = mv.nbytes
+    pos = 0
+    out = []
+    topic_raw = topic = None
+    hosts: dict[bytes, tuple[str, str]] = {}
+    while pos < size:
+        left = size - pos
+        if left < RECORD_HEADER_SIZE:
+            raise _err(CORRUPT_RECORD, "record is malformed: buffer shorter than the header")
+        (total, magic, _crc, queue_id, _flag, queue_offset, clog_offset, sys_flag, born_ts, born_host,
+         store_ts, store_host, reconsume, _prepared, _tag, body_len) = RECORD_HEADER.unpack_from(mv, pos)
+        if magic != RECORD_MAGIC:
+            raise _err(CORRUPT_RECORD, f"record is malformed: bad magic 0x{magic:08x}")
+        if total < RECORD_HEADER_SIZE or total > left:
+            raise _err(CORRUPT_RECORD, f"record is malformed: total_size {total} != buffer length {left}")
+        tpos = RECORD_HEADER_SIZE + body_len
+        if tpos + 1 > total:
+            raise _err(CORRUPT_RECORD, "record is malformed: lengths overrun the record")
+        ppos = tpos + 1 + mv[pos + tpos]
+        if ppos + 2 > total:
+            raise _err(CORRUPT_RECORD, "record is malformed: lengths overrun the record")
+        props_len = int.from_bytes(mv[pos + ppos:pos + ppos + 2], "little")
+        if ppos + 2 + props_len != total:
+            raise _err(CORRUPT_RECORD, "record is malformed: lengths overrun the record")
+        raw = bytes(mv[pos + tpos + 1:pos + ppos])
+        if raw != topic_raw:
+            try:
+                topic = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise _err(CORRUPT_RECORD, "record is malformed: topic is not UTF-8") from None
+            topic_raw = raw
+        try:
+            text = bytes(mv[pos + ppos + 2:pos + total]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise _err(CORRUPT_RECORD, "record is malformed: properties are not UTF-8") from None
+        props: dict[str, str] = {}
+        for pair in text.split("\x02"):
+            if pair:
+                key, _, value = pair.partition("\x01")
+                props[key] = value
+        for host in (born_host, store_host):
+            if host not in hosts:
+                hosts[host] = (_host_text(host), _offset_id_prefix(host))
+        keys = props.get("KEYS")
+        body = bytes(mv[pos + RECORD_HEADER_SIZE:pos + tpos])
+        if sys_flag & SYS_FLAG_COMPRESSED:
+            body = inflate(body)
+        store_text, id_prefix = hosts[store_host]
+        out.append(factory(topic, broker_name, queue_id, queue_offset, props.get("UNIQ_KEY", ""),
+                           f"{id_prefix}{clog_offset:016X}", body, props.get("TAGS"),
+                           tuple(k for k in keys.split(" ") if k) if keys is not None else (), props, born_ts,
+                           hosts[born_host][0], store_ts, store_text, reconsume, sys_flag, clog_offset, total))
+        pos += total
+    return out
 
 
 def _check_topic(topic: object) -> bytes:
@@ -754,6 +1099,37 @@ class CommitLog:
             offsets = [self._write_one(topic, enc, first + i, store_ts, host) for i, enc in enumerate(encoded)]
             return first, store_ts, offsets
 
+    def append_packed(self, topic: str, queue_id: int, data, count: int, *, sys_flag: int = 0,
+                      born_host: bytes | None = None, store_host: bytes | None = None, store_timestamp: int = 0,
+                      max_body: int = 4194304, max_properties: int = 32767,
+                      reserved_keys: tuple[str, ...] = ()) -> tuple[int, int, int, bytes]:
+        """Validate a packed batch and append it to one queue; see ``_commitlog.pyi``."""
+        with self._lock:
+            self._check_open()
+            raw_topic = _check_topic(topic)
+            qid = _check_queue_id(queue_id)
+            bhost = _check_host(born_host, "born_host")
+            host = _check_host(store_host, "store_host")
+            store_ts = _bounded(store_timestamp, 64) or _now_ms()
+            flag_bits = _bounded(sys_flag, 32)
+            max_b = _bounded(max_body, 64)
+            max_p = _bounded(max_properties, 64)
+            reserved = _reserved_arg(reserved_keys)
+            n = _bounded(count, 64)
+            mv = memoryview(data).cast("B")
+            encoded = []
+            for i, (pos, body_len, props_len, flag, born) in enumerate(_packed_frame(mv, n)):
+                start = pos + PACKED_ENTRY_SIZE
+                body = bytes(mv[start:start + body_len])
+                props = bytes(mv[start + body_len:start + body_len + props_len])
+                tag_hash = _check_packed_entry(i, body, props, max_b, max_p, bool(flag_bits & SYS_FLAG_COMPRESSED),
+                                               reserved, len(raw_topic), self._segment_size)
+                encoded.append(_Encoded(raw_topic, qid, body, props, tag_hash, flag, flag_bits, born, bhost, 0, 0,
+                                        self._segment_size))
+            first = self._queue(topic, qid)._max
+            offsets = [self._write_one(topic, enc, first + i, store_ts, host) for i, enc in enumerate(encoded)]
+            return first, store_ts, offsets[-1] + encoded[-1].size, struct.pack(f"<{n}q", *offsets)
+
     # -- reading ------------------------------------------------------------
     def read(self, offset: int) -> bytes:
         """The whole record starting at ``offset`` (a copy)."""
@@ -822,40 +1198,52 @@ class CommitLog:
             tag_hashes=None, max_bytes: int = 0) -> tuple[int, list[tuple[int, int, bytes]]]:
         """Read through the consume queue: (next_queue_offset, [(queue_offset, commitlog_offset, record)])."""
         with self._lock:
-            self._check_open()
-            off = _int(queue_offset)
-            count = _int(max_count)
-            limit = _int(max_bytes)
-            qid = _int(queue_id)
-            if tag_hashes is not None and not isinstance(tag_hashes, (set, frozenset)):
-                raise TypeError("tag_hashes must be a set or frozenset")
-            if off < 0:
-                raise _err(INVALID_ARGUMENT, f"queue offset must be >= 0, got {off}")
-            if count < 1:
-                raise _err(INVALID_ARGUMENT, f"max_count must be >= 1, got {count}")
-            cq = self._queues.get((topic, qid))
-            if cq is None or off >= cq._max:
-                return off, []
-            if off < cq._min:
-                raise _err(OFFSET_TOO_SMALL, f"queue offset {off} is below the minimum queue offset {cq._min}")
-            min_offset = self._segments[0].start if self._segments else 0
-            out: list[tuple[int, int, bytes]] = []
-            used = 0
-            end = min(cq._max, off + _GET_MAX_EXAMINED)
-            index = off
-            while index < end and len(out) < count:
-                clog, size, tag = cq._unit(index)
-                if clog < min_offset or (tag_hashes is not None and tag not in tag_hashes):
-                    index += 1
-                    continue
-                if limit > 0 and out and used + size > limit:
-                    break
-                seg = self._segment_for(clog)
-                rel = clog - seg.start
-                out.append((index, clog, seg.mm[rel:rel + size]))
-                used += size
+            return self._get(topic, queue_id, queue_offset, max_count, tag_hashes, max_bytes)
+
+    def read_packed(self, topic: str, queue_id: int, queue_offset: int, max_count: int,
+                    tag_hashes=None, max_bytes: int = 0) -> tuple[int, int, bytes]:
+        """Like ``get`` with the records concatenated: (next_queue_offset, count, data)."""
+        with self._lock:
+            nxt, found = self._get(topic, queue_id, queue_offset, max_count, tag_hashes, max_bytes)
+            return nxt, len(found), b"".join(record for _q, _o, record in found)
+
+    def _get(self, topic: str, queue_id: int, queue_offset: int, max_count: int,
+             tag_hashes, max_bytes: int) -> tuple[int, list[tuple[int, int, bytes]]]:
+        """``get`` with the lock held."""
+        self._check_open()
+        off = _int(queue_offset)
+        count = _int(max_count)
+        limit = _int(max_bytes)
+        qid = _int(queue_id)
+        if tag_hashes is not None and not isinstance(tag_hashes, (set, frozenset)):
+            raise TypeError("tag_hashes must be a set or frozenset")
+        if off < 0:
+            raise _err(INVALID_ARGUMENT, f"queue offset must be >= 0, got {off}")
+        if count < 1:
+            raise _err(INVALID_ARGUMENT, f"max_count must be >= 1, got {count}")
+        cq = self._queues.get((topic, qid))
+        if cq is None or off >= cq._max:
+            return off, []
+        if off < cq._min:
+            raise _err(OFFSET_TOO_SMALL, f"queue offset {off} is below the minimum queue offset {cq._min}")
+        min_offset = self._segments[0].start if self._segments else 0
+        out: list[tuple[int, int, bytes]] = []
+        used = 0
+        end = min(cq._max, off + _GET_MAX_EXAMINED)
+        index = off
+        while index < end and len(out) < count:
+            clog, size, tag = cq._unit(index)
+            if clog < min_offset or (tag_hashes is not None and tag not in tag_hashes):
                 index += 1
-            return index, out
+                continue
+            if limit > 0 and out and used + size > limit:
+                break
+            seg = self._segment_for(clog)
+            rel = clog - seg.start
+            out.append((index, clog, seg.mm[rel:rel + size]))
+            used += size
+            index += 1
+        return index, out
 
     # -- queues and segments --------------------------------------------------------
     def consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:

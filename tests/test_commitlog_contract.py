@@ -6,6 +6,7 @@ identical errors (code and message) and byte-identical files.
 """
 from __future__ import annotations
 
+import functools
 import os
 import zlib
 from pathlib import Path
@@ -19,6 +20,7 @@ from sparkmq.storage_native import StoreError
 from sparkmq.storage_native.layout import (
     BLANK_MAGIC,
     CQ_UNIT_SIZE,
+    PACKED_ENTRY,
     RECORD_HEADER_SIZE,
     record_size,
 )
@@ -285,6 +287,13 @@ BAD_CALLS = [
     ("read_raw", (-5, 1), "INVALID_ARGUMENT"),
     ("get", ("T", 0, -1, 5), "INVALID_ARGUMENT"),
     ("get", ("T", 0, 0, 0), "INVALID_ARGUMENT"),
+    ("append_packed", ("T", 0, b"", 0), "MESSAGE_ILLEGAL"),
+    ("append_packed", ("T", 0, b"\0" * 17, 1), "MESSAGE_ILLEGAL"),
+    ("append_packed", ("T", 0, PACKED_ENTRY.pack(1, 0, 0, 0) + b"x", 1), "MESSAGE_ILLEGAL"),  # no UNIQ_KEY
+    ("append_packed", ("T", 0, PACKED_ENTRY.pack(SEG, 6, 0, 0) + b"x" * SEG + b"U\x01v\x02U", 1), "MESSAGE_ILLEGAL"),
+    ("append_packed", ("", 0, b"", 1), "INVALID_ARGUMENT"),
+    ("read_packed", ("T", 0, -1, 5), "INVALID_ARGUMENT"),
+    ("read_packed", ("T", 0, 0, 0), "INVALID_ARGUMENT"),
 ]
 
 
@@ -337,6 +346,9 @@ operation = st.one_of(
               st.binary(max_size=3000), st.binary(max_size=200), st.integers(-(2**63), 2**63 - 1)),
     st.tuples(st.just("batch"), st.sampled_from(["A", "B"]), st.integers(0, 3),
               st.lists(st.tuples(st.binary(max_size=1500), st.binary(max_size=50)), min_size=1, max_size=8)),
+    st.tuples(st.just("packed"), st.sampled_from(["A", "B"]), st.integers(0, 3),
+              st.lists(st.tuples(st.binary(min_size=1, max_size=1500), st.sampled_from([b"", b"red", b"blue"])),
+                       min_size=1, max_size=8)),
     st.tuples(st.just("flush")),
     st.tuples(st.just("reopen")),
     st.tuples(st.just("delete"), st.integers(0, 4)),
@@ -363,6 +375,13 @@ def test_random_operations_give_identical_results_and_files(tmp_path_factory, op
                     _, topic, qid, items = op
                     batch = [(b, p, len(b), 0, 0, ts, None, 1, 0) for b, p in items]
                     results[name] = _outcome(log.append_batch, topic, qid, batch, ts, HOST)
+                elif kind == "packed":
+                    _, topic, qid, items = op
+                    data = b"".join(PACKED_ENTRY.pack(len(b), len(p), j, ts) + b + p for j, (b, p) in enumerate(
+                        (body, (b"TAGS\x01" + tag + b"\x02" if tag else b"") + b"UNIQ_KEY\x01U%d\x02" % j)
+                        for j, (body, tag) in enumerate(items)))
+                    results[name] = _outcome(functools.partial(log.append_packed, topic, qid, data, len(items),
+                                                               store_timestamp=ts, store_host=HOST))
                 elif kind == "flush":
                     results[name] = _outcome(log.flush)
                 elif kind == "reopen":
@@ -378,7 +397,9 @@ def test_random_operations_give_identical_results_and_files(tmp_path_factory, op
         for name, log in logs.items():
             nxt, recs = log.scan(log.min_offset, 10**6, 1 << 40) if log.max_offset else (0, [])
             queues = {q: (log.consume_queue(*q).min_offset, log.consume_queue(*q).max_offset,
-                          log.get(q[0], q[1], log.consume_queue(*q).min_offset, 10**6, None))
+                          log.get(q[0], q[1], log.consume_queue(*q).min_offset, 10**6, None),
+                          log.read_packed(q[0], q[1], log.consume_queue(*q).min_offset, 10**6,
+                                          {0, zlib.crc32(b"red")}))
                       for q in log.queues()}
             snapshots.append((log.min_offset, log.max_offset, nxt, recs, queues))
             for off, rec in recs:

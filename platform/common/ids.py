@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import datetime as _dt
 import ipaddress
+import operator
 import os
 import secrets
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from .errors import ErrorCode, SparkMQError
+
+_T = TypeVar("_T", bound=tuple)
 
 __all__ = [
     "UniqueIdGenerator",
@@ -53,14 +58,35 @@ class UniqueIdGenerator:
         self._month_start_ms = int(start.timestamp() * 1000)
         self._next_month_ms = int(nxt.timestamp() * 1000)
 
+    def _month_for(self, now_ms: int) -> None:
+        if now_ms >= self._next_month_ms or now_ms < self._month_start_ms:
+            self._roll_month(now_ms)
+
     def next_id(self, now_ms: int) -> str:
         """A new id; ``now_ms`` is the caller's clock (the born timestamp)."""
         with self._lock:
-            if now_ms >= self._next_month_ms or now_ms < self._month_start_ms:
-                self._roll_month(now_ms)
+            self._month_for(now_ms)
             self._counter = (self._counter + 1) & 0xFFFF
             since = (now_ms - self._month_start_ms) & 0xFFFFFFFF
             return f"{self._prefix}{since:08X}{self._counter:04X}"
+
+    def with_state(self, now_ms: int, encode: Callable[[str, int, int], _T]) -> _T:
+        """Run ``encode(prefix, month_start_ms, counter)`` under the generator's lock and keep its counter.
+
+        For encoders that make many ids at once in native code (``storage_native.encode_batch``):
+        ``encode`` returns a tuple whose last item is the counter after its last id, which becomes
+        the generator's, so ids made here and by ``next_id`` never repeat.  ``now_ms`` is the born
+        timestamp the ids are made for.  Nothing is kept when ``encode`` raises.
+
+        Example::
+
+            data, ids, _ = gen.with_state(now, lambda p, m, c: encode_batch(msgs, p, m, c, now))
+        """
+        with self._lock:
+            self._month_for(now_ms)
+            result = encode(self._prefix, self._month_start_ms, self._counter)
+            self._counter = operator.index(result[-1]) & 0xFFFF
+            return result
 
 
 @dataclass(frozen=True, slots=True)

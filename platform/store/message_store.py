@@ -59,6 +59,9 @@ _NATIVE_TO_CODE = {
     native_errors.DISK_FULL: ErrorCode.DISK_FULL,
     native_errors.IO_ERROR: ErrorCode.INTERNAL_ERROR,
     native_errors.CLOSED: ErrorCode.SERVICE_NOT_AVAILABLE,
+    native_errors.MESSAGE_ILLEGAL: ErrorCode.MESSAGE_ILLEGAL,
+    native_errors.MESSAGE_TOO_LARGE: ErrorCode.MESSAGE_TOO_LARGE,
+    native_errors.PROPERTIES_TOO_LARGE: ErrorCode.PROPERTIES_TOO_LARGE,
 }
 
 
