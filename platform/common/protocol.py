@@ -1,0 +1,359 @@
+"""The wire contract of sparkmq, defined once: request codes, frame flags, limits.
+
+Every protocol adapter (remoting, HTTP) and every client uses these names; nothing else
+defines a request code, a status or a limit.  The frame layout is drawn in
+``docs/remoting.md``; error codes and their remoting numbers are in :mod:`.errors`.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from .errors import ErrorCode, SparkMQError
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "FRAME_MAGIC",
+    "FRAME_PREFIX_SIZE",
+    "FLAG_RESPONSE",
+    "FLAG_ONEWAY",
+    "KNOWN_FLAGS",
+    "RESPONSE_SUCCESS",
+    "DEFAULT_MAX_FRAME_BYTES",
+    "DEFAULT_IDLE_TIMEOUT_S",
+    "DEFAULT_HEARTBEAT_INTERVAL_S",
+    "RequestCode",
+    "PullStatus",
+    "PullResult",
+    "pull_status",
+    "MessageModel",
+    "ConsumeType",
+    "ConsumeFromWhere",
+    "ExpressionType",
+    "MAX_PULL_BATCH",
+    "MAX_BULK_PULL_BATCH",
+    "MAX_MSG_ID_LENGTH",
+    "Header",
+    "SendRequest",
+    "SendResponse",
+    "SendBatchRequest",
+    "SendBatchResponse",
+    "PullRequest",
+    "PullResponse",
+    "SubscriptionData",
+    "ConsumerGroupData",
+    "HeartbeatRequest",
+    "HeartbeatResponse",
+    "UnregisterRequest",
+    "GroupChangedNotice",
+    "OffsetResetNotice",
+]
+
+#: The frame format version (byte 6 of every frame).
+PROTOCOL_VERSION = 1
+#: Bytes 4..5 of every frame.
+FRAME_MAGIC = b"SM"
+#: length (4) + magic (2) + version (1) + flags (1) + code (2) + opaque (4) + header_len (4).
+FRAME_PREFIX_SIZE = 18
+
+#: Frame flag bits.
+FLAG_RESPONSE = 0x01
+FLAG_ONEWAY = 0x02
+KNOWN_FLAGS = FLAG_RESPONSE | FLAG_ONEWAY
+
+#: The code of a response that succeeded; any other response code is an error's remoting number.
+RESPONSE_SUCCESS = 0
+
+#: The largest frame a side accepts (the 4-byte length field's value), unless configured otherwise.
+DEFAULT_MAX_FRAME_BYTES = 64 << 20
+#: A broker closes a connection that sent nothing for this long.
+DEFAULT_IDLE_TIMEOUT_S = 60.0
+#: A client with nothing in flight pings this often (well inside the idle timeout).
+DEFAULT_HEARTBEAT_INTERVAL_S = 10.0
+
+#: The most messages one consumer pull answers.
+MAX_PULL_BATCH = 1024
+#: The most messages one unfiltered bulk pull without a group answers (the Spark source's reads):
+#: records are copied out in bulk, so bigger pulls only spread the request's cost.
+MAX_BULK_PULL_BATCH = 16384
+#: The longest unique message id (UNIQ_KEY) a producer may give.
+MAX_MSG_ID_LENGTH = 128
+
+
+class RequestCode(enum.IntEnum):
+    """Every remoting request code (``docs/remoting.md``, "Request codes")."""
+
+    PING = 1
+    HEARTBEAT = 2
+    UNREGISTER_CLIENT = 3
+
+    SEND_MESSAGE = 10
+    SEND_BATCH = 11
+    SEND_HALF = 12
+    END_TRANSACTION = 13
+
+    PULL_MESSAGE = 20
+    QUEUE_OFFSETS = 21
+
+    COMMIT_OFFSETS = 30
+    QUERY_OFFSET = 31
+    GROUP_OFFSETS = 32
+    GROUP_LAG = 33
+    RESET_OFFSETS = 34
+
+    GROUP_INFO = 40
+    LIST_GROUPS = 41
+    LOCK_QUEUES = 45
+    UNLOCK_QUEUES = 46
+
+    CREATE_TOPIC = 50
+    DELETE_TOPIC = 51
+    GET_TOPIC = 52
+    LIST_TOPICS = 53
+    TOPIC_STATS = 54
+
+    SEND_BACK = 60
+    DLQ_MESSAGES = 61
+    REDRIVE = 62
+    RECALL_TIMER = 63
+
+    VIEW_MESSAGE = 70
+    QUERY_MESSAGES = 71
+    POST_TRACE = 72
+    GET_TRACE = 73
+
+    BROKER_INFO = 80
+    HEALTH = 81
+
+    # broker -> client, ONEWAY
+    NOTIFY_CONSUMER_IDS_CHANGED = 100
+    NOTIFY_OFFSET_RESET = 101
+    CHECK_TRANSACTION_STATE = 102
+
+
+class PullStatus(enum.StrEnum):
+    """A pull's outcome (RocketMQ's PullStatus / GetMessageStatus, named for readers of both)."""
+
+    FOUND = "FOUND"
+    #: The offset is the queue's end: nothing new yet (long polling waits here).
+    NO_NEW_MSG = "NO_NEW_MSG"
+    #: Messages were examined but none matched the filter; next_offset moves past them.
+    NO_MATCHED_MSG = "NO_MATCHED_MSG"
+    #: The queue has never been written.
+    NO_MATCHED_QUEUE = "NO_MATCHED_QUEUE"
+    #: Below the oldest retained message; next_offset is the queue's min offset.
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+    #: Past the queue's end; next_offset is the queue's max offset.
+    OFFSET_OVERFLOW = "OFFSET_OVERFLOW"
+    #: An admin reset the pulling group's offset on this queue; next_offset is the new offset,
+    #: where the consumer restarts (nothing was read).  A broker status: the store never answers it.
+    OFFSET_RESET = "OFFSET_RESET"
+
+
+@dataclass(slots=True)
+class PullResult:
+    """One pull's answer: status, where to pull next, the queue's bounds and the messages.
+
+    The broker fills ``messages`` with stored messages, a client with received ones (bodies inflated).
+    """
+
+    status: PullStatus
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    messages: list[Any] = field(default_factory=list)
+
+
+def pull_status(value: object) -> PullStatus:
+    """A pull status from the wire; INTERNAL_ERROR when this side does not know it (a newer server)."""
+    try:
+        return PullStatus(value)
+    except ValueError:
+        raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"unknown pull status {value!r}") from None
+
+
+class MessageModel(enum.StrEnum):
+    """How a consumer group shares a topic."""
+
+    #: Each message goes to one member of the group; offsets live on the brokers.
+    CLUSTERING = "CLUSTERING"
+    #: Every member gets every message; each member keeps its own offsets locally.
+    BROADCASTING = "BROADCASTING"
+
+
+class ConsumeType(enum.StrEnum):
+    """How a consumer fetches: pushed to a listener (the client pulls underneath), pulled by the app, or POP."""
+
+    PUSH = "PUSH"
+    PULL = "PULL"
+    POP = "POP"
+
+
+class ConsumeFromWhere(enum.StrEnum):
+    """Where a group with no committed offset for a queue starts."""
+
+    CONSUME_FROM_LAST_OFFSET = "CONSUME_FROM_LAST_OFFSET"
+    CONSUME_FROM_FIRST_OFFSET = "CONSUME_FROM_FIRST_OFFSET"
+    CONSUME_FROM_TIMESTAMP = "CONSUME_FROM_TIMESTAMP"
+
+
+class ExpressionType(enum.StrEnum):
+    """The language of a subscription expression."""
+
+    TAG = "TAG"
+    SQL92 = "SQL92"
+
+
+
+# -- remoting headers ---------------------------------------------------------------------------
+# Each request and response header is one of these, msgpack-encoded (docs/remoting.md).  Unknown
+# fields are refused (a typo is not an extension) and defaults are left out on the wire.
+
+class Header(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """The base of every remoting header."""
+
+
+class SendRequest(Header):
+    """SEND_MESSAGE / SEND_HALF: one message, its body in the frame body."""
+
+    topic: str
+    queue_id: int | None = None
+    sharding_key: str | None = None
+    producer_group: str | None = None
+    tags: str | None = None
+    keys: list[str] = []
+    properties: dict[str, str] = {}
+    msg_id: str | None = None
+    flag: int = 0
+    compressed: bool = False
+    born_timestamp: int | None = None
+    delay_level: int | None = None
+    deliver_at_ms: int | None = None
+    delay_ms: int | None = None
+
+
+class SendResponse(Header):
+    """Where one message was stored (``transaction_id`` for a half message)."""
+
+    status: str
+    msg_id: str
+    offset_msg_id: str
+    topic: str
+    broker_name: str
+    queue_id: int
+    queue_offset: int
+    store_timestamp: int = 0
+    transaction_id: str | None = None
+
+
+class SendBatchRequest(Header):
+    """SEND_BATCH: ``count`` messages for one queue, packed in the frame body (docs/remoting.md)."""
+
+    topic: str
+    count: int
+    queue_id: int | None = None
+    sharding_key: str | None = None
+    producer_group: str | None = None
+    compressed: bool = False
+    delay_level: int | None = None
+    deliver_at_ms: int | None = None
+    delay_ms: int | None = None
+
+
+class SendBatchResponse(Header):
+    """Where a batch was stored: consecutive queue offsets from ``first_queue_offset``; the frame
+    body holds each message's commit-log offset (int64 little-endian, ``count`` of them)."""
+
+    status: str
+    topic: str
+    broker_name: str
+    queue_id: int
+    first_queue_offset: int
+    count: int
+    store_timestamp: int
+    #: The store host ("ip:port") that, with a commit-log offset, makes an offsetMsgId.
+    store_host: str
+
+
+class PullRequest(Header):
+    """PULL_MESSAGE: read from a queue, holding up to ``wait_ms`` when nothing is new."""
+
+    topic: str
+    queue_id: int
+    offset: int
+    max_count: int = 32
+    group: str | None = None
+    client_id: str | None = None
+    tags: str | None = None
+    filter_type: str = "TAG"
+    expression: str | None = None
+    wait_ms: int = 0
+    commit_offset: int | None = None
+
+
+class PullResponse(Header):
+    """A pull's answer; the frame body holds ``count`` stored records back to back."""
+
+    status: str
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    count: int = 0
+
+
+class SubscriptionData(Header):
+    """One topic a consumer subscribes to, with its filter."""
+
+    topic: str
+    expression: str = "*"
+    type: str = "TAG"
+
+
+class ConsumerGroupData(Header):
+    """What one client says about one consumer group."""
+
+    group: str
+    consume_type: str = "PUSH"
+    message_model: str = "CLUSTERING"
+    consume_from_where: str = "CONSUME_FROM_LAST_OFFSET"
+    subscriptions: list[SubscriptionData] = []
+
+
+class HeartbeatRequest(Header):
+    """HEARTBEAT: a client's groups; binds the client id to this connection for pushed notices."""
+
+    client_id: str
+    producer_groups: list[str] = []
+    consumers: list[ConsumerGroupData] = []
+
+
+class HeartbeatResponse(Header):
+    """Each consumer group's membership version."""
+
+    versions: dict[str, int] = {}
+
+
+class UnregisterRequest(Header):
+    """UNREGISTER_CLIENT: a client leaves groups (it is shutting down)."""
+
+    client_id: str
+    producer_groups: list[str] = []
+    consumer_groups: list[str] = []
+
+
+class GroupChangedNotice(Header):
+    """NOTIFY_CONSUMER_IDS_CHANGED: a group's members changed; rebalance."""
+
+    group: str
+    version: int
+
+
+class OffsetResetNotice(Header):
+    """NOTIFY_OFFSET_RESET: an admin moved a group's offsets on a topic ({queue id: offset})."""
+
+    group: str
+    topic: str
+    offsets: dict[int, int]

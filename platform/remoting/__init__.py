@@ -1,0 +1,70 @@
+"""The transport of the remoting protocol (``docs/remoting.md``): frames, a server, clients.
+
+It carries frames only and knows nothing of brokers or messages: headers are opaque bytes
+(msgpack made by callers) except an error response's ``{"message": str}``.
+
+* :func:`encode_frame` / :class:`FrameDecoder` -- the frame codec; :class:`ProtocolError` on a
+  broken stream (the receiver closes the connection).
+* :class:`RemotingServer` -- serves ``handler(conn, frame)`` on the running loop;
+  :class:`ServerConnection` is one accepted connection (``push`` notices from any thread).
+* :class:`RemotingConnection` -- one multiplexed client connection; :class:`AsyncRemotingClient`
+  and :class:`SyncRemotingClient` (on the process-wide :class:`LoopThread`) pool them by address.
+
+Errors: an error response raises :class:`~sparkmq.platform.common.errors.SparkMQError` with its
+code; a failed, closed or timed-out connection raises :class:`RemotingError`.
+"""
+from __future__ import annotations
+
+from .client import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_REQUEST_TIMEOUT_S,
+    PushCallback,
+    RemotingConnection,
+    split_addr,
+)
+from .codec import (
+    Frame,
+    FrameData,
+    FrameDecoder,
+    ProtocolError,
+    RemotingError,
+    Reply,
+    Response,
+    encode_error_header,
+    encode_frame,
+    error_from_frame,
+    error_reply,
+    unsupported_reply,
+    write_frame,
+)
+from .loop import LoopThread, new_event_loop
+from .pool import AsyncRemotingClient, SyncRemotingClient
+from .server import Handler, RemotingServer, ServerConnection
+
+__all__ = [
+    "DEFAULT_CONNECT_TIMEOUT_S",
+    "DEFAULT_REQUEST_TIMEOUT_S",
+    "AsyncRemotingClient",
+    "Frame",
+    "FrameData",
+    "FrameDecoder",
+    "Handler",
+    "LoopThread",
+    "ProtocolError",
+    "PushCallback",
+    "RemotingConnection",
+    "RemotingError",
+    "RemotingServer",
+    "Reply",
+    "Response",
+    "ServerConnection",
+    "SyncRemotingClient",
+    "encode_error_header",
+    "encode_frame",
+    "error_from_frame",
+    "error_reply",
+    "new_event_loop",
+    "split_addr",
+    "unsupported_reply",
+    "write_frame",
+]

@@ -1,0 +1,449 @@
+"""The remoting server: accepts connections, hands request frames to one handler, writes replies.
+
+It runs on the loop that calls :meth:`RemotingServer.start` (the broker shares uvicorn's).
+A handler answering synchronously is served without creating a task -- the hot path; an
+awaitable answer runs as a task.  PING is answered here; everything else is the handler's.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..common.errors import ErrorCode, SparkMQError
+from ..common.protocol import (
+    DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_MAX_FRAME_BYTES,
+    FLAG_ONEWAY,
+    FLAG_RESPONSE,
+    RESPONSE_SUCCESS,
+    RequestCode,
+)
+from .codec import (
+    Frame,
+    FrameData,
+    FrameDecoder,
+    ProtocolError,
+    Reply,
+    encode_error_header,
+    encode_frame,
+)
+
+__all__ = ["Handler", "RemotingServer", "ServerConnection"]
+
+log = logging.getLogger("sparkmq.remoting")
+
+#: ``handler(conn, frame)``: a :class:`Reply`, an awaitable of one, or None (no answer to a ONEWAY
+#: request, an empty success to any other).
+Handler = Callable[["ServerConnection", Frame], "Reply | Awaitable[Reply | None] | None"]
+
+_PING = int(RequestCode.PING)
+_MASK32 = 0xFFFFFFFF
+#: Stop reading a connection whose unsent replies exceed this, until they drain to a quarter of it.
+DEFAULT_WRITE_HIGH_WATER = 4 << 20
+
+
+class ServerConnection(asyncio.Protocol):
+    """One accepted connection.
+
+    ``peer`` is ``"ip:port"``; ``attributes`` is free for the broker (a bound client id, groups).
+    :meth:`push` and :meth:`close` may be called from any thread.
+    """
+
+    def __init__(self, server: RemotingServer) -> None:
+        self.server = server
+        self.peer = "?"
+        self.attributes: dict[str, Any] = {}
+        self._loop = server._loop
+        self._transport: asyncio.Transport | None = None
+        self._decoder = FrameDecoder(server.max_frame_bytes)
+        self._closed = False
+        self._close_callbacks: list[Callable[[ServerConnection], None]] = []
+        self._push_ids = itertools.count(1)
+        self._wq: list[bytes | memoryview] | None = None  # writes coalesced until the next loop pass
+        self._inflight = 0    # handler tasks not yet answered (a connection with some is not idle)
+        self._active = True   # received something since the last idle sweep
+        self._idle_since = 0.0
+
+    # ---- public -------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """True once the connection is closed or closing."""
+        return self._closed
+
+    def push(self, code: int, header: bytes = b"", body: bytes | memoryview = b"") -> bool:
+        """Send a ONEWAY request to the client (a notice); thread-safe; False if the connection is gone."""
+        if self._closed:
+            return False
+        data = encode_frame(FLAG_ONEWAY, code, next(self._push_ids) & _MASK32, header, body)
+        if threading.get_ident() == self.server._loop_thread_id:
+            self._queue_write(data)
+            return True
+        try:
+            self._loop.call_soon_threadsafe(self._queue_write, data)
+        except RuntimeError:  # the loop is closed
+            return False
+        return True
+
+    def close(self) -> None:
+        """Close after the replies already written are flushed; thread-safe."""
+        if threading.get_ident() == self.server._loop_thread_id:
+            self._close()
+        else:
+            try:
+                self._loop.call_soon_threadsafe(self._close)
+            except RuntimeError:
+                pass
+
+    def on_close(self, callback: Callable[[ServerConnection], None]) -> None:
+        """Call ``callback(conn)`` on the loop once the connection is closed (at once if it already is)."""
+        if self._closed and self._transport is None:
+            self._loop.call_soon(callback, self)
+        else:
+            self._close_callbacks.append(callback)
+
+    def __repr__(self) -> str:
+        return f"<ServerConnection {self.peer}{' closed' if self._closed else ''}>"
+
+    # ---- asyncio protocol ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]  # uvloop transports are not asyncio.Transport subclasses
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and len(peer) >= 2:
+            host = peer[0]
+            self.peer = f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
+        high = self.server.write_high_water
+        transport.set_write_buffer_limits(high=high, low=high // 4)
+        self.server._opened(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self._transport = None
+        self._wq = None
+        self.server._lost(self)
+        callbacks, self._close_callbacks = self._close_callbacks, []
+        for callback in callbacks:
+            try:
+                callback(self)
+            except Exception:
+                log.exception("on_close callback of %s failed", self.peer)
+
+    def pause_writing(self) -> None:
+        # Backpressure: the peer does not read its replies fast enough; stop taking its requests.
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        self._active = True
+        try:
+            frames = self._decoder.feed(data)
+        except ProtocolError as exc:
+            self.server._protocol_error(self, exc)
+            return
+        server = self.server
+        server.requests += len(frames)
+        handler = server._handler
+        out: list[bytes | memoryview] = []
+        for frame in frames:
+            flags = frame.flags
+            if flags & FLAG_RESPONSE:
+                continue  # our pushes are ONEWAY: a response to one is a stray, ignore it
+            oneway = flags & FLAG_ONEWAY
+            if frame.code == _PING:
+                if not oneway:
+                    out.append(encode_frame(FLAG_RESPONSE, RESPONSE_SUCCESS, frame.opaque))
+                continue
+            if server._stopping:
+                if not oneway:
+                    _extend(out, _error_frame(frame.opaque, ErrorCode.SERVICE_NOT_AVAILABLE, "server is stopping"))
+                continue
+            try:
+                reply = handler(self, frame)
+            except SparkMQError as exc:
+                if not oneway:
+                    _extend(out, _error_frame(frame.opaque, exc.code, exc.message))
+                continue
+            except Exception as exc:
+                server._handler_failed(frame, exc)
+                if not oneway:
+                    _extend(out, _error_frame(frame.opaque, ErrorCode.INTERNAL_ERROR, _internal_message(exc)))
+                continue
+            if type(reply) is Reply:
+                if not oneway:
+                    _extend(out, encode_frame(FLAG_RESPONSE, reply.code, frame.opaque, reply.header, reply.body))
+            elif reply is None:
+                if not oneway:
+                    out.append(encode_frame(FLAG_RESPONSE, RESPONSE_SUCCESS, frame.opaque))
+            else:
+                self._spawn(frame, reply)
+        if out and not self._closed:
+            transport = self._transport
+            if transport is not None:
+                if len(out) == 1:
+                    transport.write(out[0])
+                else:
+                    transport.writelines(out)
+
+    # ---- internals ----------------------------------------------------------------------
+
+    def _spawn(self, frame: Frame, awaitable: Any) -> None:
+        self._inflight += 1
+        task = self._loop.create_task(self._answer_later(frame, awaitable))
+        self.server._track(task)
+
+    async def _answer_later(self, frame: Frame, awaitable: Awaitable[Reply | None]) -> None:
+        oneway = frame.flags & FLAG_ONEWAY
+        try:
+            reply = await awaitable
+        except SparkMQError as exc:
+            data = None if oneway else _error_frame(frame.opaque, exc.code, exc.message)
+        except Exception as exc:
+            self.server._handler_failed(frame, exc)
+            data = None if oneway else _error_frame(frame.opaque, ErrorCode.INTERNAL_ERROR, _internal_message(exc))
+        else:
+            if oneway:
+                data = None
+            elif reply is None:
+                data = encode_frame(FLAG_RESPONSE, RESPONSE_SUCCESS, frame.opaque)
+            elif type(reply) is Reply:
+                data = encode_frame(FLAG_RESPONSE, reply.code, frame.opaque, reply.header, reply.body)
+            else:
+                exc = TypeError(f"handler answered {type(reply).__name__}, not Reply")
+                self.server._handler_failed(frame, exc)
+                data = _error_frame(frame.opaque, ErrorCode.INTERNAL_ERROR, _internal_message(exc))
+        finally:
+            self._inflight -= 1
+        if data is not None:
+            self._queue_write(data)
+
+    def _queue_write(self, data: FrameData) -> None:
+        """Write on the next loop pass, together with everything else queued in this one."""
+        if self._closed:
+            return
+        wq = self._wq
+        if wq is None:
+            self._wq = wq = []
+            self._loop.call_soon(self._flush)
+        _extend(wq, data)
+
+    def _flush(self) -> None:
+        wq, self._wq = self._wq, None
+        transport = self._transport
+        if wq and transport is not None and not self._closed:
+            if len(wq) == 1:
+                transport.write(wq[0])
+            else:
+                transport.writelines(wq)
+
+    def _close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._wq:
+            self._flush_before_close()
+        if self._transport is not None:
+            self._transport.close()
+
+    def _flush_before_close(self) -> None:
+        wq, self._wq = self._wq, None
+        if wq and self._transport is not None:
+            self._transport.writelines(wq)
+
+    def _abort(self) -> None:
+        self._closed = True
+        if self._transport is not None:
+            self._transport.abort()
+
+
+def _extend(out: list[bytes | memoryview], data: FrameData) -> None:
+    if type(data) is bytes:
+        out.append(data)
+    else:
+        out.extend(data)
+
+
+def _error_frame(opaque: int, code: ErrorCode, message: str) -> FrameData:
+    return encode_frame(FLAG_RESPONSE, code.remoting_code, opaque, encode_error_header(message))
+
+
+def _internal_message(exc: BaseException) -> str:
+    return f"internal error: {type(exc).__name__}: {exc}"
+
+
+class RemotingServer:
+    """A remoting server on the running event loop.
+
+    ``handler(conn, frame)`` answers each request frame (PING excepted): a :class:`Reply`
+    (written at once, no task), an awaitable of one (run as a task), or None (nothing for a
+    ONEWAY request, an empty success otherwise).  A raised :class:`SparkMQError` becomes an error
+    response with its code; any other exception INTERNAL_ERROR (logged once per request code and
+    exception type).  Request codes it does not know it answers with
+    :func:`~.codec.unsupported_reply`.
+
+    ``on_connect(conn)`` is called for each accepted connection; :attr:`connection_count` and
+    :meth:`stats` report on them.  A connection that sent nothing for ``idle_timeout_s`` (and has
+    no request being answered) is closed; one whose unsent replies exceed ``write_high_water`` is
+    not read until they drain to a quarter of it (backpressure).  A protocol error closes only the
+    connection that made it.
+    """
+
+    def __init__(self, handler: Handler, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S, write_high_water: int = DEFAULT_WRITE_HIGH_WATER,
+                 backlog: int = 1024, on_connect: Callable[[ServerConnection], None] | None = None) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self.idle_timeout_s = idle_timeout_s
+        self.write_high_water = write_high_water
+        self.backlog = backlog
+        self.on_connect = on_connect
+        self.host: str | None = None
+        self.port: int | None = None
+        self.requests = 0
+        self._handler = handler
+        self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set by start()
+        self._loop_thread_id: int | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._conns: set[ServerConnection] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
+        self._sweep_handle: asyncio.TimerHandle | None = None
+        self._all_closed: asyncio.Event | None = None
+        self._accepted = 0
+        self._protocol_errors = 0
+        self._idle_closed = 0
+        self._handler_errors = 0
+        self._logged_failures: set[tuple[int, type]] = set()
+
+    @property
+    def connection_count(self) -> int:
+        """Open connections."""
+        return len(self._conns)
+
+    @property
+    def connections(self) -> list[ServerConnection]:
+        """A snapshot of the open connections."""
+        return list(self._conns)
+
+    def stats(self) -> dict[str, int]:
+        """Counters: open connections, accepted, requests, protocol errors, idle closes, handler errors."""
+        return {"connections": len(self._conns), "accepted": self._accepted, "requests": self.requests,
+                "protocol_errors": self._protocol_errors, "idle_closed": self._idle_closed,
+                "handler_errors": self._handler_errors, "in_flight": len(self._tasks)}
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> RemotingServer:
+        """Listen on ``host:port`` (0 = a free port, see :attr:`port`) on the running loop; returns self."""
+        if self._server is not None:
+            raise RuntimeError("RemotingServer already started")
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread_id = threading.get_ident()
+        self._stopping = False
+        self._server = await self._loop.create_server(
+            lambda: ServerConnection(self), host, port, backlog=self.backlog, reuse_address=True)
+        sock = self._server.sockets[0]
+        self.host, self.port = sock.getsockname()[:2]
+        self._arm_sweep()
+        return self
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Stop gracefully: accept nothing new, answer in-flight requests (up to ``grace_s``), then close.
+
+        Requests arriving meanwhile get SERVICE_NOT_AVAILABLE.  Handlers still running after the
+        grace period are cancelled and their connections aborted.
+        """
+        if self._server is None:
+            return
+        loop = self._loop
+        deadline = loop.time() + max(grace_s, 0.0)
+        self._stopping = True
+        self._server.close()
+        if self._sweep_handle is not None:
+            self._sweep_handle.cancel()
+            self._sweep_handle = None
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=max(deadline - loop.time(), 0.0))
+        leftover = list(self._tasks)
+        for task in leftover:
+            task.cancel()
+        if leftover:
+            await asyncio.gather(*leftover, return_exceptions=True)
+        for conn in list(self._conns):
+            conn._close()  # flushes the answers already written, then closes
+        if self._conns:
+            self._all_closed = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._all_closed.wait(), max(deadline - loop.time(), 0.0) + 0.05)
+            except TimeoutError:
+                pass
+            self._all_closed = None
+        for conn in list(self._conns):
+            conn._abort()
+        try:
+            await asyncio.wait_for(self._server.wait_closed(), 1.0)
+        except TimeoutError:  # pragma: no cover - defensive
+            pass
+        self._server = None
+
+    # ---- called by connections ----------------------------------------------------------
+
+    def _opened(self, conn: ServerConnection) -> None:
+        self._accepted += 1
+        self._conns.add(conn)
+        if self._stopping:
+            conn._abort()
+            return
+        if self.on_connect is not None:
+            try:
+                self.on_connect(conn)
+            except Exception:
+                log.exception("on_connect callback failed for %s", conn.peer)
+
+    def _lost(self, conn: ServerConnection) -> None:
+        self._conns.discard(conn)
+        if not self._conns and self._all_closed is not None:
+            self._all_closed.set()
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _protocol_error(self, conn: ServerConnection, exc: ProtocolError) -> None:
+        # The next frame boundary is lost: send nothing more, drop the connection.
+        self._protocol_errors += 1
+        log.warning("remoting protocol error from %s, closing: %s", conn.peer, exc)
+        conn._abort()
+
+    def _handler_failed(self, frame: Frame, exc: BaseException) -> None:
+        self._handler_errors += 1
+        key = (frame.code, type(exc))
+        if key in self._logged_failures:
+            log.debug("handler failed again on request code %d: %r", frame.code, exc)
+            return
+        self._logged_failures.add(key)
+        log.error("handler failed on request code %d (answered INTERNAL_ERROR; logged once per code and type)",
+                  frame.code, exc_info=exc)
+
+    def _arm_sweep(self) -> None:
+        interval = min(max(self.idle_timeout_s / 4, 0.05), 5.0)
+        self._sweep_handle = self._loop.call_later(interval, self._sweep)
+
+    def _sweep(self) -> None:
+        # One timer for all connections: a connection that received nothing across sweeps spanning
+        # idle_timeout_s (and has no request being answered) is closed.
+        now = self._loop.time()
+        for conn in list(self._conns):
+            if conn._active:
+                conn._active = False
+                conn._idle_since = now
+            elif conn._inflight == 0 and now - conn._idle_since >= self.idle_timeout_s:
+                self._idle_closed += 1
+                log.debug("closing idle remoting connection %s", conn.peer)
+                conn._close()
+        self._arm_sweep()

@@ -1,0 +1,829 @@
+"""The remoting transport (``platform/remoting``): frames, server, clients, on real sockets.
+
+Everything runs on 127.0.0.1 with free ports, in this process; every server, loop thread and
+client a test starts is stopped by that test.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import os
+import random
+import socket
+import struct
+import threading
+import time
+import warnings
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from sparkmq.platform.common.errors import ErrorCode, SparkMQError
+from sparkmq.platform.common.protocol import (
+    DEFAULT_MAX_FRAME_BYTES,
+    FLAG_ONEWAY,
+    FLAG_RESPONSE,
+    RESPONSE_SUCCESS,
+    RequestCode,
+)
+from sparkmq.platform.remoting import (
+    AsyncRemotingClient,
+    Frame,
+    FrameDecoder,
+    LoopThread,
+    ProtocolError,
+    RemotingConnection,
+    RemotingError,
+    RemotingServer,
+    Reply,
+    ServerConnection,
+    SyncRemotingClient,
+    encode_error_header,
+    encode_frame,
+    error_from_frame,
+    error_reply,
+    new_event_loop,
+    split_addr,
+    unsupported_reply,
+)
+
+ECHO = 10      # echo header and body (synchronous handler: the hot path)
+ECHO_LATER = 11  # the same from a task
+SLOW = 12      # answers after header seconds (msgpack float)
+FAIL = 13      # raises SparkMQError(code named by the header)
+CRASH = 14     # raises a plain exception
+HANG = 15      # never answers
+ODD_CODE = 16  # answers a remoting number nobody knows
+
+
+def frame_bytes(data: object) -> bytes:
+    """What encode_frame returned, as one bytes."""
+    return data if isinstance(data, bytes) else b"".join(bytes(p) for p in data)  # type: ignore[union-attr]
+
+
+def raw_prefix(length: int, magic: bytes = b"SM", version: int = 1, flags: int = 0, code: int = 10,
+               opaque: int = 1, hlen: int = 0) -> bytes:
+    """A frame prefix with any field values, legal or not."""
+    return struct.pack("<I2sBBHII", length, magic, version, flags, code, opaque, hlen)
+
+
+def handler(conn: ServerConnection, frame: Frame):
+    """The test server's handler."""
+    code = frame.code
+    if code == ECHO:
+        return Reply(RESPONSE_SUCCESS, frame.header, frame.body)
+    if code == ECHO_LATER:
+        async def later() -> Reply:
+            await asyncio.sleep(0)
+            return Reply(RESPONSE_SUCCESS, frame.header, frame.body)
+        return later()
+    if code == SLOW:
+        async def slow() -> Reply:
+            await asyncio.sleep(msgspec.msgpack.decode(frame.header))
+            return Reply(RESPONSE_SUCCESS, frame.header)
+        return slow()
+    if code == FAIL:
+        raise SparkMQError(ErrorCode[msgspec.msgpack.decode(frame.header)], "as asked")
+    if code == CRASH:
+        raise ZeroDivisionError("crash as asked")
+    if code == HANG:
+        return asyncio.get_running_loop().create_future()
+    if code == ODD_CODE:
+        return Reply(999, encode_error_header("from the future"))
+    return unsupported_reply(frame)
+
+
+def async_test(fn: Callable) -> Callable:
+    """Run an async test on a fresh event loop (uvloop), with a 30 s guard."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        loop = new_event_loop()
+        try:
+            return loop.run_until_complete(asyncio.wait_for(fn(*args, **kwargs), 30))
+        finally:
+            loop.close()
+
+    return wrapper
+
+
+@contextlib.asynccontextmanager
+async def serving(handle=handler, **kwargs) -> AsyncIterator[RemotingServer]:
+    """A started server on the running loop, stopped on exit."""
+    server = await RemotingServer(handle, **kwargs).start("127.0.0.1", 0)
+    try:
+        yield server
+    finally:
+        await server.stop(1.0)
+
+
+class ServerThread:
+    """A server on its own loop thread (for the threaded facade and raw sockets)."""
+
+    def __init__(self, handle=handler, **kwargs) -> None:
+        self.loop_thread = LoopThread(name="test-remoting-server").start()
+        self.server: RemotingServer = self.loop_thread.run(RemotingServer(handle, **kwargs).start("127.0.0.1", 0))
+        self.addr = f"127.0.0.1:{self.server.port}"
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        if self.loop_thread.running:
+            self.loop_thread.run(self.server.stop(grace_s))
+            self.loop_thread.stop()
+
+
+@contextlib.contextmanager
+def server_thread(handle=handler, **kwargs) -> Iterator[ServerThread]:
+    st_ = ServerThread(handle, **kwargs)
+    try:
+        yield st_
+    finally:
+        st_.stop()
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+def raw_connect(addr: str) -> socket.socket:
+    host, port = split_addr(addr)
+    sock = socket.create_connection((host, port), timeout=5)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def closed_by_peer(sock: socket.socket, timeout: float = 5.0) -> bool:
+    """True once the peer closed (EOF or reset); False if it still talks or stays open."""
+    sock.settimeout(timeout)
+    try:
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        return False
+
+
+# ---- frame codec --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flags,code,opaque,header,body", [
+    (0, 1, 0, b"", b""),
+    (FLAG_RESPONSE, 0, 0xFFFFFFFF, b"\x81\xa1a\x01", b""),
+    (FLAG_ONEWAY, 0xFFFF, 7, b"", b"body"),
+    (0, 20, 123456, b"h" * 300, b"b" * 20_000),
+    (FLAG_RESPONSE, 19, 5, b"\x80", bytes(range(256)) * 1024),  # large: not joined, not copied
+])
+def test_frame_round_trip(flags, code, opaque, header, body) -> None:
+    data = encode_frame(flags, code, opaque, header, body)
+    if len(body) > 64 * 1024:
+        assert isinstance(data, list) and data[-1] is body  # the body goes to writelines untouched
+    wire = frame_bytes(data)
+    assert len(wire) == 18 + len(header) + len(body)
+    assert struct.unpack_from("<I", wire)[0] == len(wire) - 4
+    for chunk in (len(wire), 1, 7, 18, 4096):  # whole, byte by byte, odd splits
+        decoder = FrameDecoder()
+        frames: list[Frame] = []
+        for i in range(0, len(wire), chunk):
+            frames += decoder.feed(wire[i:i + chunk])
+        assert len(frames) == 1 and decoder.buffered == 0
+        f = frames[0]
+        assert (f.flags, f.code, f.opaque) == (flags, code, opaque)
+        assert bytes(f.header) == header and bytes(f.body) == body
+        assert f.is_response == bool(flags & FLAG_RESPONSE) and f.is_oneway == bool(flags & FLAG_ONEWAY)
+
+
+def test_many_frames_in_one_chunk_and_split_across_chunks() -> None:
+    frames_in = [(i % 3, i, i * 7, f"h{i}".encode(), b"x" * (i * 13 % 500)) for i in range(300)]
+    wire = b"".join(frame_bytes(encode_frame(*f)) for f in frames_in)
+    rng = random.Random(5)
+    decoder = FrameDecoder()
+    out: list[Frame] = []
+    pos = 0
+    while pos < len(wire):
+        step = rng.randint(1, 3000)
+        out += decoder.feed(wire[pos:pos + step])
+        pos += step
+    assert [(f.flags, f.code, f.opaque, bytes(f.header), bytes(f.body)) for f in out] == frames_in
+
+
+def test_large_frame_is_assembled_with_one_copy() -> None:
+    body = bytes(range(256)) * (64 * 1024)  # 16 MiB
+    wire = frame_bytes(encode_frame(FLAG_RESPONSE, 0, 9, b"\x80", body))
+    decoder = FrameDecoder()
+    frames: list[Frame] = []
+    for i in range(0, len(wire), 65536):
+        frames += decoder.feed(wire[i:i + 65536])
+    (f,) = frames
+    # The body is a read-only view of the one buffer the reads were joined into.
+    assert isinstance(f.body, memoryview) and f.body.readonly
+    assert isinstance(f.body.obj, bytes) and len(f.body.obj) == len(wire)
+    assert f.body == body
+    # A large frame inside one chunk is a view of that chunk (no copy at all).
+    (g,) = FrameDecoder().feed(wire)
+    assert isinstance(g.body, memoryview) and g.body.obj is wire
+
+
+@pytest.mark.parametrize("prefix,reason", [
+    (raw_prefix(20, magic=b"XX"), "magic"),
+    (raw_prefix(20, version=2), "version"),
+    (raw_prefix(20, flags=0x04), "flag"),
+    (raw_prefix(20, flags=0x80 | FLAG_RESPONSE), "flag"),
+    (raw_prefix(13), "minimum"),
+    (raw_prefix(0), "minimum"),
+    (raw_prefix(1024 + 1), "max_frame_bytes"),
+    (raw_prefix(0xFFFFFFFF), "max_frame_bytes"),
+    (raw_prefix(20, hlen=7), "header_len"),
+    (raw_prefix(14, hlen=0xFFFFFFFF), "header_len"),
+])
+def test_protocol_errors(prefix: bytes, reason: str) -> None:
+    # Whole, and split inside the prefix (the decoder's other path).
+    for parts in ([prefix + b"\0" * 6], [prefix[:5], prefix[5:] + b"\0" * 6]):
+        decoder = FrameDecoder(max_frame_bytes=1024)
+        with pytest.raises(ProtocolError, match=reason):
+            for part in parts:
+                decoder.feed(part)
+    # After a good frame in the same chunk too.
+    with pytest.raises(ProtocolError, match=reason):
+        FrameDecoder(max_frame_bytes=1024).feed(frame_bytes(encode_frame(0, 1, 1)) + prefix)
+
+
+def test_limits_are_inclusive() -> None:
+    decoder = FrameDecoder(max_frame_bytes=100)
+    (f,) = decoder.feed(frame_bytes(encode_frame(0, 1, 1, b"h" * 6, b"b" * 80)))  # length == 100
+    assert len(f.header) == 6 and len(f.body) == 80
+    (g,) = decoder.feed(raw_prefix(14, hlen=0))  # the smallest frame
+    assert g.header == b"" and g.body == b""
+
+
+def test_error_frames_map_to_codes() -> None:
+    err = error_from_frame(Frame(FLAG_RESPONSE, 10, 1, encode_error_header("no topic t"), b""))
+    assert err.code is ErrorCode.TOPIC_NOT_EXIST and err.message == "no topic t"
+    err = error_from_frame(Frame(FLAG_RESPONSE, 4242, 1, encode_error_header("new"), b""))
+    assert err.code is ErrorCode.INTERNAL_ERROR and "4242" in err.message and "new" in err.message
+    err = error_from_frame(Frame(FLAG_RESPONSE, 1, 1, b"\xc1", b""))
+    assert err.code is ErrorCode.INVALID_ARGUMENT and "undecodable" in err.message
+    reply = error_reply(ErrorCode.DISK_FULL, "full")
+    assert reply.code == ErrorCode.DISK_FULL.remoting_code
+    assert msgspec.msgpack.decode(reply.header) == {"message": "full"}
+    assert RemotingError("h:1", "x", timed_out=True).code is ErrorCode.SERVICE_NOT_AVAILABLE
+    with pytest.raises(SparkMQError):
+        split_addr("nohost")
+    assert split_addr("[::1]:80") == ("::1", 80)
+
+
+# ---- server and async client --------------------------------------------------------------
+
+
+@async_test
+async def test_echo_errors_and_ping() -> None:
+    async with serving() as server:
+        conn = await RemotingConnection.connect(f"127.0.0.1:{server.port}")
+        try:
+            r = await conn.request(ECHO, b"\x81\xa1k\x01", b"payload")
+            assert (r.code, r.header, r.body) == (0, b"\x81\xa1k\x01", b"payload")
+            r = await conn.request(ECHO_LATER, b"h", b"b")
+            assert (r.header, r.body) == (b"h", b"b")
+            big = bytes(range(256)) * (64 * 1024)  # 16 MiB each way
+            r = await conn.request(ECHO, b"", big, timeout=20)
+            assert isinstance(r.body, memoryview) and r.body == big
+            assert (await conn.request(RequestCode.PING)).code == RESPONSE_SUCCESS
+            for name in ("TOPIC_NOT_EXIST", "NO_PERMISSION", "FLUSH_DISK_TIMEOUT"):
+                with pytest.raises(SparkMQError) as info:
+                    await conn.request(FAIL, msgspec.msgpack.encode(name))
+                assert info.value.code is ErrorCode[name] and info.value.message == "as asked"
+                assert not isinstance(info.value, RemotingError)
+            with pytest.raises(SparkMQError) as info:
+                await conn.request(CRASH)
+            assert info.value.code is ErrorCode.INTERNAL_ERROR and "ZeroDivisionError" in info.value.message
+            with pytest.raises(SparkMQError) as info:
+                await conn.request(777)
+            assert info.value.code is ErrorCode.REQUEST_CODE_NOT_SUPPORTED and "777" in info.value.message
+            with pytest.raises(SparkMQError) as info:
+                await conn.request(ODD_CODE)
+            assert info.value.code is ErrorCode.INTERNAL_ERROR and "999" in info.value.message
+            conn.oneway(ECHO, b"nothing comes back")
+            conn.oneway(CRASH)  # a ONEWAY failure answers nothing either
+            assert (await conn.request(ECHO, b"still")).header == b"still"  # the connection stayed open
+            assert conn.in_flight == 0 and server.connection_count == 1
+            stats = server.stats()
+            assert stats["handler_errors"] == 2 and stats["protocol_errors"] == 0
+        finally:
+            await conn.close()
+        assert conn.closed
+        with pytest.raises(RemotingError):
+            await conn.request(ECHO)
+
+
+@async_test
+async def test_ten_thousand_in_flight_answered_out_of_order() -> None:
+    total = 10_000
+    arrived = 0
+    all_in = asyncio.Event()
+    completion: list[int] = []
+    rng = random.Random(11)
+
+    def slow_echo(conn, frame):
+        nonlocal arrived
+        arrived += 1
+        if arrived == total:
+            all_in.set()
+
+        async def answer() -> Reply:
+            await all_in.wait()  # every request is in flight before the first answer
+            await asyncio.sleep(rng.random() * 0.02)
+            completion.append(struct.unpack("<I", frame.header)[0])
+            return Reply(0, frame.header, frame.body)
+
+        return answer()
+
+    async with serving(slow_echo) as server:
+        conn = await RemotingConnection.connect(f"127.0.0.1:{server.port}")
+        try:
+            async def worker(w: int) -> None:
+                ids = range(w, total, 8)
+                responses = await asyncio.gather(
+                    *(conn.request(ECHO, struct.pack("<I", i), str(i).encode(), timeout=20) for i in ids))
+                for i, r in zip(ids, responses, strict=True):
+                    assert struct.unpack("<I", r.header)[0] == i and r.body == str(i).encode()
+
+            await asyncio.gather(*(worker(w) for w in range(8)))
+            assert len(completion) == total and completion != sorted(completion)
+            assert conn.in_flight == 0 and server.connection_count == 1
+        finally:
+            await conn.close()
+
+
+@async_test
+async def test_opaque_wraps_and_skips_in_flight() -> None:
+    seen: list[int] = []
+
+    def record(conn, frame):
+        seen.append(frame.opaque)
+        return Reply(0, frame.header)
+
+    async with serving(record) as server:
+        conn = await RemotingConnection.connect(f"127.0.0.1:{server.port}")
+        try:
+            conn._ids = itertools.count(0xFFFFFFFE)
+            conn._pending[0] = object()  # pretend opaque 0 is in flight
+            for _ in range(3):
+                await conn.request(ECHO)
+            assert seen == [0xFFFFFFFE, 0xFFFFFFFF, 1]
+            del conn._pending[0]
+        finally:
+            await conn.close()
+
+
+@async_test
+async def test_request_timeout_leaves_connection_usable() -> None:
+    async with serving() as server:
+        conn = await RemotingConnection.connect(f"127.0.0.1:{server.port}")
+        try:
+            with pytest.raises(RemotingError) as info:
+                await conn.request(SLOW, msgspec.msgpack.encode(0.3), timeout=0.05)
+            assert info.value.timed_out and info.value.code is ErrorCode.SERVICE_NOT_AVAILABLE
+            assert (await conn.request(ECHO, b"after")).header == b"after"
+            await asyncio.sleep(0.4)  # the late answer arrives and is dropped
+            assert conn.in_flight == 0 and not conn.closed
+            assert (await conn.request(ECHO, b"again")).header == b"again"
+            # A request larger than the client's max_frame_bytes fails before it is sent.
+            conn.max_frame_bytes = 1024
+            with pytest.raises(SparkMQError) as info:
+                await conn.request(ECHO, b"", b"x" * 2000)
+            assert info.value.code is ErrorCode.INVALID_ARGUMENT and conn.in_flight == 0
+            assert (await conn.request(ECHO, b"ok")).header == b"ok"
+        finally:
+            await conn.close()
+
+
+@async_test
+async def test_server_push_reaches_the_client() -> None:
+    server_conns: list[ServerConnection] = []
+    closed: list[ServerConnection] = []
+
+    def on_connect(conn: ServerConnection) -> None:
+        conn.attributes["client_id"] = "c1"
+        conn.on_close(closed.append)
+        server_conns.append(conn)
+
+    pushes: asyncio.Queue[Frame] = asyncio.Queue()
+    async with serving(on_connect=on_connect) as server:
+        conn = await RemotingConnection.connect(f"127.0.0.1:{server.port}", on_push=pushes.put_nowait)
+        try:
+            await wait_until(lambda: len(server_conns) == 1)
+            sconn = server_conns[0]
+            assert sconn.peer.startswith("127.0.0.1:") and sconn.attributes == {"client_id": "c1"}
+            code = RequestCode.NOTIFY_CONSUMER_IDS_CHANGED
+            assert sconn.push(code, msgspec.msgpack.encode({"group": "g", "version": 3}))
+            pusher = threading.Thread(target=sconn.push, args=(RequestCode.NOTIFY_OFFSET_RESET, b"\x80", b"body"))
+            pusher.start()
+            pusher.join()
+            first = await asyncio.wait_for(pushes.get(), 5)
+            second = await asyncio.wait_for(pushes.get(), 5)
+            assert first.code == code and first.is_oneway and not first.is_response
+            assert msgspec.msgpack.decode(first.header) == {"group": "g", "version": 3}
+            assert (second.code, second.header, second.body) == (RequestCode.NOTIFY_OFFSET_RESET, b"\x80", b"body")
+            assert (await conn.request(ECHO, b"x")).header == b"x"
+        finally:
+            await conn.close()
+        await wait_until(lambda: closed == [sconn])
+        assert not sconn.push(RequestCode.NOTIFY_OFFSET_RESET, b"")
+
+
+@async_test
+async def test_idle_connections_are_reaped_heartbeats_keep_them() -> None:
+    async with serving(idle_timeout_s=0.3) as server:
+        addr = f"127.0.0.1:{server.port}"
+        silent = await RemotingConnection.connect(addr, heartbeat_interval_s=None)
+        pinging = await RemotingConnection.connect(addr, heartbeat_interval_s=0.1)
+        try:
+            await wait_until(lambda: silent.closed, timeout=5)
+            assert server.stats()["idle_closed"] == 1
+            with pytest.raises(RemotingError):
+                await silent.request(ECHO)
+            await asyncio.sleep(0.5)
+            assert not pinging.closed
+            assert (await pinging.request(ECHO, b"alive")).header == b"alive"
+        finally:
+            await silent.close()
+            await pinging.close()
+
+
+@async_test
+async def test_graceful_stop_answers_in_flight() -> None:
+    server = await RemotingServer(handler).start("127.0.0.1", 0)
+    addr = f"127.0.0.1:{server.port}"
+    conn = await RemotingConnection.connect(addr)
+    try:
+        slow = [asyncio.ensure_future(conn.request(SLOW, msgspec.msgpack.encode(0.3))) for _ in range(20)]
+        await wait_until(lambda: server.stats()["in_flight"] == 20)
+        stopping = asyncio.ensure_future(server.stop(5.0))
+        await asyncio.sleep(0.05)
+        with pytest.raises(SparkMQError) as info:  # nothing new is accepted meanwhile
+            await conn.request(ECHO)
+        assert info.value.code is ErrorCode.SERVICE_NOT_AVAILABLE and not isinstance(info.value, RemotingError)
+        for r in await asyncio.gather(*slow):
+            assert r.code == RESPONSE_SUCCESS
+        await stopping
+        await wait_until(lambda: conn.closed)
+        assert server.connection_count == 0
+        with pytest.raises(RemotingError):
+            await RemotingConnection.connect(addr, timeout=1)
+    finally:
+        await conn.close()
+        await server.stop(0)
+
+
+@async_test
+async def test_async_pool_shares_one_connection_per_address_and_reconnects() -> None:
+    async with serving() as server:
+        addr = f"127.0.0.1:{server.port}"
+        client = AsyncRemotingClient()
+        try:
+            conns = await asyncio.gather(*(client.connection(addr) for _ in range(5)))
+            assert all(c is conns[0] for c in conns)
+            answers = await asyncio.gather(*(client.request(addr, ECHO, str(i).encode()) for i in range(100)))
+            assert [a.header for a in answers] == [str(i).encode() for i in range(100)]
+            assert server.connection_count == 1
+            await conns[0].close()
+            assert (await client.request(addr, ECHO, b"again")).header == b"again"
+            assert (await client.connection(addr)) is not conns[0]
+        finally:
+            await client.close()
+        with pytest.raises(RemotingError):
+            await client.request(addr, ECHO)
+
+
+@async_test
+async def test_client_gets_remoting_error_when_server_dies() -> None:
+    server = await RemotingServer(handler).start("127.0.0.1", 0)
+    client = AsyncRemotingClient()
+    addr = f"127.0.0.1:{server.port}"
+    try:
+        assert (await client.request(addr, ECHO, b"up")).header == b"up"
+        hanging = asyncio.ensure_future(client.request(addr, HANG, timeout=30))
+        await wait_until(lambda: server.stats()["in_flight"] == 1)
+        started = time.monotonic()
+        await server.stop(0)  # no grace: the handler is cancelled, the connection closed
+        with pytest.raises(RemotingError) as info:
+            await hanging
+        assert not info.value.timed_out and time.monotonic() - started < 3
+        with pytest.raises(RemotingError):  # reconnecting is refused
+            await client.request(addr, ECHO)
+    finally:
+        await client.close()
+        await server.stop(0)
+
+
+@async_test
+async def test_backpressure_stops_reading_a_client_that_does_not_read() -> None:
+    reply_body = b"r" * (512 * 1024)
+
+    def big(conn, frame):
+        return Reply(0, b"", reply_body)
+
+    async with serving(big, write_high_water=512 * 1024) as server:
+        sock = await asyncio.to_thread(raw_connect, f"127.0.0.1:{server.port}")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        try:
+            requests = 100
+            request = frame_bytes(encode_frame(0, ECHO, 1))
+            for _ in range(requests):
+                await loop.sock_sendall(sock, request)
+                await asyncio.sleep(0.003)
+            await asyncio.sleep(0.2)
+            served_unread = server.requests
+            assert served_unread < requests // 2  # the server stopped taking requests it cannot answer
+            received = 0
+            while received < requests * len(reply_body):
+                chunk = await asyncio.wait_for(loop.sock_recv(sock, 1 << 20), 5)
+                assert chunk
+                received += len(chunk)
+            assert server.requests == requests  # reading resumed once the replies drained
+        finally:
+            sock.close()
+
+
+# ---- isolation: one connection's garbage never affects others ------------------------------
+
+
+@async_test
+async def test_oversized_and_garbage_close_only_that_connection() -> None:
+    async with serving(max_frame_bytes=1 << 20) as server:
+        addr = f"127.0.0.1:{server.port}"
+        good = await RemotingConnection.connect(addr)
+        greedy = await RemotingConnection.connect(addr, max_frame_bytes=4 << 20)
+        try:
+            assert (await good.request(ECHO, b"before")).header == b"before"
+            bad_inputs = [raw_prefix(2 << 20) + b"x" * 100, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\0" * 20,
+                          raw_prefix(20, flags=0x10) + b"\0" * 6, raw_prefix(20, version=9) + b"\0" * 6]
+            for bad in bad_inputs:
+                sock = await asyncio.to_thread(raw_connect, addr)
+                try:
+                    sock.sendall(bad)
+                    assert await asyncio.to_thread(closed_by_peer, sock)
+                finally:
+                    sock.close()
+                assert (await good.request(ECHO, b"during")).header == b"during"
+            # A client allowed to send more than the server accepts loses only its own connection.
+            with pytest.raises(RemotingError):
+                await greedy.request(ECHO, b"", b"x" * (2 << 20))
+            assert greedy.closed and not good.closed
+            assert (await good.request(ECHO, b"after")).header == b"after"
+            assert server.stats()["protocol_errors"] == len(bad_inputs) + 1
+            await wait_until(lambda: server.connection_count == 1)
+        finally:
+            await good.close()
+            await greedy.close()
+
+
+# ---- threaded facade ----------------------------------------------------------------------
+
+
+def test_threaded_facade_from_several_threads() -> None:
+    pushes: list[tuple[str, Frame]] = []
+    with server_thread() as srv, SyncRemotingClient(on_push=lambda addr, f: pushes.append((addr, f))) as client:
+        errors: list[BaseException] = []
+
+        def work(t: int) -> None:
+            try:
+                for i in range(400):
+                    header = f"{t}:{i}".encode()
+                    r = client.request(srv.addr, ECHO if i % 2 else ECHO_LATER, header, header * 3)
+                    assert r.header == header and r.body == header * 3
+                futures = [client.request_future(srv.addr, ECHO, f"f{t}:{i}".encode()) for i in range(300)]
+                assert [f.result(10).header for f in futures] == [f"f{t}:{i}".encode() for i in range(300)]
+            except BaseException as exc:  # reported by the main thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors[0]
+        assert srv.server.connection_count == 1  # one shared connection for every thread
+
+        with pytest.raises(SparkMQError) as info:
+            client.request(srv.addr, FAIL, msgspec.msgpack.encode("GROUP_NOT_EXIST"))
+        assert info.value.code is ErrorCode.GROUP_NOT_EXIST
+        future = client.request_future(srv.addr, FAIL, msgspec.msgpack.encode("DISK_FULL"))
+        assert future.exception(5).code is ErrorCode.DISK_FULL
+        with pytest.raises(RemotingError) as info:
+            client.request(srv.addr, SLOW, msgspec.msgpack.encode(0.3), timeout=0.05)
+        assert info.value.timed_out
+        future = client.request_future(srv.addr, SLOW, msgspec.msgpack.encode(0.3), timeout=0.05)
+        assert isinstance(future.exception(5), RemotingError) and future.exception().timed_out
+        assert client.request(srv.addr, ECHO, b"usable").header == b"usable"
+
+        (sconn,) = srv.server.connections
+        sconn.push(RequestCode.CHECK_TRANSACTION_STATE, b"\x80", b"tx")
+        deadline = time.monotonic() + 5
+        while not pushes and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pushes and pushes[0][0] == srv.addr and pushes[0][1].body == b"tx"
+
+        # The connection dropped by the server: the next request reconnects.
+        first = client.connection(srv.addr)
+        sconn.close()
+        deadline = time.monotonic() + 5
+        while not first.closed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert client.request(srv.addr, ECHO, b"reconnected").header == b"reconnected"
+
+
+def test_threaded_facade_when_the_server_dies() -> None:
+    srv = ServerThread()
+    client = SyncRemotingClient(connect_timeout_s=1.0)
+    try:
+        assert client.request(srv.addr, ECHO, b"up").header == b"up"
+        outcome: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                client.request(srv.addr, HANG, timeout=30)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        deadline = time.monotonic() + 5
+        while srv.server.stats()["in_flight"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        started = time.monotonic()
+        srv.stop(0)
+        caller.join(10)
+        assert outcome and isinstance(outcome[0], RemotingError) and not outcome[0].timed_out
+        assert time.monotonic() - started < 5
+        with pytest.raises(RemotingError):
+            client.request(srv.addr, ECHO)
+        assert isinstance(client.request_future(srv.addr, ECHO).exception(5), RemotingError)
+    finally:
+        client.close()
+        srv.stop(0)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_threaded_facade_in_a_forked_child() -> None:
+    with server_thread() as srv, SyncRemotingClient() as client:
+        assert client.request(srv.addr, ECHO, b"parent").header == b"parent"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork() with threads running
+            pid = os.fork()
+        if pid == 0:  # the child: the parent's loop thread is gone, the client starts afresh
+            status = 1
+            try:
+                status = 0 if client.request(srv.addr, ECHO, b"child", timeout=5).header == b"child" else 2
+            finally:
+                os._exit(status)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert client.request(srv.addr, ECHO, b"parent again").header == b"parent again"
+
+
+def test_blocking_request_on_the_loop_thread_is_refused() -> None:
+    with server_thread() as srv, SyncRemotingClient() as client:
+        conn = client.connection(srv.addr)
+
+        async def misuse() -> str:
+            try:
+                conn.request_blocking(ECHO)
+            except RuntimeError as exc:
+                return str(exc)
+            return "no error"
+
+        assert "deadlock" in client.loop_thread.run(misuse())
+
+
+# ---- fuzzing: nothing a client sends kills the server --------------------------------------
+
+
+class EchoHeader(msgspec.Struct):
+    name: str
+
+
+def strict_handler(conn: ServerConnection, frame: Frame):
+    """Decodes the header as a typed msgpack map; anything else is INVALID_ARGUMENT."""
+    if frame.code != ECHO:
+        return unsupported_reply(frame)
+    try:
+        header = msgspec.msgpack.decode(frame.header, type=EchoHeader)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+        raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"bad header: {exc}") from None
+    return Reply(0, msgspec.msgpack.encode(header), frame.body)
+
+
+def decodes_as_echo_header(header: bytes) -> bool:
+    try:
+        msgspec.msgpack.decode(header, type=EchoHeader)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+        return False
+    return True
+
+
+FUZZ_MAX = 64 * 1024
+
+
+@st.composite
+def attacks(draw) -> tuple[str, bytes]:
+    """(kind, bytes to send): a well-formed request (answer expected) or something broken."""
+    kind = draw(st.sampled_from(["random", "frame", "truncated", "oversized", "bad_length", "bad_prefix"]))
+    header = draw(st.one_of(
+        st.builds(lambda s: msgspec.msgpack.encode({"name": s}), st.text(max_size=20)),
+        st.binary(max_size=40),
+        st.just(b"\x81\xa4name\xa2\xff\xfe"),  # a msgpack str that is not UTF-8
+        st.just(b"\x81\xa4name\x01"),          # the wrong type
+    ))
+    code = draw(st.one_of(st.just(ECHO), st.integers(0, 0xFFFF)))
+    body = draw(st.binary(max_size=300))
+    wire = frame_bytes(encode_frame(0, code, draw(st.integers(0, 0xFFFFFFFF)), header, body))
+    if kind == "random":
+        return kind, draw(st.binary(min_size=1, max_size=300))
+    if kind == "frame":
+        flags = draw(st.sampled_from([0, 0, FLAG_ONEWAY, FLAG_RESPONSE]))
+        return kind, wire[:7] + bytes([flags]) + wire[8:]
+    if kind == "truncated":
+        return kind, wire[:draw(st.integers(1, len(wire) - 1))]
+    if kind == "oversized":
+        return kind, raw_prefix(draw(st.integers(FUZZ_MAX + 1, 0xFFFFFFFF))) + body[:50]
+    if kind == "bad_length":
+        length = draw(st.integers(0, FUZZ_MAX).filter(lambda n: n != len(wire) - 4))
+        return kind, struct.pack("<I", length) + wire[4:]
+    field = draw(st.sampled_from(["magic", "version", "flags"]))
+    pos, value = {"magic": (4, draw(st.integers(0, 255).filter(lambda b: b != ord("S")))),
+                  "version": (6, draw(st.integers(0, 255).filter(lambda b: b != 1))),
+                  "flags": (7, draw(st.integers(4, 255)))}[field]
+    return kind, wire[:pos] + bytes([value]) + wire[pos + 1:]
+
+
+@pytest.fixture(scope="module")
+def fuzz_target() -> Iterator[tuple[ServerThread, SyncRemotingClient]]:
+    srv = ServerThread(strict_handler, max_frame_bytes=FUZZ_MAX)
+    client = SyncRemotingClient()
+    try:
+        yield srv, client
+    finally:
+        client.close()
+        srv.stop()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(attack=attacks())
+def test_fuzzed_input_never_kills_the_server(fuzz_target, attack: tuple[str, bytes]) -> None:
+    srv, client = fuzz_target
+    kind, data = attack
+    event(kind)
+    sock = raw_connect(srv.addr)
+    try:
+        sock.sendall(data)
+        if kind == "frame" and data[7] == 0 and struct.unpack_from("<H", data, 8)[0] != RequestCode.PING:
+            decoder = FrameDecoder()
+            frames: list[Frame] = []
+            sock.settimeout(5)
+            while not frames:
+                chunk = sock.recv(65536)
+                assert chunk, "the server closed a connection that sent a well-formed request"
+                frames = decoder.feed(chunk)
+            reply = frames[0]
+            (sent,) = FrameDecoder().feed(data)
+            assert reply.is_response and reply.opaque == sent.opaque
+            if sent.code != ECHO:
+                assert error_from_frame(reply).code is ErrorCode.REQUEST_CODE_NOT_SUPPORTED
+            elif decodes_as_echo_header(sent.header):
+                assert reply.code == RESPONSE_SUCCESS and reply.body == sent.body
+            else:
+                err = error_from_frame(reply)
+                assert err.code is ErrorCode.INVALID_ARGUMENT and err.message.startswith("bad header")
+        elif kind in ("oversized", "bad_prefix"):
+            assert closed_by_peer(sock), "a protocol violation must close the connection"
+    finally:
+        sock.close()
+    good = msgspec.msgpack.encode({"name": "good"})
+    assert client.request(srv.addr, ECHO, good, b"b").header == good
+
+
+def test_fuzz_left_only_the_good_connection(fuzz_target) -> None:
+    srv, client = fuzz_target
+    assert client.request(srv.addr, ECHO, msgspec.msgpack.encode({"name": "x"})).code == RESPONSE_SUCCESS
+    deadline = time.monotonic() + 5
+    while srv.server.connection_count > 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    # Raw sockets the test closed mid-frame are gone too: one connection left, the good client's.
+    assert srv.server.connection_count == 1
+
+
+def test_default_limits_come_from_the_protocol_module() -> None:
+    assert FrameDecoder().max_frame_bytes == DEFAULT_MAX_FRAME_BYTES
+    assert RemotingServer(handler).max_frame_bytes == DEFAULT_MAX_FRAME_BYTES
