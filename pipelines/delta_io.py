@@ -1,6 +1,6 @@
 """Delta I/O without the delta-spark jars: exactly-once appends, snapshot reads, maintenance.
 
-The delta-spark JVM jars are not available here (facts/spark-delta.md), so
+Spark runs without the delta-spark JVM jars (they are no dependency of this project), so
 
 * every write goes through delta-rs (``deltalake.write_deltalake``), guarded by an
   app-transaction version that this module checks itself (delta-rs does not refuse a

@@ -7,7 +7,7 @@ transient failure (a broker restarting, a Delta commit conflict) heals without a
 person.  Its :meth:`Supervisor.status` — state, last batch, rows, lag, restarts, last
 error — is what ``/health``, ``/metrics`` and ``sparkmq admin lake status`` show.
 
-Delivery never waits for any of this (DESIGN principle 1): the jobs only derive tables.
+Delivery never waits for any of this: the jobs only derive tables from what the brokers stored.
 """
 from __future__ import annotations
 

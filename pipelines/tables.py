@@ -2,7 +2,7 @@
 
 A lake is a directory (the *lake root*) holding one Delta table per derived data set.
 Jobs, the SQL views, maintenance and the admin CLI find tables only through this
-module, so a table's schema and place are defined exactly once (DESIGN.md section 6).
+module, so a table's schema and place are defined exactly once.
 The one exception is ``consumer_offsets``: the broker writes it and may not import
 ``pipelines``, so its schema lives in :mod:`sparkmq.platform.common.lake_tables` and is
 imported here.

@@ -120,7 +120,7 @@ def _local_ip() -> str:
 
 @dataclass(frozen=True)
 class BrokerConfig:
-    """Every setting of one broker; defaults follow RocketMQ (``facts/rocketmq-defaults.md``).
+    """Every setting of one broker; defaults follow RocketMQ's broker defaults.
 
     Example::
 

@@ -2,7 +2,7 @@
 
 Offsets live in memory per (group, topic, queue_id) -- commits and queries are
 dictionary operations under one lock, so the consume path never waits on disk.
-Every ``persist_interval_s`` (5 s by default, DESIGN.md section 5) a daemon thread
+Every ``persist_interval_s`` (5 s by default, as RocketMQ's) a daemon thread
 writes the entries that changed since the last persist to a Delta table with
 delta-rs (``deltalake``); ``load()`` restores them when the broker restarts.
 

@@ -135,10 +135,6 @@ class RegistrationService:
         for worker in self._workers:
             worker.trigger()
 
-    def register_all_now(self) -> dict[str, bool]:
-        """Register with every name server from the calling thread (tests and tools); returns success by address."""
-        return {w.addr: w.register() for w in self._workers}
-
     def status(self) -> dict[str, NameServerStatus]:
         """Per name server: how the latest registration went."""
         return {w.addr: w.status for w in self._workers}

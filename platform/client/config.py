@@ -1,6 +1,6 @@
 """Configuration of a client (producer, consumer or admin), validated once at construction.
 
-Defaults follow RocketMQ (``/work/shared/facts/rocketmq-defaults.md``); every interval
+Defaults follow RocketMQ's client defaults; every interval
 is a field so tests can run the same machinery with sub-second timings.
 
 Example::

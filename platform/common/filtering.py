@@ -5,7 +5,7 @@ A subscription carries an expression and its type:
 * ``TAG``: ``*`` (or empty) for all, else ``A || B || C``.  The broker matches the
   tag hash stored in the consume queue and re-checks the tag string; the client
   re-checks again (hashes collide).
-* ``SQL92``: RocketMQ's grammar (see ``facts/rocketmq-defaults.md``): comparisons
+* ``SQL92``: RocketMQ's SQL92 filter grammar: comparisons
   ``= <> > >= < <=``, ``[NOT] BETWEEN a AND b``, ``[NOT] IN ('a', 'b')``,
   ``IS [NOT] NULL``, ``AND OR NOT``, parentheses, literals ``'text'`` (``''`` escapes a
   quote), integers, decimals, ``TRUE FALSE NULL``, and the extensions
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -463,8 +463,3 @@ def compile_filter(expression: str | None, filter_type: str = FILTER_TAG) -> Mes
     if kind == FILTER_SQL92:
         return SqlFilter.compile(expression or "")
     raise _illegal(f"unknown filter type {filter_type!r}; use one of {', '.join(FILTER_TYPES)}")
-
-
-def tags_of(filter_: MessageFilter) -> Collection[str] | None:
-    """The tag set of a TagFilter (None for every other filter), for the store's tag pre-filter."""
-    return filter_.tags if isinstance(filter_, TagFilter) else None

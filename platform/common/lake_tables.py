@@ -1,8 +1,8 @@
 """Schemas of the lake tables that ``platform/`` itself writes (with delta-rs, never Spark).
 
 ``pipelines/tables.py`` names every lake table, but the broker may not import
-``pipelines`` (imports flow ``pipelines`` -> ``platform.common``, never back; see
-DESIGN.md section 2).  A table written by the broker therefore has its schema here,
+``pipelines`` (imports flow ``pipelines`` -> ``platform.common``, never back, so a
+broker runs without Spark).  A table written by the broker therefore has its schema here,
 in a neutral module both sides import, so it is defined exactly once.
 
 Convention shared with ``pipelines/tables.py``: a table lives in the directory named

@@ -14,7 +14,6 @@ __all__ = [
     "TRANSACTION_PREPARED",
     "TRANSACTION_COMMIT",
     "TRANSACTION_ROLLBACK",
-    "transaction_type",
 ]
 
 COMPRESSED = 0x1
@@ -24,8 +23,3 @@ TRANSACTION_PREPARED = 0x4
 TRANSACTION_COMMIT = 0x8
 TRANSACTION_ROLLBACK = 0xC
 TRANSACTION_MASK = 0xC
-
-
-def transaction_type(sys_flag: int) -> int:
-    """The transaction bits of ``sys_flag`` (one of the TRANSACTION_* values)."""
-    return sys_flag & TRANSACTION_MASK
