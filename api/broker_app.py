@@ -30,7 +30,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..platform.broker.broker import MAX_PULL_BATCH, Broker, OutgoingMessage
+from ..platform.broker.broker import Broker
 from ..platform.broker.client_manager import (
     ConsumeFromWhere,
     ConsumerData,
@@ -40,9 +40,10 @@ from ..platform.broker.client_manager import (
     Subscription,
 )
 from ..platform.broker.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from ..platform.broker.processors import OutgoingMessage
 from ..platform.common import wire
 from ..platform.common.errors import ErrorCode, SparkMQError
-from ..platform.store import GetResult
+from ..platform.common.protocol import MAX_PULL_BATCH, PullResult
 from .errors import install_error_handlers, invalid_argument
 from .trace_routes import trace_router
 
@@ -253,13 +254,13 @@ def _wants_arrow(request: Request) -> bool:
     return wire.ARROW_STREAM in request.headers.get("accept", "")
 
 
-def _pull_json(result: GetResult, broker_name: str) -> dict[str, Any]:
+def _pull_json(result: PullResult, broker_name: str) -> dict[str, Any]:
     return {"status": str(result.status), "next_offset": result.next_offset, "min_offset": result.min_offset,
             "max_offset": result.max_offset,
             "messages": [wire.stored_to_json(m, broker_name) for m in result.messages]}
 
 
-def _pull_arrow(result: GetResult, broker_name: str) -> Response:
+def _pull_arrow(result: PullResult, broker_name: str) -> Response:
     headers = {wire.PULL_HEADERS["status"]: str(result.status),
                wire.PULL_HEADERS["next_offset"]: str(result.next_offset),
                wire.PULL_HEADERS["min_offset"]: str(result.min_offset),
@@ -312,12 +313,12 @@ async def send_message(topic: TopicPath, body: SendMessageBody, request: Request
     born_host = body.born_host if body.born_host is not None else _peer(request)
 
     def send() -> dict[str, Any]:
-        return broker.send(topic, message, queue_id=body.queue_id, sharding_key=body.sharding_key,
+        return broker.send_processor.send(topic, message, queue_id=body.queue_id, sharding_key=body.sharding_key,
                            compressed=body.compressed, producer_group=body.producer_group,
                            born_timestamp=body.born_timestamp, born_host=born_host, delay_level=body.delay_level,
                            deliver_at_ms=body.deliver_at_ms, delay_ms=body.delay_ms).to_dict()
 
-    return JSONResponse(await _maybe_threaded(not broker.send_may_block, send))
+    return JSONResponse(await _maybe_threaded(not broker.send_processor.send_may_block, send))
 
 
 @send_router.post("/topics/{topic}/half", tags=["transactions"])
@@ -329,11 +330,11 @@ async def send_half(topic: TopicPath, body: SendMessageBody, request: Request, b
         raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "a half message cannot be compressed or delayed")
 
     def send() -> dict[str, Any]:
-        return broker.send_half(topic, message, body.producer_group, queue_id=body.queue_id,  # type: ignore[arg-type]
+        return broker.transaction_processor.send_half(topic, message, body.producer_group, queue_id=body.queue_id,  # type: ignore[arg-type]
                                 sharding_key=body.sharding_key, born_timestamp=body.born_timestamp,
                                 born_host=born_host)
 
-    return JSONResponse(await _maybe_threaded(not broker.send_may_block, send))
+    return JSONResponse(await _maybe_threaded(not broker.send_processor.send_may_block, send))
 
 
 @send_router.post("/topics/{topic}/batch", openapi_extra=_ARROW_BATCH_DOC)
@@ -362,12 +363,12 @@ async def send_batch(topic: TopicPath, request: Request, broker: BrokerDep,
             except ValidationError as exc:
                 raise invalid_argument(exc) from None
             messages = [outgoing_from_json(m) for m in parsed.messages]
-        return broker.send_batch(topic, messages, queue_id=queue_id, sharding_key=sharding_key,
+        return broker.send_processor.send_batch(topic, messages, queue_id=queue_id, sharding_key=sharding_key,
                                  compressed=compressed, producer_group=producer_group,
                                  born_host=born_host, delay_level=delay_level, deliver_at_ms=deliver_at_ms,
                                  delay_ms=delay_ms).to_dict()
 
-    inline = not broker.send_may_block and len(raw) <= _INLINE_BATCH_BYTES
+    inline = not broker.send_processor.send_may_block and len(raw) <= _INLINE_BATCH_BYTES
     return JSONResponse(await _maybe_threaded(inline, send))
 
 
@@ -394,7 +395,8 @@ async def pull_messages(topic: TopicPath, queue_id: int, request: Request, broke
     if bulk:
         # The Spark source's pull (no consumer group: nothing to commit or trace as a delivery):
         # no per-message objects; in records form the reader decodes the stored records itself.
-        fast, batch = await run_in_threadpool(functools.partial(broker.pull_arrow_once, records=form == "records"),
+        pulls = broker.pull_processor
+        fast, batch = await run_in_threadpool(functools.partial(pulls.pull_arrow_once, records=form == "records"),
                                               topic, queue_id, offset, max_count)
         return Response(wire.to_ipc(batch), media_type=wire.ARROW_STREAM, headers={
             wire.PULL_HEADERS["status"]: str(fast.status), wire.PULL_HEADERS["next_offset"]: str(fast.next_offset),
@@ -404,7 +406,8 @@ async def pull_messages(topic: TopicPath, queue_id: int, request: Request, broke
     if form == "records":
         raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "form=records is for unfiltered Arrow pulls without a group, "
                                                        "wait_ms or commit_offset")
-    result = await broker.pull(topic, queue_id, offset, max_count, tags, wait_ms=wait_ms, group=group or None,
+    pulls = broker.pull_processor
+    result = await pulls.pull(topic, queue_id, offset, max_count, tags, wait_ms=wait_ms, group=group or None,
                                commit_offset=commit_offset, filter_type=filter_type, expression=expression)
     if _wants_arrow(request):
         return _pull_arrow(result, broker.name)
@@ -415,38 +418,39 @@ async def pull_messages(topic: TopicPath, queue_id: int, request: Request, broke
 async def queue_offsets(topic: TopicPath, queue_id: int, broker: BrokerDep,
                         timestamp: Annotated[int | None, Query(description="epoch ms")] = None) -> dict[str, int]:
     """The queue's min and max offsets, and the first offset stored at or after ``timestamp``."""
-    return broker.queue_offsets(topic, queue_id, timestamp)
+    return broker.pull_processor.queue_offsets(topic, queue_id, timestamp)
 
 
 @topics_router.get("/topics")
 async def list_topics(broker: BrokerDep) -> dict[str, list[dict[str, Any]]]:
     """Every topic of this broker (system topics included)."""
-    return {"topics": [cfg.to_dict() for cfg in broker.list_topics()]}
+    return {"topics": [cfg.to_dict() for cfg in broker.admin_processor.list_topics()]}
 
 
 @topics_router.get("/topics/{topic}")
 async def get_topic(topic: TopicPath, broker: BrokerDep) -> dict[str, Any]:
     """One topic's config (TOPIC_NOT_EXIST)."""
-    return broker.get_topic(topic).to_dict()
+    return broker.admin_processor.get_topic(topic).to_dict()
 
 
 @topics_router.post("/topics")
 def create_topic(body: TopicBody, broker: BrokerDep) -> dict[str, Any]:
     """Create or update a topic; system topics answer NO_PERMISSION.  Name servers hear of it at once."""
-    return broker.create_or_update_topic(body.topic, body.read_queue_nums, body.write_queue_nums, body.perm,
+    admin = broker.admin_processor
+    return admin.create_or_update_topic(body.topic, body.read_queue_nums, body.write_queue_nums, body.perm,
                                          body.order, body.topic_sys_flag).to_dict()
 
 
 @topics_router.delete("/topics/{topic}")
 def delete_topic(topic: TopicPath, broker: BrokerDep) -> dict[str, Any]:
     """Delete a topic's config and its consumer offsets; ``deleted`` is false when it did not exist."""
-    return {"topic": topic, "deleted": broker.delete_topic(topic)}
+    return {"topic": topic, "deleted": broker.admin_processor.delete_topic(topic)}
 
 
 @topics_router.get("/topics/{topic}/stats")
 async def topic_stats(topic: TopicPath, broker: BrokerDep) -> dict[str, Any]:
     """Per queue: min and max offset, and the store time of the last message (0 = none)."""
-    return broker.topic_stats(topic)
+    return broker.admin_processor.topic_stats(topic)
 
 
 @clients_router.post("/clients/heartbeat")
@@ -455,14 +459,14 @@ def heartbeat(body: HeartbeatBody, broker: BrokerDep) -> dict[str, Any]:
     consumers = [ConsumerData(c.group, c.consume_type, c.message_model, c.consume_from_where,
                               tuple(Subscription(s.topic, s.expression, s.type) for s in c.subscriptions))
                  for c in body.consumers]
-    versions = broker.heartbeat(body.client_id, body.producer_groups, consumers)
+    versions = broker.consumer_processor.heartbeat(body.client_id, body.producer_groups, consumers)
     return {"groups": {g: {"version": v} for g, v in versions.items()}}
 
 
 @clients_router.post("/clients/unregister")
 async def unregister_client(body: UnregisterClientBody, broker: BrokerDep) -> dict[str, Any]:
     """Remove a client from its groups (it is shutting down); answers the consumer groups' versions."""
-    versions = broker.unregister_client(body.client_id, body.producer_groups, body.consumer_groups)
+    versions = broker.consumer_processor.unregister_client(body.client_id, body.producer_groups, body.consumer_groups)
     return {"groups": {g: {"version": v} for g, v in versions.items()}}
 
 
@@ -475,7 +479,7 @@ async def consumer_groups(broker: BrokerDep) -> dict[str, list[str]]:
 @clients_router.get("/consumers/{group}")
 async def consumer_group(group: str, broker: BrokerDep) -> dict[str, Any]:
     """A group's version, members and settings (version 0 and no members when nobody joined)."""
-    return broker.group_info(group).to_dict()
+    return broker.consumer_processor.group_info(group).to_dict()
 
 
 @clients_router.get("/consumers/{group}/changes")
@@ -484,46 +488,49 @@ async def consumer_group_changes(group: str, broker: BrokerDep,
                                  wait_ms: Annotated[int, Query(ge=0, le=_MAX_CHANGE_WAIT_MS)] = 20_000,
                                  ) -> dict[str, Any]:
     """Long poll: answers when the group's membership version differs from ``version``, or at ``wait_ms``."""
-    current, members = await broker.wait_group_change(group, version, wait_ms)
+    current, members = await broker.consumer_processor.wait_group_change(group, version, wait_ms)
     return {"version": current, "members": members}
 
 
 @offsets_router.post("/consumers/{group}/offsets")
 async def commit_offsets(group: str, body: CommitOffsetsBody, broker: BrokerDep) -> dict[str, int]:
     """Commit offsets of a group, all or nothing."""
-    return {"committed": broker.commit_offsets(group, [(e.topic, e.queue_id, e.offset) for e in body.offsets])}
+    entries = [(e.topic, e.queue_id, e.offset) for e in body.offsets]
+    return {"committed": broker.consumer_processor.commit_offsets(group, entries)}
 
 
 @offsets_router.get("/consumers/{group}/offsets")
 async def query_offsets(group: str, broker: BrokerDep, topic: str | None = None) -> dict[str, Any]:
     """The group's committed offsets: ``{topic: {queue_id: offset}}``."""
-    offsets = broker.query_offsets(group, topic)
+    offsets = broker.consumer_processor.query_offsets(group, topic)
     return {"group": group, "offsets": {t: {str(q): o for q, o in qs.items()} for t, qs in offsets.items()}}
 
 
 @offsets_router.get("/consumers/{group}/offsets/{topic}/{queue_id}")
 async def query_offset(group: str, topic: TopicPath, queue_id: int, broker: BrokerDep) -> dict[str, int]:
     """One committed offset (-1 when never committed)."""
-    return {"offset": broker.query_offset(group, topic, queue_id)}
+    return {"offset": broker.consumer_processor.query_offset(group, topic, queue_id)}
 
 
 @offsets_router.get("/consumers/{group}/lag")
 def consumer_lag(group: str, broker: BrokerDep, topic: str | None = None) -> dict[str, Any]:
     """Per read queue: the broker's max offset, the group's offset and the difference."""
-    return broker.lag(group, topic)
+    return broker.consumer_processor.lag(group, topic)
 
 
 @locks_router.post("/lock")
 async def lock_queues(body: LockBody, broker: BrokerDep) -> dict[str, list[dict[str, Any]]]:
     """Lock (or renew) queues for orderly consumption; answers those this client now holds."""
-    locked = broker.lock_queues(body.group, body.client_id, [(q.topic, q.queue_id) for q in body.queues])
+    queues = [(q.topic, q.queue_id) for q in body.queues]
+    locked = broker.consumer_processor.lock_queues(body.group, body.client_id, queues)
     return {"locked": [{"topic": t, "queue_id": q} for t, q in locked]}
 
 
 @locks_router.post("/unlock")
 async def unlock_queues(body: LockBody, broker: BrokerDep) -> dict[str, list[dict[str, Any]]]:
     """Release queues this client holds; answers those released."""
-    unlocked = broker.unlock_queues(body.group, body.client_id, [(q.topic, q.queue_id) for q in body.queues])
+    queues = [(q.topic, q.queue_id) for q in body.queues]
+    unlocked = broker.consumer_processor.unlock_queues(body.group, body.client_id, queues)
     return {"unlocked": [{"topic": t, "queue_id": q} for t, q in unlocked]}
 
 
@@ -533,13 +540,13 @@ features_router = APIRouter(tags=["features"])
 @features_router.delete("/timers/{msg_id}")
 def recall_timer(msg_id: str, broker: BrokerDep) -> dict[str, Any]:
     """Recall a pending timer message; ``recalled`` is false when it fired, was recalled or is unknown."""
-    return {"msg_id": msg_id, "recalled": broker.recall_timer(msg_id)}
+    return {"msg_id": msg_id, "recalled": broker.send_processor.recall_timer(msg_id)}
 
 
 @features_router.post("/consumers/{group}/send-back")
 def send_back(group: str, body: SendBackBody, broker: BrokerDep) -> dict[str, Any]:
     """A failed message: retry through ``%RETRY%<group>`` or, past the max reconsume times, dead-letter it."""
-    return broker.send_back(group, body.offset_msg_id, delay_level=body.delay_level, reason=body.reason,
+    return broker.send_processor.send_back(group, body.offset_msg_id, delay_level=body.delay_level, reason=body.reason,
                             max_reconsume_times=body.max_reconsume_times)
 
 
@@ -548,20 +555,20 @@ def dlq_messages(group: str, broker: BrokerDep, offset: int = 0,
                  max_count: Annotated[int, Query(alias="max", description=f"1..{MAX_PULL_BATCH}")] = 32,
                  ) -> JSONResponse:
     """The group's dead letters from ``offset`` (as in a pull) plus ``next_offset``."""
-    return JSONResponse(_pull_json(broker.dlq_messages(group, offset, max_count), broker.name))
+    return JSONResponse(_pull_json(broker.admin_processor.dlq_messages(group, offset, max_count), broker.name))
 
 
 @features_router.post("/dlq/{group}/redrive")
 def redrive(group: str, body: RedriveBody, broker: BrokerDep) -> dict[str, Any]:
     """Send DLQ messages back to their original topics (one by id, or all matching); the DLQ keeps its copies."""
-    return broker.redrive(group, body.msg_ids, all_messages=body.all, topic=body.topic, tags=body.tags)
+    return broker.admin_processor.redrive(group, body.msg_ids, all_messages=body.all, topic=body.topic, tags=body.tags)
 
 
 @features_router.get("/transactions/checks")
 async def transaction_checks(broker: BrokerDep, producer_group: str, client_id: str | None = None,
                              wait_ms: Annotated[int, Query(ge=0, le=_MAX_CHANGE_WAIT_MS)] = 0) -> dict[str, Any]:
     """Long poll: check-backs due for the producer group (each to one poller), or [] at ``wait_ms``."""
-    checks = await broker.poll_checks(producer_group, client_id, wait_ms)
+    checks = await broker.transaction_processor.poll_checks(producer_group, client_id, wait_ms)
     for check in checks:
         check["body"] = wire.encode_body(check["body"])
     return {"checks": checks}
@@ -570,7 +577,8 @@ async def transaction_checks(broker: BrokerDep, producer_group: str, client_id: 
 @features_router.post("/transactions/{transaction_id}")
 def end_transaction(transaction_id: str, body: EndTransactionBody, broker: BrokerDep) -> dict[str, Any]:
     """Commit, roll back or leave open (UNKNOWN) a transaction; TRANSACTION_NOT_FOUND for unknown/settled ids."""
-    return broker.end_transaction(transaction_id, body.producer_group, body.action, body.from_check)
+    transactions = broker.transaction_processor
+    return transactions.end_transaction(transaction_id, body.producer_group, body.action, body.from_check)
 
 
 @features_router.post("/consumers/{group}/offsets/reset")
@@ -582,13 +590,14 @@ def reset_offsets(group: str, body: ResetOffsetsBody, broker: BrokerDep) -> dict
             offsets = {int(q): o for q, o in body.offsets.items()}
         except ValueError:
             raise SparkMQError(ErrorCode.QUEUE_ID_ILLEGAL, "offsets keys must be queue ids") from None
-    return broker.reset_offsets(group, body.topic, timestamp=body.timestamp, offsets=offsets)
+    return broker.consumer_processor.reset_offsets(group, body.topic, timestamp=body.timestamp, offsets=offsets)
 
 
 @broker_router.get("/messages/{offset_msg_id}", tags=["pull"])
 def message_by_id(offset_msg_id: str, broker: BrokerDep) -> JSONResponse:
     """One message by its offsetMsgId (MESSAGE_ID_ILLEGAL, MESSAGE_NOT_FOUND)."""
-    return JSONResponse(wire.stored_to_json(broker.message_by_offset_msg_id(offset_msg_id), broker.name))
+    stored = broker.query_processor.message_by_offset_msg_id(offset_msg_id)
+    return JSONResponse(wire.stored_to_json(stored, broker.name))
 
 
 @broker_router.get("/query/messages", tags=["pull"])
@@ -598,7 +607,7 @@ def query_messages(broker: BrokerDep, msg_id: str | None = None, topic: str | No
                    max_hits: Annotated[int, Query(alias="max")] = 32) -> dict[str, Any]:
     """Messages found through the lake's index (``message_keys``): by msg_id, by topic + key, or by
     topic + store-time range; newest first, at most ``max`` (64).  Findable once dispatched (seconds)."""
-    found = broker.query_messages(topic=topic, key=key, msg_id=msg_id, begin_ms=begin, end_ms=end,
+    found = broker.query_processor.query_messages(topic=topic, key=key, msg_id=msg_id, begin_ms=begin, end_ms=end,
                                   max_hits=max_hits)
     return {"messages": [wire.stored_to_json(m, broker.name) for m in found]}
 
@@ -614,7 +623,7 @@ def alerts(broker: BrokerDep) -> dict[str, Any]:
 @broker_router.get("/broker")
 async def broker_info(broker: BrokerDep) -> dict[str, Any]:
     """Identity, role, name servers, commit-log offsets, topic and client counts."""
-    return broker.info()
+    return broker.admin_processor.info()
 
 
 @broker_router.get("/health")

@@ -20,7 +20,7 @@ from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 
-from ..platform.broker.broker import OutgoingMessage
+from ..platform.broker.processors import OutgoingMessage
 from ..platform.client.producer import Producer, SendResult
 from ..platform.common import wire
 from ..platform.common.errors import ErrorCode, SparkMQError

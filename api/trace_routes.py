@@ -39,11 +39,11 @@ def _broker(request: Request) -> Broker:
 @trace_router.post("/trace")
 def post_trace(body: TraceBody, request: Request) -> dict[str, Any]:
     """Record client trace events; ``accepted`` is 0 when tracing is off on this broker (``enabled`` false)."""
-    return _broker(request).record_trace(body.events)
+    return _broker(request).query_processor.record_trace(body.events)
 
 
 @trace_router.get("/trace/{msg_id}")
 def get_trace(msg_id: str, request: Request) -> dict[str, Any]:
     """The message's trace events from this broker's lake, ordered, each with ``elapsed_ms`` and
     ``since_first_ms``; ``events`` is empty until the trace job has written them (or without a lake)."""
-    return _broker(request).trace(msg_id)
+    return _broker(request).query_processor.trace(msg_id)

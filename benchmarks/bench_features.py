@@ -17,10 +17,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sparkmq.platform.broker.broker import Broker, OutgoingMessage
+from sparkmq.platform.broker.broker import Broker
 from sparkmq.platform.broker.config import BrokerConfig
+from sparkmq.platform.broker.processors import OutgoingMessage
 from sparkmq.platform.common.filtering import SqlFilter
-from sparkmq.platform.store import GetStatus
+from sparkmq.platform.common.protocol import PullStatus
 
 BODY = os.urandom(100)
 
@@ -49,15 +50,15 @@ def bench_sql_filter_pull(base: Path, count: int) -> None:
             batch = [OutgoingMessage(BODY, "T", properties={"region": "eu" if i % 10 == 0 else "us",
                                                             "seq": str(i), "amount": str(i % 1000)})
                      for i in range(start, min(start + batch_size, count))]
-            broker.send_batch("SqlBench", batch, queue_id=0)
+            broker.send_processor.send_batch("SqlBench", batch, queue_id=0)
         sql = SqlFilter.compile("region = 'eu' AND amount >= 0")
         offset = delivered = 0
         started = time.perf_counter()
         while True:
-            result = broker.pull_once("SqlBench", 0, offset, 32, sql=sql)
+            result = broker.pull_processor.pull_once("SqlBench", 0, offset, 32, sql=sql)
             delivered += len(result.messages)
             offset = result.next_offset
-            if result.status is GetStatus.NO_NEW_MSG or offset >= result.max_offset:
+            if result.status is PullStatus.NO_NEW_MSG or offset >= result.max_offset:
                 break
         elapsed = time.perf_counter() - started
         assert delivered == (count + 9) // 10, delivered
@@ -70,11 +71,11 @@ def bench_sql_filter_pull(base: Path, count: int) -> None:
 def _drain(broker: Broker, topic: str, queues: int, offsets: list[int], on_message: Callable[[object], None]) -> int:
     n = 0
     for q in range(queues):
-        result = broker.pull_once(topic, q, offsets[q], 1024)
+        result = broker.pull_processor.pull_once(topic, q, offsets[q], 1024)
         for m in result.messages:
             on_message(m)
         n += len(result.messages)
-        if result.status not in (GetStatus.NO_MATCHED_QUEUE, GetStatus.OFFSET_OVERFLOW):
+        if result.status not in (PullStatus.NO_MATCHED_QUEUE, PullStatus.OFFSET_OVERFLOW):
             offsets[q] = result.next_offset
     return n
 
@@ -88,7 +89,7 @@ def bench_timer_lateness(base: Path, count: int, spread_s: float) -> None:
         step = spread_s * 1000 / count
         for i in range(count):
             at = first + int(i * step)
-            r = broker.send("TimerBench", OutgoingMessage(BODY), queue_id=i % 4, deliver_at_ms=at)
+            r = broker.send_processor.send("TimerBench", OutgoingMessage(BODY), queue_id=i % 4, deliver_at_ms=at)
             due[r.msg_id] = at
         late: list[int] = []
         offsets = [0, 0, 0, 0]
@@ -113,8 +114,8 @@ def bench_transactional_send(base: Path, count: int) -> None:
     try:
         started = time.perf_counter()
         for _ in range(count):
-            half = broker.send_half("TxBench", OutgoingMessage(BODY), "bench-pg", queue_id=0)
-            broker.end_transaction(half["transaction_id"], "bench-pg", "COMMIT")
+            half = broker.transaction_processor.send_half("TxBench", OutgoingMessage(BODY), "bench-pg", queue_id=0)
+            broker.transaction_processor.end_transaction(half["transaction_id"], "bench-pg", "COMMIT")
         elapsed = time.perf_counter() - started
         assert broker.store.max_offset("TxBench", 0) == count
         line("features.transactional_send", messages=count, seconds=elapsed, msgs_per_s=round(count / elapsed),
@@ -128,7 +129,7 @@ def _retry_run(base: Path, count: int, fail: bool) -> float:
     broker = make_broker(base, f"retry{int(fail)}", message_delay_level="100ms 200ms 300ms")
     try:
         for start in range(0, count, 1000):
-            broker.send_batch("RetryBench", [OutgoingMessage(BODY, properties={"n": str(i)})
+            broker.send_processor.send_batch("RetryBench", [OutgoingMessage(BODY, properties={"n": str(i)})
                                              for i in range(start, min(start + 1000, count))], queue_id=0)
         done = 0
         failed: set[str] = set()
@@ -139,7 +140,7 @@ def _retry_run(base: Path, count: int, fail: bool) -> float:
             msg_id = m.msg_id  # type: ignore[attr-defined]
             if fail and int(m.properties["n"]) % 10 == 0 and msg_id not in failed:  # type: ignore[attr-defined]
                 failed.add(msg_id)
-                broker.send_back("bench-cg", m.offset_msg_id, delay_level=1)  # type: ignore[attr-defined]
+                broker.send_processor.send_back("bench-cg", m.offset_msg_id, delay_level=1)  # type: ignore[attr-defined]
             else:
                 done += 1
 

@@ -49,14 +49,38 @@ def store_factory(tmp_path: Path) -> Iterator[Callable[..., object]]:
         store.shutdown()
 
 
+# ---- Processes: the one harness (tests/procs.py) and the cluster marker ----
+
+#: Fixtures that start real processes; a test using one (directly or through another fixture) is a cluster test.
+PROCESS_FIXTURES = frozenset({"procs", "module_procs"})
+
+
 @pytest.fixture
 def procs(tmp_path: Path) -> Iterator[object]:
-    """A :class:`procs.ProcessHarness` under tmp_path; every service it started is stopped after the test."""
+    """A :class:`procs.ProcessHarness` under tmp_path; every process it started is stopped (by pid) after the test."""
     from procs import ProcessHarness
 
     harness = ProcessHarness(tmp_path)
     yield harness
     harness.stop_all()
+
+
+@pytest.fixture(scope="module")
+def module_procs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[object]:
+    """A :class:`procs.ProcessHarness` for services a whole module shares; stopped (by pid) after the module."""
+    from procs import ProcessHarness
+
+    harness = ProcessHarness(tmp_path_factory.mktemp(request.module.__name__.removeprefix("test_")))
+    yield harness
+    harness.stop_all()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that starts processes through the harness is marked ``cluster`` even if its module forgot to say so,
+    so ``-m "not cluster"`` never runs one.  (Tests that start children another way carry the mark themselves.)"""
+    for item in items:
+        if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())) and not item.get_closest_marker("cluster"):
+            item.add_marker(pytest.mark.cluster)
 
 
 # ---- Spark: one SparkSession for the whole test run (added with the lake foundations) ----

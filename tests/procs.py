@@ -2,8 +2,13 @@
 
 Every service is started with ``--host 127.0.0.1 --port 0`` and prints one ready line
 ``<kind> listening on http://127.0.0.1:PORT``; the harness reads the real URL from it.
-The ``procs`` fixture (conftest) stops everything a test started, by pid, and
-:meth:`ServiceProcess.kill9` is the crash tests' SIGKILL.
+Children that print no ready line (consumer processes, ``sparkmq lake``) are started with
+:meth:`ProcessHarness.spawn`.  The ``procs`` fixture (conftest; ``module_procs`` for a module's
+shared services) stops everything it started, by pid, and :meth:`ServiceProcess.kill9` is the
+crash tests' SIGKILL.  A test using either fixture is marked ``cluster`` (conftest does it).
+
+:func:`wait_until` is the suite's one polling helper: every wait waits for a condition,
+with a deadline.
 """
 from __future__ import annotations
 
@@ -21,12 +26,17 @@ from typing import Any
 
 import sparkmq
 
-__all__ = ["ServiceProcess", "ProcessHarness", "child_env", "wait_for"]
+__all__ = ["BROKER", "NAMESRV", "ProcessHarness", "ServiceProcess", "child_env", "fast_client_config",
+           "route_has", "wait_until"]
+
+#: The modules of the services (``python -m MODULE``).
+NAMESRV = "sparkmq.api.namesrv_main"
+BROKER = "sparkmq.api.broker_main"
 
 
 #: Settings every test service gets unless the test says otherwise: 8 MiB segments (a broker's
 #: default 1 GiB segment is allocated up front; dozens of test brokers would write tens of GiB).
-_TEST_DEFAULTS = {"sparkmq.api.broker_main": ["--segment-size", str(8 << 20)]}
+_TEST_DEFAULTS = {BROKER: ["--segment-size", str(8 << 20)]}
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -121,22 +131,52 @@ class ProcessHarness:
             services.append(service)
         return services
 
+    def start_platform(self, data_dir: Path, *broker_args: str,
+                       namesrv_args: tuple[str, ...] = ("--scan-interval-s", "0.5"),
+                       ) -> tuple[ServiceProcess, ServiceProcess]:
+        """A name server and one broker registered with it every 0.5 s (``broker_args`` added, later ones win)."""
+        namesrv = self.start("namesrv", NAMESRV, *namesrv_args)
+        broker = self.start("broker", BROKER, "--data-dir", str(data_dir), "--namesrv", namesrv.addr,
+                            "--register-interval-s", "0.5", *broker_args)
+        return namesrv, broker
+
+    def spawn(self, kind: str, argv: list[str], *, log_path: Path | None = None, stdout: int | None = None,
+              env: dict[str, str] | None = None) -> ServiceProcess:
+        """Start a child that prints no ready line (a consumer process, a CLI job); stopped by pid with the rest.
+
+        Its stderr, and its stdout unless ``stdout`` is given (``subprocess.PIPE`` to read it), go to ``log_path``
+        (``<work_dir>/<kind>-<n>.log`` by default).
+        """
+        log_path = log_path or self.work_dir / f"{kind}-{len(self.started)}.log"
+        with log_path.open("w") as log:  # the child keeps its own descriptor
+            proc = subprocess.Popen(argv, stdout=log if stdout is None else stdout, stderr=log, text=True,
+                                    env=env or child_env(), stdin=subprocess.DEVNULL)
+        service = ServiceProcess(kind, proc, "", log_path, list(argv))
+        self.started.append(service)
+        return service
+
     def stop_all(self) -> None:
-        """Stop every service this harness started (newest first)."""
+        """Stop every process this harness started (newest first), each by its pid."""
         for service in reversed(self.started):
             service.stop()
 
 
-def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll ``cond`` until it is truthy and return its value; AssertionError naming ``what`` after ``timeout``."""
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str | Callable[[], str] = "condition",
+               interval: float = 0.05) -> Any:
+    """Poll ``predicate`` every ``interval`` s until it returns something truthy, and return that.
+
+    After ``timeout`` s an AssertionError names ``what`` (a string, or a callable giving one: logs, partial
+    results) and the last value the predicate returned.  The suite's one polling helper.
+    """
     deadline = time.monotonic() + timeout
     while True:
-        value = cond()
+        value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
+            said = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout} s waiting for {said}; last value: {value!r:.500}")
+        time.sleep(interval)
 
 
 def fast_client_config(namesrv_addrs: str, offset_dir: Path, **overrides: Any) -> Any:

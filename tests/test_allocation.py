@@ -213,6 +213,7 @@ def _golden() -> dict[str, list[str]]:
     return {c: [q.key for q in qs] for c, qs in got.items()}
 
 
+@pytest.mark.cluster
 def test_consistent_hash_is_stable_across_processes_and_hash_seeds() -> None:
     code = ("import json\n"
             "from sparkmq.platform.client.allocation import AllocateConsistentHash, MessageQueue\n"

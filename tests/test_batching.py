@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from procs import wait_for
+from procs import wait_until
 from sparkmq.platform.common.batching import BatchBuffer
 
 
@@ -50,13 +50,13 @@ def test_thread_delivers_at_batch_size_and_on_the_interval_and_survives_a_failur
         began = time.monotonic()
         for i in range(10):
             buffer.offer(i)
-        wait_for(lambda: sink.delivered == list(range(10)), 5, "the full batch")
+        wait_until(lambda: sink.delivered == list(range(10)), 5, "the full batch")
         assert time.monotonic() - began < 0.25          # a full batch goes at once, not after the interval
         sink.fail_next = True
         buffer.offer(10)                                 # delivered by the interval; this delivery fails
         time.sleep(0.5)
         buffer.offer(11)
-        wait_for(lambda: sink.delivered[-1:] == [11], 5, "a delivery after the failed one")
+        wait_until(lambda: sink.delivered[-1:] == [11], 5, "a delivery after the failed one")
     finally:
         buffer.offer(12)
         buffer.stop()                                    # what is left goes out on stop

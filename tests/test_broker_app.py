@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from procs import wait_until
 from sparkmq.api.broker_main import BrokerService
 from sparkmq.platform.broker.config import BrokerConfig
 from sparkmq.platform.client.remoting import BrokerClient
@@ -271,10 +272,7 @@ def test_long_polling_over_http_wakes_on_arrival(http: httpx.Client, shared: Thr
 
     thread = threading.Thread(target=pull)
     thread.start()
-    deadline = time.monotonic() + 10
-    while shared.broker.holds.held("lp", 0) == 0:
-        assert time.monotonic() < deadline, "the pull was never held"
-        time.sleep(0.005)
+    wait_until(lambda: shared.broker.holds.held("lp", 0), 10, "the pull to be held", interval=0.005)
     ok(http.post("/topics/lp/messages", json={"body": "arrived"}))
     thread.join(20)
     assert result["body"]["status"] == "FOUND" and result["elapsed"] < 8
@@ -441,10 +439,7 @@ def test_heartbeats_groups_and_change_polls(http: httpx.Client, shared: ThreadSe
 
     thread = threading.Thread(target=poll)
     thread.start()
-    deadline = time.monotonic() + 10
-    while shared.broker.clients._waiters.waiting("cg1") == 0:
-        assert time.monotonic() < deadline, "the change poll was never held"
-        time.sleep(0.005)
+    wait_until(lambda: shared.broker.clients._waiters.waiting("cg1"), 10, "the change poll to be held", interval=0.005)
     ok(http.post("/clients/heartbeat", json=heartbeat("host@2@b", "cg1", "t1")))
     thread.join(20)
     assert result["body"] == {"version": 2, "members": ["host@1@a", "host@2@b"]}
@@ -600,10 +595,7 @@ def test_shutdown_releases_held_pulls_and_refuses_work(serve_broker, tmp_path: P
 
         thread = threading.Thread(target=pull)
         thread.start()
-        deadline = time.monotonic() + 10
-        while server.broker.holds.held() == 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
+        wait_until(lambda: server.broker.holds.held(), 10, "the pull to be held", interval=0.005)
         started = time.monotonic()
         server.stop()
         thread.join(20)

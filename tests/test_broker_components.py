@@ -13,18 +13,20 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from procs import wait_for as wait_until
-from sparkmq.platform.broker.broker import Broker, OutgoingMessage
+from procs import wait_until
+from sparkmq.platform.broker.broker import Broker
 from sparkmq.platform.broker.client_manager import ClientManager, ConsumerData, MessageModel, Subscription
 from sparkmq.platform.broker.config import BrokerConfig, BrokerRole, parse_namesrv_addrs
 from sparkmq.platform.broker.locks import QueueLockManager
 from sparkmq.platform.broker.long_polling import WaiterRegistry
 from sparkmq.platform.broker.offsets import ConsumerOffsetManager
+from sparkmq.platform.broker.processors import OutgoingMessage
 from sparkmq.platform.broker.registration import RegistrationService
 from sparkmq.platform.broker.topics import AUTO_CREATE_TEMPLATE_TOPIC, TopicConfig, TopicConfigManager
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
+from sparkmq.platform.common.protocol import PullStatus
 from sparkmq.platform.namesrv.perm import is_readable, is_writeable
-from sparkmq.platform.store import FlushMode, GetStatus
+from sparkmq.platform.store import FlushMode
 
 SMALL_STORE = {"segment_size": 1 << 20, "max_message_size": 64 * 1024, "max_properties_size": 8000}
 
@@ -367,53 +369,53 @@ def send_when_held(broker: Broker, topic: str, queue_id: int, *bodies_and_tags: 
     def run() -> None:
         wait_until(lambda: broker.holds.held(topic, queue_id) == 1, what="a held pull")
         for body, tag in bodies_and_tags:
-            broker.send(topic, OutgoingMessage(body, tag), queue_id=queue_id)
+            broker.send_processor.send(topic, OutgoingMessage(body, tag), queue_id=queue_id)
     threading.Thread(target=run, daemon=True).start()
 
 
 def test_held_pull_returns_as_soon_as_a_message_lands(broker: Broker) -> None:
-    broker.create_or_update_topic("lp", 2, 2)
+    broker.admin_processor.create_or_update_topic("lp", 2, 2)
 
     async def scenario() -> tuple[float, object]:
         send_when_held(broker, "lp", 1, (b"wake", "A"))
         started = time.monotonic()
-        result = await broker.pull("lp", 1, 0, 32, wait_ms=10_000)
+        result = await broker.pull_processor.pull("lp", 1, 0, 32, wait_ms=10_000)
         return time.monotonic() - started, result
 
     elapsed, result = asyncio.run(scenario())
-    assert result.status is GetStatus.FOUND and [m.body for m in result.messages] == [b"wake"]
+    assert result.status is PullStatus.FOUND and [m.body for m in result.messages] == [b"wake"]
     assert elapsed < 8  # woken by the put, not by the 10 s timeout
     assert broker.holds.held() == 0
 
 
 def test_held_pull_answers_at_its_timeout_when_nothing_lands(broker: Broker) -> None:
-    broker.send("lp2", OutgoingMessage(b"x"), queue_id=0)
+    broker.send_processor.send("lp2", OutgoingMessage(b"x"), queue_id=0)
     started = time.monotonic()
-    result = asyncio.run(broker.pull("lp2", 0, 1, 32, wait_ms=300))
+    result = asyncio.run(broker.pull_processor.pull("lp2", 0, 1, 32, wait_ms=300))
     elapsed = time.monotonic() - started
-    assert result.status is GetStatus.NO_NEW_MSG and result.next_offset == 1
+    assert result.status is PullStatus.NO_NEW_MSG and result.next_offset == 1
     assert 0.3 <= elapsed < 5
     # wait_ms is capped by long_polling_max_ms; 0 answers at once.
     started = time.monotonic()
-    assert asyncio.run(broker.pull("lp2", 0, 1, 32, wait_ms=0)).status is GetStatus.NO_NEW_MSG
+    assert asyncio.run(broker.pull_processor.pull("lp2", 0, 1, 32, wait_ms=0)).status is PullStatus.NO_NEW_MSG
     assert time.monotonic() - started < 1
 
 
 def test_held_filtered_pull_ignores_other_tags_and_wakes_on_a_match(broker: Broker) -> None:
-    broker.create_or_update_topic("lpf", 1, 1)
+    broker.admin_processor.create_or_update_topic("lpf", 1, 1)
 
     async def scenario():
         def run() -> None:
             wait_until(lambda: broker.holds.held("lpf", 0) == 1, what="a held pull")
-            broker.send("lpf", OutgoingMessage(b"other", "B"), queue_id=0)
+            broker.send_processor.send("lpf", OutgoingMessage(b"other", "B"), queue_id=0)
             # The pull is re-held after reading the non-matching message ...
             wait_until(lambda: broker.holds.held("lpf", 0) == 1 and broker.store.max_offset("lpf", 0) == 1)
-            broker.send("lpf", OutgoingMessage(b"mine", "A"), queue_id=0)
+            broker.send_processor.send("lpf", OutgoingMessage(b"mine", "A"), queue_id=0)
         threading.Thread(target=run, daemon=True).start()
-        return await broker.pull("lpf", 0, 0, 32, "A", wait_ms=10_000)
+        return await broker.pull_processor.pull("lpf", 0, 0, 32, "A", wait_ms=10_000)
 
     result = asyncio.run(scenario())
-    assert result.status is GetStatus.FOUND and [m.body for m in result.messages] == [b"mine"]
+    assert result.status is PullStatus.FOUND and [m.body for m in result.messages] == [b"mine"]
     assert result.next_offset == 2
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -17,8 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_broker_app import SMALL_STORE, ThreadServer
 
-from sparkmq.platform.broker.broker import OutgoingMessage
+from procs import wait_until
 from sparkmq.platform.broker.config import BrokerConfig
+from sparkmq.platform.broker.processors import OutgoingMessage
 from sparkmq.platform.common.filtering import SqlFilter
 from sparkmq.platform.common.wire import decode_body
 
@@ -81,16 +82,6 @@ def pull_all(http: httpx.Client, topic: str, queue_id: int = 0, **params: Any) -
         offset = got["next_offset"]
 
 
-def wait_for(what: str, fn: Callable[[], Any], timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 # -- filters ----------------------------------------------------------------------------------
 
 EXPRESSIONS = [
@@ -113,7 +104,7 @@ _messages = st.lists(st.tuples(_props, st.sampled_from([None, "T1", "T2"])), min
 def test_sql92_pull_delivers_exactly_the_matching_messages(server: ThreadServer, messages, expression) -> None:
     topic = fresh("Sql")
     batch = [OutgoingMessage(f"m{i}".encode(), tags, properties=props) for i, (props, tags) in enumerate(messages)]
-    sent = server.broker.send_batch(topic, batch, queue_id=0)
+    sent = server.broker.send_processor.send_batch(topic, batch, queue_id=0)
     compiled = SqlFilter.compile(expression)
     expected = [sent.results[i].msg_id for i, (props, tags) in enumerate(messages)
                 if compiled.matches({**props, **({"TAGS": tags} if tags else {})})]
@@ -125,7 +116,7 @@ def test_sql92_pull_delivers_exactly_the_matching_messages(server: ThreadServer,
 def test_sql_filter_scans_past_long_non_matching_runs(http: httpx.Client, server: ThreadServer) -> None:
     topic = fresh("SqlRun")
     batch = [OutgoingMessage(b"x", properties={"n": str(i)}) for i in range(3000)]
-    server.broker.send_batch(topic, batch, queue_id=0)
+    server.broker.send_processor.send_batch(topic, batch, queue_id=0)
     got = ok(http.get(f"/topics/{topic}/queues/0/messages",
                       params={"filter_type": "SQL92", "expression": "n = '2999' OR n = '2998'"}))
     assert got["status"] == "FOUND" and [m["properties"]["n"] for m in got["messages"]] == ["2998", "2999"]
@@ -136,14 +127,14 @@ def test_sql_filter_scans_past_long_non_matching_runs(http: httpx.Client, server
 def test_tag_pull_delivers_exactly_the_matching_tags(http: httpx.Client, server: ThreadServer) -> None:
     topic = fresh("Tags")
     tags = ["A", "B", "C", None] * 30
-    sent = server.broker.send_batch(topic, [OutgoingMessage(b"x", t) for t in tags], queue_id=0)
+    sent = server.broker.send_processor.send_batch(topic, [OutgoingMessage(b"x", t) for t in tags], queue_id=0)
     got = pull_all(http, topic, tags="A || C")
     assert [m["msg_id"] for m in got] == [r.msg_id for r, t in zip(sent.results, tags, strict=True) if t in ("A", "C")]
 
 
 def test_long_poll_with_sql_filter_wakes_on_a_matching_arrival(http: httpx.Client, server: ThreadServer) -> None:
     topic = fresh("SqlPoll")
-    server.broker.send(topic, OutgoingMessage(b"no", properties={"k": "0"}), queue_id=0)
+    server.broker.send_processor.send(topic, OutgoingMessage(b"no", properties={"k": "0"}), queue_id=0)
     result: dict[str, Any] = {}
 
     def pull() -> None:
@@ -154,7 +145,7 @@ def test_long_poll_with_sql_filter_wakes_on_a_matching_arrival(http: httpx.Clien
     started = time.monotonic()
     thread.start()
     time.sleep(0.3)
-    server.broker.send(topic, OutgoingMessage(b"yes", properties={"k": "1"}), queue_id=0)
+    server.broker.send_processor.send(topic, OutgoingMessage(b"yes", properties={"k": "1"}), queue_id=0)
     thread.join(10)
     assert time.monotonic() - started < 5
     assert [decode_body(m["body"]) for m in result["r"]["messages"]] == [b"yes"]
@@ -199,7 +190,7 @@ def test_delay_levels_deliver_no_earlier_than_due(http: httpx.Client) -> None:
     r = ok(http.post(f"/topics/{topic}/messages", json={"body": "P", "queue_id": 0, "properties": {"DELAY": "2"}}))
     sent[r["msg_id"]] = at + 400
     assert max_offsets(http, topic)[0] == 0
-    got = wait_for("delayed messages", lambda: (m := pull_all(http, topic)) and len(m) == 4 and m)
+    got = wait_until(lambda: (m := pull_all(http, topic)) and len(m) == 4 and m, 15, "delayed messages")
     for m in got:
         assert m["store_timestamp"] >= sent[m["msg_id"]], m
         assert m["store_timestamp"] - sent[m["msg_id"]] < 1500
@@ -224,7 +215,7 @@ def test_timers_p99_lateness_over_1000_timers(http: httpx.Client, server: Thread
     base = int(time.time() * 1000) + 1000
     for i in range(1000):
         at = base + (i * 7919) % 3000  # spread over 3 s, not in send order
-        r = broker.send(topic, OutgoingMessage(b"t%d" % i), queue_id=i % 4, deliver_at_ms=at)
+        r = broker.send_processor.send(topic, OutgoingMessage(b"t%d" % i), queue_id=i % 4, deliver_at_ms=at)
         due[r.msg_id] = at
     got: dict[str, int] = {}
 
@@ -234,7 +225,7 @@ def test_timers_p99_lateness_over_1000_timers(http: httpx.Client, server: Thread
                 got[m["msg_id"]] = m["store_timestamp"]
         return len(got) == 1000
 
-    wait_for("1000 timers", collect, timeout=30)
+    wait_until(collect, 30, "1000 timers")
     lateness = sorted(got[i] - due[i] for i in due)
     assert lateness[0] >= 0, "a timer fired early"
     p99 = lateness[int(len(lateness) * 0.99) - 1]
@@ -251,7 +242,7 @@ def test_a_recalled_timer_never_arrives(http: httpx.Client) -> None:
     assert ok(http.delete(f"/timers/{drop['msg_id']}")) == {"msg_id": drop["msg_id"], "recalled": True}
     assert ok(http.delete(f"/timers/{drop['msg_id']}"))["recalled"] is False
     assert ok(http.delete("/timers/UNKNOWN0000"))["recalled"] is False
-    got = wait_for("the kept timer", lambda: pull_all(http, topic))
+    got = wait_until(lambda: pull_all(http, topic), 15, "the kept timer")
     time.sleep(1.0)
     got = pull_all(http, topic)
     assert [m["msg_id"] for m in got] == [keep["msg_id"]]
@@ -263,7 +254,7 @@ def test_delayed_batch_parks_each_message(http: httpx.Client) -> None:
     r = ok(http.post(f"/topics/{topic}/batch", params={"queue_id": 1, "delay_level": 1},
                      json={"messages": [{"body": "a"}, {"body": "b"}]}))
     assert len(r["results"]) == 2 and max_offsets(http, topic)[1] == 0
-    got = wait_for("the batch", lambda: (m := pull_all(http, topic, 1)) and len(m) == 2 and m)
+    got = wait_until(lambda: (m := pull_all(http, topic, 1)) and len(m) == 2 and m, 15, "the batch")
     assert [decode_body(m["body"]) for m in got] == [b"a", b"b"]
 
 
@@ -394,7 +385,7 @@ def test_an_unanswered_half_is_discarded_after_max_checks(http: httpx.Client, se
     half = ok(http.post(f"/topics/{topic}/half", json={"body": "lost", "queue_id": 0, "producer_group": group}))
     tx = server.broker.transactions
     assert tx is not None
-    wait_for("the discard", lambda: half["transaction_id"] not in tx.open_transactions(), timeout=15)
+    wait_until(lambda: half["transaction_id"] not in tx.open_transactions(), 15, "the discard")
     error(http.post(f"/transactions/{half['transaction_id']}", json={"producer_group": group, "action": "COMMIT"}),
           404, "TRANSACTION_NOT_FOUND")
     assert pull_all(http, topic) == []

@@ -6,6 +6,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
+
+from procs import wait_until
+
+pytestmark = pytest.mark.cluster
 
 
 def _ok(response: httpx.Response) -> Any:
@@ -50,13 +55,15 @@ def test_pending_timers_and_delays_survive_kill9_and_a_recalled_timer_never_arri
     broker.kill9()
     broker = procs.start("broker", "sparkmq.api.broker_main", *args, "--port", str(broker.port))
     with httpx.Client(base_url=broker.url, timeout=10) as http:
-        deadline = time.monotonic() + 20
         got: dict[str, dict[str, Any]] = {}
-        while time.monotonic() < deadline and len(got) < len(due):
+
+        def all_due() -> bool:
             for q in (0, 1):
                 for m in _pull_all(http, topic, q):
                     got[m["msg_id"]] = m
-            time.sleep(0.2)
+            return len(got) >= len(due)
+        wait_until(all_due, 20, lambda: f"every due message; missing {set(due) - set(got)}; log:\n"
+                                        f"{broker.log()[-3000:]}", interval=0.2)
         assert set(got) == set(due), f"missing {set(due) - set(got)}; log:\n{broker.log()[-3000:]}"
         for msg_id, m in got.items():
             assert m["store_timestamp"] >= due[msg_id], (msg_id, m["store_timestamp"], due[msg_id])
@@ -80,8 +87,7 @@ def test_open_halves_survive_kill9_and_are_checked_back_then_committed(procs, tm
     answers = {keep["transaction_id"]: "COMMIT", drop["transaction_id"]: "ROLLBACK"}
     seen: set[str] = set()
     with httpx.Client(base_url=broker.url, timeout=20) as http:
-        deadline = time.monotonic() + 20
-        while seen != set(answers) and time.monotonic() < deadline:
+        def answered_all() -> bool:
             checks = _ok(http.get("/transactions/checks", params={"producer_group": "ppg", "client_id": "new-producer",
                                                                   "wait_ms": 3000}))["checks"]
             for check in checks:
@@ -91,6 +97,7 @@ def test_open_halves_survive_kill9_and_are_checked_back_then_committed(procs, tm
                     seen.add(tx)
                     _ok(http.post(f"/transactions/{tx}", json={"producer_group": "ppg", "action": answers[tx],
                                                                "from_check": True}))
-        assert seen == set(answers)
+            return seen == set(answers)
+        wait_until(answered_all, 20, lambda: f"check-backs of both open halves (answered {seen})", interval=0)
         bodies = sorted(m["body"] for m in _pull_all(http, "ProcTx", 0))
         assert bodies == sorted(["ZG9uZQ==", "a2VlcA=="])  # base64 of "done", "keep"

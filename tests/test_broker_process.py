@@ -1,24 +1,16 @@
 """A real broker process with two real name servers: registration, routes, SIGTERM, persisted offsets."""
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from deltalake import DeltaTable
 
+from procs import wait_until
 
-def wait_for(fetch, done, timeout: float = 30.0, what: str = "condition") -> Any:
-    """Call ``fetch()`` until ``done(result)``; returns the last result (a synchronisation helper)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = fetch()
-        if done(result):
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; last: {result!r}")
-        time.sleep(0.05)
+pytestmark = pytest.mark.cluster
 
 
 def route(url: str, topic: str) -> tuple[int, dict[str, Any]]:
@@ -41,8 +33,8 @@ def test_broker_registers_with_every_name_server_and_leaves_cleanly(procs, tmp_p
         created = http.post("/topics", json={"topic": "ProcTopic", "read_queue_nums": 8, "write_queue_nums": 6})
         assert created.status_code == 200, created.text
         for ns in (ns1, ns2):
-            status, body = wait_for(lambda ns=ns: route(ns.url, "ProcTopic"), lambda r: r[0] == 200,
-                                    what=f"ProcTopic on {ns.addr}")
+            status, body = wait_until(lambda ns=ns: (r := route(ns.url, "ProcTopic"))[0] == 200 and r, 30,
+                                      f"ProcTopic on {ns.addr}")
             assert body["queue_datas"] == [{"broker_name": "broker-a", "read_queue_nums": 8, "write_queue_nums": 6,
                                             "perm": 6, "topic_sys_flag": 0}]
             assert body["broker_datas"][0]["broker_addrs"] == {"0": broker.addr}

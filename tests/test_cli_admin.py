@@ -4,25 +4,22 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from procs import ProcessHarness, ServiceProcess, child_env
+from procs import ProcessHarness, ServiceProcess, child_env, wait_until
+
+pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture
 def platform(procs: ProcessHarness, tmp_path: Path) -> tuple[ServiceProcess, ServiceProcess]:
-    ns = procs.start("namesrv", "sparkmq.api.namesrv_main", "--scan-interval-s", "0.5")
-    broker = procs.start("broker", "sparkmq.api.broker_main", "--data-dir", str(tmp_path / "b"), "--namesrv",
-                         ns.addr, "--register-interval-s", "0.5", "--broker-name", "broker-a")
-    deadline = time.monotonic() + 20
-    while not httpx.get(f"{ns.url}/cluster", timeout=5).json()["live_brokers"]:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    ns, broker = procs.start_platform(tmp_path / "b", "--broker-name", "broker-a")
+    wait_until(lambda: httpx.get(f"{ns.url}/cluster", timeout=5).json()["live_brokers"], 20, "the broker registered",
+               interval=0.1)
     return ns, broker
 
 
@@ -40,10 +37,8 @@ def test_topics_produce_consume_groups_and_messages(platform: tuple[ServiceProce
                                  "--write-queues", "2"))
     assert created == [{"broker": broker.addr, "topic": "CliTopic", "read_queue_nums": 2, "write_queue_nums": 2,
                         "perm": 6, "order": False, "topic_sys_flag": 0}] or created[0]["read_queue_nums"] == 2
-    deadline = time.monotonic() + 10
-    while "CliTopic" not in sparkmq(ns, "admin", "--json", "topic", "list"):
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    wait_until(lambda: "CliTopic" in sparkmq(ns, "admin", "--json", "topic", "list"), 10, "CliTopic listed",
+               interval=0.2)
     route = json.loads(sparkmq(ns, "admin", "--json", "topic", "route", "CliTopic"))
     assert route == [{"broker": "broker-a", "addr": broker.addr, "read_queue_nums": 2, "write_queue_nums": 2,
                       "perm": 6}]

@@ -14,7 +14,7 @@ from procs import child_env
 from sparkmq.pipelines import tables
 from sparkmq.pipelines.delta_io import append_exactly_once
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.cluster]  # the command runs in a child process
 
 
 def test_sql_over_the_lake_tables(tmp_path: Path) -> None:

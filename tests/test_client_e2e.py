@@ -1,13 +1,12 @@
 """The client against real processes: a name server and a broker (``tests/procs.py``).
 
-Every wait here waits *for a condition* with a deadline (``wait_for``); no sleep is an assertion.
+Every wait here waits *for a condition* with a deadline (``wait_until``); no sleep is an assertion.
 Intervals are shortened through :class:`ClientConfig` so each test takes a few seconds.
 """
 from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from procs import fast_client_config, route_has, wait_for
+from procs import fast_client_config, route_has, wait_until
 from sparkmq.platform.client import (
     AdminClient,
     ClientConfig,
@@ -32,7 +31,7 @@ from sparkmq.platform.client.remoting import BrokerClient
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 from sparkmq.platform.common.sysflag import COMPRESSED
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60)]
 
 TOPIC = "orders"
 
@@ -53,7 +52,7 @@ class Env:
 
     def create_topic(self, topic: str, queues: int = 4) -> None:
         self.admin.create_topic(topic, queues, queues)
-        wait_for(lambda: route_has(self.admin, topic, queues), what=f"route of {topic}")
+        wait_until(lambda: route_has(self.admin, topic, queues), what=f"route of {topic}")
 
     def max_offsets(self, topic: str) -> dict[MessageQueue, int]:
         return {MessageQueue(topic, s.broker_name, s.queue_id): s.max_offset for s in self.admin.topic_stats(topic)}
@@ -63,15 +62,13 @@ class Env:
 def no_leaked_threads() -> Iterator[None]:
     """Every client a test shut down has stopped its threads (scheduler, event loop, pools)."""
     yield
-    wait_for(lambda: not [t.name for t in threading.enumerate() if t.name.startswith("sparkmq-")],
+    wait_until(lambda: not [t.name for t in threading.enumerate() if t.name.startswith("sparkmq-")],
              timeout=5, what="client threads to stop")
 
 
 @pytest.fixture
 def env(procs: Any, tmp_path: Path) -> Iterator[Env]:
-    ns = procs.start("namesrv", "sparkmq.api.namesrv_main", "--scan-interval-s", "0.5")
-    broker = procs.start("broker", "sparkmq.api.broker_main", "--data-dir", str(tmp_path / "b"),
-                         "--namesrv", ns.addr, "--register-interval-s", "0.5")
+    ns, broker = procs.start_platform(tmp_path / "b")
     config = ClientConfig(namesrv_addrs=ns.addr)
     admin = AdminClient(config)
     e = Env(ns, broker, config, admin, tmp_path)
@@ -148,7 +145,7 @@ def test_producer_auto_creates_a_topic_through_the_default_route(env: Env) -> No
     with Producer("pg", env.client_config()) as producer:
         result = producer.send(Message("brand-new", b"first"))
         assert result.status is SendStatus.SEND_OK and result.queue_id in range(4)
-        wait_for(lambda: "brand-new" in env.admin.topic_list(), what="the new topic registered")
+        wait_until(lambda: "brand-new" in env.admin.topic_list(), what="the new topic registered")
         results = [producer.send(Message("brand-new", b"more")) for _ in range(4)]
         assert all(r.status is SendStatus.SEND_OK for r in results)
 
@@ -167,15 +164,15 @@ def test_push_consumer_receives_every_message_and_commits(env: Env) -> None:
         with Producer("pg", env.client_config()) as producer:
             sent = {producer.send(Message(TOPIC, f"m{i}".encode(), tags="A" if i % 2 else "B")).msg_id
                     for i in range(60)}
-        wait_for(lambda: len(got) >= 60, what="60 messages consumed")
+        wait_until(lambda: len(got) >= 60, what="60 messages consumed")
         with lock:
             assert {m.msg_id for m in got} == sent and len(got) == 60
         maxima = env.max_offsets(TOPIC)
-        wait_for(lambda: env.admin.group_offsets("cg-all", TOPIC) == maxima, what="offsets committed to the max")
+        wait_until(lambda: env.admin.group_offsets("cg-all", TOPIC) == maxima, what="offsets committed to the max")
         assert env.admin.group_lag("cg-all", TOPIC).total_lag == 0
     finally:
         consumer.shutdown()
-    wait_for(lambda: env.admin.group_members("cg-all") == [], what="the consumer unregistered")
+    wait_until(lambda: env.admin.group_members("cg-all") == [], what="the consumer unregistered")
 
 
 def test_push_consumer_tag_filter_and_last_offset_start(env: Env) -> None:
@@ -190,10 +187,10 @@ def test_push_consumer_tag_filter_and_last_offset_start(env: Env) -> None:
         try:
             for i in range(30):
                 producer.send(Message(TOPIC, f"after-{i}".encode(), tags="ABC"[i % 3]))
-            wait_for(lambda: len(got) >= 20, what="20 matching messages")
+            wait_until(lambda: len(got) >= 20, what="20 matching messages")
             maxima = env.max_offsets(TOPIC)
             # Filtered messages still advance the committed offsets.
-            wait_for(lambda: env.admin.group_offsets("cg-tags", TOPIC) == maxima, what="offsets at the max")
+            wait_until(lambda: env.admin.group_offsets("cg-tags", TOPIC) == maxima, what="offsets at the max")
             with lock:
                 assert sorted(m.body for m in got) == sorted(f"after-{i}".encode() for i in range(30) if i % 3 != 1)
                 assert {m.tags for m in got} == {"A", "C"}
@@ -227,14 +224,14 @@ def test_committed_offset_is_the_smallest_unfinished(env: Env) -> None:
             offsets = [producer.send(Message("single", f"m{i}".encode())).queue_offset for i in range(10)]
         assert offsets == list(range(10))
         assert blocked.wait(10)
-        wait_for(lambda: len(done) == 9, what="every other message consumed")
+        wait_until(lambda: len(done) == 9, what="every other message consumed")
         # Commits keep running (every 0.2 s) but cannot pass the message still in the listener.
-        wait_for(lambda: env.admin.group_offsets("cg-slow").get(mq) == 3, what="offset 3 committed")
+        wait_until(lambda: env.admin.group_offsets("cg-slow").get(mq) == 3, what="offset 3 committed")
         pq = consumer.process_queue(mq)
         assert pq is not None and pq.in_flight_offsets() == [3] and pq.commit_offset() == 3
         assert env.admin.group_offsets("cg-slow")[mq] == 3
         release.set()
-        wait_for(lambda: env.admin.group_offsets("cg-slow").get(mq) == 10, what="offset 10 committed")
+        wait_until(lambda: env.admin.group_offsets("cg-slow").get(mq) == 10, what="offset 10 committed")
     finally:
         release.set()
         consumer.shutdown()
@@ -259,11 +256,11 @@ def test_flow_control_stops_pulling_a_queue_that_is_not_consumed(env: Env) -> No
     try:
         pq = consumer.process_queue(mq)
         assert pq is not None
-        wait_for(lambda: pq.flow_control_times >= 3, what="flow control to hold the queue")
+        wait_until(lambda: pq.flow_control_times >= 3, what="flow control to hold the queue")
         # Pulls stop once more than 5 are in flight; the last pull may have added up to a batch (4).
         assert 5 < pq.msg_count <= 9 and pq.next_offset <= 9
         release.set()
-        wait_for(lambda: env.admin.group_offsets("cg-busy").get(mq) == 60, what="all 60 consumed and committed")
+        wait_until(lambda: env.admin.group_offsets("cg-busy").get(mq) == 60, what="all 60 consumed and committed")
     finally:
         release.set()
         consumer.shutdown()
@@ -301,7 +298,7 @@ def test_refused_messages_are_redelivered_locally_when_send_back_fails(env: Env)
         with Producer("pg", env.client_config()) as producer:
             for body in (b"ok-1", b"bad", b"later", b"ok-2"):
                 producer.send(Message("flaky", body))
-        wait_for(lambda: env.admin.group_offsets("cg-flaky").get(mq) == 4, what="all four finished")
+        wait_until(lambda: env.admin.group_offsets("cg-flaky").get(mq) == 4, what="all four finished")
         assert attempts[b"bad"] == [0, 1] and attempts[b"later"] == [0, 1, 2]
         assert attempts[b"ok-1"] == [0] and attempts[b"ok-2"] == [0]
         assert consumer.stats["redelivered"] == 3 and consumer.stats["consumed"] == 4
@@ -334,20 +331,20 @@ def _split_then_leave(env: Env, c1: PushConsumer, c2: PushConsumer, got1: list[R
         def split() -> bool:
             a, b = set(c1.assignment()), set(c2.assignment())
             return len(a) == 2 and len(b) == 2 and not a & b
-        wait_for(split, what="two queues each")
+        wait_until(split, what="two queues each")
         with Producer("pg", env.client_config()) as producer:
             sent = {producer.send(Message(TOPIC, f"p{i}".encode())).msg_id for i in range(40)}
-        wait_for(lambda: len(got1) + len(got2) >= 40, what="40 messages")
+        wait_until(lambda: len(got1) + len(got2) >= 40, what="40 messages")
         ids1, ids2 = {m.msg_id for m in got1}, {m.msg_id for m in got2}
         assert ids1 | ids2 == sent and not ids1 & ids2 and ids1 and ids2
         assert {m.queue_id for m in got1} == {q.queue_id for q in c1.assignment()}
     finally:
         c2.shutdown()
     # c2 left (it unregistered): the notice makes c1 take all four queues.
-    wait_for(lambda: len(c1.assignment()) == 4, what="c1 holds every queue")
+    wait_until(lambda: len(c1.assignment()) == 4, what="c1 holds every queue")
     with Producer("pg", env.client_config()) as producer:
         producer.send(Message(TOPIC, b"after-leave"))
-    wait_for(lambda: any(m.body == b"after-leave" for m in got1), what="c1 consumed the new message")
+    wait_until(lambda: any(m.body == b"after-leave" for m in got1), what="c1 consumed the new message")
 
 
 def test_broadcasting_consumers_each_get_everything(env: Env) -> None:
@@ -367,7 +364,7 @@ def test_broadcasting_consumers_each_get_everything(env: Env) -> None:
             for i in range(20):
                 producer.send(Message(TOPIC, f"b{i}".encode()))
         for got in collected:
-            wait_for(lambda got=got: len(got) >= 20, what="every member got everything")
+            wait_until(lambda got=got: len(got) >= 20, what="every member got everything")
             assert sorted(m.body for m in got) == sorted(f"b{i}".encode() for i in range(20))
     finally:
         for c in consumers:
@@ -381,9 +378,12 @@ def test_broadcasting_consumers_each_get_everything(env: Env) -> None:
 
 def _poll_until(consumer: PullConsumer, n: int, timeout: float = 10.0) -> list[ReceivedMessage]:
     out: list[ReceivedMessage] = []
-    deadline = time.monotonic() + timeout
-    while len(out) < n and time.monotonic() < deadline:
-        out.extend(consumer.poll(0.5))
+
+    def enough() -> bool:
+        if len(out) < n:
+            out.extend(consumer.poll(0.5))
+        return len(out) >= n
+    wait_until(enough, timeout, lambda: f"{n} polled messages (got {len(out)})", interval=0)
     return out
 
 
@@ -432,7 +432,7 @@ def test_pull_consumer_subscribe_with_auto_commit(env: Env) -> None:
         polled = _poll_until(consumer, 12)
         assert sorted(m.body for m in polled) == sorted(f"l{i}".encode() for i in range(12))
         maxima = env.max_offsets(TOPIC)
-        wait_for(lambda: env.admin.group_offsets("cg-lite") == maxima, what="auto-commit")
+        wait_until(lambda: env.admin.group_offsets("cg-lite") == maxima, what="auto-commit")
     finally:
         consumer.shutdown()
 
@@ -447,7 +447,7 @@ def test_clients_keep_working_with_one_name_server_down(procs: Any, tmp_path: Pa
     config = ClientConfig(namesrv_addrs=[ns1.addr, ns2.addr], request_timeout_s=2.0)
     with AdminClient(config) as admin:
         admin.create_topic("ha", 2, 2)
-        wait_for(lambda: route_has(admin, "ha", 2), what="route via the first name server")
+        wait_until(lambda: route_has(admin, "ha", 2), what="route via the first name server")
         ns1.kill9()
         with Producer("pg", config) as producer:
             assert producer.send(Message("ha", b"still here")).status is SendStatus.SEND_OK

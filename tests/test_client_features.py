@@ -4,7 +4,7 @@ One name server and one broker serve the whole module, started with test-sized t
 delay level 100 ms, transaction check-backs after 1 s and then every 1 s, queue locks expiring
 after 3 s, silent clients dropped after 2 s.  Every test uses its own topics and groups.  Every wait waits
 *for a condition*
-with a deadline (``wait_for``); no sleep is an assertion.
+with a deadline (``wait_until``); no sleep is an assertion.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from procs import ProcessHarness, child_env, fast_client_config, route_has, wait_for
+from procs import ProcessHarness, child_env, fast_client_config, route_has, wait_until
 from sparkmq.platform.client import (
     AdminClient,
     ClientConfig,
@@ -42,7 +42,7 @@ from sparkmq.platform.client.remoting import BrokerClient
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 from sparkmq.platform.common.system_topics import PROPERTY_DLQ_ORIGIN_TOPIC, PROPERTY_DLQ_REASON
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60)]
 
 TESTS = Path(__file__).parent
 
@@ -52,6 +52,7 @@ TESTS = Path(__file__).parent
 class Env:
     """The module's name server and broker, an admin client and a fast client config."""
 
+    procs: ProcessHarness
     ns: Any
     broker: Any
     admin: AdminClient
@@ -62,35 +63,29 @@ class Env:
 
     def create_topic(self, topic: str, queues: int = 4) -> None:
         self.admin.create_topic(topic, queues, queues)
-        wait_for(lambda: route_has(self.admin, topic, queues), what=f"route of {topic}")
+        wait_until(lambda: route_has(self.admin, topic, queues), what=f"route of {topic}")
 
     def broker_client(self) -> BrokerClient:
         return BrokerClient(self.broker.addr, 5.0)
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    tmp = tmp_path_factory.mktemp("features")
-    harness = ProcessHarness(tmp)
-    try:
-        ns = harness.start("namesrv", "sparkmq.api.namesrv_main", "--scan-interval-s", "0.5")
-        broker = harness.start("broker", "sparkmq.api.broker_main", "--data-dir", str(tmp / "b"), "--namesrv",
-                               ns.addr, "--register-interval-s", "0.5", "--message-delay-level",
-                               " ".join(["100ms"] * 18), "--transaction-check-first-s", "1",
-                               "--transaction-check-interval-s", "1", "--queue-lock-expiry-s", "3",
-                               "--client-expiry-s", "2", "--client-scan-interval-s", "0.5")
-        admin = AdminClient(ClientConfig(namesrv_addrs=ns.addr))
-        yield Env(ns, broker, admin, tmp)
-        admin.close()
-    finally:
-        harness.stop_all()
+def env(module_procs: ProcessHarness) -> Iterator[Env]:
+    tmp = module_procs.work_dir
+    ns, broker = module_procs.start_platform(
+        tmp / "b", "--message-delay-level", " ".join(["100ms"] * 18), "--transaction-check-first-s", "1",
+        "--transaction-check-interval-s", "1", "--queue-lock-expiry-s", "3", "--client-expiry-s", "2",
+        "--client-scan-interval-s", "0.5")
+    admin = AdminClient(ClientConfig(namesrv_addrs=ns.addr))
+    yield Env(module_procs, ns, broker, admin, tmp)
+    admin.close()
 
 
 @pytest.fixture(autouse=True)
 def no_leaked_threads() -> Iterator[None]:
     """Every client a test shut down has stopped its threads."""
     yield
-    wait_for(lambda: not [t.name for t in threading.enumerate() if t.name.startswith("sparkmq-")],
+    wait_until(lambda: not [t.name for t in threading.enumerate() if t.name.startswith("sparkmq-")],
              timeout=8, what="client threads to stop")
 
 
@@ -125,7 +120,7 @@ def test_always_failing_message_is_retried_16_times_then_dead_lettered_and_redri
     try:
         with Producer("pg-ft", env.client_config()) as producer:
             sent = producer.send(Message("ft-retry", b"poison"))
-        dead = wait_for(lambda: [m for m in env.admin.dlq_messages("cg-ft-retry")
+        dead = wait_until(lambda: [m for m in env.admin.dlq_messages("cg-ft-retry")
                                  if m.properties.get("ORIGIN_MESSAGE_ID", m.msg_id) == sent.msg_id],
                         timeout=25, what="the message in the DLQ")
         time.sleep(0.5)  # would a 18th delivery happen?  (it must not)
@@ -152,7 +147,7 @@ def test_always_failing_message_is_retried_16_times_then_dead_lettered_and_redri
     try:
         result = env.admin.redrive("cg-ft-retry", msg_ids=[letter.msg_id])
         assert result["redriven"] == 1
-        wait_for(lambda: [m for m in got if m.body == b"poison"], what="the re-driven message")
+        wait_until(lambda: [m for m in got if m.body == b"poison"], what="the re-driven message")
         with glock:
             back = [m for m in got if m.body == b"poison"]
         assert back[0].topic == "ft-retry"
@@ -177,7 +172,7 @@ def test_broadcasting_consumers_do_not_retry(env: Env) -> None:
         assert not any(t.startswith("%RETRY%") for t in consumer.subscriptions)
         with Producer("pg-ft", env.client_config()) as producer:
             producer.send(Message("ft-bcast", b"once"))
-        wait_for(lambda: consumer.stats["dropped"] == 1, what="the refused broadcast message dropped")
+        wait_until(lambda: consumer.stats["dropped"] == 1, what="the refused broadcast message dropped")
         time.sleep(0.5)
         assert calls == [b"once"] and consumer.stats["sent_back"] == 0
     finally:
@@ -204,7 +199,7 @@ def test_sql92_subscription_delivers_exactly_the_matching_messages(env: Env) -> 
                 if (int(props["a"]) > 5 and props["region"] in ("eu", "us")) or props.get("name", "").startswith("x"):
                     expected.add(f"m{i}")
                 producer.send(Message("ft-sql", f"m{i}".encode(), properties=props))
-        wait_for(lambda: len(got) >= len(expected), what="the matching messages")
+        wait_until(lambda: len(got) >= len(expected), what="the matching messages")
         time.sleep(0.5)  # anything extra would arrive by now
         with lock:
             bodies = [m.body.decode() for m in got]
@@ -254,7 +249,7 @@ def test_committed_transactions_are_delivered_rolled_back_never(env: Env) -> Non
         assert outcomes["boom"].local_state is TransactionState.UNKNOWN
         assert outcomes["rollback"].local_state is TransactionState.ROLLBACK
         # "unknown" and "boom" are settled by the check-backs (COMMIT).
-        wait_for(lambda: {m.body for m in got} >= {b"commit", b"unknown", b"boom"}, timeout=15,
+        wait_until(lambda: {m.body for m in got} >= {b"commit", b"unknown", b"boom"}, timeout=15,
                  what="committed and checked-back messages")
         time.sleep(0.5)
         with lock:
@@ -275,9 +270,9 @@ def test_committed_transactions_are_delivered_rolled_back_never(env: Env) -> Non
 def test_check_backs_of_a_killed_producer_are_answered_by_a_new_one(env: Env) -> None:
     env.create_topic("ft-txkill", queues=2)
     bodies = ["commit-1", "rollback-1", "commit-2", "rollback-2"]
-    child = subprocess.Popen([sys.executable, str(TESTS / "tx_producer_child.py"), "--namesrv", env.ns.addr,
-                              "--group", "pg-ft-txkill", "--topic", "ft-txkill", "--bodies", *bodies],
-                             stdout=subprocess.PIPE, text=True, env=child_env())
+    child = env.procs.spawn("tx-producer", [sys.executable, str(TESTS / "tx_producer_child.py"), "--namesrv",
+                                            env.ns.addr, "--group", "pg-ft-txkill", "--topic", "ft-txkill",
+                                            "--bodies", *bodies], stdout=subprocess.PIPE).proc
     try:
         lines = []
         assert child.stdout is not None
@@ -306,9 +301,9 @@ def test_check_backs_of_a_killed_producer_are_answered_by_a_new_one(env: Env) ->
     producer = TransactionProducer("pg-ft-txkill", env.client_config(), check_listener=check, check_wait_ms=1000)
     producer.start()
     try:
-        wait_for(lambda: {m.body for m in got} >= {b"commit-1", b"commit-2"}, timeout=20,
+        wait_until(lambda: {m.body for m in got} >= {b"commit-1", b"commit-2"}, timeout=20,
                  what="the committed half messages of the killed producer")
-        wait_for(lambda: set(checked) >= {e["tx"] for e in lines}, what="all four checked")
+        wait_until(lambda: set(checked) >= {e["tx"] for e in lines}, what="all four checked")
         time.sleep(0.5)
         with lock:
             assert sorted(m.body for m in got) == [b"commit-1", b"commit-2"]
@@ -336,10 +331,9 @@ def _send_step(producer: Producer, topic: str, queues: list[MessageQueue], step:
 
 
 def _start_orderly_child(env: Env, name: str, out: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, str(TESTS / "orderly_child.py"), "--namesrv", env.ns.addr, "--group",
-                             "cg-ft-order", "--topic", "ft-order", "--name", name, "--out", str(out),
-                             "--sleep-ms", "2"], env=child_env(), stdin=subprocess.DEVNULL,
-                            stderr=(env.tmp / f"{name}.log").open("w"))
+    return env.procs.spawn("orderly", [sys.executable, str(TESTS / "orderly_child.py"), "--namesrv", env.ns.addr,
+                                       "--group", "cg-ft-order", "--topic", "ft-order", "--name", name, "--out",
+                                       str(out), "--sleep-ms", "2"], log_path=env.tmp / f"{name}.log").proc
 
 
 def _events(out: Path) -> list[dict[str, Any]]:
@@ -380,12 +374,12 @@ def test_orderly_consumers_keep_every_orders_steps_in_order_through_joins_and_a_
         local.append(orderly("local-1"))
         children.append(_start_orderly_child(env, "child-1", out))
         children.append(_start_orderly_child(env, "child-2", out))
-        wait_for(lambda: sum(1 for e in _events(out) if e.get("e") == "ready") == 2, timeout=20,
+        wait_until(lambda: sum(1 for e in _events(out) if e.get("e") == "ready") == 2, timeout=20,
                  what="two child consumers")
         queues = sorted(env.admin.topic_route("ft-order").write_queues)
         with Producer("pg-ft-order", env.client_config()) as producer:
             _send_step(producer, "ft-order", queues, 1)
-            wait_for(lambda: sum(1 for e in _events(out) if e.get("c") == "child-1" and "s" in e) > 100, timeout=20,
+            wait_until(lambda: sum(1 for e in _events(out) if e.get("c") == "child-1" and "s" in e) > 100, timeout=20,
                      what="child-1 consuming")
             os.kill(children[0].pid, signal.SIGKILL)  # mid-run
             children[0].wait(10)
@@ -397,7 +391,7 @@ def test_orderly_consumers_keep_every_orders_steps_in_order_through_joins_and_a_
         def complete() -> bool:
             return len({(e["k"], e["s"]) for e in _events(out) if "s" in e}) == ORDERS * STEPS
         try:
-            wait_for(complete, timeout=40, what="every step of every order")
+            wait_until(complete, timeout=40, what="every step of every order")
         except AssertionError:  # say who consumed what, and the children's logs, before failing
             per_consumer: dict[str, int] = {}
             for e in _events(out):
@@ -462,13 +456,13 @@ def test_orderly_suspend_retries_the_same_messages_in_place(env: Env) -> None:
             producer.send(Message("ft-suspend", f"s-{i}".encode()), sharding_key="k")
     consumer.start()
     try:
-        wait_for(lambda: len(calls) == 6, what="s-0, s-1 three times, s-2, s-3")
+        wait_until(lambda: len(calls) == 6, what="s-0, s-1 three times, s-2, s-3")
         assert [b for _, b in calls] == [["s-0"], ["s-1"], ["s-1"], ["s-1"], ["s-2"], ["s-3"]]
         gaps = [calls[i + 1][0] - calls[i][0] for i in (1, 2)]
         assert min(gaps) >= 0.28
         assert consumer.stats["suspended"] == 2 and consumer.stats["consumed"] == 4
         assert counts == [0, 1, 2]   # each suspension counts as a reconsume
-        wait_for(lambda: env.admin.group_offsets("cg-ft-suspend").get(MessageQueue("ft-suspend", "broker-a", 0)) == 4,
+        wait_until(lambda: env.admin.group_offsets("cg-ft-suspend").get(MessageQueue("ft-suspend", "broker-a", 0)) == 4,
                  what="offset 4 committed")
     finally:
         consumer.shutdown()
@@ -493,14 +487,14 @@ def test_orderly_message_suspended_max_reconsume_times_goes_to_the_dlq(env: Env)
         sent = [producer.send(Message("ft-osusp", body), sharding_key="k") for body in (b"a", b"poison", b"b")]
     consumer.start()
     try:
-        wait_for(lambda: ("b", 0) in seen, what="the message after the poison one")
+        wait_until(lambda: ("b", 0) in seen, what="the message after the poison one")
         assert seen == [("a", 0), ("poison", 0), ("poison", 1), ("poison", 2), ("b", 0)]
-        dead = wait_for(lambda: env.admin.dlq_messages("cg-ft-osusp"), what="the poison message in the DLQ")
+        dead = wait_until(lambda: env.admin.dlq_messages("cg-ft-osusp"), what="the poison message in the DLQ")
         assert [m.body for m in dead] == [b"poison"]
         assert dead[0].properties.get("ORIGIN_MESSAGE_ID", dead[0].msg_id) == sent[1].msg_id
         assert "suspended 3 times" in dead[0].properties[PROPERTY_DLQ_REASON]
         assert consumer.stats["dlq"] == 1 and consumer.stats["suspended"] == 3
-        wait_for(lambda: env.admin.group_offsets("cg-ft-osusp").get(MessageQueue("ft-osusp", "broker-a", 0)) == 3,
+        wait_until(lambda: env.admin.group_offsets("cg-ft-osusp").get(MessageQueue("ft-osusp", "broker-a", 0)) == 3,
                  what="offset 3 committed")
     finally:
         consumer.shutdown()
@@ -519,15 +513,15 @@ def test_reset_by_offset_and_by_time_moves_a_running_group(env: Env) -> None:
         with Producer("pg-ft", env.client_config()) as producer:
             for i in range(10):
                 producer.send(Message("ft-reset", f"first-{i}".encode()))
-            wait_for(lambda: len(got) == 10, what="the first ten")
+            wait_until(lambda: len(got) == 10, what="the first ten")
             time.sleep(0.02)
             boundary = int(time.time() * 1000)
             time.sleep(0.02)
             for i in range(6):
                 producer.send(Message("ft-reset", f"second-{i}".encode()))
-        wait_for(lambda: len(got) == 16, what="all sixteen")
+        wait_until(lambda: len(got) == 16, what="all sixteen")
         totals = {mq.queue_id: off for mq, off in env.admin.group_offsets("cg-ft-reset", "ft-reset").items()}
-        wait_for(lambda: sum(env.admin.group_offsets("cg-ft-reset", "ft-reset").values()) == 16,
+        wait_until(lambda: sum(env.admin.group_offsets("cg-ft-reset", "ft-reset").values()) == 16,
                  what="offsets committed")
         totals = {mq.queue_id: off for mq, off in env.admin.group_offsets("cg-ft-reset", "ft-reset").items()}
 
@@ -536,7 +530,7 @@ def test_reset_by_offset_and_by_time_moves_a_running_group(env: Env) -> None:
             got.clear()
         answer = env.admin.reset_offsets("cg-ft-reset", "ft-reset", offsets={"broker-a/0": 0})
         assert answer == {MessageQueue("ft-reset", "broker-a", 0): 0}
-        wait_for(lambda: len(got) == totals[0], what="queue 0 again")
+        wait_until(lambda: len(got) == totals[0], what="queue 0 again")
         time.sleep(0.3)
         with lock:
             assert len(got) == totals[0] and {m.queue_id for m in got} == {0}
@@ -545,7 +539,7 @@ def test_reset_by_offset_and_by_time_moves_a_running_group(env: Env) -> None:
         with lock:
             got.clear()
         env.admin.reset_offsets("cg-ft-reset", "ft-reset", timestamp=boundary)
-        wait_for(lambda: len(got) == 6, what="the second six again")
+        wait_until(lambda: len(got) == 6, what="the second six again")
         time.sleep(0.3)
         with lock:
             assert sorted(m.body.decode() for m in got) == [f"second-{i}" for i in range(6)]
@@ -566,19 +560,19 @@ def test_a_reset_is_not_undone_by_the_consumers_commit_of_its_old_progress(env: 
         for i in range(10):
             producer.send(Message("ft-fence", f"m{i}".encode()), sharding_key="k")
     out = env.tmp / "fence-child.jsonl"
-    child = subprocess.Popen([sys.executable, str(TESTS / "consumer_child.py"), "--namesrv", env.ns.addr, "--group",
-                              "cg-ft-fence", "--topic", "ft-fence", "--out", str(out), "--from-where",
-                              "CONSUME_FROM_FIRST_OFFSET", "--interval-s", "0.3", "--offset-dir", str(env.tmp / "fo")],
-                             env=child_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=(env.tmp / "fence-child.log").open("w"))
+    child = env.procs.spawn("consumer", [sys.executable, str(TESTS / "consumer_child.py"), "--namesrv", env.ns.addr,
+                                         "--group", "cg-ft-fence", "--topic", "ft-fence", "--out", str(out),
+                                         "--from-where", "CONSUME_FROM_FIRST_OFFSET", "--interval-s", "0.3",
+                                         "--offset-dir", str(env.tmp / "fo")],
+                            stdout=subprocess.DEVNULL, log_path=env.tmp / "fence-child.log").proc
 
     def offsets_seen() -> list[int]:
         lines = out.read_text().splitlines() if out.exists() else []
         return [e["o"] for e in map(json.loads, lines) if e["e"] == "msg"]
 
     try:
-        wait_for(lambda: sorted(offsets_seen()) == list(range(10)), 30, "all ten consumed")  # concurrently: any order
-        wait_for(lambda: env.admin.group_offsets("cg-ft-fence").get(queue) == 10, 10, "offset 10 committed")
+        wait_until(lambda: sorted(offsets_seen()) == list(range(10)), 30, "all ten consumed")  # concurrently: any order
+        wait_until(lambda: env.admin.group_offsets("cg-ft-fence").get(queue) == 10, 10, "offset 10 committed")
         os.kill(child.pid, signal.SIGSTOP)
         try:
             env.admin.reset_offsets("cg-ft-fence", "ft-fence", offsets={"broker-a/0": 4})
@@ -590,8 +584,8 @@ def test_a_reset_is_not_undone_by_the_consumers_commit_of_its_old_progress(env: 
             assert env.admin.group_offsets("cg-ft-fence").get(queue) == 4
         finally:
             os.kill(child.pid, signal.SIGCONT)
-        wait_for(lambda: sorted(offsets_seen()[10:]) == list(range(4, 10)), 20, "m4..m9 consumed again")
-        wait_for(lambda: env.admin.group_offsets("cg-ft-fence").get(queue) == 10, 10, "offset 10 again")
+        wait_until(lambda: sorted(offsets_seen()[10:]) == list(range(4, 10)), 20, "m4..m9 consumed again")
+        wait_until(lambda: env.admin.group_offsets("cg-ft-fence").get(queue) == 10, 10, "offset 10 again")
     finally:
         child.terminate()
         assert child.wait(30) == 0
@@ -616,7 +610,7 @@ def test_delay_level_and_timer_sends_and_recall(env: Env) -> None:
                 producer.send(Message("ft-delay", b"x"), delay_level=1, delay_ms=5)
             assert info.value.code is ErrorCode.INVALID_ARGUMENT
         assert timer.msg_id and env.admin.recall_timer(recalled.msg_id)["recalled"] is True
-        wait_for(lambda: {m.body for m in got} >= {b"delayed", b"timer"}, what="delayed and timer messages")
+        wait_until(lambda: {m.body for m in got} >= {b"delayed", b"timer"}, what="delayed and timer messages")
         time.sleep(3.5)
         with lock:
             assert sorted(m.body for m in got) == [b"delayed", b"timer"]

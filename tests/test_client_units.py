@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from procs import wait_until
 from sparkmq.platform.client import (
     ClientConfig,
     LocalOffsetStore,
@@ -775,13 +776,9 @@ def test_producer_heartbeats_and_probes_isolated_brokers(cluster: FakeCluster) -
             producer.send(_msg())
         assert not producer.fault.is_available("broker-a")
         cluster.down.clear()
-        deadline = time.monotonic() + 5
-        while not producer.fault.is_available("broker-a") and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert producer.fault.is_available("broker-a")        # the probe lifted the isolation
-        while not cluster.brokers[BB].heartbeats and time.monotonic() < deadline:
-            time.sleep(0.02)
-        beat = cluster.brokers[BB].heartbeats[0]
+        wait_until(lambda: producer.fault.is_available("broker-a"), 5, "the probe to lift the isolation",
+                   interval=0.02)
+        beat = wait_until(lambda: cluster.brokers[BB].heartbeats, 5, "a heartbeat to broker-b", interval=0.02)[0]
         assert beat["producer_groups"] == ["pg"] and beat["client_id"] == producer.client_id
 
 
@@ -965,7 +962,5 @@ def test_producer_heartbeats_a_broker_it_meets_at_once(producer: Producer, clust
     assert producer.config.heartbeat_interval_s == 30.0
     result = producer.send(_msg())
     broker = cluster.brokers[BA if result.broker_name == "broker-a" else BB]
-    deadline = time.monotonic() + 5
-    while not broker.heartbeats and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert broker.heartbeats and broker.heartbeats[0]["producer_groups"] == ["pg"]
+    wait_until(lambda: broker.heartbeats, 5, "a heartbeat", interval=0.02)
+    assert broker.heartbeats[0]["producer_groups"] == ["pg"]

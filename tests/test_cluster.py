@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import collections
 import json
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from procs import ProcessHarness, ServiceProcess, child_env
+from procs import ProcessHarness, ServiceProcess, wait_until
 from sparkmq.platform.client.admin import AdminClient
 from sparkmq.platform.client.config import ClientConfig
 from sparkmq.platform.client.producer import Producer
@@ -35,16 +34,6 @@ BROKER_EXPIRY_S = 4.0
 CLIENT_EXPIRY_S = 3.0
 INTERVAL_S = 0.5
 CHILD = str(Path(__file__).with_name("consumer_child.py"))
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> float:
-    """Poll ``predicate`` until true; returns the seconds it took (fails the test at ``timeout``)."""
-    started = time.monotonic()
-    while not predicate():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
-    return time.monotonic() - started
 
 
 @dataclass
@@ -118,12 +107,9 @@ class ConsumerChild:
 
     def __init__(self, cluster: Cluster, group: str, name: str, *args: str) -> None:
         self.out = cluster.tmp / f"{group}-{name}.jsonl"
-        self.log = (cluster.tmp / f"{group}-{name}.log").open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, CHILD, "--namesrv", cluster.namesrv_addrs, "--group", group, "--topic", TOPIC,
-             "--out", str(self.out), "--interval-s", str(INTERVAL_S), "--offset-dir", str(cluster.tmp / name),
-             *args], env=child_env(), stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
-        cluster.procs.started.append(ServiceProcess("consumer", self.proc, "", Path(self.log.name)))  # type: ignore[arg-type]
+        argv = [sys.executable, CHILD, "--namesrv", cluster.namesrv_addrs, "--group", group, "--topic", TOPIC,
+                "--out", str(self.out), "--interval-s", str(INTERVAL_S), "--offset-dir", str(cluster.tmp / name), *args]
+        self.proc = cluster.procs.spawn("consumer", argv, log_path=cluster.tmp / f"{group}-{name}.log").proc
 
     def events(self) -> list[dict[str, Any]]:
         if not self.out.exists():
@@ -247,8 +233,9 @@ def test_a_killed_consumer_loses_its_queues_to_the_others_and_nothing_is_lost(cl
         victim.proc.kill()
         victim.proc.wait()
         killed_at = time.monotonic()
-        moved = wait_until(lambda: victim_queues <= {q for c in survivors for q in c.assignment()}
-                           and _stable_split(survivors), 30, "the victim's queues to move")
+        wait_until(lambda: victim_queues <= {q for c in survivors for q in c.assignment()}
+                   and _stable_split(survivors), 30, "the victim's queues to move")
+        moved = time.monotonic() - killed_at
         time.sleep(1)
         stop.set()
         sender.join()

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from procs import wait_until
 from sparkmq.platform.broker.offsets import CONSUMER_OFFSETS_SCHEMA, ConsumerOffsetManager, app_id_for
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 
@@ -347,16 +348,6 @@ def test_load_keeps_unpersisted_memory_changes(table: Path) -> None:
 
 # ------------------------------------------------------------------ background thread
 
-def wait_for(predicate, timeout: float) -> float:
-    """Seconds until predicate() is true; fails after timeout."""
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout:
-            pytest.fail(f"condition not met within {timeout} s")
-        time.sleep(0.02)
-    return time.monotonic() - start
-
-
 def table_offsets(table: Path) -> dict:
     return as_offsets(rows_of(table)) if DeltaTable.is_deltatable(str(table)) else {}
 
@@ -366,10 +357,11 @@ def test_background_thread_persists_within_interval_and_stop_flushes(table: Path
     try:
         m.commit("g", "T", 0, 1)
         # One interval plus the merge itself (tens of ms); generous for a loaded CI box.
-        assert wait_for(lambda: table_offsets(table) == {("g", "T", 0): 1}, timeout=2.0) < 2.0
+        wait_until(lambda: table_offsets(table) == {("g", "T", 0): 1}, 2.0, "the first persist", interval=0.02)
         m.commit("g", "T", 0, 2)
         m.commit("g", "T", 1, 3)
-        wait_for(lambda: table_offsets(table) == {("g", "T", 0): 2, ("g", "T", 1): 3}, timeout=2.0)
+        wait_until(lambda: table_offsets(table) == {("g", "T", 0): 2, ("g", "T", 1): 3}, 2.0, "the second persist",
+                   interval=0.02)
         versions = DeltaTable(str(table)).version()
         time.sleep(0.6)                       # idle intervals write nothing
         assert DeltaTable(str(table)).version() == versions
@@ -396,9 +388,11 @@ def test_persist_failure_is_logged_retried_and_loses_nothing(
     with caplog.at_level(logging.ERROR, logger="sparkmq.platform.broker.offsets"):
         m.start()
         m.commit("g", "T", 1, 8)
-        wait_for(lambda: any("failed; will retry" in r.getMessage() for r in caplog.records), timeout=2.0)
+        wait_until(lambda: any("failed; will retry" in r.getMessage() for r in caplog.records), 2.0,
+                   "the failure logged", interval=0.02)
         blocker.unlink()                      # the disk problem goes away
-        wait_for(lambda: table_offsets(table) == {("g", "T", 0): 7, ("g", "T", 1): 8}, timeout=3.0)
+        wait_until(lambda: table_offsets(table) == {("g", "T", 0): 7, ("g", "T", 1): 8}, 3.0, "the retried persist",
+                   interval=0.02)
     assert m.stop() is True
     assert m.last_persist_error is None
 
@@ -449,6 +443,7 @@ def test_brokers_persisting_concurrently_to_one_table(table: Path) -> None:
 
 # ------------------------------------------------------------------ a real process killed with SIGKILL
 
+@pytest.mark.cluster
 def test_sigkill_after_persist_loses_no_persisted_offset(table: Path) -> None:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, str(CHILD), str(table), "broker-crash", "4"],

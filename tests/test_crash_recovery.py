@@ -24,6 +24,8 @@ from crash_writer import QUEUES, TOPIC, config, expected_body
 from sparkmq.platform.store import MessageStore, verify_store
 from sparkmq.platform.store.checkpoint import read_checkpoint
 
+pytestmark = pytest.mark.cluster  # a writer child process, killed with SIGKILL
+
 HERE = Path(__file__).resolve().parent
 SYNC_KILLS = 12   # per implementation: 24 SIGKILLs with both built
 ASYNC_KILLS = 6

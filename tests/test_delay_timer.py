@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from procs import wait_until
 from sparkmq.platform.broker.schedule import ScheduleService, parse_delay_levels
 from sparkmq.platform.broker.timer import TimerService
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
@@ -31,13 +32,6 @@ def _delivered(store: MessageStore, topic: str, queue_id: int = 0) -> list[Store
     return list(iter_all(store, topic, queue_id))
 
 
-def _wait(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
 def test_parse_delay_levels() -> None:
     assert parse_delay_levels("1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h")[-1] == 7_200_000
     for bad in ("", "5", "0s", "1x", "-1s"):
@@ -58,7 +52,7 @@ def test_delay_levels_deliver_no_earlier_than_due_and_keep_progress(store_factor
         sent[result.msg_id] = (_now_ms(), service.level_delay_ms(level))
     assert _delivered(store, "Orders", 2) == []
     service.start()
-    _wait(lambda: len(log) == 10)
+    wait_until(lambda: len(log) == 10, 10, "10 redeliveries", interval=0.02)
     service.stop()
     for at, msg_id in log:
         parked_at, delay = sent[msg_id]
@@ -96,7 +90,7 @@ def test_timers_fire_in_due_order_no_earlier_and_recall_works(store_factory, tmp
     assert service.recall(recalled) is True
     assert service.recall(recalled) is False and service.recall("F" * 32) is False
     service.start()
-    _wait(lambda: len(log) == 5)
+    wait_until(lambda: len(log) == 5, 10, "5 redeliveries", interval=0.02)
     time.sleep(0.2)
     service.stop()
     assert recalled not in {mid for _, mid in log} and len(log) == 5

@@ -16,8 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from procs import ProcessHarness, child_env
-from procs import wait_for as wait_until
+from procs import ProcessHarness, child_env, wait_until
 from sparkmq.platform.broker.lake_index import LakeIndex
 from sparkmq.platform.client import ClientConfig, Message, Producer
 from sparkmq.platform.common import wire
@@ -119,10 +118,9 @@ def test_sparkmq_lake_runs_the_jobs_for_a_whole_cluster(procs: ProcessHarness, t
         sent = [producer.send(Message("Everywhere", b"m%d" % i, keys=(f"k{i}",))) for i in range(40)]
     assert {r.broker_name for r in sent} == {"broker-a", "broker-b"}
     lake_root = tmp_path / "lake"
-    log = (tmp_path / "lake.log").open("w")
-    job = subprocess.Popen([sys.executable, "-m", "sparkmq.api.cli", "lake", "--namesrv", ns.addr, "--lake-root",
-                            str(lake_root), "--spark-master", "local[1]", "--status-interval-s", "2"],
-                           stdout=log, stderr=subprocess.STDOUT, env=child_env(), stdin=subprocess.DEVNULL)
+    job = procs.spawn("lake", [sys.executable, "-m", "sparkmq.api.cli", "lake", "--namesrv", ns.addr, "--lake-root",
+                               str(lake_root), "--spark-master", "local[1]", "--status-interval-s", "2"],
+                      log_path=tmp_path / "lake.log")
     try:
         index = LakeIndex(lake_root)
         wait_until(lambda: all(index.by_msg_id(r.msg_id) for r in sent[-4:]), 180, "the cluster's messages indexed")
@@ -130,6 +128,5 @@ def test_sparkmq_lake_runs_the_jobs_for_a_whole_cluster(procs: ProcessHarness, t
         assert hits == {"broker-a", "broker-b"}
         assert [h.queue_offset for h in index.by_key("Everywhere", "k5")] == [sent[5].queue_offset]
     finally:
-        job.terminate()
-        assert job.wait(120) == 0, (tmp_path / "lake.log").read_text()[-3000:]
+        assert job.stop(timeout=120) == 0, job.log()[-3000:]
     assert brokers[0].proc.poll() is None

@@ -24,8 +24,7 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
-from procs import ProcessHarness, ServiceProcess
-from procs import wait_for as wait_until
+from procs import ProcessHarness, ServiceProcess, wait_until
 from sparkmq.pipelines import tables
 from sparkmq.platform.client.remoting import BrokerClient
 

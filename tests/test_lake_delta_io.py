@@ -137,6 +137,7 @@ print(wrote)
 """
 
 
+@pytest.mark.cluster
 def test_concurrent_processes_append_exactly_once(cq: str) -> None:
     """Two processes with different app ids both land; a zombie twin of one adds no duplicate."""
     batches = 12

@@ -91,6 +91,7 @@ def assert_lake_has_each_message_once(spark: SparkSession, lake: Path, messages:
                        expected(spark, tables.MESSAGE_KEYS, mk_cols, keys))
 
 
+@pytest.mark.cluster
 def test_dispatch_writes_every_message_once_and_replays_nothing(sq: SparkSession, cluster: Cluster,
                                                                tmp_path: Path) -> None:
     """availableNow runs in several limited batches, a second run adds only new messages, a re-run batch id
@@ -143,6 +144,7 @@ def test_dispatch_writes_every_message_once_and_replays_nothing(sq: SparkSession
         start_dispatch(sq, cluster.namesrv.addr, lake, str(tmp_path / "other-ck"), {"availableNow": True})
 
 
+@pytest.mark.cluster
 def test_dispatch_stopped_midway_resumes_from_its_checkpoint(sq: SparkSession, cluster: Cluster,
                                                             tmp_path: Path) -> None:
     """A query stopped in the middle of a backlog and restarted (more messages in between) ends exactly once;
@@ -176,6 +178,7 @@ def test_dispatch_stopped_midway_resumes_from_its_checkpoint(sq: SparkSession, c
     assert_lake_has_each_message_once(sq, own, [m for m in stored(cluster) if m.broker_name == name])
 
 
+@pytest.mark.cluster
 def test_dispatch_survives_a_broker_killed_mid_batch(sq: SparkSession, cluster: Cluster, tmp_path: Path) -> None:
     """SIGKILL a broker while the query dispatches, restart it; the query restarted from its checkpoint (what a
     supervisor does) leaves every message exactly once."""

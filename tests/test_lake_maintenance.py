@@ -6,13 +6,13 @@ the Maintainer thread runs passes and reports them.  delta-rs only (no Spark).
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from procs import wait_until
 from sparkmq.pipelines import tables
 from sparkmq.pipelines.maintenance import Maintainer, commits_since_compaction, run_maintenance
 
@@ -80,9 +80,7 @@ def test_maintainer_runs_periodically(tmp_path: Path) -> None:
     maintainer = Maintainer(tmp_path, interval_s=0.2, first_delay_s=0.0, tables=[tables.CONSUME_QUEUE],
                             min_commits_between=5).start()
     try:
-        deadline = time.monotonic() + 30
-        while maintainer.status()["runs"] < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: maintainer.status()["runs"] >= 2, 30, "two maintenance runs")
         status = maintainer.status()
         assert status["runs"] >= 2 and status["state"] == "running" and status["last_error"] is None
     finally:

@@ -10,7 +10,6 @@ import datetime as dt
 import http.server
 import json
 import threading
-import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from procs import ProcessHarness, wait_until
 from sparkmq.pipelines import tables
 from sparkmq.pipelines.alerts import AlertConfig, AlertEngine, AlertRule, open_alerts
 from sparkmq.pipelines.delta_io import append_exactly_once, snapshot
@@ -212,10 +212,8 @@ def test_catching_up_samples_only_the_newest_window(tmp_path: Path) -> None:
 # -- the real-broker path --------------------------------------------------------------------------------
 
 @pytest.mark.cluster
-def test_group_stats_from_a_real_broker(tmp_path: Path, procs: Any) -> None:
-    namesrv = procs.start("namesrv", "sparkmq.api.namesrv_main", "--scan-interval-s", "0.5")
-    broker = procs.start("broker", "sparkmq.api.broker_main", "--data-dir", str(tmp_path / "broker"),
-                         "--broker-name", "broker-a", "--namesrv", namesrv.addr, "--register-interval-s", "0.5")
+def test_group_stats_from_a_real_broker(tmp_path: Path, procs: ProcessHarness) -> None:
+    namesrv, broker = procs.start_platform(tmp_path / "broker", "--broker-name", "broker-a")
     client = BrokerClient(broker.addr, 5.0)
     try:
         client.create_topic({"topic": "rt", "read_queue_nums": 1, "write_queue_nums": 1})
@@ -233,9 +231,7 @@ def test_group_stats_from_a_real_broker(tmp_path: Path, procs: Any) -> None:
         # directly (the embedded lake); both ask the same endpoints.
         via_namesrv = offsets_source(namesrv.addr)
         try:
-            deadline = time.monotonic() + 20
-            while "broker-a" not in via_namesrv.masters() and time.monotonic() < deadline:
-                time.sleep(0.1)
+            wait_until(lambda: "broker-a" in via_namesrv.masters(), 20, "broker-a registered", interval=0.1)
             Reporter(lake, via_namesrv, extra_groups=["orphan"], backfill_minutes=1).run(run_time(0))
         finally:
             via_namesrv.close()
@@ -439,9 +435,7 @@ def test_the_report_loop_runs_until_stopped(tmp_path: Path) -> None:
     thread = threading.Thread(target=reporter.loop, args=(stop, 0.05), daemon=True)
     thread.start()
     try:
-        deadline = dt.datetime.now(UTC) + dt.timedelta(seconds=20)
-        while reporter.last_window is None and dt.datetime.now(UTC) < deadline:
-            stop.wait(0.05)
+        wait_until(lambda: reporter.last_window is not None, 20, "the first report window")
     finally:
         stop.set()
         thread.join(10)

@@ -24,8 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from procs import ProcessHarness
-from procs import wait_for as wait_until
+from procs import ProcessHarness, wait_until
 from sparkmq.platform.client.remoting import BrokerClient
 from sparkmq.platform.common import wire
 from sparkmq.platform.common.message import Message

@@ -16,8 +16,7 @@ from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from procs import ProcessHarness, ServiceProcess
-from procs import wait_for as wait_until
+from procs import ProcessHarness, ServiceProcess, wait_until
 from sparkmq.pipelines.cluster_io import OptionError, PullPage, topic_path
 from sparkmq.pipelines.source import (
     SOURCE_SCHEMA,
@@ -98,20 +97,15 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """A name server and broker-a, broker-b (real processes) for the module."""
-    root = tmp_path_factory.mktemp("lake-cluster")
-    harness = ProcessHarness(root)
-    try:
-        ns = harness.start("namesrv", "sparkmq.api.namesrv_main", "--scan-interval-s", "0.5")
-        c = Cluster(harness, root, ns, {})
-        started = harness.start_many([("broker", "sparkmq.api.broker_main", c.broker_args(n)) for n in BROKERS])
-        c.brokers.update(zip(BROKERS, started, strict=True))
-        wait_until(lambda: len(c.admin.masters()) == 2, what="both brokers registered")
-        yield c
-        c.close()
-    finally:
-        harness.stop_all()
+def cluster(module_procs: ProcessHarness) -> Iterator[Cluster]:
+    """A name server and broker-a, broker-b (real processes) for the module (tests using it are ``cluster``)."""
+    ns = module_procs.start("namesrv", "sparkmq.api.namesrv_main", "--scan-interval-s", "0.5")
+    c = Cluster(module_procs, module_procs.work_dir, ns, {})
+    started = module_procs.start_many([("broker", "sparkmq.api.broker_main", c.broker_args(n)) for n in BROKERS])
+    c.brokers.update(zip(BROKERS, started, strict=True))
+    wait_until(lambda: len(c.admin.masters()) == 2, what="both brokers registered")
+    yield c
+    c.close()
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +158,7 @@ def source(spark: SparkSession, cluster: Cluster, stream: bool = False, **option
 
 # -- batch reads ---------------------------------------------------------------------------------------
 
+@pytest.mark.cluster
 def test_batch_read_equals_what_was_sent(sq: SparkSession, cluster: Cluster) -> None:
     """A topic on two brokers reads back exactly: bodies (a compressed one inflated), keys, tags, properties."""
     cluster.create_topic("lake-src-batch")
@@ -194,6 +189,7 @@ def test_batch_read_equals_what_was_sent(sq: SparkSession, cluster: Cluster) -> 
     assert raw.count() == 24
 
 
+@pytest.mark.cluster
 def test_batch_read_honours_starting_and_ending_offsets(sq: SparkSession, cluster: Cluster) -> None:
     """JSON startingOffsets / endingOffsets cut each queue; queues left out run from earliest to latest."""
     cluster.create_topic("lake-src-range")
@@ -259,6 +255,7 @@ def group_lag(cluster: Cluster, group: str) -> int:
     return sum(cluster.client(b).group_lag(group)["total_lag"] for b in BROKERS)
 
 
+@pytest.mark.cluster
 def test_stream_exactly_once_per_checkpoint_with_limit_restart_and_group_lag(sq: SparkSession, cluster: Cluster,
                                                                             tmp_path: Path) -> None:
     """availableNow runs: batches <= maxMessagesPerTrigger, every message once, a restart reads only new ones,
@@ -287,6 +284,7 @@ def test_stream_exactly_once_per_checkpoint_with_limit_restart_and_group_lag(sq:
     assert sorted(other.ids) == sorted(r.msg_id for _, r in first + second)
 
 
+@pytest.mark.cluster
 def test_stream_processing_time_picks_up_new_queues_and_topics(sq: SparkSession, cluster: Cluster,
                                                                tmp_path: Path) -> None:
     """A running subscribePattern query sees messages sent later, a topic created later and queues added later."""
@@ -331,6 +329,7 @@ def pull_all(cluster: Cluster, topic: str) -> list[Any]:
     return out
 
 
+@pytest.mark.cluster
 def test_sink_writes_rows_as_messages(sq: SparkSession, cluster: Cluster) -> None:
     """N rows -> N messages a plain pull reads back, with keys (array or string), tags and properties."""
     cluster.create_topic("lake-sink")
@@ -355,6 +354,7 @@ def test_sink_writes_rows_as_messages(sq: SparkSession, cluster: Cluster) -> Non
                                                              for i in range(6))
 
 
+@pytest.mark.cluster
 def test_stream_sink_copies_a_topic(sq: SparkSession, cluster: Cluster, tmp_path: Path) -> None:
     """readStream sparkmq -> writeStream sparkmq: every message copied to another topic."""
     cluster.create_topic("lake-copy-src")
@@ -369,6 +369,7 @@ def test_stream_sink_copies_a_topic(sq: SparkSession, cluster: Cluster, tmp_path
         sorted((m.body, tuple(m.keys), m.tags, m.properties) for m, _ in sent)
 
 
+@pytest.mark.cluster
 def test_sink_failure_raises_with_the_stable_code(sq: SparkSession, cluster: Cluster) -> None:
     """A row the producer refuses fails the write with the client's code; bad columns fail before any send."""
     df = sq.createDataFrame([("bad topic!", "x")], "topic string, body string")

@@ -7,16 +7,10 @@ from typing import Any
 
 import pytest
 
+from procs import wait_until
 from sparkmq.pipelines.supervisor import JobSpec, Supervisor
 
 pytestmark = pytest.mark.spark
-
-
-def _wait(predicate, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
 
 
 def test_a_failing_job_restarts_with_backoff_and_recovers(spark, tmp_path: Path) -> None:
@@ -43,14 +37,16 @@ def test_a_failing_job_restarts_with_backoff_and_recovers(spark, tmp_path: Path)
                              JobSpec("steady", start_steady)],
                             poll_interval_s=0.2, backoff_initial_s=0.5, backoff_max_s=2.0).start()
     try:
-        _wait(lambda: supervisor.status()["flaky"]["restarts"] >= 2)
+        wait_until(lambda: supervisor.status()["flaky"]["restarts"] >= 2, 60, "two restarts", interval=0.1)
         status = supervisor.status()
         assert "the sink is down" in status["flaky"]["last_error"]
         assert status["flaky"]["state"] in ("failed-waiting", "restarting", "running")
         assert status["steady"]["state"] == "running" and status["steady"]["restarts"] == 0
         poison.unlink()
-        _wait(lambda: bool(seen) and supervisor.status()["flaky"]["state"] == "running")
-        _wait(lambda: (supervisor.status()["flaky"]["last_batch_id"] or -1) >= 0)
+        wait_until(lambda: bool(seen) and supervisor.status()["flaky"]["state"] == "running", 60,
+                   "a batch after the recovery", interval=0.1)
+        wait_until(lambda: (supervisor.status()["flaky"]["last_batch_id"] or -1) >= 0, 60, "a last batch id",
+                   interval=0.1)
         assert supervisor.status()["flaky"]["query_name"] == "flaky"
         restarts = supervisor.status()["flaky"]["restarts"]
         time.sleep(1.0)

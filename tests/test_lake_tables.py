@@ -114,6 +114,7 @@ print(sorted(ensure_tables(sys.argv[1])))
 """
 
 
+@pytest.mark.cluster
 def test_concurrent_creators_commit_exactly_one_create(tmp_path: Path) -> None:
     """Racing DeltaTable.create(mode="ignore") calls commit CREATE twice; ensure_table must not."""
     start = time.time() + 2.0  # all four are importing by then, so they really race

@@ -229,6 +229,7 @@ def test_verify_reports_a_flipped_byte_with_its_offset(tmp_path, impl):
     assert [p.offset for p in queue_problems] == [victim.commitlog_offset]
 
 
+@pytest.mark.cluster
 def test_verify_cli_exit_codes(tmp_path, store_factory):
     import subprocess
     import sys

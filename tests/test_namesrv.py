@@ -2,21 +2,14 @@
 from __future__ import annotations
 
 import json
-import os
-import queue
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-import sparkmq
+from procs import NAMESRV, ProcessHarness, ServiceProcess, wait_until
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 from sparkmq.platform.namesrv import (
     NameServerConfig,
@@ -257,62 +250,9 @@ def test_concurrent_registration_and_scans_stay_consistent() -> None:
 
 # -- real name server processes ---------------------------------------------------------------
 
-@dataclass
-class NameServerProcess:
-    """A running ``python -m sparkmq.api.namesrv_main``."""
-
-    proc: subprocess.Popen[str]
-    url: str
-    stderr_path: Path
-
-
-def _child_env() -> dict[str, str]:
-    # The children must import the same sparkmq as this test (a source tree on PYTHONPATH, or installed).
-    root = str(Path(sparkmq.__file__).parent.parent)
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
-                PYTHONUNBUFFERED="1")
-
-
-def _stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-
-
-@pytest.fixture
-def start_namesrvs(tmp_path: Path) -> Iterator[Callable[..., list[NameServerProcess]]]:
-    """Start name servers on free loopback ports (``--port 0``, real port read from the ready line); stops them."""
-    started: list[subprocess.Popen[str]] = []
-
-    def start(count: int, *extra: str) -> list[NameServerProcess]:
-        pending = []
-        for _ in range(count):  # start all, then wait: they boot in parallel
-            err_path = tmp_path / f"namesrv-{len(started)}.stderr"
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "sparkmq.api.namesrv_main", "--host", "127.0.0.1", "--port", "0", *extra],
-                stdout=subprocess.PIPE, stderr=err_path.open("w"), text=True, env=_child_env())
-            started.append(proc)
-            lines: queue.Queue[str] = queue.Queue()
-            threading.Thread(target=lambda p=proc, q=lines: q.put(p.stdout.readline()), daemon=True).start()
-            pending.append((proc, lines, err_path))
-        servers = []
-        for proc, lines, err_path in pending:
-            try:
-                line = lines.get(timeout=20)
-            except queue.Empty:
-                line = ""
-            assert line.startswith("namesrv listening on http://127.0.0.1:"), \
-                f"no ready line ({line!r}); stderr: {err_path.read_text()}"
-            servers.append(NameServerProcess(proc, line.split(" on ", 1)[1].strip(), err_path))
-        return servers
-
-    yield start
-    for proc in started:
-        _stop(proc)
+def start_namesrvs(procs: ProcessHarness, count: int, *extra: str) -> list[ServiceProcess]:
+    """Start ``count`` name servers at once (free loopback ports; they boot in parallel), each with ``extra``."""
+    return procs.start_many([("namesrv", NAMESRV, list(extra))] * count, ready_timeout=20)
 
 
 def _registration(broker_name: str, addr: str, version: int, **topics: dict[str, int]) -> dict[str, Any]:
@@ -320,10 +260,10 @@ def _registration(broker_name: str, addr: str, version: int, **topics: dict[str,
             "ha_addr": None, "data_version": version, "topic_configs": topics}
 
 
-def test_two_name_servers_route_and_expire_a_silent_broker(start_namesrvs: Callable[..., list[NameServerProcess]],
-                                                           ) -> None:
+@pytest.mark.cluster
+def test_two_name_servers_route_and_expire_a_silent_broker(procs: ProcessHarness) -> None:
     expiry = 2.0
-    servers = start_namesrvs(2, "--broker-expiry-s", str(expiry), "--scan-interval-s", "0.25")
+    servers = start_namesrvs(procs, 2, "--broker-expiry-s", str(expiry), "--scan-interval-s", "0.25")
     clients = [httpx.Client(base_url=s.url, timeout=5) for s in servers]
     topic = {"read_queue_nums": 3, "write_queue_nums": 3, "perm": 6, "topic_sys_flag": 0}
     body = _registration("broker-a", A_ADDR, 1, TopicA=topic)
@@ -354,12 +294,13 @@ def test_two_name_servers_route_and_expire_a_silent_broker(start_namesrvs: Calla
     assert all(c.get("/routes/TopicA").status_code == 200 for c in clients)
     # ... and once they stop, both name servers drop it after the expiry, on their own.
     dropped_after: list[float | None] = [None, None]
-    while None in dropped_after and time.monotonic() - last_beat < expiry + 5:
+
+    def both_dropped() -> bool:
         for i, client in enumerate(clients):
             if dropped_after[i] is None and client.get("/routes/TopicA").status_code == 404:
                 dropped_after[i] = time.monotonic() - last_beat
-        time.sleep(0.05)
-    assert None not in dropped_after, "a name server kept the silent broker"
+        return None not in dropped_after
+    wait_until(both_dropped, expiry + 5 - (time.monotonic() - last_beat), "both name servers to drop the silent broker")
     # Not before the expiry (less the few ms between a server's clock reading and ours), and soon after it.
     assert all(expiry - 0.2 <= t <= expiry + 2.0 for t in dropped_after), dropped_after  # type: ignore[operator]
     for client in clients:
@@ -377,9 +318,9 @@ def _state(client: httpx.Client) -> tuple[Any, Any]:
     return cluster, client.get("/topics").json()
 
 
-def test_bad_input_over_http_is_a_stable_error_and_changes_nothing(
-        start_namesrvs: Callable[..., list[NameServerProcess]]) -> None:
-    (server,) = start_namesrvs(1)  # default 120 s expiry: nothing expires during the test
+@pytest.mark.cluster
+def test_bad_input_over_http_is_a_stable_error_and_changes_nothing(procs: ProcessHarness) -> None:
+    (server,) = start_namesrvs(procs, 1)  # default 120 s expiry: nothing expires during the test
     client = httpx.Client(base_url=server.url, timeout=5)
     topic = {"read_queue_nums": 4, "write_queue_nums": 4, "perm": 6}
     good = _registration("broker-a", A_ADDR, 1, TopicA=topic)

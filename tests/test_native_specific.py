@@ -3,19 +3,27 @@
 - RSS stays bounded while a log much larger than the budget is written and read;
 - a read_view keeps its segment mapped after the file is deleted and the log closed;
 - the GIL is released during long operations, so other threads progress;
-- flush does not hold the log lock while syncing (appends go on: group commit);
+- flush does not hold the log lock while syncing (appends go on: group commit), shown with sync calls
+  that block until the test releases them;
 - concurrent appenders and flushers leave a consistent log;
 - the CRC equals zlib.crc32.
 """
 from __future__ import annotations
 
+import json
 import os
 import random
+import shutil
+import subprocess
+import sys
+import sysconfig
 import threading
 import time
 import zlib
 
 import pytest
+
+from procs import child_env
 
 native = pytest.importorskip("sparkmq.storage_native._commitlog")
 CommitLog = native.CommitLog
@@ -137,26 +145,104 @@ def test_gil_released_during_big_append(tmp_path):
     assert during > 1000, (during, elapsed)
 
 
+#: An LD_PRELOAD shim whose msync, fdatasync and fsync (what a flush syncs with; the C core's ``mf_sync`` is
+#: msync) block, once armed, until released: a flush as slow as the test wants, on any disk (tmpfs included).
+_SLOW_SYNC_C = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stddef.h>
+#include <unistd.h>
+
+int sparkmq_sync_armed, sparkmq_sync_entered, sparkmq_sync_released;
+
+static void hold(void)
+{
+    if (__atomic_load_n(&sparkmq_sync_armed, __ATOMIC_SEQ_CST)) {
+        __atomic_add_fetch(&sparkmq_sync_entered, 1, __ATOMIC_SEQ_CST);
+        while (!__atomic_load_n(&sparkmq_sync_released, __ATOMIC_SEQ_CST))
+            usleep(1000);
+    }
+}
+
+int msync(void *addr, size_t len, int flags)
+{
+    static int (*real)(void *, size_t, int);
+    if (!real)
+        real = (int (*)(void *, size_t, int))dlsym(RTLD_NEXT, "msync");
+    hold();
+    return real(addr, len, flags);
+}
+
+int fdatasync(int fd)
+{
+    static int (*real)(int);
+    if (!real)
+        real = (int (*)(int))dlsym(RTLD_NEXT, "fdatasync");
+    hold();
+    return real(fd);
+}
+
+int fsync(int fd)
+{
+    static int (*real)(int);
+    if (!real)
+        real = (int (*)(int))dlsym(RTLD_NEXT, "fsync");
+    hold();
+    return real(fd);
+}
+"""
+
+#: Runs in a child started with the shim preloaded; prints one JSON line.
+_FLUSH_CHILD = r"""
+import ctypes, json, os, sys, threading, time
+from sparkmq.storage_native._commitlog import CommitLog
+
+shim = ctypes.CDLL(None)  # the preloaded shim's globals
+armed, entered, released = (ctypes.c_int.in_dll(shim, f"sparkmq_sync_{n}") for n in ("armed", "entered", "released"))
+log = CommitLog(sys.argv[1], segment_size=8 << 20)
+body = os.urandom(4096)
+for i in range(256):
+    log.append("f", i & 1, body)  # dirty pages in the segment and in both queues' files
+before = log.max_offset
+armed.value = 1
+flusher = threading.Thread(target=log.flush)
+flusher.start()
+deadline = time.monotonic() + 20
+while entered.value == 0 and time.monotonic() < deadline:
+    time.sleep(0.001)
+in_sync = entered.value > 0 and flusher.is_alive()
+appender = threading.Thread(target=log.append, args=("f", 1, b"during flush"))
+appender.start()
+appender.join(10)
+appended = not appender.is_alive()
+flushing = flusher.is_alive()
+released.value = 1
+flusher.join(30)
+appender.join(30)
+print(json.dumps({"in_sync": in_sync, "appended": appended, "flushing": flushing, "done": not flusher.is_alive(),
+                  "covered": log.flushed_offset >= before}))
+log.close()
+"""
+
+
+@pytest.mark.cluster  # a child process: the shim has to be preloaded
 def test_flush_does_not_block_appends(tmp_path):
-    log = CommitLog(str(tmp_path / "s"), segment_size=256 * MiB)
-    body = os.urandom(4096)
-    batch = [(body, b"", 0, 0, 0, 0, None, 0, 0)] * 64
-    while log.max_offset < 200 * MiB:
-        log.append_batch("f", 0, batch)
-    before = log.max_offset
-    flusher = threading.Thread(target=log.flush)
-    flusher.start()
-    time.sleep(0.005)
-    if not flusher.is_alive():
-        flusher.join()
-        log.close()
-        pytest.skip("flush finished too fast to observe (page cache on a RAM disk?)")
-    log.append("f", 1, b"during flush")
-    appended_while_flushing = flusher.is_alive()
-    flusher.join()
-    assert log.flushed_offset >= before
-    log.close()
-    assert appended_while_flushing, "the append waited for the whole flush"
+    """An append completes while a flush is stuck syncing (the shim holds it in msync until released)."""
+    compiler = shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0]) or shutil.which("cc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the sync shim")
+    (tmp_path / "slow_sync.c").write_text(_SLOW_SYNC_C)
+    shim = tmp_path / "slow_sync.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(shim), str(tmp_path / "slow_sync.c"), "-ldl"],
+                   check=True, capture_output=True, timeout=60)
+    env = child_env(LD_PRELOAD=" ".join(filter(None, [str(shim), os.environ.get("LD_PRELOAD")])))
+    run = subprocess.run([sys.executable, "-c", _FLUSH_CHILD, str(tmp_path / "s")], capture_output=True, text=True,
+                         env=env, timeout=120, stdin=subprocess.DEVNULL)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    assert result["in_sync"], f"the flush never reached a sync call (is the shim preloaded?): {result}"
+    assert result["appended"] and result["flushing"], f"the append waited for the whole flush: {result}"
+    assert result["done"] and result["covered"], result
 
 
 def test_concurrent_appenders_and_flusher(tmp_path):

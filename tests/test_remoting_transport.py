@@ -676,6 +676,7 @@ def test_threaded_facade_when_the_server_dies() -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.cluster
 def test_threaded_facade_in_a_forked_child() -> None:
     with server_thread() as srv, SyncRemotingClient() as client:
         assert client.request(srv.addr, ECHO, b"parent").header == b"parent"

@@ -19,8 +19,7 @@ import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
 
-from procs import ProcessHarness, ServiceProcess, child_env
-from procs import wait_for as wait_until
+from procs import ProcessHarness, ServiceProcess, child_env, wait_until
 from sparkmq.pipelines.sql import run_sql
 from sparkmq.pipelines.trace_job import start_trace_job, trace_arrow, trace_stats
 from sparkmq.platform.broker.trace import TraceRecorder, trace_path
@@ -36,11 +35,9 @@ FAST_LEVELS = " ".join(["100ms"] * 18)
 
 
 def start_cluster(procs: ProcessHarness, tmp_path: Path, *extra: str) -> tuple[ServiceProcess, ServiceProcess, Path]:
-    ns = procs.start("namesrv", "sparkmq.api.namesrv_main", "--scan-interval-s", "0.5")
     data_dir = tmp_path / "broker"
-    broker = procs.start("broker", "sparkmq.api.broker_main", "--data-dir", str(data_dir), "--namesrv", ns.addr,
-                         "--broker-name", "broker-a", "--register-interval-s", "0.5",
-                         "--message-delay-level", FAST_LEVELS, "--segment-size", str(8 << 20), *extra)
+    ns, broker = procs.start_platform(data_dir, "--broker-name", "broker-a", "--message-delay-level", FAST_LEVELS,
+                                      "--segment-size", str(8 << 20), *extra)
     return ns, broker, data_dir
 
 
@@ -71,6 +68,7 @@ def types(events: list[dict[str, Any]]) -> list[str]:
 
 
 @pytest.mark.spark
+@pytest.mark.cluster
 def test_trace_shows_send_store_deliver_consume_and_the_retry_and_dlq_hops(
         procs: ProcessHarness, tmp_path: Path, spark: Any) -> None:
     ns, broker, data_dir = start_cluster(procs, tmp_path)
@@ -152,6 +150,7 @@ def test_trace_shows_send_store_deliver_consume_and_the_retry_and_dlq_hops(
     assert trace_arrow(body, 10_000, data_dir / "lake", "other-job").written["message_trace"]
 
 
+@pytest.mark.cluster
 def test_no_trace_broker_writes_nothing_and_bad_events_are_refused(procs: ProcessHarness, tmp_path: Path) -> None:
     ns, broker, _ = start_cluster(procs, tmp_path, "--no-trace")
     http = httpx.Client(base_url=broker.url, timeout=10)
@@ -211,24 +210,26 @@ def test_trace_path_orders_merges_and_times_the_steps() -> None:
 
 
 def test_broker_traces_transactions_delays_and_trace_messages_stay_untraced(tmp_path: Path) -> None:
-    from sparkmq.platform.broker.broker import Broker, OutgoingMessage
+    from sparkmq.platform.broker.broker import Broker
     from sparkmq.platform.broker.config import BrokerConfig
+    from sparkmq.platform.broker.processors import OutgoingMessage
 
     broker = Broker(BrokerConfig(port=10911, data_dir=tmp_path, message_delay_level=FAST_LEVELS,
                                  store={"segment_size": 8 << 20})).start(register=False)
     try:
-        committed = broker.send_half("Tx", OutgoingMessage(b"c", tags="T"), "txg")["transaction_id"]
-        rolled = broker.send_half("Tx", OutgoingMessage(b"r"), "txg")["transaction_id"]
-        broker.end_transaction(committed, "txg", "COMMIT")
-        broker.end_transaction(rolled, "txg", "ROLLBACK")
-        delayed = broker.send("Later", OutgoingMessage(b"d"), delay_level=1).msg_id
+        transactions = broker.transaction_processor
+        committed = transactions.send_half("Tx", OutgoingMessage(b"c", tags="T"), "txg")["transaction_id"]
+        rolled = broker.transaction_processor.send_half("Tx", OutgoingMessage(b"r"), "txg")["transaction_id"]
+        broker.transaction_processor.end_transaction(committed, "txg", "COMMIT")
+        broker.transaction_processor.end_transaction(rolled, "txg", "ROLLBACK")
+        delayed = broker.send_processor.send("Later", OutgoingMessage(b"d"), delay_level=1).msg_id
         wait_until(lambda: broker.store.max_offset("Later", 0) + broker.store.max_offset("Later", 1)
                    + broker.store.max_offset("Later", 2) + broker.store.max_offset("Later", 3) > 0, 10,
                    "the delayed message to be delivered")
         broker.tracer.flush()
         events: list[TraceEvent] = []
         offset = 0
-        while (got := broker.pull_once(TRACE_TOPIC, 0, offset, 100, group="trace-reader")).messages:
+        while (got := broker.pull_processor.pull_once(TRACE_TOPIC, 0, offset, 100, group="trace-reader")).messages:
             events += [e for m in got.messages for e in decode_events(m.body)]
             offset = got.next_offset
         broker.tracer.flush()

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..common.errors import ErrorCode, SparkMQError
+from ..common.protocol import ConsumeFromWhere, ConsumeType, ExpressionType, MessageModel
 from ..common.validation import validate_group, validate_topic
 from .long_polling import WaiterRegistry
 
@@ -39,36 +40,6 @@ __all__ = [
 log = logging.getLogger("sparkmq.broker")
 
 MAX_CLIENT_ID_LENGTH = 255
-
-
-class MessageModel(enum.StrEnum):
-    """How a group's members share messages."""
-
-    CLUSTERING = "CLUSTERING"
-    BROADCASTING = "BROADCASTING"
-
-
-class ConsumeType(enum.StrEnum):
-    """How a consumer fetches: pushed to a listener (the client pulls underneath), pulled by the app, or POP."""
-
-    PUSH = "PUSH"
-    PULL = "PULL"
-    POP = "POP"
-
-
-class ConsumeFromWhere(enum.StrEnum):
-    """Where a group with no committed offset starts."""
-
-    CONSUME_FROM_LAST_OFFSET = "CONSUME_FROM_LAST_OFFSET"
-    CONSUME_FROM_FIRST_OFFSET = "CONSUME_FROM_FIRST_OFFSET"
-    CONSUME_FROM_TIMESTAMP = "CONSUME_FROM_TIMESTAMP"
-
-
-class ExpressionType(enum.StrEnum):
-    """The language of a subscription expression."""
-
-    TAG = "TAG"
-    SQL92 = "SQL92"
 
 
 def _check_client_id(client_id: object) -> str:

@@ -146,13 +146,12 @@ class ScheduleService(PeriodicService):
         now = int(time.time() * 1000) if now_ms is None else now_ms
         next_due = -1
         for level in range(1, len(self.levels_ms) + 1):
-            cq = self.store.commit_log.consume_queue(SCHEDULE_TOPIC, level - 1)
-            if cq is None:
-                continue
+            queue_id = level - 1
+            end = self.store.max_offset(SCHEDULE_TOPIC, queue_id)
             with self._lock:
-                offset = max(self._offsets.get(level, 0), cq.min_offset)
-            while offset < cq.max_offset and not self._stop_event.is_set():
-                clog_offset, _size, due = cq.unit(offset)
+                offset = max(self._offsets.get(level, 0), self.store.min_offset(SCHEDULE_TOPIC, queue_id))
+            while offset < end and not self._stop_event.is_set():
+                clog_offset, _size, due = self.store.queue_unit(SCHEDULE_TOPIC, queue_id, offset)
                 if due > now:
                     wait = due - now
                     next_due = wait if next_due < 0 else min(next_due, wait)

@@ -125,15 +125,12 @@ class TimerService(PeriodicService):
             return self._index_new()
 
     def _index_new(self) -> int:
-        cq = self.store.commit_log.consume_queue(TIMER_TOPIC, 0)
-        if cq is None:
-            return 0
         added = 0
         with self._lock:
-            start = max(self._indexed, cq.min_offset)
-            end = cq.max_offset
+            start = max(self._indexed, self.store.min_offset(TIMER_TOPIC, 0))
+            end = self.store.max_offset(TIMER_TOPIC, 0)
         for offset in range(start, end):
-            clog_offset, _size, due = cq.unit(offset)
+            clog_offset, _size, due = self.store.queue_unit(TIMER_TOPIC, 0, offset)
             if self._progress.is_done(offset):
                 continue
             msg_id = self.store.read_message(clog_offset).msg_id
@@ -175,9 +172,8 @@ class TimerService(PeriodicService):
     def _fire(self, offset: int) -> None:
         if self._progress.is_done(offset):
             return  # recalled meanwhile
-        cq = self.store.commit_log.consume_queue(TIMER_TOPIC, 0)
         try:
-            parked = self.store.read_message(cq.unit(offset)[0])  # type: ignore[union-attr]
+            parked = self.store.read_queue_message(TIMER_TOPIC, 0, offset)
             message, queue_id = restore_parked(parked, (PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_DELAY_SEC))
             self._deliver(message, queue_id, parked)
             self.delivered += 1

@@ -36,7 +36,7 @@ from ..common.errors import ErrorCode, SparkMQError
 from ..common.message import Message, StoredMessage
 from ..common.system_topics import PROPERTY_REAL_TOPIC, TRACE_TOPIC
 from ..common.trace import MAX_EVENTS_PER_MESSAGE, TraceEvent, event_order, trace_path
-from ..store import PutResult
+from ..store import AppendEvent, PutResult
 from .transaction import TransactionService
 
 __all__ = [
@@ -185,6 +185,18 @@ class TraceRecorder:
         def build() -> list[TraceEvent]:
             return [one(r, m) for r, m in zip(results, messages, strict=True) if r.msg_id]
         self._add(len(results), build)
+
+    def appended(self, event: AppendEvent) -> None:
+        """``store`` events for an append the broker noted as a send, a redelivery or a half message.
+
+        Appends without a note (transaction ops, retry parking, dead letters, the trace topic
+        itself) are not store events: their own events (``retry``, ``dlq``) tell their story.
+        """
+        note = event.note
+        if note is None or event.messages is None:
+            return
+        self.stored(note.topic or event.topic, event.results, event.messages, event.born_timestamp,
+                    status=note.status, detail=note.detail)
 
     def delivered(self, topic: str, group: str, client_id: str | None, messages: Sequence[StoredMessage]) -> None:
         """``deliver`` events: a pull of ``group`` returned ``messages``."""

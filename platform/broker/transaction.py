@@ -103,18 +103,15 @@ class TransactionService(PeriodicService):
 
     # -- recovery ---------------------------------------------------------------------
     def _replay_ops(self, from_offset: int) -> None:
-        cq = self.store.commit_log.consume_queue(TRANS_OP_HALF_TOPIC, 0)
-        if cq is None:
-            return
-        for offset in range(max(from_offset, cq.min_offset), cq.max_offset):
-            op = self.store.read_message(cq.unit(offset)[0])
+        start = max(from_offset, self.store.min_offset(TRANS_OP_HALF_TOPIC, 0))
+        for offset in range(start, self.store.max_offset(TRANS_OP_HALF_TOPIC, 0)):
+            op = self.store.read_queue_message(TRANS_OP_HALF_TOPIC, 0, offset)
             self._progress.mark_done(int(op.body))
 
     def persist(self) -> None:
         """Persist settled halves, the op queue position and the open halves' check counts."""
         with self._lock:
-            cq = self.store.commit_log.consume_queue(TRANS_OP_HALF_TOPIC, 0)
-            op_offset = cq.max_offset if cq is not None else 0
+            op_offset = self.store.max_offset(TRANS_OP_HALF_TOPIC, 0)
             checks = {str(h.offset): h.checks for h in self._open.values() if h.checks}
             self._progress.persist({"op_offset": op_offset, "checks": checks})
 
@@ -159,9 +156,7 @@ class TransactionService(PeriodicService):
 
     # -- internals --------------------------------------------------------------------
     def _read_half(self, offset: int) -> StoredMessage:
-        cq = self.store.commit_log.consume_queue(TRANS_HALF_TOPIC, 0)
-        assert cq is not None  # an indexed half exists
-        return self.store.read_message(cq.unit(offset)[0])
+        return self.store.read_queue_message(TRANS_HALF_TOPIC, 0, offset)
 
     def _settle(self, half: _Half, action: str) -> None:
         # The op record is what makes the outcome durable; the tracker is the fast index of it.
@@ -172,15 +167,14 @@ class TransactionService(PeriodicService):
     def index(self) -> int:
         """Index half messages stored since the last call; returns how many opened."""
         with self._lock:
-            cq = self.store.commit_log.consume_queue(TRANS_HALF_TOPIC, 0)
-            if cq is None:
-                return 0
             checks = self._progress.extra.get("checks", {})
             opened = 0
-            for offset in range(max(self._indexed, cq.min_offset), cq.max_offset):
+            start = max(self._indexed, self.store.min_offset(TRANS_HALF_TOPIC, 0))
+            end = self.store.max_offset(TRANS_HALF_TOPIC, 0)
+            for offset in range(start, end):
                 if self._progress.is_done(offset):
                     continue
-                stored = self.store.read_message(cq.unit(offset)[0])
+                stored = self.store.read_queue_message(TRANS_HALF_TOPIC, 0, offset)
                 immunity = stored.properties.get(PROPERTY_CHECK_IMMUNITY_S)
                 try:
                     first = float(immunity) if immunity is not None else self.first_check_s
@@ -190,7 +184,7 @@ class TransactionService(PeriodicService):
                     offset, stored.msg_id, stored.properties.get(PROPERTY_PRODUCER_GROUP, ""),
                     stored.store_timestamp + int(first * 1000), int(checks.get(str(offset), 0)))
                 opened += 1
-            self._indexed = cq.max_offset
+            self._indexed = end
             return opened
 
     def open_transactions(self) -> list[str]:

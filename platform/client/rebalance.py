@@ -26,6 +26,7 @@ from enum import StrEnum
 
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.filtering import FILTER_SQL92, FILTER_TAG, compile_filter
+from ..common.protocol import ConsumeFromWhere, MessageModel
 from .allocation import AllocateStrategy, MessageQueue, strategy_by_name
 from .config import DEFAULT_CONSUME_TIMESTAMP_BACK_S
 from .offset_store import OffsetStore, ReadOffsetType
@@ -47,23 +48,6 @@ log = logging.getLogger("sparkmq.client")
 
 #: Retry topics (a later issue) always start at their first offset.
 RETRY_TOPIC_PREFIX = "%RETRY%"
-
-
-class MessageModel(StrEnum):
-    """How a group shares a topic."""
-
-    #: Each message goes to one member of the group; offsets live on the brokers.
-    CLUSTERING = "CLUSTERING"
-    #: Every member gets every message; each member keeps its own offsets locally.
-    BROADCASTING = "BROADCASTING"
-
-
-class ConsumeFromWhere(StrEnum):
-    """Where a group with no committed offset for a queue starts."""
-
-    CONSUME_FROM_LAST_OFFSET = "CONSUME_FROM_LAST_OFFSET"
-    CONSUME_FROM_FIRST_OFFSET = "CONSUME_FROM_FIRST_OFFSET"
-    CONSUME_FROM_TIMESTAMP = "CONSUME_FROM_TIMESTAMP"
 
 
 def _enum(cls: type[StrEnum], value: object, what: str) -> StrEnum:

@@ -18,13 +18,14 @@ import logging
 import socket
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
 from ..common.errors import ErrorCode, SparkMQError
+from ..common.protocol import PullResult, PullStatus, pull_status
 from ..common.wire import (
     ARROW_STREAM,
     PULL_HEADERS,
@@ -54,15 +55,14 @@ def _seg(value: object) -> str:
     """One URL path segment: topics and groups may hold '%' (``%RETRY%g``, ``%DLQ%g``), so quote everything."""
     return quote(str(value), safe="")
 
-#: Pull statuses (docs/http-api.md).
-FOUND = "FOUND"
-NO_NEW_MSG = "NO_NEW_MSG"
-NO_MATCHED_MSG = "NO_MATCHED_MSG"
-OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
-OFFSET_OVERFLOW = "OFFSET_OVERFLOW"
-NO_MATCHED_QUEUE = "NO_MATCHED_QUEUE"
-#: An admin reset the pulling group's offset: restart the queue at ``next_offset``.
-OFFSET_RESET = "OFFSET_RESET"
+#: Pull statuses, re-exported for the client's modules (defined once, in the protocol module).
+FOUND = PullStatus.FOUND
+NO_NEW_MSG = PullStatus.NO_NEW_MSG
+NO_MATCHED_MSG = PullStatus.NO_MATCHED_MSG
+OFFSET_TOO_SMALL = PullStatus.OFFSET_TOO_SMALL
+OFFSET_OVERFLOW = PullStatus.OFFSET_OVERFLOW
+NO_MATCHED_QUEUE = PullStatus.NO_MATCHED_QUEUE
+OFFSET_RESET = PullStatus.OFFSET_RESET
 
 
 class RemotingError(SparkMQError):
@@ -140,17 +140,6 @@ def _json(resp: httpx.Response) -> Any:
         raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"{resp.url}: the answer is not JSON ({exc})") from None
 
 
-@dataclass(slots=True)
-class PullResult:
-    """One pull's answer: status, where to pull next, the queue's bounds and the messages (bodies inflated)."""
-
-    status: str
-    next_offset: int
-    min_offset: int
-    max_offset: int
-    messages: list[ReceivedMessage] = field(default_factory=list)
-
-
 @dataclass(frozen=True)
 class ArrowPullResult:
     """One pull answered in Arrow, kept columnar: ``table`` has ``wire.PULL_SCHEMA``, bodies as stored."""
@@ -181,11 +170,11 @@ def _parse_pull(resp: httpx.Response) -> PullResult:
     if resp.headers.get("content-type", "").startswith(ARROW_STREAM):
         h = resp.headers
         messages = received_from_arrow(from_ipc(resp.content)) if resp.content else []
-        return PullResult(h.get(PULL_HEADERS["status"], FOUND if messages else NO_NEW_MSG),
+        return PullResult(pull_status(h.get(PULL_HEADERS["status"], FOUND if messages else NO_NEW_MSG)),
                           int(h.get(PULL_HEADERS["next_offset"], 0)), int(h.get(PULL_HEADERS["min_offset"], 0)),
                           int(h.get(PULL_HEADERS["max_offset"], 0)), messages)
     body = _json(resp)
-    return PullResult(body["status"], int(body["next_offset"]), int(body.get("min_offset", 0)),
+    return PullResult(pull_status(body["status"]), int(body["next_offset"]), int(body.get("min_offset", 0)),
                       int(body.get("max_offset", 0)), [received_from_json(m) for m in body.get("messages") or ()])
 
 

@@ -1,13 +1,16 @@
 """The store: MessageStore over the native commit log (put, get, flush, recover, retain, verify)."""
 from .config import FlushMode, StoreConfig
 from .message_store import MessageStore
-from .status import GetResult, GetStatus, PutResult, PutStatus
+from .status import AppendEvent, AppendNote, GetResult, GetStatus, LogOffsets, PutResult, PutStatus
 from .verify import VerifyReport, verify_store
 
 __all__ = [
     "FlushMode",
     "StoreConfig",
     "MessageStore",
+    "AppendEvent",
+    "AppendNote",
+    "LogOffsets",
     "GetResult",
     "GetStatus",
     "PutResult",

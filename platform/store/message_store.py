@@ -7,6 +7,7 @@ retention, and reads them back through the consume queues.
 """
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import functools
 import logging
@@ -40,7 +41,7 @@ from .config import FlushMode, StoreConfig
 from .flush import FlushService
 from .paths import StorePaths
 from .retention import RetentionDecision, RetentionPolicy
-from .status import GetResult, GetStatus, PutResult, PutStatus
+from .status import AppendEvent, AppendNote, GetResult, GetStatus, LogOffsets, PutResult, PutStatus
 
 __all__ = ["MessageStore", "translate_store_error", "record_properties", "raw_record_properties", "RawProperties",
            "records_to_arrow"]
@@ -114,6 +115,7 @@ class MessageStore:
         self._retention = RetentionPolicy(config)
         self.clean_start: bool | None = None
         self.recovery: dict[str, int] = {}
+        self._append_listeners: list[Callable[[AppendEvent], None]] = []
 
     # -- lifecycle ------------------------------------------------------------
     def start(self) -> MessageStore:
@@ -200,6 +202,62 @@ class MessageStore:
             raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, "the store is not started")
         return self._log
 
+    @property
+    def is_open(self) -> bool:
+        """Whether the store is started and not shut down."""
+        return self._log is not None
+
+    def log_offsets(self) -> LogOffsets:
+        """The commit log's min, max and flushed offsets (SERVICE_NOT_AVAILABLE when not started)."""
+        log_ = self.commit_log
+        return LogOffsets(log_.min_offset, log_.max_offset, log_.flushed_offset)
+
+    def queues(self) -> list[tuple[str, int]]:
+        """Every (topic, queue_id) that was ever written, sorted."""
+        return self.commit_log.queues()
+
+    def queue_unit(self, topic: str, queue_id: int, queue_offset: int) -> tuple[int, int, int]:
+        """(commitlog_offset, size, tag_hash) of one consume-queue unit; OFFSET_ILLEGAL outside the queue."""
+        cq = self.commit_log.consume_queue(topic, queue_id)
+        if cq is None:
+            raise SparkMQError(ErrorCode.OFFSET_ILLEGAL, f"queue {topic}/{queue_id} was never written")
+        try:
+            return cq.unit(queue_offset)
+        except StoreError as exc:
+            raise translate_store_error(exc) from None
+
+    def read_queue_message(self, topic: str, queue_id: int, queue_offset: int) -> StoredMessage:
+        """The message at ``queue_offset`` of a queue (errors as :meth:`queue_unit` and :meth:`read_message`)."""
+        return self.read_message(self.queue_unit(topic, queue_id, queue_offset)[0])
+
+    def last_store_timestamp(self, topic: str, queue_id: int) -> int:
+        """Store time of a queue's newest retained message; 0 when it has none."""
+        log_ = self.commit_log
+        cq = log_.consume_queue(topic, queue_id)
+        if cq is None or cq.max_offset <= cq.min_offset:
+            return 0
+        try:
+            return log_.store_timestamp_at(cq.unit(cq.max_offset - 1)[0])
+        except StoreError:  # retention removed it meanwhile
+            return 0
+
+    # -- append listeners ----------------------------------------------------
+    def add_append_listener(self, listener: Callable[[AppendEvent], None]) -> None:
+        """Call ``listener(event)`` after every append, once its records are readable (before a flush wait).
+
+        What an append sets off elsewhere (waking held pulls, trace, replication) registers here.
+        A listener runs on the appending thread and must be quick; its exceptions are logged and
+        never fail the append.
+        """
+        self._append_listeners.append(listener)
+
+    def _notify(self, event: AppendEvent) -> None:
+        for listener in self._append_listeners:
+            try:
+                listener(event)
+            except Exception:  # a listener's bug must not turn a stored message into a failed send
+                log.exception("append listener %r failed", listener)
+
     # -- durability -----------------------------------------------------------
     def _maybe_checkpoint(self, flushed: int) -> None:
         now = time.monotonic_ns() // 1_000_000
@@ -270,7 +328,7 @@ class MessageStore:
 
     def put(self, msg: Message, queue_id: int, *, born_host: str | None = None,
             born_timestamp: int | None = None, reconsume_times: int = 0, sys_flag: int = 0,
-            prepared_offset: int = 0, cq_tag_hash: int | None = None) -> PutResult:
+            prepared_offset: int = 0, cq_tag_hash: int | None = None, note: AppendNote | None = None) -> PutResult:
         """Append one message to ``queue_id`` of its topic.
 
         Bad input raises ``SparkMQError`` and writes nothing.  Under SYNC_FLUSH the
@@ -278,6 +336,7 @@ class MessageStore:
         did in time: the message is stored all the same).  ``cq_tag_hash`` replaces
         the tag hash in the consume-queue unit: the schedule and timer topics keep
         the delivery time there, so their services read due times without decoding.
+        ``note`` goes to the append listeners untouched.
         """
         now_ms = time.time_ns() // 1_000_000
         qid = self._check_queue(msg.topic, queue_id)
@@ -292,14 +351,16 @@ class MessageStore:
         except StoreError as exc:
             raise translate_store_error(exc) from None
         size = _record_size(body, msg.topic, props)
+        offset_msg_id = encode_offset_msg_id(self.config.store_host, offset, self._id_prefix)
+        stored = PutResult(PutStatus.PUT_OK, unique_id, offset_msg_id, msg.topic, qid, queue_offset, offset,
+                           store_ts, size)
+        self._notify(AppendEvent(msg.topic, qid, (stored,), (msg,), born, note))
         status = self._await_durable(offset + size)
-        return PutResult(status, unique_id, encode_offset_msg_id(self.config.store_host, offset, self._id_prefix),
-                         msg.topic, qid,
-                         queue_offset, offset, store_ts, size)
+        return stored if status is PutStatus.PUT_OK else dataclasses.replace(stored, status=status)
 
     def put_batch(self, topic: str, queue_id: int, messages: Sequence[Message], *,
                   born_host: str | None = None, born_timestamp: int | None = None,
-                  sys_flag: int = 0) -> list[PutResult]:
+                  sys_flag: int = 0, note: AppendNote | None = None) -> list[PutResult]:
         """Append messages of one topic to one queue in one call (consecutive queue offsets).
 
         Every message is validated first; one bad message rejects the whole batch.
@@ -331,11 +392,14 @@ class MessageStore:
             first, store_ts, offsets = self.commit_log.append_batch(topic, qid, items, 0, self._store_host)
         except StoreError as exc:
             raise translate_store_error(exc) from None
-        status = self._await_durable(offsets[-1] + sizes[-1])
         host_text = self.config.store_host
-        return [PutResult(status, ids[i], encode_offset_msg_id(host_text, off, self._id_prefix), topic, qid,
-                          first + i, off,
-                          store_ts, sizes[i]) for i, off in enumerate(offsets)]
+        stored = [PutResult(PutStatus.PUT_OK, ids[i], encode_offset_msg_id(host_text, off, self._id_prefix), topic,
+                            qid, first + i, off, store_ts, sizes[i]) for i, off in enumerate(offsets)]
+        self._notify(AppendEvent(topic, qid, stored, messages, born, note))
+        status = self._await_durable(offsets[-1] + sizes[-1])
+        if status is not PutStatus.PUT_OK:
+            stored = [dataclasses.replace(r, status=status) for r in stored]
+        return stored
 
     # -- reading --------------------------------------------------------------
     def min_offset(self, topic: str, queue_id: int) -> int:

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..common.message import StoredMessage
+from ..common.message import Message, StoredMessage
 
-__all__ = ["PutStatus", "GetStatus", "PutResult", "GetResult"]
+__all__ = ["PutStatus", "GetStatus", "PutResult", "GetResult", "AppendNote", "AppendEvent", "LogOffsets"]
 
 
 class PutStatus(enum.StrEnum):
@@ -31,9 +32,6 @@ class GetStatus(enum.StrEnum):
     OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
     #: Past the queue's end; next_offset is the queue's max offset.
     OFFSET_OVERFLOW = "OFFSET_OVERFLOW"
-    #: Set by the broker, never by the store: an admin reset the pulling group's offset on this queue;
-    #: next_offset is the new offset, where the consumer restarts (nothing was read).
-    OFFSET_RESET = "OFFSET_RESET"
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,3 +58,40 @@ class GetResult:
     min_offset: int
     max_offset: int
     messages: list[StoredMessage] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendNote:
+    """What an append is, for the listeners that care (the broker's trace): passed through untouched.
+
+    ``kind`` names the origin (e.g. ``"send"``, ``"redeliver"``, ``"half"``); ``topic`` is the
+    topic the producer addressed when the record went elsewhere (a parked or half message);
+    ``status`` and ``detail`` are free text for the trace.
+    """
+
+    kind: str
+    topic: str | None = None
+    status: str | None = None
+    detail: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AppendEvent:
+    """One append, as the store tells its listeners once the records are readable (before any flush wait)."""
+
+    topic: str
+    queue_id: int
+    results: Sequence[PutResult]
+    #: The messages as appended (None when the append came packed, without message objects).
+    messages: Sequence[Message] | None
+    born_timestamp: int | None
+    note: AppendNote | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LogOffsets:
+    """The commit log's bounds: the oldest retained byte, the end, and how far it is flushed."""
+
+    min_offset: int
+    max_offset: int
+    flushed_offset: int

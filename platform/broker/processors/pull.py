@@ -1,0 +1,220 @@
+"""Pulls: tag and SQL92 filters, long polling, bulk Arrow pulls, the lake tier, queue offsets."""
+from __future__ import annotations
+
+import logging
+import time
+
+import anyio.to_thread
+import pyarrow as pa
+
+from ...common.errors import ErrorCode, SparkMQError
+from ...common.filtering import FILTER_SQL92, FILTER_TAG, SqlFilter, compile_filter, parse_tags
+from ...common.protocol import MAX_BULK_PULL_BATCH, MAX_PULL_BATCH, PullResult, PullStatus
+from ...common.validation import validate_group
+from ...namesrv.perm import is_readable
+from ...store import GetResult
+from ..topics import TopicConfig
+from .base import Processor, cached_filter, check_int
+
+__all__ = ["PullProcessor"]
+
+log = logging.getLogger("sparkmq.broker")
+
+#: A tag-filtered pull keeps scanning past non-matching messages for at most this many store reads.
+_MAX_FILTER_ROUNDS = 16
+#: An SQL92-filtered pull examines at most this many consume-queue units (then answers NO_MATCHED_MSG
+#: with next_offset past them, so the consumer moves on).
+_MAX_SQL_EXAMINED = 65_536
+
+
+def as_pull(got: GetResult) -> PullResult:
+    """The broker's answer for what the store found (the statuses share their names)."""
+    return PullResult(PullStatus(got.status.value), got.next_offset, got.min_offset, got.max_offset, got.messages)
+
+
+class PullProcessor(Processor):
+    """Pulls: tag and SQL92 filters, long polling, bulk Arrow pulls, the lake tier, queue offsets."""
+
+    def _check_pull(self, topic: str, queue_id: int, offset: int, max_count: int,
+                    max_batch: int = MAX_PULL_BATCH) -> TopicConfig:
+        cfg = self.topics.require(topic)
+        if not is_readable(cfg.perm):
+            raise SparkMQError(ErrorCode.NO_PERMISSION, f"topic {topic!r} is not readable on {self.name} "
+                                                        f"(perm {cfg.perm})")
+        check_int("queue_id", queue_id, 0, cfg.read_queue_nums - 1, ErrorCode.QUEUE_ID_ILLEGAL)
+        check_int("offset", offset, 0, 2**63 - 1, ErrorCode.OFFSET_ILLEGAL)
+        check_int("max", max_count, 1, max_batch)
+        return cfg
+
+    def pull_once(self, topic: str, queue_id: int, offset: int, max_count: int = 32,
+                  tags: frozenset[str] | None = None, *, group: str | None = None,
+                  commit_offset: int | None = None, sql: SqlFilter | None = None,
+                  client_id: str | None = None) -> PullResult:
+        """Read up to ``max_count`` messages without waiting; also commits ``commit_offset`` for ``group``.
+
+        With a tag filter, a read that matched nothing keeps scanning towards the
+        queue's end (bounded), so consumers do not round-trip over long runs of other tags.
+        With ``sql`` (a compiled SQL92 filter; ``tags`` is then ignored) only each
+        candidate's properties are decoded and evaluated, scanning up to
+        ``_MAX_SQL_EXAMINED`` units past non-matching ones.  Messages returned to a ``group``
+        are traced as ``deliver`` events (with ``client_id``, the puller).
+        """
+        started = time.perf_counter()
+        with self._operation():
+            self._check_pull(topic, queue_id, offset, max_count)
+            if group is not None:
+                validate_group(group)
+            if commit_offset is not None:
+                if group is None:
+                    raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "commit_offset needs a group")
+                self.offsets.commit(group, topic, queue_id, commit_offset)
+            reset_to = None if group is None else self.offsets.settle_reset(group, topic, queue_id, offset)
+            if reset_to is not None:
+                # An admin reset the group's offset here: the consumer restarts there, nothing is read.
+                return PullResult(PullStatus.OFFSET_RESET, reset_to, self.store.min_offset(topic, queue_id),
+                              self.store.max_offset(topic, queue_id))
+            if sql is not None:
+                result = as_pull(self.store.get_messages_matching(topic, queue_id, offset, max_count, sql.matches,
+                                                                  _MAX_SQL_EXAMINED, self.config.pull_max_bytes))
+                if result.status is PullStatus.OFFSET_TOO_SMALL:
+                    result = self._from_lake_tier(topic, queue_id, offset, max_count, None, sql, result)
+                self.metrics.pulled(topic, group, len(result.messages), sum(len(m.body) for m in result.messages),
+                                    time.perf_counter() - started)
+                if group is not None:
+                    self.tracer.delivered(topic, group, client_id, result.messages)
+                return result
+            result = as_pull(self.store.get_messages(topic, queue_id, offset, max_count, tags,
+                                                     self.config.pull_max_bytes))
+            rounds = 1
+            while (result.status is PullStatus.NO_MATCHED_MSG and result.next_offset < result.max_offset
+                   and rounds < _MAX_FILTER_ROUNDS):
+                result = as_pull(self.store.get_messages(topic, queue_id, result.next_offset, max_count, tags,
+                                                         self.config.pull_max_bytes))
+                rounds += 1
+            if result.status is PullStatus.NO_NEW_MSG and result.next_offset > offset:
+                result = PullResult(PullStatus.NO_MATCHED_MSG, result.next_offset, result.min_offset,
+                                    result.max_offset)  # filtered to the end: the caller must still advance
+            if result.status is PullStatus.OFFSET_TOO_SMALL:
+                result = self._from_lake_tier(topic, queue_id, offset, max_count, tags, None, result)
+        self.metrics.pulled(topic, group, len(result.messages), sum(len(m.body) for m in result.messages),
+                            time.perf_counter() - started)
+        if group is not None:
+            self.tracer.delivered(topic, group, client_id, result.messages)
+        return result
+
+    def pull_arrow_once(self, topic: str, queue_id: int, offset: int, max_count: int = 32, *,
+                        records: bool = False) -> tuple[PullResult, pa.RecordBatch]:
+        """An unfiltered pull answered as one Arrow record batch, without waiting (up to 16384 messages).
+
+        The fast path of bulk pulls (the Spark source, the dispatch job): no ``StoredMessage``
+        objects.  ``records``: the records as stored (``RECORDS_SCHEMA``), decoded by the reader,
+        so the broker only copies bytes; else ``PULL_SCHEMA`` columns cut from the records here.
+        A pull below the log's retention goes through :meth:`pull_once` (the lake tier) and is
+        answered in ``PULL_SCHEMA`` either way.
+        """
+        started = time.perf_counter()
+        with self._operation():
+            self._check_pull(topic, queue_id, offset, max_count, MAX_BULK_PULL_BATCH)
+            got, batch = self.store.get_arrow(topic, queue_id, offset, max_count, self.config.pull_max_bytes,
+                                              self.name, decode=not records)
+        result = as_pull(got)
+        if result.status is PullStatus.OFFSET_TOO_SMALL:
+            from ..common.wire import stored_to_arrow  # only this rare path builds rows
+
+            result = self.pull_once(topic, queue_id, offset, min(max_count, MAX_PULL_BATCH))
+            return result, stored_to_arrow(result.messages, self.name)
+        size = batch.column(0 if records else "body").nbytes if batch.num_rows else 0
+        self.metrics.pulled(topic, None, batch.num_rows, size, time.perf_counter() - started)
+        return result, batch
+
+    def _from_lake_tier(self, topic: str, queue_id: int, offset: int, max_count: int,
+                        tags: frozenset[str] | None, sql: SqlFilter | None, log_result: PullResult) -> PullResult:
+        """A pull below the log's retention, served from the lake's ``messages`` table when it has the range.
+
+        History outlives local disk: the dispatch job copied every message there.  Without
+        the rows (no lake, or not dispatched) the log's OFFSET_TOO_SMALL answer stands.
+        """
+        limit = min(max_count, log_result.min_offset - offset)  # never past where the log takes over
+        rows = self.lake_index.messages_range(topic, self.name, queue_id, offset, limit)
+        if not rows or rows[0].queue_offset != offset:
+            return log_result
+        next_offset = rows[-1].queue_offset + 1
+        if tags is not None:
+            rows = [m for m in rows if m.tags in tags]
+        if sql is not None:
+            rows = [m for m in rows if sql.matches(m.properties)]
+        status = PullStatus.FOUND if rows else PullStatus.NO_MATCHED_MSG
+        return PullResult(status, next_offset, log_result.min_offset, log_result.max_offset, rows)
+
+
+    def pull_filter(self, filter_type: str | None, tags: str | None,
+                    expression: str | None) -> tuple[frozenset[str] | None, SqlFilter | None]:
+        """(tag set, SQL filter) of a pull: ``TAG`` reads ``tags`` (or ``expression``), ``SQL92`` ``expression``.
+
+        FILTER_EXPRESSION_ILLEGAL (with the error's position) for a malformed expression or an unknown type.
+        """
+        kind = (filter_type or FILTER_TAG).upper()
+        if kind == FILTER_SQL92:
+            compiled = cached_filter(expression, FILTER_SQL92)
+            assert isinstance(compiled, SqlFilter)
+            return None, compiled
+        if kind == FILTER_TAG:
+            return parse_tags(tags if tags is not None else expression), None
+        compile_filter(expression, kind)  # raises FILTER_EXPRESSION_ILLEGAL naming the known types
+        raise AssertionError("unreachable")
+
+    async def pull(self, topic: str, queue_id: int, offset: int, max_count: int = 32, tags: str | None = None, *,
+                   wait_ms: int = 0, group: str | None = None, commit_offset: int | None = None,
+                   filter_type: str | None = None, expression: str | None = None,
+                   client_id: str | None = None) -> PullResult:
+        """Pull with long polling: when nothing (matching) is new, hold up to ``min(wait_ms, long_polling_max_ms)``.
+
+        A held pull answers as soon as a message lands on the queue (and matches), or
+        at the deadline with the status it would have had.  Store reads run in a worker
+        thread; the hold itself costs no thread.  ``filter_type`` ``SQL92`` filters on the
+        broker with ``expression`` over message properties (see :meth:`pull_filter`).
+        """
+        wanted, sql = self.pull_filter(filter_type, tags, expression)
+        check_int("wait_ms", wait_ms, 0, 2**31 - 1)
+        deadline = time.monotonic() + min(wait_ms, self.config.long_polling_max_ms) / 1000.0
+        result = await anyio.to_thread.run_sync(
+            lambda: self.pull_once(topic, queue_id, offset, max_count, wanted, group=group,
+                                   commit_offset=commit_offset, sql=sql, client_id=client_id))
+        while True:
+            status = result.status
+            at_end = (status is PullStatus.NO_NEW_MSG
+                      or (status is PullStatus.NO_MATCHED_MSG and result.next_offset >= result.max_offset)
+                      or (status is PullStatus.NO_MATCHED_QUEUE and offset == 0))
+            remaining = deadline - time.monotonic()
+            if not at_end or remaining <= 0 or not self.running:
+                return result
+            start = result.next_offset
+            await self.holds.hold(topic, queue_id, remaining,
+                                  lambda s=start: self.running and (self.store.max_offset(topic, queue_id) > s
+                                                                    or self._reset_moves(group, topic, queue_id, s)))
+            if not self.running:
+                return result
+            again = await anyio.to_thread.run_sync(
+                lambda s=start: self.pull_once(topic, queue_id, s, max_count, wanted, group=group, sql=sql,
+                                               client_id=client_id))
+            if again.status is PullStatus.NO_NEW_MSG and start > offset:
+                # Earlier rounds skipped non-matching messages: tell the caller to advance.
+                again = PullResult(PullStatus.NO_MATCHED_MSG, again.next_offset, again.min_offset, again.max_offset)
+            result = again
+
+    def _reset_moves(self, group: str | None, topic: str, queue_id: int, offset: int) -> bool:
+        """Whether a pending offset reset sends ``group``'s puller at ``offset`` elsewhere (wakes a held pull)."""
+        return group is not None and self.offsets.pending_reset(group, topic, queue_id) not in (None, offset)
+
+    def queue_offsets(self, topic: str, queue_id: int, timestamp: int | None = None) -> dict[str, int]:
+        """``{"min_offset", "max_offset"}`` of a queue, plus ``"offset"`` (first stored at or after ``timestamp``)."""
+        cfg = self.topics.require(topic)
+        check_int("queue_id", queue_id, 0, cfg.queue_count - 1, ErrorCode.QUEUE_ID_ILLEGAL)
+        out = {"min_offset": self.store.min_offset(topic, queue_id),
+               "max_offset": self.store.max_offset(topic, queue_id)}
+        if timestamp is not None:
+            check_int("timestamp", timestamp, 0, 2**63 - 1)
+            out["offset"] = self.store.offset_by_time(topic, queue_id, timestamp)
+        return out
+
+

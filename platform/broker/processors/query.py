@@ -1,0 +1,86 @@
+"""Query and trace: messages by key, id or time, message view, client trace events, a message's path."""
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from ...common.errors import ErrorCode, SparkMQError
+from ...common.message import (
+    StoredMessage,
+)
+from ..lake_index import DEFAULT_MAX_HITS, lake_row_to_stored
+from ..trace import MAX_POSTED_EVENTS, validate_event
+from .base import Processor
+
+__all__ = ["QueryProcessor"]
+
+log = logging.getLogger("sparkmq.broker")
+
+
+class QueryProcessor(Processor):
+    """Query and trace: messages by key, id or time, message view, client trace events, a message's path."""
+
+    def query_messages(self, *, topic: str | None = None, key: str | None = None, msg_id: str | None = None,
+                       begin_ms: int | None = None, end_ms: int | None = None,
+                       max_hits: int = DEFAULT_MAX_HITS) -> list[StoredMessage]:
+        """Messages found through the lake's index: by ``msg_id``, by ``topic`` + ``key``, or by ``topic``
+        and a store-time range; each read from the log, or from the lake tier when retention removed it."""
+        index = self.lake_index
+        if msg_id is not None:
+            locations = index.by_msg_id(msg_id, max_hits)
+        elif key is not None:
+            locations = index.by_key(topic or "", key, max_hits)
+        elif begin_ms is not None and end_ms is not None:
+            locations = index.by_time(topic or "", begin_ms, end_ms, max_hits)
+        else:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT,
+                               "query by msg_id, by topic and key, or by topic, begin and end")
+        found = []
+        for location in locations:
+            if location.broker == self.name:
+                try:
+                    stored = self.store.read_message(location.commitlog_offset)
+                    if stored.topic == location.topic and stored.queue_offset == location.queue_offset:
+                        found.append(stored)
+                        continue
+                except SparkMQError:
+                    pass  # retention removed it: the lake tier has it
+            row = index.stored_message(location)
+            if row is not None:
+                found.append(lake_row_to_stored(row))
+        return found
+
+
+    def message_by_offset_msg_id(self, offset_msg_id: str) -> StoredMessage:
+        """The message an offsetMsgId points to (MESSAGE_ID_ILLEGAL, MESSAGE_NOT_FOUND)."""
+        return self.store.read_by_offset_msg_id(offset_msg_id)
+
+
+    def record_trace(self, events: Sequence[Any]) -> dict[str, Any]:
+        """Buffer client events (``send``, ``consume``) for the trace topic; all validated first.
+
+        INVALID_ARGUMENT (nothing recorded) for a bad event or more than ``MAX_POSTED_EVENTS``.
+        ``accepted`` is 0 when tracing is off here, or ``dropped`` counts them when the buffer is full.
+        """
+        if not isinstance(events, Sequence) or isinstance(events, str | bytes):
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "events must be a list of trace events")
+        if len(events) > MAX_POSTED_EVENTS:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT,
+                               f"{len(events)} events in one request; at most {MAX_POSTED_EVENTS}")
+        checked = []
+        for i, data in enumerate(events):
+            try:
+                checked.append(validate_event(data))
+            except SparkMQError as exc:
+                raise SparkMQError(exc.code, f"event {i}: {exc.message}") from None
+        if not self.tracer.enabled:
+            return {"accepted": 0, "dropped": 0, "enabled": False}
+        ok = self.tracer.add_events(checked)
+        return {"accepted": len(checked) if ok else 0, "dropped": 0 if ok else len(checked), "enabled": True}
+
+    def trace(self, msg_id: str) -> dict[str, Any]:
+        """A message's path from this broker's ``message_trace`` table: events in order with elapsed times."""
+        return {"msg_id": msg_id, "broker": self.name, "events": self.trace_lookup.path(msg_id)}
+
+

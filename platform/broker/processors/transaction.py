@@ -1,0 +1,95 @@
+"""Transactions: half messages, commit and rollback, check-backs to live producers."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ...common.errors import ErrorCode, SparkMQError
+from ...common.message import (
+    SendResult,
+)
+from ...common.validation import validate_group
+from ...store import AppendNote
+from ..transaction import COMMIT, ROLLBACK, CheckRequest, TransactionService
+from .base import Processor, check_int
+from .send import DELAY_PROPERTIES, OutgoingMessage
+
+__all__ = ["TransactionProcessor"]
+
+log = logging.getLogger("sparkmq.broker")
+
+
+class TransactionProcessor(Processor):
+    """Transactions: half messages, commit and rollback, check-backs to live producers."""
+
+    def _tx(self) -> TransactionService:
+        if self.transactions is None:
+            raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"broker {self.name} runs no transaction service")
+        return self.transactions
+
+    def send_half(self, topic: str, message: OutgoingMessage, producer_group: str, *, queue_id: int | None = None,
+                  sharding_key: str | None = None, born_timestamp: int | None = None,
+                  born_host: str | None = None) -> dict[str, Any]:
+        """Store a transaction's half message (invisible until committed); the answer carries its transaction id."""
+        if producer_group is None:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "a half message needs its producer_group")
+        with self._operation():
+            sending = self.broker.send_processor
+            cfg, qid = sending.prepare_send(topic, queue_id, sharding_key, producer_group, born_timestamp)
+            msg, _sys_flag = sending.to_message(topic, message, False)
+            if any(name in msg.properties for name in DELAY_PROPERTIES):
+                raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "a transactional message cannot be delayed")
+            note = AppendNote("half", topic, status="HALF",
+                              detail="transaction half message (invisible until committed)")
+            result = self._tx().prepare(msg, qid, producer_group, born_host=born_host, born_timestamp=born_timestamp,
+                                        note=note)
+        sending.ensure_topic(topic)
+        return {"status": str(self.broker.send_processor.send_status(result.status)), "transaction_id": result.msg_id,
+                "msg_id": result.msg_id, "offset_msg_id": result.offset_msg_id, "topic": topic,
+                "broker_name": self.name, "queue_id": qid, "queue_offset": result.queue_offset,
+                "store_timestamp": result.store_timestamp}
+
+    def end_transaction(self, transaction_id: str, producer_group: str, action: str,
+                        from_check: bool = False) -> dict[str, Any]:
+        """COMMIT (the message becomes visible), ROLLBACK (never) or UNKNOWN (checks go on) an open transaction.
+
+        TRANSACTION_NOT_FOUND for an unknown or settled id (nothing changes).
+        """
+        validate_group(producer_group)
+        if not isinstance(action, str):
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "action must be COMMIT, ROLLBACK or UNKNOWN")
+        action = action.upper()
+        with self._operation():
+            put = self._tx().end(transaction_id, producer_group, action)
+        if action in (COMMIT, ROLLBACK):
+            self.checks.discard(transaction_id, producer_group)
+        send_result = None
+        if put is not None:
+            status = self.broker.send_processor.send_status(put.status)
+            send_result = SendResult(status, put.msg_id, put.offset_msg_id, put.topic, self.name, put.queue_id,
+                                     put.queue_offset, put.store_timestamp, put.commitlog_offset).to_dict()
+        log.debug("transaction %s of %s: %s (from check: %s)", transaction_id, producer_group, action, from_check)
+        return {"transaction_id": transaction_id, "action": action, "send_result": send_result}
+
+    def offer_check(self, request: CheckRequest) -> bool:
+        # Queued even when no producer is known: one that connects later takes it at once.
+        self.checks.offer(request)
+        return self.clients.has_producer(request.producer_group)
+
+    async def poll_checks(self, producer_group: str, client_id: str | None = None,
+                          wait_ms: int = 0) -> list[dict[str, Any]]:
+        """Long poll for check-backs due for ``producer_group`` (each goes to one poller); [] at the timeout.
+
+        A polling ``client_id`` counts as a live producer of the group (a heartbeat).
+        """
+        validate_group(producer_group)
+        check_int("wait_ms", wait_ms, 0, 2**31 - 1)
+        if client_id:
+            self.clients.heartbeat(client_id, [producer_group])
+        timeout = min(wait_ms, self.config.long_polling_max_ms * 2) / 1000.0 if self.running else 0.0
+        taken = await self.checks.poll(producer_group, timeout)
+        return [{"transaction_id": c.transaction_id, "topic": c.topic, "msg_id": c.transaction_id,
+                 "offset_msg_id": c.half_offset_msg_id, "check_times": c.check_times, "body": c.body,
+                 "properties": c.properties} for c in taken]
+
+
