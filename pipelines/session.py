@@ -10,6 +10,16 @@ shuffle partitions on a local master, the venv's Python on the workers, quiet lo
 connect extras (grpcio, grpcio-status, googleapis-common-protos, zstandard), which this
 environment does not have.
 
+A cluster master (``spark://host:7077``, standalone) keeps Spark's defaults except: on a
+master at a loopback address (``spark://127.0.0.1:7077``, ``localhost``) the driver binds to
+127.0.0.1 too, like a local master, so the executors reach it whatever the hostname resolves
+to.  The executors' Python workers run the interpreter named by ``PYSPARK_PYTHON`` (this
+one by default; ``spark.pyspark.python`` in ``conf`` names another, e.g. the venv's path on
+the worker machines), which must import sparkmq, pyarrow and deltalake; the lake root and
+checkpoints must be paths every executor and the driver see alike (one machine, or a shared
+file system).  The local-only settings (few shuffle partitions, no UI, Hadoop
+FileSystem checkpoints) are not applied; the class-data archive only concerns the driver's JVM.
+
 Example::
 
     from sparkmq.pipelines.session import get_spark
@@ -65,6 +75,24 @@ _LOCAL_DEFAULTS: dict[str, str] = {
         "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
 }
 
+#: Settings for a cluster master on this machine's loopback (``spark://127.0.0.1:7077``): executors
+#: connect back to the driver, which must then listen on loopback too (see the local defaults).
+_LOOPBACK_CLUSTER_DEFAULTS: dict[str, str] = {
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+}
+
+_LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+
+
+def _on_loopback(master: str) -> bool:
+    """Whether every master of a ``spark://`` URL (``spark://h1:7077,h2:7077``) is a loopback address."""
+    if not master.startswith("spark://"):
+        return False
+    hosts = [addr.rsplit(":", 1)[0] for addr in master.removeprefix("spark://").split(",") if addr]
+    return bool(hosts) and all(h.lower() in _LOOPBACK_HOSTS for h in hosts)
+
+
 #: log4j2 settings that silence Spark's start-up chatter (its default profile logs at INFO
 #: until setLogLevel runs, which is only after the JVM is up).
 _LOG4J2 = """\
@@ -113,6 +141,7 @@ def get_spark(conf: Mapping[str, Any] | None = None, app_name: str = DEFAULT_APP
     import the same packages (pyarrow, sparkmq).  A classic driver maps this environment's
     class-data archive when it has one (:mod:`.class_archive`; ``class_archive=False`` does not);
     ``spark.driver.extraJavaOptions`` in ``conf`` is added to the options set here.
+    ``spark.pyspark.python`` in ``conf`` sets ``PYSPARK_PYTHON`` (the executors' Python) first.
 
     >>> spark = get_spark({"spark.master": "local[2]"})          # doctest: +SKIP
     >>> spark.conf.get("spark.sql.session.timeZone")              # doctest: +SKIP
@@ -126,6 +155,8 @@ def get_spark(conf: Mapping[str, Any] | None = None, app_name: str = DEFAULT_APP
         if _session is not None and _alive(_session):
             return _session
         settings = {str(k): str(v) for k, v in (conf or {}).items()}
+        if settings.get("spark.pyspark.python"):   # PySpark reads the executors' Python from the environment
+            os.environ["PYSPARK_PYTHON"] = settings["spark.pyspark.python"]
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
@@ -140,7 +171,8 @@ def get_spark(conf: Mapping[str, Any] | None = None, app_name: str = DEFAULT_APP
             master = settings.pop("spark.master", "local[*]")
             builder = builder.master(master)
             defaults = {**_SQL_DEFAULTS, **_CLASSIC_DEFAULTS,
-                        **(_LOCAL_DEFAULTS if master.startswith("local") else {})}
+                        **(_LOCAL_DEFAULTS if master.startswith("local") else {}),
+                        **(_LOOPBACK_CLUSTER_DEFAULTS if _on_loopback(master) else {})}
             settings["spark.driver.extraJavaOptions"] = _driver_java_options(
                 level, class_archive, settings.get("spark.driver.extraJavaOptions", ""))
         for key, value in {**defaults, **settings}.items():
