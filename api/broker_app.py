@@ -408,7 +408,8 @@ async def pull_messages(topic: TopicPath, queue_id: int, request: Request, broke
                                                        "wait_ms or commit_offset")
     pulls = broker.pull_processor
     result = await pulls.pull(topic, queue_id, offset, max_count, tags, wait_ms=wait_ms, group=group or None,
-                               commit_offset=commit_offset, filter_type=filter_type, expression=expression)
+                               commit_offset=commit_offset, filter_type=filter_type, expression=expression,
+                               client_id=client_id)
     if _wants_arrow(request):
         return _pull_arrow(result, broker.name)
     return JSONResponse(_pull_json(result, broker.name))

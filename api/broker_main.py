@@ -27,6 +27,7 @@ from ..pipelines.lake_service import LakeService, LakeSettings
 from ..platform.broker.broker import Broker
 from ..platform.broker.config import DEFAULT_PORT, BrokerConfig
 from .broker_app import create_app
+from .broker_remoting import BrokerRemoting
 from .serving import Server, bind_socket
 
 __all__ = ["main", "serve", "BrokerService", "bind_socket", "load_config", "load_lake_settings"]
@@ -39,6 +40,10 @@ _GRACEFUL_S = 10.0
 
 def _announce(host: str, port: int) -> None:
     print(f"broker listening on http://{host}:{port}", flush=True)
+
+
+def _announce_remoting(addr: str) -> None:
+    print(f"broker remoting on {addr}", flush=True)
 
 
 class BrokerService:
@@ -68,6 +73,7 @@ class BrokerService:
         self._stop_requested = False
         self.lake_settings = lake or LakeSettings()
         self.lake: LakeService | None = None
+        self.remoting: BrokerRemoting | None = None
 
     def _start_lake(self) -> None:
         if not self.lake_settings.enabled:
@@ -94,7 +100,8 @@ class BrokerService:
             self.server.should_exit = True
 
     async def serve(self, log_level: str = "warning", on_ready: Callable[[str, int], None] = _announce,
-                    handle_signals: bool = True) -> bool:
+                    handle_signals: bool = True,
+                    on_remoting: Callable[[str], None] | None = _announce_remoting) -> bool:
         """Start the broker, serve until stopped, shut the broker down; returns whether it served.
 
         ``on_ready(host, port)`` is called once connections are accepted.  With
@@ -105,6 +112,16 @@ class BrokerService:
         except BaseException:
             self.sock.close()
             raise
+        remoting_port = self.config.remoting_bind_port
+        if remoting_port is not None:
+            # Same loop as the HTTP app: long polls, pushes and the processors' futures share it.
+            try:
+                self.remoting = await BrokerRemoting(self.broker).start(self.config.host, remoting_port)
+            except BaseException:
+                await asyncio.to_thread(self.broker.shutdown)
+                self.sock.close()
+                raise
+            self.broker.remoting_addr = self.config.remoting_addr_for(self.remoting.port)
         config = uvicorn.Config(self.app, log_level=log_level, lifespan="off", access_log=False,
                                 timeout_graceful_shutdown=_GRACEFUL_S)
         server = self.server = Server(config, handle_signals)
@@ -120,6 +137,8 @@ class BrokerService:
                 # Only now tell the name servers where we are: the socket accepts connections.
                 self.broker.start_registration()
                 on_ready(self.config.host, self.config.port)
+                if on_remoting is not None and self.broker.remoting_addr is not None:
+                    on_remoting(self.broker.remoting_addr)  # after the ready line scripts wait for
                 self._start_lake()
             while not server.should_exit:
                 await asyncio.sleep(0.05)
@@ -134,6 +153,8 @@ class BrokerService:
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
             self.broker.begin_shutdown()
+            if self.remoting is not None:
+                await self.remoting.stop(_GRACEFUL_S)
             # The lake's jobs read this broker: stop them before the store closes.
             await asyncio.to_thread(self._stop_lake)
             await asyncio.to_thread(self.broker.shutdown)
@@ -186,6 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add("--broker-id", type=int, help="0 = master (default), > 0 = slave")
     add("--role", choices=["ASYNC_MASTER", "SYNC_MASTER", "SLAVE"], help="replication role")
     add("--advertised-addr", help="host:port told to clients and name servers (default: the bound address)")
+    add("--remoting-port", type=int, help="binary remoting port, 0 = any free one, -1 = none (default: port + 2)")
     add("--register-interval-s", type=float, help="register with the name servers this often (default 30)")
     add("--client-expiry-s", type=float, help="drop a client silent this long (default 120)")
     add("--client-scan-interval-s", type=float, help="look for silent clients this often (default 10)")

@@ -138,7 +138,7 @@ class EmbeddedPlatform:
         namesrv = asyncio.create_task(serve_app(app, namesrv_sock, ready("namesrv"), handle_signals=False,
                                                 log_level=self.log_level, server_ready=keep_server))
         broker = asyncio.create_task(service.serve(log_level=self.log_level, on_ready=ready("broker"),
-                                                   handle_signals=False))
+                                                   handle_signals=False, on_remoting=None))
         done, _pending = await asyncio.wait({namesrv, broker}, return_when=asyncio.FIRST_COMPLETED)
         # Either one stopping (asked to, or failed) stops the other: the pair is one platform.
         # The broker goes first, so it can still unregister from the name server.
@@ -161,6 +161,11 @@ class EmbeddedPlatform:
             self._loop.call_soon_threadsafe(self._request_stop)
         if self._thread is not None:
             self._thread.join(timeout)
+
+    @property
+    def remoting_addr(self) -> str | None:
+        """The broker's remoting endpoint (``host:port``), once it serves one."""
+        return self.broker_service.broker.remoting_addr if self.broker_service is not None else None
 
     @property
     def running(self) -> bool:

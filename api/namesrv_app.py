@@ -47,6 +47,7 @@ class RegisterBrokerRequest(BaseModel):
     broker_id: int = Field(description="0 = master, > 0 = slave")
     broker_addr: str = Field(description="host:port clients connect to")
     ha_addr: str | None = Field(default=None, description="host:port slaves replicate from")
+    remoting_addr: str | None = Field(default=None, description="host:port of the broker's binary remoting endpoint")
     data_version: int = Field(description="bumped by the broker whenever its topic configs change")
     topic_configs: dict[str, TopicConfigBody] = Field(default_factory=dict)
 
@@ -81,7 +82,7 @@ async def register_broker(body: RegisterBrokerRequest, table: RouteTableDep) -> 
     """Register a broker or refresh its heartbeat; answers whether anything changed and the master's addresses."""
     configs = {topic: TopicConfig(**cfg.model_dump()) for topic, cfg in body.topic_configs.items()}
     changed = table.register_broker(body.cluster, body.broker_name, body.broker_id, body.broker_addr,
-                                    body.ha_addr, body.data_version, configs)
+                                    body.ha_addr, body.data_version, configs, remoting_addr=body.remoting_addr)
     data = table.broker_data(body.broker_name)
     master = data.master_addr if data else None
     return {"changed": changed, "master_addr": master,

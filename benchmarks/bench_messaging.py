@@ -1,15 +1,20 @@
-"""Messaging benchmarks over real HTTP: one name server and one broker (``sparkmq dev``) in a child process.
+"""Messaging benchmarks: one broker (``sparkmq dev``, no lake) in a child process, this process the client.
 
-    python benchmarks/bench_messaging.py [--quick]
+    python benchmarks/bench_messaging.py [--quick] [--only NAME[,NAME]]
 
-One line of figures each:
+One line of figures each (1 KiB bodies, ASYNC_FLUSH unless the name says otherwise):
 
-* ``messaging.send_sync`` — one Producer, synchronous single sends: messages/s and latency p50/p99;
-* ``messaging.send_async`` — the same through ``send_async`` (the producer's send threads);
-* ``messaging.send_batch64`` — 64 messages per request (JSON) and per Arrow request: messages/s;
-* ``messaging.end_to_end`` — send → PushConsumer listener latency (store + long poll + consume), p50/p99.
-
-Bodies are 1 KiB.  The machine is shared: compare figures of one run.
+* ``messaging.produce_batch`` -- batches of 256, 4 in flight: msgs/s, client CPU µs per message, and
+  ``vs_store``: the rate over an in-process batched append of the same messages into a fresh store,
+  measured in this run (the machine's speed varies from day to day; the ratio does not);
+* ``messaging.produce_async`` -- per-message ``send_async`` (the producer's own batching): msgs/s, vs_store;
+* ``messaging.produce_sync`` -- one message at a time, one caller: p50 / p99 ms;
+* ``messaging.consume_backlog`` -- drain a backlog from offset 0 with one ``PullConsumer``: msgs/s,
+  client µs per message, vs_store;
+* ``messaging.e2e_latency`` / ``messaging.e2e_latency_20k`` -- publish -> listener at a steady
+  2,000 / 20,000 msgs/s: p50 / p99 ms;
+* ``messaging.produce_sync_flush`` -- SYNC_FLUSH broker, 64 sends in flight: msgs/s;
+* ``messaging.http_send_batch`` -- the HTTP path, batches of 256: msgs/s.
 """
 from __future__ import annotations
 
@@ -23,10 +28,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 
-from sparkmq.platform.client import ClientConfig, ConsumeStatus, Message, Producer, PushConsumer
+from sparkmq.platform.client import ClientConfig, ConsumeStatus, Message, Producer, PullConsumer, PushConsumer
 
 BODY = os.urandom(1024)
+BATCH = 256
 
 
 def line(name: str, **figures: object) -> None:
@@ -40,102 +48,277 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def bench_sync(producer: Producer, n: int) -> None:
-    latencies = []
-    started = time.perf_counter()
-    for _ in range(n):
-        t = time.perf_counter()
-        producer.send(Message("BenchSync", BODY))
-        latencies.append((time.perf_counter() - t) * 1000)
-    elapsed = time.perf_counter() - started
-    line("messaging.send_sync", msgs_per_s=n / elapsed, p50_ms=pct(latencies, 0.5), p99_ms=pct(latencies, 0.99))
+class Platform:
+    """``sparkmq dev`` without the lake in a child process; its name server address."""
+
+    def __init__(self, data_dir: str, *, sync_flush: bool = False) -> None:
+        args = [sys.executable, "-m", "sparkmq.api.cli", "dev", "--no-demo", "--no-lake", "--data-dir", data_dir,
+                "--namesrv-port", "0", "--broker-port", "0"]
+        if sync_flush:
+            conf = Path(data_dir) / "sync.toml"
+            conf.write_text(f'[broker]\ndata_dir = "{data_dir}"\n[store]\nflush_mode = "SYNC_FLUSH"\n'
+                            'segment_size = 1073741824\n')
+            args = [sys.executable, "-m", "sparkmq.api.cli", "dev", "--no-demo", "--no-lake", "--config", str(conf),
+                    "--namesrv-port", "0", "--broker-port", "0"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                     env=dict(os.environ, COLUMNS="300"))
+        banner = self.proc.stdout.readline()  # type: ignore[union-attr]
+        match = re.search(r"name server on http://(\S+?),", banner)
+        if match is None:
+            self.stop()
+            raise SystemExit(f"the platform did not start: {banner!r}")
+        self.namesrv = match.group(1)
+
+    def config(self, **overrides: object) -> ClientConfig:
+        return ClientConfig(namesrv_addrs=self.namesrv, rebalance_interval_s=1.0, trace_enabled=False,
+                            **overrides)  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
 
 
-def bench_async(producer: Producer, n: int) -> None:
-    started = time.perf_counter()
-    futures = [producer.send_async(Message("BenchAsync", BODY)) for _ in range(n)]
-    concurrent.futures.wait(futures)
-    failed = sum(1 for f in futures if f.exception() is not None)
-    line("messaging.send_async", msgs_per_s=n / (time.perf_counter() - started), failed=failed)
+def store_rate(seconds: float) -> float:
+    """Messages per second of an in-process batched append (256 x 1 KiB, packed) into a fresh store."""
+    from sparkmq.platform.store import MessageStore, StoreConfig
+    from sparkmq.storage_native import encode_batch
 
-
-def bench_batch(producer: Producer, n: int) -> None:
-    figures = {}
-    for arrow in (False, True):
-        batch = [Message("BenchBatch", BODY) for _ in range(64)]
+    msgs = [Message("BenchStore", BODY) for _ in range(BATCH)]
+    data, _ids, _ = encode_batch(msgs, "7F00000100000000ABCD", 0, 0, int(time.time() * 1000))
+    with tempfile.TemporaryDirectory() as tmp, MessageStore(StoreConfig(root=Path(tmp))) as store:
+        store.put_packed("BenchStore", 0, data, BATCH)  # warm-up: segment mapped
+        count = 0
         started = time.perf_counter()
-        for _ in range(max(1, n // 64)):
-            producer.send_batch(batch, arrow=arrow)
-        figures["arrow_msgs_per_s" if arrow else "json_msgs_per_s"] = 64 * max(1, n // 64) / (
-            time.perf_counter() - started)
-    line("messaging.send_batch64", **figures)
+        while time.perf_counter() - started < seconds:
+            store.put_packed("BenchStore", 0, data, BATCH)
+            count += BATCH
+        return count / (time.perf_counter() - started)
 
 
-def bench_end_to_end(config: ClientConfig, producer: Producer, n: int) -> None:
-    sent_at: dict[str, float] = {}
+def timed_cpu(fn: Callable[[], int]) -> tuple[int, float, float]:
+    """Run ``fn`` (returns a message count): (count, wall seconds, this process's CPU seconds)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    count = fn()
+    return count, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def bench_produce_batch(platform: Platform, seconds: float, store: float, topic: str = "BenchBatch") -> int:
+    """4 threads, each sending batches of 256 back to back; returns how many messages were stored."""
+    batch = [Message(topic, BODY) for _ in range(BATCH)]
+    with Producer("bench-batch", platform.config()) as producer:
+        producer.send_batch(batch)  # warm-up: route and connection
+        stop = time.perf_counter() + seconds
+        counts = [0] * 4
+
+        def run(slot: int) -> None:
+            while time.perf_counter() < stop:
+                producer.send_batch(batch)
+                counts[slot] += BATCH
+
+        def all_threads() -> int:
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            return sum(counts)
+
+        count, wall, cpu = timed_cpu(all_threads)
+    rate = count / wall
+    line("messaging.produce_batch", msgs_per_s=rate, client_us_per_msg=cpu / count * 1e6, vs_store=rate / store,
+         store_msgs_per_s=store)
+    return count + BATCH
+
+
+def bench_produce_async(platform: Platform, seconds: float, store: float) -> None:
+    """Per-message ``send_async`` as fast as the producer takes them (its own batching), then ``flush``."""
+    with Producer("bench-async", platform.config()) as producer:
+        producer.send(Message("BenchAsync", BODY))
+        futures: list[concurrent.futures.Future] = []
+        started = time.perf_counter()
+        stop = started + seconds
+        while time.perf_counter() < stop:
+            for _ in range(1000):
+                futures.append(producer.send_async(Message("BenchAsync", BODY)))
+            if len(futures) >= 200_000 and not producer.flush(30):  # bound what is in memory
+                break
+        producer.flush(60)
+        elapsed = time.perf_counter() - started
+        failed = sum(1 for f in futures if f.exception(0) is not None)
+    rate = (len(futures) - failed) / elapsed
+    line("messaging.produce_async", msgs_per_s=rate, vs_store=rate / store, failed=failed)
+
+
+def bench_produce_sync(platform: Platform, n: int) -> None:
+    with Producer("bench-sync", platform.config()) as producer:
+        for _ in range(200):
+            producer.send(Message("BenchSync", BODY))
+        latencies = []
+        for _ in range(n):
+            t = time.perf_counter()
+            producer.send(Message("BenchSync", BODY))
+            latencies.append((time.perf_counter() - t) * 1000)
+    line("messaging.produce_sync", p50_ms=statistics.median(latencies), p99_ms=pct(latencies, 0.99),
+         msgs_per_s=n / (sum(latencies) / 1000))
+
+
+def bench_consume_backlog(platform: Platform, backlog: int, store: float) -> None:
+    topic = "BenchBacklog"
+    batch = [Message(topic, BODY) for _ in range(BATCH)]
+    with Producer("bench-fill", platform.config()) as producer:
+        filled = 0
+        while filled < backlog:
+            producer.send_batch(batch)
+            filled += BATCH
+    consumer = PullConsumer("bench-drain", platform.config(pull_batch_size=1024, flow_control_max_messages=20_000,
+                                                           max_offset_span=100_000),
+                            consume_from_where="CONSUME_FROM_FIRST_OFFSET")
+    consumer.subscribe(topic)
+    consumer.start()
+    try:
+
+        def drain() -> int:
+            got = 0
+            deadline = time.perf_counter() + 300
+            while got < filled and time.perf_counter() < deadline:
+                got += len(consumer.poll(1.0))
+            return got
+
+        count, wall, cpu = timed_cpu(drain)
+    finally:
+        consumer.shutdown()
+    rate = count / wall
+    line("messaging.consume_backlog", msgs_per_s=rate, client_us_per_msg=cpu / max(count, 1) * 1e6,
+         vs_store=rate / store, messages=count)
+
+
+def bench_e2e(platform: Platform, name: str, rate: int, seconds: float) -> None:
+    topic = f"BenchE2E{rate}"
+    sent_at: dict[bytes, float] = {}
     latencies: list[float] = []
-    done = threading.Event()
     lock = threading.Lock()
+    total = int(rate * seconds)
+    done = threading.Event()
 
-    def listener(batch):
+    def listener(batch) -> ConsumeStatus:  # type: ignore[no-untyped-def]
         now = time.perf_counter()
         with lock:
             for m in batch:
-                t = sent_at.get(m.body[:36].decode(errors="ignore"))
+                t = sent_at.pop(m.body[:16], None)
                 if t is not None:
                     latencies.append((now - t) * 1000)
-            if len(latencies) >= n:
+            if len(latencies) >= total:
                 done.set()
         return ConsumeStatus.CONSUME_SUCCESS
 
-    producer.send(Message("BenchE2E", b"warm-up"))
-    consumer = PushConsumer("bench-e2e", config)
-    consumer.subscribe("BenchE2E")
-    consumer.register_listener(listener)
-    consumer.start()
+    with Producer("bench-e2e", platform.config()) as producer:
+        producer.send(Message(topic, b"warm-up"))
+        consumer = PushConsumer(f"bench-e2e-{rate}", platform.config())
+        consumer.subscribe(topic)
+        consumer.register_listener(listener)
+        consumer.start()
+        try:
+            deadline = time.monotonic() + 30
+            while len(consumer.assignment()) < 4 and time.monotonic() < deadline:
+                time.sleep(0.05)  # the first rebalance assigns the queues
+            time.sleep(0.5)  # and their pulls are held at the broker
+            interval = 1.0 / rate
+            started = time.perf_counter()
+            for i in range(total):
+                due = started + i * interval
+                while (now := time.perf_counter()) < due:
+                    if due - now > 0.001:
+                        time.sleep(due - now - 0.0005)
+                key = f"{i:016d}".encode()
+                with lock:
+                    sent_at[key] = time.perf_counter()
+                producer.send_async(Message(topic, key + BODY[16:]))
+            done.wait(30)
+        finally:
+            consumer.shutdown()
+    if not latencies:
+        line(name, error="'nothing delivered'")
+        return
+    line(name, p50_ms=statistics.median(latencies), p99_ms=pct(latencies, 0.99), delivered=len(latencies),
+         sent=total)
+
+
+def bench_sync_flush(data_dir: str, seconds: float) -> None:
+    platform = Platform(data_dir, sync_flush=True)
     try:
-        for i in range(n):
-            key = f"{i:036d}"
-            with lock:
-                sent_at[key] = time.perf_counter()
-            producer.send(Message("BenchE2E", key.encode() + BODY[36:]))
-            time.sleep(0.002)  # a steady trickle: latency, not throughput
-        done.wait(60)
+        with Producer("bench-flush", platform.config(async_send_threads=64)) as producer:
+            producer.send(Message("BenchFlush", BODY))
+            stop = time.perf_counter() + seconds
+            count = [0] * 64
+
+            def run(slot: int) -> None:
+                while time.perf_counter() < stop:
+                    producer.send(Message("BenchFlush", BODY))
+                    count[slot] += 1
+
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(64)]
+            started = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            elapsed = time.perf_counter() - started
+        line("messaging.produce_sync_flush", msgs_per_s=sum(count) / elapsed, in_flight=64)
     finally:
-        consumer.shutdown()
-    line("messaging.end_to_end", messages=len(latencies), p50_ms=statistics.median(latencies),
-         p99_ms=pct(latencies, 0.99))
+        platform.stop()
+
+
+def bench_http_batch(platform: Platform, seconds: float) -> None:
+    batch = [Message("BenchHttp", BODY) for _ in range(BATCH)]
+    with Producer("bench-http", platform.config(transport="http")) as producer:
+        producer.send_batch(batch, arrow=True)
+        count = 0
+        started = time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            producer.send_batch(batch, arrow=True)
+            count += BATCH
+    line("messaging.http_send_batch", msgs_per_s=count / (time.perf_counter() - started))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small counts for a CI smoke run")
+    parser.add_argument("--only", default="", help="comma-separated benchmark names (without 'messaging.')")
     args = parser.parse_args()
-    n = 200 if args.quick else 3000
+    quick = args.quick
+    only = {n.strip() for n in args.only.split(",") if n.strip()}
+
+    def wanted(name: str) -> bool:
+        return not only or name in only
+
+    seconds = 2.0 if quick else 8.0
+    store = store_rate(1.0 if quick else 3.0)
     with tempfile.TemporaryDirectory() as tmp:
-        # The platform runs in its own process, as in production: the client does not share its GIL.
-        platform = subprocess.Popen(
-            [sys.executable, "-m", "sparkmq.api.cli", "dev", "--no-demo", "--no-lake", "--data-dir", tmp,
-             "--namesrv-port", "0", "--broker-port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            env=dict(os.environ, COLUMNS="200"))
+        platform = Platform(tmp)
+        benches: list[tuple[str, Callable[[], object]]] = [
+            ("produce_batch", lambda: bench_produce_batch(platform, seconds, store)),
+            ("produce_sync", lambda: bench_produce_sync(platform, 500 if quick else 5000)),
+            ("consume_backlog", lambda: bench_consume_backlog(platform, 50_000 if quick else 1_000_000, store)),
+            ("e2e_latency", lambda: bench_e2e(platform, "messaging.e2e_latency", 2000, 3 if quick else 30)),
+            ("e2e_latency_20k", lambda: bench_e2e(platform, "messaging.e2e_latency_20k", 20_000, 2 if quick else 10)),
+            ("produce_async", lambda: bench_produce_async(platform, seconds, store)),
+            ("http_send_batch", lambda: bench_http_batch(platform, seconds)),
+        ]
         try:
-            banner = platform.stdout.readline()  # type: ignore[union-attr]
-            match = re.search(r"name server on http://(\S+?),", banner)
-            if match is None:
-                raise SystemExit(f"the platform did not start: {banner!r}")
-            config = ClientConfig(namesrv_addrs=match.group(1), rebalance_interval_s=1.0)
-            with Producer("bench", config) as producer:
-                for name, run in (("messaging.send_sync", lambda: bench_sync(producer, n)),
-                                  ("messaging.send_async", lambda: bench_async(producer, n)),
-                                  ("messaging.send_batch64", lambda: bench_batch(producer, n * 4)),
-                                  ("messaging.end_to_end", lambda: bench_end_to_end(config, producer, n // 4))):
+            for name, run in benches:
+                if wanted(name):
                     try:
                         run()
                     except Exception as exc:  # one broken benchmark must not hide the others' figures
-                        line(name, error=repr(str(exc)[:120]))
+                        line(f"messaging.{name}", error=repr(str(exc)[:160]))
         finally:
-            platform.terminate()
-            platform.wait(30)
+            platform.stop()
+    if wanted("produce_sync_flush"):
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                bench_sync_flush(tmp, seconds)
+            except Exception as exc:
+                line("messaging.produce_sync_flush", error=repr(str(exc)[:160]))
 
 
 if __name__ == "__main__":

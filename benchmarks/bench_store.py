@@ -8,6 +8,7 @@ Comparisons are ratios measured in the same run (the machine is shared and noisy
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import shutil
 import signal
@@ -22,7 +23,7 @@ import psutil
 
 from sparkmq.platform.common.message import Message
 from sparkmq.platform.store import FlushMode, MessageStore, StoreConfig
-from sparkmq.storage_native import implementations
+from sparkmq.storage_native import encode_batch, implementations
 
 IMPLS = implementations()
 NATIVE = IMPLS.get("native")
@@ -117,6 +118,42 @@ def bench_sync_group(base: Path, threads: int, per_thread: int) -> tuple[float, 
             w.join()
         elapsed = time.perf_counter() - start
         syncs = store._flusher.flush_count if store._flusher else 0
+    shutil.rmtree(root)
+    latencies.sort()
+    p = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000  # noqa: E731
+    return len(latencies) / elapsed, p(0.50), p(0.99), syncs
+
+
+def bench_sync_async(base: Path, in_flight: int, per_task: int, queues: int) -> tuple[float, float, float, int]:
+    """SYNC_FLUSH from one event loop: ``in_flight`` coroutines each append one message at a time
+    (``put_packed(count=1, wait=False)``) to one of ``queues`` queues and await ``wait_durable``;
+    msgs/s, p50/p99 ms, flush rounds (each syncs the segment and every dirty consume-queue file)."""
+    root = fresh(base, "sync_async")
+    cfg = StoreConfig(root=root, segment_size=256 << 20, flush_mode=FlushMode.SYNC_FLUSH)
+    data, _ids, _next = encode_batch([Message("Bench", BODY, tags="bench")], "7F0000010BE341B5534B", TS, 0, TS)
+    latencies: list[float] = []
+
+    async def run(store: MessageStore) -> float:
+        loop = asyncio.get_running_loop()
+        clock = time.perf_counter
+
+        async def sender(q: int) -> None:
+            mine = []
+            for _ in range(per_task):
+                t0 = clock()
+                result = store.put_packed("Bench", q, data, 1, wait=False)
+                await store.wait_durable(result.end_offset, loop)
+                mine.append(clock() - t0)
+            latencies.extend(mine)
+
+        start = clock()
+        await asyncio.gather(*(sender(t % queues) for t in range(in_flight)))
+        return clock() - start
+
+    with MessageStore(cfg) as store:
+        syncs_before = store._flusher.flush_count if store._flusher else 0
+        elapsed = asyncio.run(run(store))
+        syncs = (store._flusher.flush_count if store._flusher else 0) - syncs_before
     shutil.rmtree(root)
     latencies.sort()
     p = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000  # noqa: E731
@@ -271,6 +308,14 @@ def main() -> None:
             rate, p50, p99, syncs = bench_sync_group(base, 32, 100 if q else 2000)
             line("store.append_sync_group", threads=32, msgs_per_s=round(rate), p50_ms=p50, p99_ms=p99,
                  fdatasyncs=syncs, target_msgs_per_s=50000)
+        if want("append_sync_async64"):
+            # the event loop's path: no thread per waiter, one hand-out per fdatasync
+            # (8 queues, as append_sync_group: every round syncs the segment and each dirty queue file)
+            per_task = 100 if q else 2000
+            rate, p50, p99, syncs = bench_sync_async(base, 64, per_task, 8)
+            line("store.append_sync_async64", in_flight=64, queues=8, msgs_per_s=round(rate), p50_ms=p50,
+                 p99_ms=p99, fdatasyncs=syncs, msgs_per_fdatasync=64 * per_task / max(syncs, 1),
+                 target_msgs_per_s=50000)
         if want("read_sequential"):
             raw_rate, decoded = bench_read_sequential(base, NATIVE, 64_000 if q else 1_024_000)
             line("store.read_sequential", batch=32, msgs_per_s=round(raw_rate), decoded_msgs_per_s=round(decoded),

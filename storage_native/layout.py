@@ -57,6 +57,7 @@ Files::
 from __future__ import annotations
 
 import struct
+import zlib
 
 __all__ = [
     "FORMAT_VERSION",
@@ -85,6 +86,7 @@ __all__ = [
     "MAX_UNIQ_KEY_BYTES",
     "record_size",
     "segment_file_name",
+    "encode_record",
 ]
 
 FORMAT_VERSION = 1
@@ -137,6 +139,24 @@ SYS_FLAG_TRANSACTION_ROLLBACK = 0xC
 def record_size(body_len: int, topic_len: int, properties_len: int) -> int:
     """Total bytes a record with these variable parts occupies in the log."""
     return RECORD_HEADER_SIZE + body_len + 1 + topic_len + 2 + properties_len
+
+
+def encode_record(*, topic: str, queue_id: int, flag: int, queue_offset: int, commitlog_offset: int, sys_flag: int,
+                  born_timestamp: int, born_host: bytes, store_timestamp: int, store_host: bytes,
+                  reconsume_times: int, prepared_offset: int, tag_hash: int, body: bytes,
+                  properties: bytes) -> bytes:
+    """One whole record in the format above, CRC included (for answers made of records that are not in the
+    local log, e.g. read back from the lake tier; the log's own appends are written by the core)."""
+    raw_topic = topic.encode("utf-8")
+    tail = bytes((len(raw_topic),)) + raw_topic + len(properties).to_bytes(2, "little") + properties
+    size = RECORD_HEADER_SIZE + len(body) + len(tail)
+    record = bytearray(RECORD_HEADER.pack(
+        size, RECORD_MAGIC, 0, queue_id, flag, queue_offset, commitlog_offset, sys_flag, born_timestamp,
+        born_host, store_timestamp, store_host, reconsume_times, prepared_offset, tag_hash, len(body)))
+    record += body
+    record += tail
+    record[8:12] = zlib.crc32(memoryview(record)[12:]).to_bytes(4, "little")
+    return bytes(record)
 
 
 def segment_file_name(start_offset: int) -> str:

@@ -61,14 +61,15 @@ def test_config_rejects_bad_values_naming_them(kwargs: dict[str, Any], bad: str)
 
 def test_register_and_route(table: RouteTable) -> None:
     assert table.register_broker(CLUSTER, "broker-a", 0, A_ADDR, A_HA, 1,
-                                 {"TopicA": TopicConfig(4, 4, 6), "TopicRO": TopicConfig(2, 2, 4)}, now=0.0)
+                                 {"TopicA": TopicConfig(4, 4, 6), "TopicRO": TopicConfig(2, 2, 4)},
+                                 remoting_addr="127.0.0.1:10913", now=0.0)
     route = table.topic_route("TopicA")
     assert route is not None
     assert route.to_dict() == {
         "queue_datas": [{"broker_name": "broker-a", "read_queue_nums": 4, "write_queue_nums": 4, "perm": 6,
                          "topic_sys_flag": 0}],
         "broker_datas": [{"cluster": CLUSTER, "broker_name": "broker-a", "broker_addrs": {"0": A_ADDR},
-                          "ha_addrs": {"0": A_HA}}],
+                          "ha_addrs": {"0": A_HA}, "remoting_addrs": {"0": "127.0.0.1:10913"}}],
     }
     assert table.topic_list() == ["TopicA", "TopicRO"]
     assert table.topic_route("Nobody") is None
@@ -280,7 +281,7 @@ def test_two_name_servers_route_and_expire_a_silent_broker(procs: ProcessHarness
     assert routes[0].json() == routes[1].json() == {
         "queue_datas": [{"broker_name": "broker-a", **topic}],
         "broker_datas": [{"cluster": CLUSTER, "broker_name": "broker-a", "broker_addrs": {"0": A_ADDR},
-                          "ha_addrs": {}}],
+                          "ha_addrs": {}, "remoting_addrs": {}}],
     }
     # Heartbeats (same data version) keep broker-a alive past the expiry ...
     until = time.monotonic() + expiry * 1.25

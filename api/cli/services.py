@@ -126,8 +126,9 @@ def dev(config_file: Path | None, data_dir: Path | None, namesrv_port: int | Non
     platform = EmbeddedPlatform.from_toml(config_file, data_dir=data_dir, namesrv_port=namesrv_port,
                                           broker_port=broker_port, lake=lake)
     platform.start()
+    remoting = f", remoting on [bold]{platform.remoting_addr}[/]" if platform.remoting_addr else ""
     console.print(f"name server on [bold]http://{platform.namesrv_addr}[/], broker and gateway on "
-                  f"[bold]http://{platform.broker_addr}[/] (API docs at /docs)")
+                  f"[bold]http://{platform.broker_addr}[/] (API docs at /docs){remoting}")
     failed = False
     try:
         if demo:

@@ -75,6 +75,8 @@ class Broker:
                                                 self._unregister_payload, config.register_interval_s,
                                                 config.register_timeout_s)
         self._state = "new"
+        #: ``host:port`` of this broker's remoting endpoint, set by the runner once it listens (routes carry it).
+        self.remoting_addr: str | None = None
         self._components: dict[str, tuple[Callable[[], dict[str, Any]], Callable[[], bool]]] = {}
         #: The lake's index and messages tables (written by the dispatch job), read with delta-rs.
         self.lake_index = LakeIndex(config.data_dir / "lake")
@@ -249,7 +251,8 @@ class Broker:
         """The ``POST /brokers/register`` body: identity, data version and the whole topic table."""
         version, topics = self.topics.snapshot()
         return {"cluster": self.config.cluster, "broker_name": self.name, "broker_id": self.config.broker_id,
-                "broker_addr": self.addr, "ha_addr": None, "data_version": version,
+                "broker_addr": self.addr, "ha_addr": None, "remoting_addr": self.remoting_addr,
+                "data_version": version,
                 "topic_configs": {t: cfg.to_route_dict() for t, cfg in topics.items()}}
 
     def _unregister_payload(self) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 from .long_polling import WaiterRegistry
 from .transaction import CheckRequest
@@ -28,6 +29,15 @@ class CheckChannel:
         self._lock = threading.Lock()
         self._pending: dict[str, OrderedDict[str, CheckRequest]] = {}
         self._waiters: WaiterRegistry[str] = WaiterRegistry()
+        self._offer_listeners: list[Callable[[str], None]] = []
+
+    def add_offer_listener(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(producer_group)`` after a check was offered (the remoting adapter pushes it)."""
+        self._offer_listeners.append(listener)
+
+    def take(self, group: str, max_count: int = 32) -> list[CheckRequest]:
+        """Take up to ``max_count`` pending checks of ``group`` without waiting."""
+        return self._take(group, max_count)
 
     def offer(self, request: CheckRequest) -> None:
         """Queue a check for its producer group and wake one of the group's pollers (any thread)."""
@@ -38,6 +48,8 @@ class CheckChannel:
             while len(queue) > _MAX_PENDING:
                 queue.popitem(last=False)
         self._waiters.notify(request.producer_group)
+        for listener in list(self._offer_listeners):
+            listener(request.producer_group)
 
     def pending(self, group: str) -> int:
         """How many checks wait for a producer of ``group``."""

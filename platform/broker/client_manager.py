@@ -135,6 +135,8 @@ class _Group:
 
 #: ``listener(group, client_ids_left)`` after members left a group (unregister or expiry).
 LeaveListener = Callable[[str, list[str]], None]
+#: ``listener(group, version)`` after a group's version moved (a member joined or left, an offset reset).
+ChangeListener = Callable[[str, int], None]
 
 
 class ClientManager:
@@ -154,6 +156,7 @@ class ClientManager:
         self._seq = 0
         self._waiters: WaiterRegistry[str] = WaiterRegistry()
         self._leave_listeners: list[LeaveListener] = []
+        self._change_listeners: list[ChangeListener] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -189,7 +192,7 @@ class ClientManager:
                 out[data.group] = g.version
         for group in changed:
             log.info("consumer group %s: %s joined", group, client_id)
-            self._waiters.notify(group)
+            self._changed(group)
         return out
 
     def unregister(self, client_id: str, producer_groups: Iterable[str] = (),
@@ -224,12 +227,26 @@ class ClientManager:
     def _after_leave(self, left: dict[str, list[str]]) -> None:
         for group, clients in left.items():
             log.info("consumer group %s: %s left", group, ", ".join(clients))
-            self._waiters.notify(group)
+            self._changed(group)
             for listener in list(self._leave_listeners):
                 try:
                     listener(group, clients)
                 except Exception:  # a listener's bug must not stop expiry
                     log.exception("client leave listener failed")
+
+    def _changed(self, group: str) -> None:
+        """Wake the group's change polls and tell the change listeners (pushed rebalance notices)."""
+        self._waiters.notify(group)
+        version = self.version(group)
+        for listener in list(self._change_listeners):
+            try:
+                listener(group, version)
+            except Exception:  # a listener's bug must not stop a heartbeat
+                log.exception("group change listener failed")
+
+    def add_change_listener(self, listener: ChangeListener) -> None:
+        """Call ``listener(group, version)`` after a consumer group's version moved (any thread)."""
+        self._change_listeners.append(listener)
 
     def add_leave_listener(self, listener: LeaveListener) -> None:
         """Call ``listener(group, client_ids)`` after clients left a consumer group."""
@@ -349,7 +366,7 @@ class ClientManager:
             g = self._groups.get(group)
             if g is not None:
                 g.version = version
-        self._waiters.notify(group)
+        self._changed(group)
         return version
 
     def has_producer(self, group: str) -> bool:

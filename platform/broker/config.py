@@ -140,6 +140,9 @@ class BrokerConfig:
     port: int = DEFAULT_PORT
     #: ``host:port`` clients and name servers are told; None = the host and port actually bound.
     advertised_addr: str | None = None
+    #: Port of the binary remoting endpoint (docs/remoting.md); None = HTTP port + 2 (port + 1 is HA's),
+    #: or a free port when ``port`` is 0; 0 = a free port; -1 = serve no remoting.
+    remoting_port: int | None = None
     #: Name servers to register with (every one of them).
     namesrv_addrs: tuple[str, ...] = ()
     #: Root of the broker's files (store, topic table, lake tables).
@@ -197,6 +200,8 @@ class BrokerConfig:
         if not isinstance(self.host, str) or not self.host.strip():
             raise ValueError(f"host must be a non-empty string, got {self.host!r}")
         _check_int("port", self.port, 0, 65535)
+        if self.remoting_port is not None:
+            _check_int("remoting_port", self.remoting_port, -1, 65535)
         if self.advertised_addr is not None:
             _check_addr("advertised_addr", self.advertised_addr)
         for name in ("register_interval_s", "register_timeout_s", "client_expiry_s", "client_scan_interval_s",
@@ -233,6 +238,18 @@ class BrokerConfig:
         if host in ("0.0.0.0", "::", ""):
             host = _local_ip()
         return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+
+    @property
+    def remoting_bind_port(self) -> int | None:
+        """The port to serve remoting on (0 = a free one), None when remoting is off."""
+        if self.remoting_port is None:
+            return 0 if self.port == 0 else self.port + 2
+        return None if self.remoting_port < 0 else self.remoting_port
+
+    def remoting_addr_for(self, bound_port: int) -> str:
+        """The remoting ``host:port`` clients are told, on the advertised host."""
+        host = self.addr.rpartition(":")[0]
+        return f"{host}:{bound_port}"
 
     @property
     def delay_levels_ms(self) -> tuple[int, ...]:

@@ -37,6 +37,7 @@ from ..common.message import Message, StoredMessage
 from ..common.system_topics import PROPERTY_REAL_TOPIC, TRACE_TOPIC
 from ..common.trace import MAX_EVENTS_PER_MESSAGE, TraceEvent, event_order, trace_path
 from ..store import AppendEvent, PutResult
+from ..store.message_store import stored_messages_of
 from .transaction import TransactionService
 
 __all__ = [
@@ -211,6 +212,21 @@ class TraceRecorder:
                                reconsume_times=m.reconsume_times, tags=m.tags, keys=_keys_text(m.keys))
                     for m in messages if m.msg_id]
         self._add(len(messages), build)
+
+    def delivered_records(self, topic: str, group: str, client_id: str | None, records: bytes, count: int) -> None:
+        """``deliver`` events for a packed pull's answer (stored records back to back), decoded off the hot path."""
+        if topic == TRACE_TOPIC or not records or not self.enabled:
+            return
+        now = int(time.time() * 1000)
+
+        def build() -> list[TraceEvent]:
+            messages = stored_messages_of(records)
+            return [TraceEvent(m.msg_id, topic, "deliver", "DELIVERED", now, group=group, client_id=client_id,
+                               broker=self.broker_name, queue_id=m.queue_id, queue_offset=m.queue_offset,
+                               store_ts=m.store_timestamp, born_ts=m.born_timestamp,
+                               reconsume_times=m.reconsume_times, tags=m.tags, keys=_keys_text(m.keys))
+                    for m in messages if m.msg_id]
+        self._add(count, build)
 
     def sent_back(self, original: StoredMessage, group: str, *, dead_letter: bool, destination: str,
                   result: PutResult, reconsume_times: int, delay_ms: int | None, reason: str) -> None:

@@ -110,6 +110,17 @@ class ClientConfig:
     max_message_size: int = 4 * 1024 * 1024
     #: Threads of the producer's async / one-way send pool.
     async_send_threads: int = 4
+    #: ``send_async`` gathers messages per topic into batches (``send_batch`` requests) instead of one
+    #: request each; ordered (sharding key, selector) and delayed sends are never batched.
+    async_batching: bool = True
+    #: A batch holds at most this many messages ...
+    batch_max_messages: int = 256
+    #: ... and this many body bytes.
+    batch_max_bytes: int = 1 << 20
+    #: How long a batch may wait to fill (Kafka's linger.ms); 0 = leave as soon as a send slot is free.
+    linger_ms: float = 0.0
+    #: Batches in flight at once (each on one of ``async_send_threads``).
+    max_in_flight_batches: int = 4
     #: Avoid brokers whose sends were slow or failed, for a latency-dependent time.
     send_latency_fault_enable: bool = True
     #: How often the producer probes isolated brokers to lift the isolation early (RocketMQ 5's detector).
@@ -134,8 +145,11 @@ class ClientConfig:
     long_poll_wait_ms: int = 15_000
     #: Client-side slack on top of the long-poll wait before a pull counts as timed out.
     long_poll_margin_s: float = 5.0
-    #: "Pull" responses in Arrow IPC instead of JSON.
+    #: "Pull" responses in Arrow IPC instead of JSON (the HTTP transport only).
     pull_format: str = "json"
+    #: How to reach brokers: "remoting" (the binary protocol, where the route names a broker's remoting
+    #: endpoint; HTTP otherwise) or "http" (always HTTP).  Admin calls always use HTTP.
+    transport: str = "remoting"
     #: Wait after a failed pull (RocketMQ: 3 s) before trying that queue again.
     pull_error_backoff_s: float = 1.0
     #: Wait while a queue is over its flow-control limits (RocketMQ: 50 ms).
@@ -181,6 +195,14 @@ class ClientConfig:
         _count("compress_threshold", self.compress_threshold, 0)
         if isinstance(self.compress_level, bool) or self.compress_level not in range(0, 10):
             raise ValueError(f"compress_level must be an integer 0..9, got {self.compress_level!r}")
+        if self.linger_ms < 0:
+            raise ValueError(f"linger_ms must be >= 0, got {self.linger_ms!r}")
+        for name in ("batch_max_messages", "batch_max_bytes", "max_in_flight_batches"):
+            _count(name, getattr(self, name))
+        if isinstance(self.linger_ms, bool) or not isinstance(self.linger_ms, int | float) or self.linger_ms < 0:
+            raise ValueError(f"linger_ms must be a number >= 0, got {self.linger_ms!r}")
+        for name in ("batch_max_messages", "batch_max_bytes", "max_in_flight_batches"):
+            _count(name, getattr(self, name))
         for name in ("max_message_size", "async_send_threads", "pull_batch_size", "flow_control_max_messages",
                      "flow_control_max_bytes", "max_offset_span", "consume_threads", "consume_batch_size"):
             _count(name, getattr(self, name))
@@ -188,6 +210,8 @@ class ClientConfig:
         _count("change_wait_ms", self.change_wait_ms, 0)
         if not isinstance(self.trace_enabled, bool):
             raise ValueError(f"trace_enabled must be true or false, got {self.trace_enabled!r}")
+        if self.transport not in ("remoting", "http"):
+            raise ValueError(f"transport must be 'remoting' or 'http', got {self.transport!r}")
         if self.pull_format not in ("json", "arrow"):
             raise ValueError(f"pull_format must be 'json' or 'arrow', got {self.pull_format!r}")
         if self.consume_timestamp_ms is not None:

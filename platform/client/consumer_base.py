@@ -29,6 +29,7 @@ from ..common.errors import ErrorCode, SparkMQError
 from ..common.validation import validate_group, validate_topic
 from ..common.wire import ReceivedMessage
 from .allocation import AllocateStrategy, MessageQueue
+from .broker_remoting import AsyncBrokerRouter
 from .config import ClientConfig
 from .offset_store import LocalOffsetStore, OffsetStore, RemoteOffsetStore
 from .process_queue import ProcessQueue
@@ -50,7 +51,6 @@ from .remoting import (
     OFFSET_OVERFLOW,
     OFFSET_RESET,
     OFFSET_TOO_SMALL,
-    AsyncBrokerClient,
     BrokerClientPool,
     NameServerClient,
 )
@@ -78,7 +78,7 @@ class ConsumerBase(ABC):
         self._subscriptions: dict[str, Subscription] = {}
         self._namesrv = NameServerClient(config.namesrv_addrs, config.request_timeout_s)
         self._routes = TopicRouteCache(self._namesrv, miss_retry_s=config.route_miss_retry_s)
-        self._brokers = BrokerClientPool(config.request_timeout_s)
+        self._brokers = BrokerClientPool(config.request_timeout_s, remoting=config.transport == "remoting")
         self.offset_store: OffsetStore
         if self.message_model is MessageModel.BROADCASTING:
             self.offset_store = LocalOffsetStore(self.group, config.offset_store_dir)
@@ -94,7 +94,7 @@ class ConsumerBase(ABC):
         self._scheduler = Scheduler(f"consumer-{group}")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
-        self._async: AsyncBrokerClient | None = None
+        self._async: AsyncBrokerRouter | None = None
         self._pull_tasks: dict[ProcessQueue, asyncio.Task[None]] = {}  # touched on the loop thread only
         self._watchers: dict[str, asyncio.Task[None]] = {}    # broker addr -> task, loop only
         # The group's membership version each broker answered our last heartbeat with: where the
@@ -250,8 +250,8 @@ class ConsumerBase(ABC):
         self._loop_thread.start()
         ready.wait(10)
 
-        async def make_client() -> AsyncBrokerClient:
-            return AsyncBrokerClient()
+        async def make_client() -> AsyncBrokerRouter:
+            return AsyncBrokerRouter(self.config.request_timeout_s, remoting=self.config.transport == "remoting")
 
         self._async = self._run_on_loop(make_client()).result(timeout=10)
 
@@ -338,7 +338,7 @@ class ConsumerBase(ABC):
                     tags=sub.expression if sub.filter_type == "TAG" else "*",
                     wait_ms=cfg.long_poll_wait_ms, timeout=cfg.pull_timeout_s, group=self.group,
                     client_id=self.client_id, arrow=cfg.pull_format == "arrow", filter_type=sub.filter_type,
-                    expression=sub.expression)
+                    expression=sub.expression, broker_name=mq.broker_name)
             except SparkMQError as exc:
                 log.debug("pull of %s@%s at %d failed: %s", mq.topic, mq.key, offset, exc)
                 await asyncio.sleep(cfg.pull_error_backoff_s)

@@ -1,4 +1,4 @@
-"""The producer: sync, async, one-way and batch sends over the brokers' HTTP API.
+"""The producer: sync, async, one-way and batch sends, over remoting where a broker serves it (else HTTP).
 
 * Routing: the write queues of every broker in the topic's route, round-robin, skipping
   brokers the latency fault tolerance marks (:mod:`.fault`).  A topic no name server
@@ -11,6 +11,10 @@
   timeout could store the message twice out of order.  This is RocketMQ's behaviour.
 * Bodies larger than ``compress_threshold`` (4 KiB) are zlib-compressed (level 5) and sent
   with ``compressed: true``; the broker sets the COMPRESSED sys flag and consumers inflate.
+  A batch carries one flag: it is compressed when its largest body is above the threshold.
+* Over remoting a batch is packed by the native encoder (``encode_batch``: ids, properties and
+  validation in C) and its results come back packed; :class:`BatchSendResults` builds each
+  :class:`SendResult` only when asked for.
 * The message's unique id (``msg_id``) is made here and kept across retries, so a message
   stored twice by a retry after a timeout carries the same id both times.
 
@@ -34,13 +38,17 @@ from typing import Any
 
 import httpx
 
+from ...storage_native import StoreError, encode_batch
+from ..common import protocol
 from ..common.errors import ErrorCode, SparkMQError
-from ..common.ids import UniqueIdGenerator
+from ..common.ids import UniqueIdGenerator, offset_msg_id_prefix
 from ..common.message import Message, SendResult, SendStatus, send_status
 from ..common.trace import TraceEvent
 from ..common.validation import validate_group, validate_topic
 from ..common.wire import SendRow, encode_body, send_rows_to_arrow, to_ipc
+from .accumulator import Accumulator
 from .allocation import MessageQueue
+from .broker_remoting import RemotingBrokerClient
 from .config import ClientConfig
 from .fault import LatencyFaultTolerance, QueueSelector
 from .remoting import BrokerClientPool, NameServerClient, RemotingError
@@ -56,6 +64,7 @@ __all__ = [
     "SendCallback",
     "RETRYABLE_CODES",
     "select_by_sharding_key",
+    "BatchSendResults",
 ]
 
 log = logging.getLogger("sparkmq.client")
@@ -126,6 +135,38 @@ class _Prepared:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+class BatchSendResults(Sequence[SendResult]):
+    """The results of a batch stored in one queue, built one by one when read (a batch answer comes packed)."""
+
+    __slots__ = ("_answer", "_ids", "_offsets", "_prefix")
+
+    def __init__(self, answer: protocol.SendBatchResponse, msg_ids: Sequence[str], offsets: bytes) -> None:
+        self._answer = answer
+        self._ids = msg_ids
+        self._offsets = memoryview(offsets).cast("q")
+        self._prefix: str | None = None
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        a = self._answer
+        if self._prefix is None:
+            self._prefix = offset_msg_id_prefix(a.store_host)
+        i = range(len(self))[index]
+        queue_offset = a.queue_offsets[i] if a.queue_offsets is not None else a.first_queue_offset + i
+        return SendResult(send_status(a.status), self._ids[i], f"{self._prefix}{self._offsets[i]:016X}", a.topic,
+                          a.broker_name, a.queue_id, queue_offset, a.store_timestamp, self._offsets[i])
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
+
+    def __repr__(self) -> str:
+        return f"BatchSendResults({len(self)} messages on {self._answer.broker_name}/{self._answer.queue_id})"
+
+
 class Producer:
     """Sends messages of one producer group.  Thread-safe; start it before sending, shut it down after.
 
@@ -141,11 +182,14 @@ class Producer:
         self.client_id = config.new_client_id()
         self._namesrv = NameServerClient(config.namesrv_addrs, config.request_timeout_s, transport=transport)
         self._routes = TopicRouteCache(self._namesrv, miss_retry_s=config.route_miss_retry_s)
-        self._brokers = BrokerClientPool(config.request_timeout_s, transport=transport)
+        self._brokers = BrokerClientPool(config.request_timeout_s, transport=transport,
+                                         remoting=config.transport == "remoting")
         self.fault = LatencyFaultTolerance()
         self._selector = QueueSelector(self.fault if config.send_latency_fault_enable else None)
         self._ids = UniqueIdGenerator()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._batcher: Accumulator | None = None
+        self._valid_topics: set[str] = set()
         self._scheduler = Scheduler(f"producer-{group}")
         self._state_lock = threading.Lock()
         self._state = "created"
@@ -161,6 +205,14 @@ class Producer:
                 raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"producer {self.group} is {self._state}")
             self._executor = concurrent.futures.ThreadPoolExecutor(self.config.async_send_threads,
                                                                    thread_name_prefix=f"sparkmq-send-{self.group}")
+            if self.config.async_batching:
+                self._batcher = Accumulator(self._send_batch_lazily, self._executor,
+                                            max_messages=self.config.batch_max_messages,
+                                            max_bytes=self.config.batch_max_bytes,
+                                            linger_s=self.config.linger_ms / 1000,
+                                            max_in_flight=min(self.config.max_in_flight_batches,
+                                                              self.config.async_send_threads),
+                                            name=f"sparkmq-batcher-{self.group}")
             cfg = self.config
             self._scheduler.every("routes", cfg.route_refresh_interval_s, self._routes.refresh_all,
                                   initial_delay_s=cfg.route_refresh_interval_s)
@@ -182,6 +234,8 @@ class Producer:
                 self._state = "stopped"
                 return
             self._state = "stopping"
+        if self._batcher is not None:
+            self._batcher.close()  # what waits goes out before the executor stops
         if self._executor is not None:
             self._executor.shutdown(wait=True)
         if self._tracer is not None:
@@ -233,6 +287,12 @@ class Producer:
                 "properties": dict(m.properties), "queue_id": mq.queue_id, "sharding_key": sharding_key,
                 "compressed": p.compressed, "producer_group": self.group, "born_timestamp": int(time.time() * 1000),
                 "born_host": None, "msg_id": p.msg_id, **p.extra}
+
+    def _request(self, p: _Prepared, mq: MessageQueue, sharding_key: str | None,
+                 born_ms: int) -> protocol.SendRequest:
+        m = p.message
+        return protocol.SendRequest(p.topic, mq.queue_id, sharding_key, self.group, m.tags, list(m.keys),
+                                    dict(m.properties), p.msg_id, m.flag, p.compressed, born_ms, **p.extra)
 
     # -- queue choice and the retry loop -----------------------------------------------------
     def _route(self, topic: str) -> TopicRouteInfo:
@@ -305,6 +365,20 @@ class Producer:
         except SparkMQError:
             pass
 
+    def _check_batchable(self, msg: Message) -> None:
+        """What must be refused at the call, not in the future: the rest is checked when the batch is packed."""
+        if not isinstance(msg, Message):
+            raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, f"expected a Message, got {type(msg).__name__}")
+        if msg.topic not in self._valid_topics:
+            validate_topic(msg.topic)
+            self._valid_topics.add(msg.topic)
+        body = msg.body
+        if not isinstance(body, bytes | bytearray | memoryview) or len(body) == 0:
+            raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, "the body must be non-empty bytes")
+        if len(body) > self.config.max_message_size:
+            raise SparkMQError(ErrorCode.MESSAGE_TOO_LARGE,
+                               f"the body is {len(body)} bytes, the limit is {self.config.max_message_size}")
+
     # -- sends -------------------------------------------------------------------------------
     def send(self, msg: Message, timeout: float | None = None, *, sharding_key: str | None = None,
              queue_selector: QueueSelectorFn | None = None, delay_level: int | None = None,
@@ -340,9 +414,12 @@ class Producer:
         begin = time.monotonic()
 
         def attempt(addr: str, mq: MessageQueue, left: float) -> SendResult:
-            answer = self._brokers.get(addr).send(prepared.topic, self._payload(prepared, mq, sharding_key),
-                                                  timeout=left)
-            result = SendResult.from_dict(answer)
+            client = self._brokers.get(addr)
+            if isinstance(client, RemotingBrokerClient):
+                result = client.send_message(self._request(prepared, mq, sharding_key, born_ms), prepared.body, left)
+            else:
+                result = SendResult.from_dict(client.send(prepared.topic, self._payload(prepared, mq, sharding_key),
+                                                          timeout=left))
             self._trace_send(addr, prepared.message, result, born_ms, begin)
             return result
 
@@ -364,15 +441,23 @@ class Producer:
                    delay_ms: int | None = None) -> concurrent.futures.Future[SendResult]:
         """Send on the producer's pool; returns a future of the :class:`SendResult`.
 
-        The message is validated now (bad input raises here, not in the future).  ``callback``
+        Unordered, undelayed messages without their own timeout are gathered per topic into
+        batches (``async_batching``; see :mod:`.accumulator`), so per-message calls are as fast as
+        batches.  The message is validated now (bad input raises here, not in the future).  ``callback``
         is called with ``(result, None)`` or ``(None, error)`` when the send finishes.  Scheduled
         delivery as for :meth:`send`.
         """
         self._check_running()
-        prepared = self._prepare(msg)
-        prepared.extra = _schedule_fields(delay_level, deliver_at_ms, delay_ms)
-        assert self._executor is not None
-        future = self._executor.submit(self._send_prepared, prepared, timeout, sharding_key, queue_selector)
+        batcher = self._batcher
+        if (batcher is not None and sharding_key is None and queue_selector is None and timeout is None
+                and delay_level is None and deliver_at_ms is None and delay_ms is None):
+            self._check_batchable(msg)
+            future = batcher.add(msg)
+        else:
+            prepared = self._prepare(msg)
+            prepared.extra = _schedule_fields(delay_level, deliver_at_ms, delay_ms)
+            assert self._executor is not None
+            future = self._executor.submit(self._send_prepared, prepared, timeout, sharding_key, queue_selector)
         if callback is not None:
             def done(f: concurrent.futures.Future[SendResult]) -> None:
                 error = f.exception()
@@ -382,6 +467,12 @@ class Producer:
                     log.exception("send callback failed")
             future.add_done_callback(done)
         return future
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every ``send_async`` message so far was sent or failed (Kafka's ``flush``); False at the
+        timeout.  Their futures are done then."""
+        self._check_running()
+        return self._batcher.flush(timeout) if self._batcher is not None else True
 
     def send_oneway(self, msg: Message, *, sharding_key: str | None = None,
                     queue_selector: QueueSelectorFn | None = None) -> None:
@@ -405,33 +496,69 @@ class Producer:
                    queue_selector: QueueSelectorFn | None = None, arrow: bool = False) -> list[SendResult]:
         """Send messages of one topic to one queue in one request (consecutive offsets); one result per message.
 
-        ``arrow=True`` sends an Arrow IPC stream of ``SEND_SCHEMA`` instead of JSON (the broker
-        then makes the message ids).  When the bodies together exceed ``compress_threshold`` every
-        body is compressed.  Retries and ordering are as for :meth:`send`.
+        ``arrow=True`` sends an Arrow IPC stream of ``SEND_SCHEMA`` over HTTP (the broker then makes the
+        message ids).  A batch whose largest body exceeds ``compress_threshold`` has every body
+        compressed.  Retries and ordering are as for :meth:`send`.
         """
+        return list(self._send_batch(msgs, timeout, sharding_key, queue_selector, arrow))
+
+    def _send_batch_lazily(self, msgs: Sequence[Message]) -> Sequence[SendResult]:
+        """A batch of ``send_async`` messages: the results stay packed until a future is asked for one."""
+        return self._send_batch(msgs, None, None, None, False)
+
+    def _send_batch(self, msgs: Sequence[Message], timeout: float | None, sharding_key: str | None,
+                    queue_selector: QueueSelectorFn | None, arrow: bool) -> Sequence[SendResult]:
         self._check_running()
         if not msgs:
             raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, "a batch needs at least one message")
         topics = {m.topic for m in msgs if isinstance(m, Message)}
         if len(topics) != 1 or not all(isinstance(m, Message) for m in msgs):
             raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, f"a batch holds Messages of one topic, got topics {topics}")
-        # One flag per request: a batch compresses all its bodies or none.
-        compress = sum(len(m.body) for m in msgs if isinstance(m.body, bytes | bytearray | memoryview)) \
-            > self.config.compress_threshold
-        prepared = [self._prepare(m, compress) for m in msgs]
-        topic = prepared[0].topic
+        # One flag per request: a batch compresses all its bodies or none (when its largest needs it).
+        compress = max(len(m.body) for m in msgs if isinstance(m.body, bytes | bytearray | memoryview)) \
+            > self.config.compress_threshold if any(isinstance(m.body, bytes | bytearray | memoryview)
+                                                   for m in msgs) else False
+        topic = validate_topic(msgs[0].topic)
         born_ms = int(time.time() * 1000)
         begin = time.monotonic()
+        packed: list[Any] = []  # (data, msg ids): made once, sent again unchanged by a retry
+        prepared_once: list[list[_Prepared]] = []
+
+        def prepared_messages() -> list[_Prepared]:
+            if not prepared_once:
+                prepared_once.append([self._prepare(m, compress) for m in msgs])
+            return prepared_once[0]
+
+        def packed_batch() -> tuple[bytes, list[str]]:
+            if not packed:
+                wire = [self._compressed_copy(m) for m in msgs] if compress else msgs
+                try:
+                    data, ids, _ = self._ids.with_state(
+                        born_ms, lambda prefix, month, counter: encode_batch(wire, prefix, month, counter, born_ms))
+                except StoreError as exc:  # the native encoder's validation: one stable code
+                    raise SparkMQError(ErrorCode[exc.code], exc.message) from None
+                packed.append((data, ids))
+            return packed[0]
 
         ordered = None
         if sharding_key is not None or queue_selector is not None:
             def ordered(route: TopicRouteInfo) -> MessageQueue:
                 return self._ordered_queue(route, msgs[0], sharding_key, queue_selector)
 
-        def attempt(addr: str, mq: MessageQueue, left: float) -> list[SendResult]:
+        def attempt(addr: str, mq: MessageQueue, left: float) -> Sequence[SendResult]:
+            client = self._brokers.get(addr)
+            if isinstance(client, RemotingBrokerClient) and not arrow:
+                data, ids = packed_batch()
+                answer, offsets = client.send_packed(protocol.SendBatchRequest(
+                    topic, len(ids), mq.queue_id, sharding_key, self.group, compress), data, left)
+                results: Sequence[SendResult] = BatchSendResults(answer, ids, offsets)
+                if self._tracer is not None:
+                    for m, result in zip(msgs, results, strict=False):
+                        self._trace_send(addr, m, result, born_ms, begin)
+                return results
+            prepared = prepared_messages()
             params = {"queue_id": mq.queue_id, "sharding_key": sharding_key, "producer_group": self.group,
                       "compressed": "true" if compress else "false"}
-            client = self._brokers.get(addr)
             if arrow:
                 rows = [SendRow(p.body, p.message.tags, tuple(p.message.keys), dict(p.message.properties))
                         for p in prepared]
@@ -449,7 +576,15 @@ class Producer:
                 self._trace_send(addr, p.message, result, born_ms, begin)
             return results
 
-        return self._with_retries(topic, timeout, ordered, attempt)
+        results = self._with_retries(topic, timeout, ordered, attempt)
+        return results
+
+    def _compressed_copy(self, m: Message) -> Message:
+        if len(m.body) > self.config.max_message_size:
+            raise SparkMQError(ErrorCode.MESSAGE_TOO_LARGE,
+                               f"the body is {len(m.body)} bytes, the limit is {self.config.max_message_size}")
+        return Message(m.topic, zlib.compress(bytes(m.body), self.config.compress_level), m.tags, m.keys,
+                       m.properties, m.flag)
 
     # -- periodic work -----------------------------------------------------------------------
     def _known_addrs(self) -> list[str]:

@@ -35,6 +35,8 @@ from ..common.wire import (
     received_from_arrow,
     received_from_json,
 )
+from ..remoting import RemotingError
+from .endpoints import remoting_endpoint
 
 __all__ = [
     "RemotingError",
@@ -63,19 +65,6 @@ OFFSET_TOO_SMALL = PullStatus.OFFSET_TOO_SMALL
 OFFSET_OVERFLOW = PullStatus.OFFSET_OVERFLOW
 NO_MATCHED_QUEUE = PullStatus.NO_MATCHED_QUEUE
 OFFSET_RESET = PullStatus.OFFSET_RESET
-
-
-class RemotingError(SparkMQError):
-    """The peer could not be reached or did not answer in time (code SERVICE_NOT_AVAILABLE).
-
-    ``timed_out`` tells a timeout (the request may have been processed) from a refused
-    or reset connection (it was not).
-    """
-
-    def __init__(self, addr: str, message: str, *, timed_out: bool = False) -> None:
-        super().__init__(ErrorCode.SERVICE_NOT_AVAILABLE, f"{addr}: {message}")
-        self.addr = addr
-        self.timed_out = timed_out
 
 
 #: Requests are small and answered at once: without TCP_NODELAY the body write (httpcore writes
@@ -537,26 +526,44 @@ class BrokerClientPool:
         >>> pool.close()
     """
 
-    def __init__(self, timeout_s: float, *, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(self, timeout_s: float, *, transport: httpx.BaseTransport | None = None,
+                 remoting: bool = False) -> None:
+        """``remoting``: reach a broker over its remoting endpoint when a route named one (HTTP otherwise);
+        ``transport`` (an httpx transport, tests pass ``httpx.MockTransport``) forces HTTP."""
         self._timeout = timeout_s
         self._transport = transport
-        self._clients: dict[str, BrokerClient] = {}
+        self._remoting = remoting and transport is None
+        self._clients: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self._sync: Any = None
 
     def get(self, addr: str) -> BrokerClient:
-        """The client for ``addr``."""
+        """The client for ``addr`` (a :class:`~.broker_remoting.RemotingBrokerClient` when it speaks remoting)."""
+        endpoint = remoting_endpoint(addr) if self._remoting else None
         with self._lock:
             client = self._clients.get(addr)
-            if client is None:
-                client = self._clients[addr] = BrokerClient(addr, self._timeout, transport=self._transport)
+            if client is not None and (endpoint is None or getattr(client, "remoting_addr", None) == endpoint):
+                return client
+            if endpoint is not None:
+                from .broker_remoting import RemotingBrokerClient, sync_transport  # noqa: PLC0415  # import cycle
+
+                if self._sync is None:
+                    self._sync = sync_transport(self._timeout)
+                client = RemotingBrokerClient(addr, endpoint, self._timeout, self._sync)
+            else:
+                client = BrokerClient(addr, self._timeout, transport=self._transport)
+            self._clients[addr] = client
             return client
 
     def close(self) -> None:
         """Close every client."""
         with self._lock:
             clients, self._clients = list(self._clients.values()), {}
+            sync, self._sync = self._sync, None
         for client in clients:
             client.close()
+        if sync is not None:
+            sync.close()
 
 
 class AsyncBrokerClient:

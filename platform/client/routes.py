@@ -26,6 +26,7 @@ from typing import Any
 from ..common.errors import ErrorCode, SparkMQError
 from ..namesrv.perm import PERM_READ_WRITE, is_readable, is_writeable
 from .allocation import MessageQueue
+from .endpoints import learn_remoting_endpoints
 from .remoting import NameServerClient
 
 __all__ = ["QueueData", "TopicRouteInfo", "TopicRouteCache", "DEFAULT_TOPIC_QUEUE_NUMS", "MASTER_ID"]
@@ -96,6 +97,9 @@ class TopicRouteInfo:
                 key=lambda q: q.broker_name))
             addrs = {str(b["broker_name"]): {int(i): str(a) for i, a in (b.get("broker_addrs") or {}).items()}
                      for b in data["broker_datas"]}
+            for b in data["broker_datas"]:
+                by_id = addrs[str(b["broker_name"])]
+                learn_remoting_endpoints(by_id, b.get("remoting_addrs") or {})
         except (KeyError, TypeError, ValueError) as exc:
             raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"malformed route for {topic!r}: {exc!r}") from None
         return cls(topic, queue_datas, addrs, is_default=is_default)
@@ -106,6 +110,7 @@ class TopicRouteInfo:
         addrs: dict[str, dict[int, str]] = {}
         for name, data in (cluster.get("brokers") or {}).items():
             by_id = {int(i): str(a) for i, a in (data.get("broker_addrs") or {}).items()}
+            learn_remoting_endpoints(by_id, data.get("remoting_addrs") or {})
             if MASTER_ID in by_id:
                 addrs[str(name)] = by_id
         queue_datas = tuple(QueueData(name, DEFAULT_TOPIC_QUEUE_NUMS, DEFAULT_TOPIC_QUEUE_NUMS, PERM_READ_WRITE)

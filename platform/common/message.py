@@ -147,9 +147,13 @@ class MessageQueue:
         return self._sort_key() < other._sort_key()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SendResult:
-    """Where one sent message was stored and under which ids (the broker's answer and the producer's result)."""
+    """Where one sent message was stored and under which ids (the broker's answer and the producer's result).
+
+    Read-only by convention; not frozen, because a batch makes one per message and a frozen dataclass
+    costs three times as much to build.
+    """
 
     status: SendStatus
     msg_id: str

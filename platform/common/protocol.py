@@ -29,6 +29,7 @@ __all__ = [
     "PullStatus",
     "PullResult",
     "pull_status",
+    "PackedPull",
     "MessageModel",
     "ConsumeType",
     "ConsumeFromWhere",
@@ -50,6 +51,25 @@ __all__ = [
     "UnregisterRequest",
     "GroupChangedNotice",
     "OffsetResetNotice",
+    "QueueOffsetsRequest",
+    "QueueOffsetsResponse",
+    "QueueRefData",
+    "LockRequest",
+    "LockResponse",
+    "CommitOffsetEntry",
+    "CommitOffsetsRequest",
+    "CommitOffsetsResponse",
+    "QueryOffsetRequest",
+    "QueryOffsetResponse",
+    "GroupInfoRequest",
+    "GroupInfoResponse",
+    "SendBackRequest",
+    "SendBackResponse",
+    "EndTransactionRequest",
+    "EndTransactionResponse",
+    "TransactionCheckNotice",
+    "PostTraceRequest",
+    "PostTraceResponse",
 ]
 
 #: The frame format version (byte 6 of every frame).
@@ -167,6 +187,18 @@ class PullResult:
     messages: list[Any] = field(default_factory=list)
 
 
+@dataclass(slots=True)
+class PackedPull:
+    """A pull's answer with the messages as stored records back to back (docs/remoting.md "Packed records")."""
+
+    status: PullStatus
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    count: int = 0
+    data: bytes = b""
+
+
 def pull_status(value: object) -> PullStatus:
     """A pull status from the wire; INTERNAL_ERROR when this side does not know it (a newer server)."""
     try:
@@ -276,6 +308,8 @@ class SendBatchResponse(Header):
     store_timestamp: int
     #: The store host ("ip:port") that, with a commit-log offset, makes an offsetMsgId.
     store_host: str
+    #: Each message's queue offset when they are not consecutive (a delayed batch parks each message).
+    queue_offsets: list[int] | None = None
 
 
 class PullRequest(Header):
@@ -357,3 +391,155 @@ class OffsetResetNotice(Header):
     group: str
     topic: str
     offsets: dict[int, int]
+
+
+class QueueOffsetsRequest(Header):
+    """QUEUE_OFFSETS: a queue's bounds, and the first offset stored at or after ``timestamp``."""
+
+    topic: str
+    queue_id: int
+    timestamp: int | None = None
+
+
+class QueueOffsetsResponse(Header):
+    """A queue's min and max offsets (``offset``: the answer for a timestamp)."""
+
+    min_offset: int
+    max_offset: int
+    offset: int | None = None
+
+
+class QueueRefData(Header):
+    """One queue of a topic on this broker."""
+
+    topic: str
+    queue_id: int
+
+
+class LockRequest(Header):
+    """LOCK_QUEUES / UNLOCK_QUEUES: orderly consumption's broker-side queue locks."""
+
+    group: str
+    client_id: str
+    queues: list[QueueRefData] = []
+
+
+class LockResponse(Header):
+    """The queues the client holds now (LOCK) or released (UNLOCK)."""
+
+    queues: list[QueueRefData] = []
+
+
+class CommitOffsetEntry(Header):
+    """One committed offset."""
+
+    topic: str
+    queue_id: int
+    offset: int
+
+
+class CommitOffsetsRequest(Header):
+    """COMMIT_OFFSETS: a group's progress, all or nothing."""
+
+    group: str
+    offsets: list[CommitOffsetEntry] = []
+
+
+class CommitOffsetsResponse(Header):
+    """How many entries were applied (a queue whose offset reset waits for the consumer is skipped)."""
+
+    committed: int
+
+
+class QueryOffsetRequest(Header):
+    """QUERY_OFFSET: a group's committed offset of one queue."""
+
+    group: str
+    topic: str
+    queue_id: int
+
+
+class QueryOffsetResponse(Header):
+    """The committed offset, -1 when none."""
+
+    offset: int
+
+
+class GroupInfoRequest(Header):
+    """GROUP_INFO: a consumer group's members."""
+
+    group: str
+
+
+class GroupInfoResponse(Header):
+    """A group's membership version, sorted member ids and model."""
+
+    group: str
+    version: int
+    members: list[str] = []
+    message_model: str | None = None
+
+
+class SendBackRequest(Header):
+    """SEND_BACK: a message the group failed to consume goes to its retry topic, or the DLQ."""
+
+    group: str
+    offset_msg_id: str
+    delay_level: int = 0
+    reason: str = ""
+    max_reconsume_times: int = 16
+
+
+class SendBackResponse(Header):
+    """Where the message went."""
+
+    status: str
+    topic: str
+    delay_level: int
+    reconsume_times: int
+    msg_id: str
+    offset_msg_id: str
+
+
+class EndTransactionRequest(Header):
+    """END_TRANSACTION: COMMIT, ROLLBACK or UNKNOWN a half message."""
+
+    transaction_id: str
+    producer_group: str
+    action: str
+    from_check: bool = False
+
+
+class EndTransactionResponse(Header):
+    """The settled transaction; ``send_result`` when a commit made the message visible."""
+
+    transaction_id: str
+    action: str
+    send_result: SendResponse | None = None
+
+
+class TransactionCheckNotice(Header):
+    """CHECK_TRANSACTION_STATE: the broker asks a live producer of the group how a transaction ended."""
+
+    producer_group: str
+    transaction_id: str
+    topic: str
+    msg_id: str
+    offset_msg_id: str
+    check_times: int
+    body: bytes = b""
+    properties: dict[str, str] = {}
+
+
+class PostTraceRequest(Header):
+    """POST_TRACE: a client's trace events (``send``, ``consume``), each a map as in ``GET /trace``."""
+
+    events: list[dict[str, str | int | float | bool | None]] = []
+
+
+class PostTraceResponse(Header):
+    """How many events were taken (0 when tracing is off on the broker)."""
+
+    accepted: int
+    dropped: int = 0
+    enabled: bool = True

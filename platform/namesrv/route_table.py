@@ -172,6 +172,8 @@ class BrokerData:
     broker_name: str
     broker_addrs: dict[int, str]
     ha_addrs: dict[int, str] = field(default_factory=dict)
+    #: The binary remoting endpoint of each broker id (docs/remoting.md), where the broker serves one.
+    remoting_addrs: dict[int, str] = field(default_factory=dict)
 
     @property
     def master_addr(self) -> str | None:
@@ -188,7 +190,8 @@ class BrokerData:
         """
         return {"cluster": self.cluster, "broker_name": self.broker_name,
                 "broker_addrs": {str(i): a for i, a in sorted(self.broker_addrs.items())},
-                "ha_addrs": {str(i): a for i, a in sorted(self.ha_addrs.items())}}
+                "ha_addrs": {str(i): a for i, a in sorted(self.ha_addrs.items())},
+                "remoting_addrs": {str(i): a for i, a in sorted(self.remoting_addrs.items())}}
 
 
 @dataclass(frozen=True)
@@ -219,11 +222,13 @@ class BrokerLiveInfo:
     #: Seconds since the last registration, at the time of the snapshot.
     last_heartbeat_age_s: float
     topic_count: int
+    remoting_addr: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
         return {"broker_addr": self.broker_addr, "cluster": self.cluster, "broker_name": self.broker_name,
-                "broker_id": self.broker_id, "ha_addr": self.ha_addr, "data_version": self.data_version,
+                "broker_id": self.broker_id, "ha_addr": self.ha_addr, "remoting_addr": self.remoting_addr,
+                "data_version": self.data_version,
                 "last_heartbeat_age_s": round(self.last_heartbeat_age_s, 3), "topic_count": self.topic_count}
 
 
@@ -271,6 +276,7 @@ class _Live:
     data_version: int
     last_update: float
     topic_configs: dict[str, TopicConfig]
+    remoting_addr: str | None = None
 
 
 @dataclass
@@ -307,7 +313,7 @@ class RouteTable:
     def register_broker(self, cluster: str, broker_name: str, broker_id: int, broker_addr: str,
                         ha_addr: str | None, data_version: int,
                         topic_configs: Mapping[str, TopicConfig] | None = None, *,
-                        now: float | None = None) -> bool:
+                        remoting_addr: str | None = None, now: float | None = None) -> bool:
         """Record a broker's heartbeat and, if its data version changed, its topics.
 
         Returns False when the registration was a plain heartbeat (same address, identity
@@ -330,6 +336,9 @@ class RouteTable:
         if ha_addr is not None and ha_addr != "":
             _check_addr("HA address", ha_addr)
         ha = ha_addr or None
+        if remoting_addr is not None and remoting_addr != "":
+            _check_addr("remoting address", remoting_addr)
+        remoting = remoting_addr or None
         _check_int("data_version", data_version, 0)
         configs = dict(topic_configs or {})
         for topic, topic_config in configs.items():
@@ -340,15 +349,16 @@ class RouteTable:
 
         with self._lock:
             live = self._live.get(broker_addr)
-            same_identity = live is not None and (live.cluster, live.broker_name, live.broker_id, live.ha_addr) == (
-                cluster, broker_name, broker_id, ha)
+            same_identity = live is not None and (live.cluster, live.broker_name, live.broker_id, live.ha_addr,
+                                                  live.remoting_addr) == (cluster, broker_name, broker_id, ha, remoting)
             if same_identity and live is not None and live.data_version == data_version:
                 live.last_update = when  # a plain heartbeat
                 return False
 
             # New address, new identity or new data version: the registration is news.
             self._place_address(cluster, broker_name, broker_id, broker_addr)
-            self._live[broker_addr] = _Live(cluster, broker_name, broker_id, ha, data_version, when, configs)
+            self._live[broker_addr] = _Live(cluster, broker_name, broker_id, ha, data_version, when, configs,
+                                            remoting)
             if broker_id == MASTER_ID:
                 self._replace_queue_datas(broker_name, configs)
             log.info("registered broker %s/%s id=%d at %s (data version %d, %d topics)",
@@ -505,7 +515,9 @@ class RouteTable:
         entry = self._brokers[broker_name]
         addrs = dict(sorted(entry.addrs.items()))
         ha = {i: live.ha_addr for i, a in addrs.items() if (live := self._live.get(a)) and live.ha_addr}
-        return BrokerData(entry.cluster, broker_name, addrs, ha)
+        remoting = {i: live.remoting_addr for i, a in addrs.items()
+                    if (live := self._live.get(a)) and live.remoting_addr}
+        return BrokerData(entry.cluster, broker_name, addrs, ha, remoting)
 
     def broker_data(self, broker_name: str) -> BrokerData | None:
         """The addresses of one broker name (None if unknown); slaves use it to find their master."""
@@ -519,7 +531,7 @@ class RouteTable:
             clusters = {c: sorted(names) for c, names in sorted(self._clusters.items())}
             brokers = {n: self._broker_data(n) for n in sorted(self._brokers)}
             live = {a: BrokerLiveInfo(a, v.cluster, v.broker_name, v.broker_id, v.ha_addr, v.data_version,
-                                      max(0.0, when - v.last_update), len(v.topic_configs))
+                                      max(0.0, when - v.last_update), len(v.topic_configs), v.remoting_addr)
                     for a, v in sorted(self._live.items())}
         return ClusterInfo(clusters, brokers, live)
 

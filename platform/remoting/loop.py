@@ -35,6 +35,8 @@ class LoopThread:
 
     _instance: LoopThread | None = None
     _instance_lock = threading.Lock()
+    #: Clients holding the process-wide thread (:meth:`acquire`); the last :meth:`release` stops it.
+    _users = 0
 
     def __init__(self, name: str = "sparkmq-remoting") -> None:
         self.name = name
@@ -55,6 +57,23 @@ class LoopThread:
                 inst = cls().start()
                 cls._instance = inst
             return inst
+
+    @classmethod
+    def acquire(cls) -> LoopThread:
+        """The process-wide loop thread, counted as used until :meth:`release` (clients' lifetimes)."""
+        with cls._instance_lock:
+            cls._users += 1
+        return cls.get()
+
+    @classmethod
+    def release(cls) -> None:
+        """One user less; the last one stops the process-wide thread (it starts again on the next use)."""
+        with cls._instance_lock:
+            cls._users = max(0, cls._users - 1)
+            last = cls._users == 0
+            inst = cls._instance
+        if last and inst is not None and not inst.in_loop_thread:
+            inst.stop()
 
     @property
     def running(self) -> bool:
@@ -115,6 +134,7 @@ def _forget_after_fork() -> None:
     # A forked child has the parent's LoopThread object but not its thread: start afresh on demand.
     LoopThread._instance = None
     LoopThread._instance_lock = threading.Lock()
+    LoopThread._users = 0
 
 
 if hasattr(os, "register_at_fork"):

@@ -42,6 +42,7 @@ class SyncRemotingClient:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.on_push = on_push
         self._loop_thread = loop_thread
+        self._shared_loop = False  # whether this client holds the process-wide loop thread
         self._conns: dict[str, RemotingConnection] = {}
         self._connect_locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
@@ -54,12 +55,16 @@ class SyncRemotingClient:
         self._connect_locks = {}
         self._lock = threading.Lock()
         self._loop_thread = None
+        self._shared_loop = False
 
     @property
     def loop_thread(self) -> LoopThread:
         """The loop thread the connections run on (the process-wide one unless given)."""
         if self._loop_thread is None:
-            self._loop_thread = LoopThread.get()
+            with self._lock:
+                if self._loop_thread is None:
+                    self._loop_thread = LoopThread.acquire()
+                    self._shared_loop = True
         return self._loop_thread
 
     def connection(self, addr: str) -> RemotingConnection:
@@ -122,6 +127,10 @@ class SyncRemotingClient:
         while self._conns:
             _, conn = self._conns.popitem()
             self._close(conn)
+        with self._lock:
+            shared, self._shared_loop = self._shared_loop, False
+        if shared:
+            LoopThread.release()
 
     def _close(self, conn: RemotingConnection) -> None:
         if self._loop_thread is not None and self._loop_thread.running and not self._loop_thread.in_loop_thread:

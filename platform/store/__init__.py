@@ -1,7 +1,17 @@
 """The store: MessageStore over the native commit log (put, get, flush, recover, retain, verify)."""
 from .config import FlushMode, StoreConfig
 from .message_store import MessageStore
-from .status import AppendEvent, AppendNote, GetResult, GetStatus, LogOffsets, PutResult, PutStatus
+from .status import (
+    AppendEvent,
+    AppendNote,
+    GetResult,
+    GetStatus,
+    LogOffsets,
+    PackedGetResult,
+    PackedPutResult,
+    PutResult,
+    PutStatus,
+)
 from .verify import VerifyReport, verify_store
 
 __all__ = [
@@ -11,6 +21,8 @@ __all__ = [
     "AppendEvent",
     "AppendNote",
     "LogOffsets",
+    "PackedGetResult",
+    "PackedPutResult",
     "GetResult",
     "GetStatus",
     "PutResult",

@@ -1,21 +1,36 @@
 """Flush services: the background sync of ASYNC_FLUSH and the group commit of SYNC_FLUSH.
 
 Both call ``CommitLog.flush()``, which syncs everything appended so far without
-blocking appends.  Group commit: a writer registers the end offset of its record
-and waits; the flush thread syncs once for every writer that arrived meanwhile,
-so N concurrent sends cost one fdatasync, not N.
+blocking appends (the native core runs the fdatasync with the GIL released).
+
+Group commit: a writer registers the end offset of its record and waits; the
+flush thread syncs again and again while anyone waits, each sync covering every
+record appended before it started, so N concurrent sends cost one fdatasync, not
+N.  Two kinds of waiter share that machinery:
+
+* a thread blocks in :meth:`FlushService.wait_flushed` (the classic put path);
+* an event loop gets an ``asyncio.Future`` from :meth:`FlushService.wait_async`,
+  with no thread per waiter: after each sync the flush thread hands every future it
+  covered on a loop to that loop in ONE ``call_soon_threadsafe`` callback, and each
+  loop times its waiters out with ONE timer, armed for the earliest deadline.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Protocol
 
+from .status import PutStatus
+
 __all__ = ["Flushable", "FlushService"]
 
 log = logging.getLogger(__name__)
+
+#: A timer that fires this early (loop clock resolution) still expires the waiters it was armed for.
+_TIMER_SLACK_S = 0.001
 
 
 class Flushable(Protocol):
@@ -27,21 +42,60 @@ class Flushable(Protocol):
     def flush(self) -> int: ...
 
 
+class _LoopWaiters:
+    """The futures one event loop waits on: resolved a batch at a time, timed out by one timer."""
+
+    __slots__ = ("loop", "pending", "timer")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        #: (end offset, deadline on ``loop.time()``, future), in registration order.
+        self.pending: list[tuple[int, float, asyncio.Future[PutStatus]]] = []
+        self.timer: asyncio.TimerHandle | None = None
+
+
+def _settle(futures: list[asyncio.Future[PutStatus]], status: PutStatus) -> None:
+    """Resolve ``futures`` (on their loop); a future its owner cancelled is skipped."""
+    for fut in futures:
+        if not fut.done():
+            fut.set_result(status)
+
+
 class FlushService:
-    """One thread that flushes on a timer (ASYNC_FLUSH) or on demand (SYNC_FLUSH)."""
+    """One thread that syncs on a timer (ASYNC_FLUSH), and back to back while anyone waits (SYNC_FLUSH).
+
+    ``flush_count`` counts completed syncs, ``waiters_resolved`` the async waits they satisfied
+    (their ratio is the group-commit factor).
+    """
 
     def __init__(self, log_: Flushable, interval_ms: int, on_flushed: Callable[[int], None],
                  group_commit: bool) -> None:
+        """``interval_ms``: the idle sync period (and the checkpoint's pace); ``on_flushed(offset)`` runs on
+        the flush thread after each sync; ``group_commit``: the store runs SYNC_FLUSH (a waiter gets
+        its sync at once in either mode)."""
         self._log = log_
         self._interval = interval_ms / 1000.0
         self._on_flushed = on_flushed
         self._group_commit = group_commit
-        self._cond = threading.Condition()
-        self._requested = 0
+        self._lock = threading.Lock()
+        #: The idle flush thread sleeps here; a new waiter wakes it.
+        self._work = threading.Condition(self._lock)
+        #: Blocked writer threads sleep here; each sync wakes them.
+        self._done = threading.Condition(self._lock)
         self._flushed = log_.flushed_offset
+        #: The highest offset anyone waits for, and the highest one a started sync is sure to cover
+        #: (a sync snapshots the log's end after it began): a sync is wanted while the first is ahead.
+        self._requested = self._flushed
+        self._covering = self._flushed
         self._running = False
+        #: True from start() until the last sync has been handed out: waits are accepted.
+        self._serving = False
+        self._idle = False
+        self._blocked = 0
+        self._loops: dict[asyncio.AbstractEventLoop, _LoopWaiters] = {}
         self._thread: threading.Thread | None = None
         self.flush_count = 0
+        self.waiters_resolved = 0
         self.last_error: BaseException | None = None
 
     @property
@@ -49,61 +103,208 @@ class FlushService:
         """Highest offset a completed flush covered."""
         return self._flushed
 
+    @property
+    def group_commit(self) -> bool:
+        """Whether the store runs SYNC_FLUSH (sends wait for their sync)."""
+        return self._group_commit
+
     def start(self) -> None:
         """Start the flush thread."""
-        self._running = True
+        with self._lock:
+            self._running = True
+            self._serving = True
         self._thread = threading.Thread(target=self._run, name="sparkmq-flush", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop the thread after a last flush."""
-        with self._cond:
+        """Stop the thread, then sync a last time on the calling thread.
+
+        Every outstanding waiter is answered: PUT_OK if that last sync covered it, else
+        FLUSH_DISK_TIMEOUT (futures through their loop; a closed loop's futures are dropped).
+        """
+        with self._lock:
+            if not self._running:
+                return
             self._running = False
-            self._cond.notify_all()
+            self._work.notify()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        self._flush_once()
+        with self._lock:
+            self._serving = False
+        self._hand_out(final=True)
 
+    # -- waiting ----------------------------------------------------------------
     def wait_flushed(self, offset: int, timeout_s: float) -> bool:
-        """Group commit: block until a flush covers ``offset``; False on timeout."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            if self._flushed >= offset:
-                return True
-            if offset > self._requested:
-                self._requested = offset
-                self._cond.notify_all()
-            while self._flushed < offset:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self._running:
-                    return self._flushed >= offset
-                self._cond.wait(remaining)
+        """Group commit for a thread: block until a flush covers ``offset``; False on timeout or stop."""
+        if self._flushed >= offset:
             return True
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            if not self._serving:
+                return self._flushed >= offset
+            self._request(offset)
+            self._blocked += 1
+            try:
+                while self._flushed < offset and self._serving:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._done.wait(remaining)
+                return self._flushed >= offset
+            finally:
+                self._blocked -= 1
 
-    def _flush_once(self) -> None:
+    def wait_async(self, offset: int, loop: asyncio.AbstractEventLoop,
+                   timeout_s: float) -> asyncio.Future[PutStatus]:
+        """Group commit for an event loop: a future resolved with PUT_OK once a flush covers ``offset``.
+
+        FLUSH_DISK_TIMEOUT when no flush did within ``timeout_s`` (or the service stopped first).
+        Must be called on ``loop``'s thread; no thread and no timer per waiter.
+        """
+        fut: asyncio.Future[PutStatus] = loop.create_future()
+        if self._flushed >= offset:
+            fut.set_result(PutStatus.PUT_OK)
+            return fut
+        deadline = loop.time() + timeout_s
+        with self._lock:
+            if self._flushed >= offset or not self._serving:
+                fut.set_result(PutStatus.PUT_OK if self._flushed >= offset else PutStatus.FLUSH_DISK_TIMEOUT)
+                return fut
+            group = self._loops.get(loop)
+            if group is None:
+                group = self._loops[loop] = _LoopWaiters(loop)
+            group.pending.append((offset, deadline, fut))
+            timer = group.timer
+            # one timer per loop, armed for the earliest deadline (with one timeout for all, the oldest waiter)
+            if timer is None or deadline < timer.when():
+                if timer is not None:
+                    timer.cancel()
+                group.timer = loop.call_at(deadline, self._expire, group)
+            self._request(offset)
+        return fut
+
+    def _request(self, offset: int) -> None:
+        """Ask for a sync covering ``offset`` (lock held): wake the idle thread unless a started sync covers it."""
+        if offset > self._requested:
+            self._requested = offset
+        if offset > self._covering and self._idle:
+            self._work.notify()
+
+    def _expire(self, group: _LoopWaiters) -> None:
+        """On the loop: time out the waiters whose deadline passed, and re-arm for the earliest one left."""
+        loop = group.loop
+        now = loop.time() + _TIMER_SLACK_S
+        expired: list[asyncio.Future[PutStatus]] = []
+        durable: list[asyncio.Future[PutStatus]] = []
+        with self._lock:
+            group.timer = None
+            flushed = self._flushed
+            keep = []
+            earliest = float("inf")
+            for item in group.pending:
+                if item[1] > now:
+                    keep.append(item)
+                    earliest = min(earliest, item[1])
+                elif item[0] <= flushed:  # synced, its hand-out not yet here: no reason to fail it
+                    durable.append(item[2])
+                else:
+                    expired.append(item[2])
+            group.pending = keep
+            if keep:
+                group.timer = loop.call_at(earliest, self._expire, group)
+            elif self._loops.get(loop) is group:
+                del self._loops[loop]  # idle for a whole timeout: forget the loop (it may be gone soon)
+        _settle(durable, PutStatus.PUT_OK)
+        if expired:
+            log.warning("%d sync flush wait(s) timed out (flushed offset %d)", len(expired), flushed)
+            _settle(expired, PutStatus.FLUSH_DISK_TIMEOUT)
+
+    # -- the flush thread ---------------------------------------------------------
+    def _hand_out(self, final: bool) -> None:
+        """Answer the waiters the flushed offset covers (all of them when ``final``): one callback per loop."""
+        batches: list[tuple[_LoopWaiters, list[asyncio.Future[PutStatus]], PutStatus]] = []
+        with self._lock:
+            flushed = self._flushed
+            for group in self._loops.values():
+                if not group.pending:
+                    continue
+                covered: list[asyncio.Future[PutStatus]] = []
+                late: list[asyncio.Future[PutStatus]] = []
+                keep = []
+                for item in group.pending:
+                    if item[0] <= flushed:
+                        covered.append(item[2])
+                    elif final:
+                        late.append(item[2])
+                    else:
+                        keep.append(item)
+                group.pending = keep
+                if covered:
+                    batches.append((group, covered, PutStatus.PUT_OK))
+                if late:
+                    batches.append((group, late, PutStatus.FLUSH_DISK_TIMEOUT))
+                self.waiters_resolved += len(covered)
+            if self._blocked:
+                self._done.notify_all()
+        closed = []
+        for group, futures, status in batches:
+            try:
+                group.loop.call_soon_threadsafe(_settle, futures, status)
+            except RuntimeError:  # the loop was closed: nobody is left to answer
+                closed.append(group.loop)
+        if closed or final:
+            with self._lock:
+                for loop in closed:
+                    self._loops.pop(loop, None)
+                if final:
+                    for group in self._loops.values():
+                        if group.timer is not None:
+                            # TimerHandle.cancel is not thread-safe: cancel it on its loop
+                            try:
+                                group.loop.call_soon_threadsafe(group.timer.cancel)
+                            except RuntimeError:
+                                pass
+                            group.timer = None
+                    self._loops.clear()
+
+    def _flush_once(self) -> bool:
         try:
             flushed = self._log.flush()
-        except BaseException as exc:  # keep the thread alive; writers time out and report it
+        except BaseException as exc:  # keep the thread alive; waiters time out and report it
             self.last_error = exc
             log.exception("flush failed")
-            time.sleep(min(self._interval, 0.1))
-            return
-        self.flush_count += 1
-        with self._cond:
-            self._flushed = max(self._flushed, flushed)
-            self._cond.notify_all()
-        self._on_flushed(flushed)
+            with self._lock:
+                self._covering = self._flushed  # what this sync was to cover is wanted again
+            return False
+        with self._lock:
+            self.flush_count += 1
+            if flushed > self._flushed:
+                self._flushed = flushed
+        self._hand_out(final=False)
+        try:
+            self._on_flushed(flushed)
+        except Exception:  # a failed checkpoint write must not stop the syncs
+            log.exception("after-flush hook failed")
+        return True
 
     def _run(self) -> None:
+        lock = self._lock
         while True:
-            with self._cond:
-                if self._group_commit:
-                    # sleep until a writer asks (or the interval passes, to keep the checkpoint moving)
-                    if self._requested <= self._flushed and self._running:
-                        self._cond.wait(self._interval)
-                elif self._running:
-                    self._cond.wait(self._interval)
-                running = self._running
-            self._flush_once()
-            if not running:
-                return
+            with lock:
+                # nobody waits for more than the last sync covered: sleep until someone does, or the
+                # interval passes (ASYNC_FLUSH, and the checkpoint); while anyone waits, sync back to back
+                while self._running and self._requested <= self._covering:
+                    self._idle = True
+                    notified = self._work.wait(self._interval)
+                    self._idle = False
+                    if not notified:
+                        break
+                if not self._running:
+                    return
+                # every waiter registered so far appended before this sync snapshots the log's end,
+                # so the sync covers them all: later waiters with higher offsets want the next one
+                self._covering = max(self._covering, self._requested)
+            if not self._flush_once():
+                time.sleep(min(self._interval, 0.1))  # a failing disk: do not spin

@@ -7,6 +7,7 @@ retention, and reads them back through the consume queues.
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import fcntl
 import functools
@@ -20,9 +21,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from ...storage_native import CommitLog, StoreError, decode_record
+from ...storage_native import CommitLog, StoreError, decode_batch, decode_record
 from ...storage_native import errors as native_errors
-from ...storage_native.layout import record_size
+from ...storage_native.layout import encode_record, record_size
 from ..common.codec import decode_properties, encode_properties, pack_host, tag_hash
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.ids import UniqueIdGenerator, decode_offset_msg_id, encode_offset_msg_id, offset_msg_id_prefix
@@ -41,10 +42,20 @@ from .config import FlushMode, StoreConfig
 from .flush import FlushService
 from .paths import StorePaths
 from .retention import RetentionDecision, RetentionPolicy
-from .status import AppendEvent, AppendNote, GetResult, GetStatus, LogOffsets, PutResult, PutStatus
+from .status import (
+    AppendEvent,
+    AppendNote,
+    GetResult,
+    GetStatus,
+    LogOffsets,
+    PackedGetResult,
+    PackedPutResult,
+    PutResult,
+    PutStatus,
+)
 
-__all__ = ["MessageStore", "translate_store_error", "record_properties", "raw_record_properties", "RawProperties",
-           "records_to_arrow"]
+__all__ = ["MessageStore", "translate_store_error", "raw_record_properties", "RawProperties", "records_to_arrow",
+           "records_of", "stored_messages_of", "unpack_batch"]
 
 _EMPTY_RECORDS = pa.RecordBatch.from_pylist([], schema=RECORDS_SCHEMA)
 
@@ -401,6 +412,76 @@ class MessageStore:
             stored = [dataclasses.replace(r, status=status) for r in stored]
         return stored
 
+    def put_packed(self, topic: str, queue_id: int, data: bytes | memoryview, count: int, *,
+                   born_host: str | None = None, sys_flag: int = 0, reserved_keys: tuple[str, ...] = (),
+                   note: AppendNote | None = None, wait: bool = True) -> PackedPutResult:
+        """Append a packed batch (``docs/remoting.md``) to one queue: validated and written by the native core.
+
+        No Python object is made per message.  One bad entry rejects the batch (MESSAGE_ILLEGAL,
+        MESSAGE_TOO_LARGE, PROPERTIES_TOO_LARGE naming the entry) and writes nothing; a property
+        named in ``reserved_keys`` is refused (MESSAGE_ILLEGAL).  ``wait=False`` returns at once
+        under SYNC_FLUSH too (status PUT_OK): the caller waits for ``end_offset`` to be flushed itself.
+        """
+        validate_topic(topic)
+        qid = self._check_queue(topic, queue_id)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, f"a batch has at least one message, got count {count!r}")
+        try:
+            first, store_ts, end, offsets = self.commit_log.append_packed(
+                topic, qid, data, count, sys_flag=sys_flag, born_host=pack_host(born_host),
+                store_host=self._store_host, max_body=self.config.max_message_size,
+                max_properties=self.config.max_properties_size, reserved_keys=reserved_keys)
+        except StoreError as exc:
+            raise translate_store_error(exc) from None
+        result = PackedPutResult(PutStatus.PUT_OK, topic, qid, first, count, store_ts, end, offsets)
+        self._notify(AppendEvent(topic, qid, (), None, None, note, result, data))
+        if wait:
+            status = self._await_durable(end)
+            if status is not PutStatus.PUT_OK:
+                result = dataclasses.replace(result, status=status)
+        return result
+
+    def await_durable(self, end_offset: int) -> PutStatus:
+        """Block until ``end_offset`` is flushed under SYNC_FLUSH (PUT_OK at once otherwise, FLUSH_DISK_TIMEOUT
+        after ``sync_flush_timeout_ms``)."""
+        return self._await_durable(end_offset)
+
+    def wait_durable(self, end_offset: int,
+                     loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Future[PutStatus]:
+        """The event loop's :meth:`await_durable`: a future of the status, with no thread per waiter.
+
+        Call it on the loop's thread (``loop`` defaults to the running one) with the ``end_offset``
+        of an append made with ``wait=False`` (``PackedPutResult.end_offset``; for a ``PutResult``,
+        ``commitlog_offset + store_size``).  Under SYNC_FLUSH the future resolves with PUT_OK once
+        an fdatasync covers ``end_offset`` (all sends in flight share one: group commit), or with
+        FLUSH_DISK_TIMEOUT after ``sync_flush_timeout_ms`` (the message is stored all the same);
+        it is resolved already under ASYNC_FLUSH or when the offset is flushed.  Without the
+        background flush thread (``background_services=False``) it syncs inline.  An offset past
+        the end of the log raises OFFSET_ILLEGAL (nothing would ever cover it).
+
+        Example::
+
+            result = store.put_packed(topic, queue_id, data, count, wait=False)
+            status = await store.wait_durable(result.end_offset)
+        """
+        loop = loop if loop is not None else asyncio.get_running_loop()
+        flusher = self._flusher
+        if self.config.flush_mode is not FlushMode.SYNC_FLUSH or flusher is None:
+            fut: asyncio.Future[PutStatus] = loop.create_future()
+            fut.set_result(self._await_durable(end_offset))
+            return fut
+        if flusher.flushed_offset < end_offset:
+            end = self.commit_log.max_offset
+            if end_offset > end:
+                raise SparkMQError(ErrorCode.OFFSET_ILLEGAL,
+                                   f"end offset {end_offset} is past the end of the log ({end})")
+        return flusher.wait_async(end_offset, loop, self.config.sync_flush_timeout_ms / 1000.0)
+
+    @property
+    def store_host(self) -> str:
+        """The "ip:port" stamped on every record (the prefix of every offsetMsgId)."""
+        return self.config.store_host
+
     # -- reading --------------------------------------------------------------
     def min_offset(self, topic: str, queue_id: int) -> int:
         """Smallest queue offset still served (0 for a queue never written)."""
@@ -489,6 +570,36 @@ class MessageStore:
             batch = pa.RecordBatch.from_arrays([records_array(raw)], schema=RECORDS_SCHEMA)
         status = GetStatus.FOUND if batch.num_rows else GetStatus.NO_MATCHED_MSG
         return GetResult(status, next_offset, lo, cq.max_offset), batch
+
+    def get_packed(self, topic: str, queue_id: int, offset: int, max_count: int = 32,
+                   tags: Collection[str] | None = None, max_bytes: int = 0) -> PackedGetResult:
+        """Like :meth:`get_messages`, but the records as stored, back to back, copied out in one native call.
+
+        ``tags`` filters by the consume queue's tag hash only: the reader re-checks the tag
+        string (a hash collision costs it a skipped message, as in RocketMQ).
+        """
+        where = self._locate(topic, queue_id, offset, max_count)
+        if isinstance(where, GetResult):
+            return PackedGetResult(where.status, where.next_offset, where.min_offset, where.max_offset)
+        log_, cq, lo = where
+        hashes = frozenset(tag_hash(t) for t in tags) if tags is not None else None
+        try:
+            next_offset, count, data = log_.read_packed(topic, queue_id, offset, max_count, hashes, max_bytes)
+        except StoreError as exc:
+            if exc.code == native_errors.OFFSET_TOO_SMALL:  # retention moved the queue meanwhile
+                lo = cq.min_offset
+                return PackedGetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, cq.max_offset)
+            raise translate_store_error(exc) from None
+        status = GetStatus.FOUND if count else GetStatus.NO_MATCHED_MSG
+        return PackedGetResult(status, next_offset, lo, cq.max_offset, count, data)
+
+    def read_records(self, commitlog_offsets: Iterable[int]) -> bytes:
+        """The stored records at these commit-log offsets, back to back (a filtered pull's answer)."""
+        log_ = self.commit_log
+        try:
+            return b"".join(log_.read(offset) for offset in commitlog_offsets)
+        except StoreError as exc:
+            raise translate_store_error(exc) from None
 
     def get_messages_matching(self, topic: str, queue_id: int, offset: int, max_count: int,
                               matches: Callable[[Mapping[str, str]], bool], max_examined: int = 32_768,
@@ -666,16 +777,40 @@ def raw_record_properties(record: bytes | memoryview) -> RawProperties:
     return RawProperties(bytes(record[at + 2:at + 2 + length]))
 
 
-def record_properties(record: bytes | memoryview) -> dict[str, str]:
-    """The properties of one whole record (as ``CommitLog.read``/``get`` return it), without decoding the rest.
+def unpack_batch(data: bytes | memoryview, count: int) -> list[tuple[bytes, dict[str, str]]]:
+    """(body, properties) of each message of a packed batch (a delayed batch's slow path); MESSAGE_ILLEGAL
+    when the batch is not well framed."""
+    try:
+        items = decode_batch(data, count)
+    except StoreError as exc:
+        raise translate_store_error(exc) from None
+    return [(body, decode_properties(props)) for body, props, _flag, _born in items]
 
-    Layout (``storage_native.layout``): header (120 bytes, body length at 116), body,
-    topic length (1 byte), topic, properties length (2 bytes), properties.
-    """
-    at = _HEADER_SIZE + _U32.unpack_from(record, _BODY_LENGTH_AT)[0]
-    at += 1 + record[at]
-    length = _U16.unpack_from(record, at)[0]
-    return decode_properties(bytes(record[at + 2:at + 2 + length]))
+
+def stored_messages_of(records: bytes | memoryview) -> list[StoredMessage]:
+    """The messages of records back to back (a packed pull's answer), decoded one by one (not a hot path)."""
+    view = memoryview(records)
+    out = []
+    at = 0
+    while at < len(view):
+        size = _U32.unpack_from(view, at)[0]
+        try:
+            out.append(StoredMessage.from_decoded(decode_record(view[at:at + size])))
+        except StoreError as exc:
+            raise translate_store_error(exc) from None
+        at += size
+    return out
+
+
+def records_of(messages: Iterable[StoredMessage]) -> bytes:
+    """Stored messages as records back to back, in the log's format (``storage_native.layout``)."""
+    return b"".join(encode_record(
+        topic=m.topic, queue_id=m.queue_id, flag=m.flag, queue_offset=m.queue_offset,
+        commitlog_offset=m.commitlog_offset, sys_flag=m.sys_flag, born_timestamp=m.born_timestamp,
+        born_host=pack_host(m.born_host or None), store_timestamp=m.store_timestamp,
+        store_host=pack_host(m.store_host or None), reconsume_times=m.reconsume_times,
+        prepared_offset=m.prepared_offset, tag_hash=m.tag_hash, body=m.body,
+        properties=encode_properties(m.properties)) for m in messages)
 
 
 def _record_size(body: bytes, topic: str, props: bytes) -> int:

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 from ..common.message import Message, StoredMessage
 
-__all__ = ["PutStatus", "GetStatus", "PutResult", "GetResult", "AppendNote", "AppendEvent", "LogOffsets"]
+__all__ = ["PutStatus", "GetStatus", "PutResult", "PackedPutResult", "GetResult", "PackedGetResult", "AppendNote",
+           "AppendEvent", "LogOffsets"]
 
 
 class PutStatus(enum.StrEnum):
@@ -50,6 +51,22 @@ class PutResult:
 
 
 @dataclass(frozen=True, slots=True)
+class PackedPutResult:
+    """Where a packed batch landed: one queue, consecutive offsets, no object per message."""
+
+    status: PutStatus
+    topic: str
+    queue_id: int
+    first_queue_offset: int
+    count: int
+    store_timestamp: int
+    #: The log offset just past the last record (what a SYNC_FLUSH waiter waits for).
+    end_offset: int
+    #: ``count`` little-endian int64 commit-log offsets, one per message.
+    offsets: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class GetResult:
     """What a get found, and where the next get should start."""
 
@@ -58,6 +75,18 @@ class GetResult:
     min_offset: int
     max_offset: int
     messages: list[StoredMessage] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class PackedGetResult:
+    """What a packed get found: the records back to back (``data``), ``count`` of them."""
+
+    status: GetStatus
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    count: int = 0
+    data: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +110,15 @@ class AppendEvent:
 
     topic: str
     queue_id: int
+    #: One per message; empty for a packed append (see ``packed``).
     results: Sequence[PutResult]
-    #: The messages as appended (None when the append came packed, without message objects).
+    #: The messages as appended (None for a packed append, which has no message objects).
     messages: Sequence[Message] | None
     born_timestamp: int | None
     note: AppendNote | None = None
+    #: A packed append's result (offsets packed), with ``data`` the packed batch as sent.
+    packed: PackedPutResult | None = None
+    data: bytes | memoryview | None = None
 
 
 @dataclass(frozen=True, slots=True)

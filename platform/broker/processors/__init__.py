@@ -5,7 +5,7 @@ from .base import Processor
 from .consumer import ConsumerProcessor
 from .pull import PullProcessor
 from .query import QueryProcessor
-from .send import BatchSendResult, OutgoingMessage, SendProcessor
+from .send import BatchSendResult, OutgoingMessage, PackedSendResult, SendProcessor
 from .transaction import TransactionProcessor
 
 __all__ = [
@@ -18,4 +18,5 @@ __all__ = [
     "QueryProcessor",
     "OutgoingMessage",
     "BatchSendResult",
+    "PackedSendResult",
 ]

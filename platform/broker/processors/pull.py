@@ -9,10 +9,11 @@ import pyarrow as pa
 
 from ...common.errors import ErrorCode, SparkMQError
 from ...common.filtering import FILTER_SQL92, FILTER_TAG, SqlFilter, compile_filter, parse_tags
-from ...common.protocol import MAX_BULK_PULL_BATCH, MAX_PULL_BATCH, PullResult, PullStatus
+from ...common.protocol import MAX_BULK_PULL_BATCH, MAX_PULL_BATCH, PackedPull, PullResult, PullStatus
 from ...common.validation import validate_group
 from ...namesrv.perm import is_readable
-from ...store import GetResult
+from ...store import GetResult, PackedGetResult
+from ...store.message_store import records_of
 from ..topics import TopicConfig
 from .base import Processor, cached_filter, check_int
 
@@ -30,6 +31,19 @@ _MAX_SQL_EXAMINED = 65_536
 def as_pull(got: GetResult) -> PullResult:
     """The broker's answer for what the store found (the statuses share their names)."""
     return PullResult(PullStatus(got.status.value), got.next_offset, got.min_offset, got.max_offset, got.messages)
+
+
+def as_packed(got: PackedGetResult) -> PackedPull:
+    """The broker's packed answer for what the store found."""
+    return PackedPull(PullStatus(got.status.value), got.next_offset, got.min_offset, got.max_offset, got.count,
+                      got.data)
+
+
+def _at_end(status: PullStatus, next_offset: int, max_offset: int, offset: int) -> bool:
+    """Whether a pull found nothing because the queue has nothing (matching) yet: a long poll waits then."""
+    return (status is PullStatus.NO_NEW_MSG
+            or (status is PullStatus.NO_MATCHED_MSG and next_offset >= max_offset)
+            or (status is PullStatus.NO_MATCHED_QUEUE and offset == 0))
 
 
 class PullProcessor(Processor):
@@ -62,13 +76,7 @@ class PullProcessor(Processor):
         started = time.perf_counter()
         with self._operation():
             self._check_pull(topic, queue_id, offset, max_count)
-            if group is not None:
-                validate_group(group)
-            if commit_offset is not None:
-                if group is None:
-                    raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "commit_offset needs a group")
-                self.offsets.commit(group, topic, queue_id, commit_offset)
-            reset_to = None if group is None else self.offsets.settle_reset(group, topic, queue_id, offset)
+            reset_to = self._commit_and_settle(topic, queue_id, offset, group, commit_offset)
             if reset_to is not None:
                 # An admin reset the group's offset here: the consumer restarts there, nothing is read.
                 return PullResult(PullStatus.OFFSET_RESET, reset_to, self.store.min_offset(topic, queue_id),
@@ -175,18 +183,40 @@ class PullProcessor(Processor):
         broker with ``expression`` over message properties (see :meth:`pull_filter`).
         """
         wanted, sql = self.pull_filter(filter_type, tags, expression)
+
+        async def read(at: int, commit: int | None) -> PullResult:
+            return await anyio.to_thread.run_sync(
+                lambda: self.pull_once(topic, queue_id, at, max_count, wanted, group=group, commit_offset=commit,
+                                       sql=sql, client_id=client_id))
+        return await self._long_poll(read, topic, queue_id, offset, wait_ms, group, commit_offset)
+
+    async def pull_packed(self, topic: str, queue_id: int, offset: int, max_count: int = 32,
+                          tags: str | None = None, *, wait_ms: int = 0, group: str | None = None,
+                          commit_offset: int | None = None, filter_type: str | None = None,
+                          expression: str | None = None, client_id: str | None = None) -> PackedPull:
+        """:meth:`pull`, answered with the stored records copied out by the native core (the remoting path).
+
+        Reads run on the calling event loop: the copy is one native call.  A tag filter matches
+        the consume queue's tag hashes only; the client re-checks the tag string.  A pull without
+        a group may ask for up to ``MAX_BULK_PULL_BATCH`` messages (the Spark source's reads).
+        """
+        wanted, sql = self.pull_filter(filter_type, tags, expression)
+
+        async def read(at: int, commit: int | None) -> PackedPull:
+            return self.pull_packed_once(topic, queue_id, at, max_count, wanted, group=group, commit_offset=commit,
+                                         sql=sql, client_id=client_id)
+        return await self._long_poll(read, topic, queue_id, offset, wait_ms, group, commit_offset)
+
+    async def _long_poll(self, read, topic: str, queue_id: int, offset: int, wait_ms: int,  # type: ignore[no-untyped-def]
+                         group: str | None, commit_offset: int | None):
+        """Read at ``offset``; while nothing (matching) is new, hold until an append or a reset wakes the queue."""
         check_int("wait_ms", wait_ms, 0, 2**31 - 1)
         deadline = time.monotonic() + min(wait_ms, self.config.long_polling_max_ms) / 1000.0
-        result = await anyio.to_thread.run_sync(
-            lambda: self.pull_once(topic, queue_id, offset, max_count, wanted, group=group,
-                                   commit_offset=commit_offset, sql=sql, client_id=client_id))
+        result = await read(offset, commit_offset)
         while True:
-            status = result.status
-            at_end = (status is PullStatus.NO_NEW_MSG
-                      or (status is PullStatus.NO_MATCHED_MSG and result.next_offset >= result.max_offset)
-                      or (status is PullStatus.NO_MATCHED_QUEUE and offset == 0))
             remaining = deadline - time.monotonic()
-            if not at_end or remaining <= 0 or not self.running:
+            if (not _at_end(result.status, result.next_offset, result.max_offset, offset) or remaining <= 0
+                    or not self.running):
                 return result
             start = result.next_offset
             await self.holds.hold(topic, queue_id, remaining,
@@ -194,13 +224,68 @@ class PullProcessor(Processor):
                                                                     or self._reset_moves(group, topic, queue_id, s)))
             if not self.running:
                 return result
-            again = await anyio.to_thread.run_sync(
-                lambda s=start: self.pull_once(topic, queue_id, s, max_count, wanted, group=group, sql=sql,
-                                               client_id=client_id))
+            again = await read(start, None)
             if again.status is PullStatus.NO_NEW_MSG and start > offset:
                 # Earlier rounds skipped non-matching messages: tell the caller to advance.
-                again = PullResult(PullStatus.NO_MATCHED_MSG, again.next_offset, again.min_offset, again.max_offset)
+                again.status = PullStatus.NO_MATCHED_MSG
             result = again
+
+    def pull_packed_once(self, topic: str, queue_id: int, offset: int, max_count: int = 32,
+                         tags: frozenset[str] | None = None, *, group: str | None = None,
+                         commit_offset: int | None = None, sql: SqlFilter | None = None,
+                         client_id: str | None = None) -> PackedPull:
+        """:meth:`pull_once` with the records packed (no message objects on the tag-filtered path)."""
+        started = time.perf_counter()
+        with self._operation():
+            bulk = group is None and sql is None
+            self._check_pull(topic, queue_id, offset, max_count, MAX_BULK_PULL_BATCH if bulk else MAX_PULL_BATCH)
+            reset_to = self._commit_and_settle(topic, queue_id, offset, group, commit_offset)
+            if reset_to is not None:
+                return PackedPull(PullStatus.OFFSET_RESET, reset_to, self.store.min_offset(topic, queue_id),
+                                  self.store.max_offset(topic, queue_id))
+            max_bytes = self.config.pull_max_bytes
+            if sql is not None:
+                found = as_pull(self.store.get_messages_matching(topic, queue_id, offset, max_count, sql.matches,
+                                                                 _MAX_SQL_EXAMINED, max_bytes))
+                if found.status is PullStatus.OFFSET_TOO_SMALL:
+                    found = self._from_lake_tier(topic, queue_id, offset, max_count, None, sql, found)
+                result = self._packed_from_messages(found)
+            else:
+                result = as_packed(self.store.get_packed(topic, queue_id, offset, max_count, tags, max_bytes))
+                rounds = 1
+                while (result.status is PullStatus.NO_MATCHED_MSG and result.next_offset < result.max_offset
+                       and rounds < _MAX_FILTER_ROUNDS):
+                    result = as_packed(self.store.get_packed(topic, queue_id, result.next_offset, max_count, tags,
+                                                             max_bytes))
+                    rounds += 1
+                if result.status is PullStatus.NO_NEW_MSG and result.next_offset > offset:
+                    result.status = PullStatus.NO_MATCHED_MSG  # filtered to the end: the caller must still advance
+                if result.status is PullStatus.OFFSET_TOO_SMALL:
+                    result = self._packed_from_messages(
+                        self._from_lake_tier(topic, queue_id, offset, max_count, tags, None,
+                                             PullResult(result.status, result.next_offset, result.min_offset,
+                                                        result.max_offset)))
+        self.metrics.pulled(topic, group, result.count, len(result.data), time.perf_counter() - started)
+        if group is not None and result.count:
+            self.tracer.delivered_records(topic, group, client_id, result.data, result.count)
+        return result
+
+    def _commit_and_settle(self, topic: str, queue_id: int, offset: int, group: str | None,
+                           commit_offset: int | None) -> int | None:
+        """Apply a pull's piggy-backed commit; the offset to restart at when an admin reset waits here, else None."""
+        if group is not None:
+            validate_group(group)
+        if commit_offset is not None:
+            if group is None:
+                raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "commit_offset needs a group")
+            self.offsets.commit(group, topic, queue_id, commit_offset)
+        return None if group is None else self.offsets.settle_reset(group, topic, queue_id, offset)
+
+    def _packed_from_messages(self, found: PullResult) -> PackedPull:
+        """A packed answer for messages found as objects (SQL92 filtering, the lake tier): records re-made."""
+        data = records_of(found.messages) if found.messages else b""
+        return PackedPull(found.status, found.next_offset, found.min_offset, found.max_offset, len(found.messages),
+                          data)
 
     def _reset_moves(self, group: str | None, topic: str, queue_id: int, offset: int) -> bool:
         """Whether a pending offset reset sends ``group``'s puller at ``offset`` elsewhere (wakes a held pull)."""

@@ -1,0 +1,230 @@
+"""Producer-side batching (Kafka's ``linger.ms`` / ``batch.size``): per-message async sends go out as batches.
+
+``Producer.send_async`` hands each message to the :class:`Accumulator`; whenever a send slot is free a
+worker takes what waits for a topic (up to ``max_messages`` or ``max_bytes``) and sends it as one
+batch, so the simple API is fast.  There is no fixed delay by default: while the previous
+batches are in flight, new messages gather; when nothing is in flight a message leaves at once (a
+``linger_s`` > 0 makes the sender wait that long for a batch to fill first).
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, PENDING
+
+from ..common.message import Message, SendResult
+
+__all__ = ["Accumulator", "BatchSender", "BatchedFuture"]
+
+log = logging.getLogger("sparkmq.client")
+
+#: ``sender(messages) -> results`` (one per message, in order): sends one batch of one topic, with retries.
+BatchSender = Callable[[Sequence[Message]], Sequence[SendResult]]
+
+
+class BatchedFuture(concurrent.futures.Future):  # type: ignore[type-arg]
+    """A ``concurrent.futures.Future`` of one batched message, cheap enough to make per message.
+
+    A plain Future builds its own Condition (most of the cost of ``send_async`` at 100,000s of
+    messages per second).  These share their accumulator's condition, are completed a whole batch
+    at a time under one lock hold, and build their :class:`SendResult` from the batch's packed
+    answer only when asked.  They work with ``concurrent.futures.wait``/``as_completed``, callbacks
+    and ``result``/``exception`` like any Future (waits loop, since the condition is shared).
+    """
+
+    def __init__(self, condition: threading.Condition, message: Message | None = None) -> None:  # noqa: D107
+        # No super().__init__(): that would build a Condition per future.
+        self._condition = condition
+        #: While queued: the message, its body size and when it was added (the accumulator's bookkeeping).
+        self.message = message
+        self.size = len(message.body) if message is not None else 0
+        self.added = time.monotonic()
+        self._state = PENDING
+        self._result = None
+        self._exception = None
+        self._waiters: list = []  # type: ignore[type-arg]
+        self._done_callbacks: list = []  # type: ignore[type-arg]
+        self._batch: Sequence[SendResult] | None = None
+        self._index = 0
+
+    def _wait_finished(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._state not in (FINISHED, CANCELLED, CANCELLED_AND_NOTIFIED):
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError()
+            self._condition.wait(left)
+        if self._state != FINISHED:
+            raise concurrent.futures.CancelledError()
+
+    def result(self, timeout: float | None = None) -> SendResult:
+        """The message's :class:`SendResult` (raises the batch's error)."""
+        with self._condition:
+            self._wait_finished(timeout)
+        if self._exception is not None:
+            raise self._exception
+        if self._result is None and self._batch is not None:
+            self._result = self._batch[self._index]
+        return self._result  # type: ignore[return-value]
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The batch's error, or None when the message was stored."""
+        with self._condition:
+            self._wait_finished(timeout)
+        return self._exception
+
+
+def complete_batch(futures: Sequence[BatchedFuture], condition: threading.Condition,
+                   results: Sequence[SendResult] | None, error: BaseException | None) -> None:
+    """Finish every future of a batch under one hold of their shared condition, then run callbacks."""
+    with condition:
+        for i, future in enumerate(futures):
+            future.message = None  # sent: the future no longer keeps the body alive
+            if future._state != PENDING:  # cancelled by its caller meanwhile
+                continue
+            if error is not None:
+                future._exception = error
+            else:
+                future._batch = results
+                future._index = i
+            future._state = FINISHED
+            for waiter in future._waiters:
+                if error is not None:
+                    waiter.add_exception(future)
+                else:
+                    waiter.add_result(future)
+        condition.notify_all()
+    for future in futures:
+        if future._done_callbacks:
+            future._invoke_callbacks()
+
+
+#: A queued message is its future (which holds it until sent).
+_Pending = BatchedFuture
+
+
+class Accumulator:
+    """Gathers messages per topic and sends them in batches on ``executor``, ``max_in_flight`` at a time.
+
+    No thread of its own and no lock per message: ``add`` appends to the topic's queue (a deque,
+    safe to append from any thread) and, when a send slot is free, starts a worker on the executor.
+    A worker sends batches until every queue is empty, then frees its slot.  So while slots are
+    busy, messages gather into bigger batches by themselves.
+    """
+
+    def __init__(self, sender: BatchSender, executor: concurrent.futures.Executor, *, max_messages: int = 256,
+                 max_bytes: int = 1 << 20, linger_s: float = 0.0, max_in_flight: int = 4,
+                 name: str = "sparkmq-batcher") -> None:
+        self._send = sender
+        self._executor = executor
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self.linger_s = linger_s
+        self.max_in_flight = max_in_flight
+        self.name = name
+        self._lock = threading.Lock()
+        #: Shared by every future this accumulator hands out (see :class:`BatchedFuture`).
+        self._futures_cond = threading.Condition()
+        self._queues: dict[str, collections.deque[_Pending]] = {}
+        self._in_flight = 0
+        self._idle = threading.Condition(self._lock)
+
+    def add(self, message: Message) -> concurrent.futures.Future[SendResult]:
+        """Queue ``message`` (already validated) for the next batch of its topic; a future of its result."""
+        future = BatchedFuture(self._futures_cond, message)
+        queue = self._queues.get(message.topic)
+        if queue is None:
+            with self._lock:
+                queue = self._queues.setdefault(message.topic, collections.deque())
+        queue.append(future)
+        if self._in_flight < self.max_in_flight:
+            self._start_worker()
+        return future
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every message added so far was sent (or failed); False at the timeout."""
+        self._start_worker()
+        with self._idle:
+            return self._idle.wait_for(lambda: self._in_flight == 0 and not self._pending(), timeout)
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Send what waits and wait for it (the producer shuts down)."""
+        self.flush(timeout)
+
+    def _pending(self) -> bool:
+        return any(self._queues.values())
+
+    def _start_worker(self) -> None:
+        with self._lock:
+            if self._in_flight >= self.max_in_flight or not self._pending():
+                return
+            self._in_flight += 1
+        try:
+            self._executor.submit(self._work)
+        except RuntimeError as exc:  # the executor is shut down: nobody will send what waits
+            with self._lock:
+                self._in_flight -= 1
+                batches = [self._take_all(q) for q in self._queues.values()]
+            for batch in batches:
+                complete_batch(batch, self._futures_cond, None, exc)
+
+    def _work(self) -> None:
+        try:
+            while True:
+                batch = self._take()
+                if batch is None:
+                    return
+                self._send_batch(batch)
+        finally:
+            with self._idle:
+                self._in_flight -= 1
+                self._idle.notify_all()
+            if self._pending():  # a message added while this worker was quitting
+                self._start_worker()
+
+    def _take(self) -> list[_Pending] | None:
+        """The next batch: up to max_messages / max_bytes of the topic whose oldest message waited longest."""
+        while True:
+            with self._lock:
+                oldest: collections.deque[_Pending] | None = None
+                for queue in self._queues.values():
+                    if queue and (oldest is None or queue[0].added < oldest[0].added):
+                        oldest = queue
+                if oldest is None:
+                    return None
+                wait = 0.0
+                if self.linger_s > 0 and len(oldest) < self.max_messages:
+                    wait = oldest[0].added + self.linger_s - time.monotonic()
+                if wait <= 0:
+                    batch: list[_Pending] = []
+                    size = 0
+                    while oldest and len(batch) < self.max_messages and (
+                            not batch or size + oldest[0].size <= self.max_bytes):
+                        item = oldest.popleft()
+                        batch.append(item)
+                        size += item.size
+                    return batch
+            time.sleep(wait)  # linger: let the batch fill
+
+    @staticmethod
+    def _take_all(queue: collections.deque[_Pending]) -> list[_Pending]:
+        out = []
+        while queue:
+            out.append(queue.popleft())
+        return out
+
+    def _send_batch(self, batch: list[_Pending]) -> None:
+        try:
+            results = self._send([p.message for p in batch])  # type: ignore[misc]
+        except BaseException as exc:  # noqa: BLE001  # every waiting future gets the error
+            complete_batch(batch, self._futures_cond, None, exc)
+            return
+        error = None
+        if results is None or len(results) != len(batch):
+            error = RuntimeError(f"a batch of {len(batch)} messages got {0 if results is None else len(results)} "
+                                 "results")
+        complete_batch(batch, self._futures_cond, None if error else results, error)

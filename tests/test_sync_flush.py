@@ -1,0 +1,429 @@
+"""SYNC_FLUSH group commit without a thread per waiter: ``MessageStore.wait_durable`` and ``FlushService``.
+
+What is checked: a future resolves only once the flushed offset covers it; concurrent waiters share
+few syncs and each loop gets one callback per sync; ASYNC_FLUSH answers at once; a stuck sync times
+waiters out (FLUSH_DISK_TIMEOUT, message kept) and later ones still work; shutdown answers every
+waiter; the blocking put path shares the same syncs.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from sparkmq.platform.common.errors import ErrorCode, SparkMQError
+from sparkmq.platform.common.message import Message
+from sparkmq.platform.store import FlushMode, MessageStore, PutStatus, StoreConfig
+from sparkmq.platform.store.flush import FlushService
+from sparkmq.storage_native import encode_batch
+
+pytestmark = pytest.mark.timeout(60)
+
+PREFIX = "7F00000112349ABCDEF0"
+MONTH = 1_698_796_800_000  # 2023-11-01T00:00Z
+TS = 1_700_000_000_000
+#: Small segments (and limits that fit them) keep the temp dirs small.
+SMALL = {"segment_size": 4 << 20, "max_message_size": 64 * 1024, "max_properties_size": 8000}
+
+
+def packed(n: int = 1, body: bytes = b"x" * 100) -> bytes:
+    """A packed batch of ``n`` messages for topic T, as a producer encodes it."""
+    data, _ids, _next = encode_batch([Message("T", body, tags="t")] * n, PREFIX, MONTH, 0, TS)
+    return data
+
+
+class Gate:
+    """Holds every flush while closed; counts the flushes that completed."""
+
+    def __init__(self) -> None:
+        self.open = threading.Event()
+        self.open.set()
+        self.entered = threading.Event()
+        self.completed = 0
+
+
+def gated_log_class(impl, gate: Gate) -> type:
+    """A commit-log class whose ``flush`` waits for ``gate`` (a stuck disk)."""
+
+    class GatedLog(impl.CommitLog):
+        def flush(self) -> int:
+            gate.entered.set()
+            gate.open.wait()
+            flushed = super().flush()
+            gate.completed += 1
+            return flushed
+
+    return GatedLog
+
+
+@pytest.fixture
+def make_store(tmp_path):
+    """Started stores under tmp_path (SYNC_FLUSH by default); shut down after the test."""
+    opened: list[MessageStore] = []
+
+    def make(name: str = "store", commit_log_class: type | None = None, **overrides) -> MessageStore:
+        cfg = StoreConfig(root=tmp_path / name, **{**SMALL, "flush_mode": FlushMode.SYNC_FLUSH, **overrides})
+        store = MessageStore(cfg, commit_log_class=commit_log_class).start()
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        store.shutdown()
+
+
+def count_threadsafe_calls(loop: asyncio.AbstractEventLoop) -> list[int]:
+    """Count the loop's ``call_soon_threadsafe`` calls (the flush thread's hand-outs); returns the counter."""
+    calls = [0]
+    original = loop.call_soon_threadsafe
+
+    def counting(callback: Callable[..., object], *args: object, **kwargs: object) -> asyncio.Handle:
+        calls[0] += 1
+        return original(callback, *args, **kwargs)
+
+    loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+    return calls
+
+
+# -- resolution -------------------------------------------------------------------------------------
+def test_future_resolves_only_once_the_flushed_offset_covers_it(make_store, impl):
+    gate = Gate()
+    store = make_store(commit_log_class=gated_log_class(impl, gate))
+    seen: list[tuple[int, int, int]] = []
+
+    async def main() -> None:
+        gate.open.clear()
+        results = [store.put_packed("T", 0, packed(), 1, wait=False) for _ in range(5)]
+        futures = [store.wait_durable(r.end_offset) for r in results]
+        for r, fut in zip(results, futures, strict=True):
+            fut.add_done_callback(lambda _f, end=r.end_offset: seen.append(
+                (end, store.log_offsets().flushed_offset, store._flusher.flushed_offset)))
+        await asyncio.sleep(0.1)
+        assert not any(f.done() for f in futures)  # no sync got through: nobody answered
+        gate.open.set()
+        assert await asyncio.gather(*futures) == [PutStatus.PUT_OK] * 5
+
+    asyncio.run(main())
+    assert len(seen) == 5
+    for end, log_flushed, service_flushed in seen:
+        assert log_flushed >= end and service_flushed >= end
+
+
+def test_many_waiters_share_few_syncs_and_one_callback_per_sync(make_store, impl):
+    gate = Gate()
+    store = make_store(commit_log_class=gated_log_class(impl, gate))
+    flusher = store._flusher
+    waiters = 200
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        calls = count_threadsafe_calls(loop)
+        gate.open.clear()
+        gate.entered.clear()
+        first = store.put_packed("T", 0, packed(), 1, wait=False)
+        futures = [store.wait_durable(first.end_offset)]
+        assert await asyncio.to_thread(gate.entered.wait, 5)  # the flush thread is inside a sync
+        before = flusher.flush_count
+        calls[0] = 0  # to_thread answered through call_soon_threadsafe too
+        for i in range(waiters - 1):
+            r = store.put_packed("T", i % 4, packed(), 1, wait=False)
+            futures.append(store.wait_durable(r.end_offset))
+        gate.open.set()
+        statuses = await asyncio.gather(*futures)
+        assert statuses == [PutStatus.PUT_OK] * waiters
+        # the stuck sync and one more answer everybody (a periodic sync may slip in)
+        rounds = flusher.flush_count - before
+        assert 1 <= rounds <= 3
+        assert calls[0] <= rounds  # one hand-out per sync on this loop, not one per waiter
+
+    asyncio.run(main())
+
+
+def test_concurrent_sends_group_commit_on_a_real_store(make_store, impl):
+    store = make_store()
+    flusher = store._flusher
+    per_task, tasks = 20, 32
+    before = flusher.flush_count
+
+    async def main() -> list[PutStatus]:
+        data = packed()
+
+        async def sender(q: int) -> list[PutStatus]:
+            out = []
+            for _ in range(per_task):
+                r = store.put_packed("T", q % 8, data, 1, wait=False)
+                out.append(await store.wait_durable(r.end_offset))
+            return out
+
+        return [s for chunk in await asyncio.gather(*(sender(q) for q in range(tasks))) for s in chunk]
+
+    statuses = asyncio.run(main())
+    assert statuses == [PutStatus.PUT_OK] * (per_task * tasks)
+    assert flusher.flush_count - before < per_task * tasks / 4  # many sends per fdatasync
+
+
+def test_sixty_four_coroutines_put_packed_and_await(make_store):
+    store = make_store(segment_size=16 << 20)
+    data = packed(1, b"y" * 1024)
+    ends: list[int] = []
+
+    async def main() -> list[PutStatus]:
+        loop = asyncio.get_running_loop()
+
+        async def sender(q: int) -> list[PutStatus]:
+            out = []
+            for _ in range(25):
+                r = store.put_packed("T", q % 4, data, 1, wait=False)
+                ends.append(r.end_offset)
+                out.append(await store.wait_durable(r.end_offset, loop))
+            return out
+
+        chunks = await asyncio.gather(*(sender(q) for q in range(64)))
+        return [s for chunk in chunks for s in chunk]
+
+    statuses = asyncio.run(main())
+    assert statuses == [PutStatus.PUT_OK] * 64 * 25
+    assert store.log_offsets().flushed_offset >= max(ends)
+    assert sum(store.max_offset("T", q) for q in range(4)) == 64 * 25
+
+
+def test_async_flush_and_already_flushed_resolve_at_once(make_store):
+    fast = make_store("async", flush_mode=FlushMode.ASYNC_FLUSH)
+    sync = make_store("sync")
+
+    async def main() -> None:
+        r = fast.put_packed("T", 0, packed(), 1, wait=False)
+        fut = fast.wait_durable(r.end_offset)
+        assert fut.done() and fut.result() is PutStatus.PUT_OK
+        r = sync.put_packed("T", 0, packed(), 1, wait=False)
+        assert await sync.wait_durable(r.end_offset) is PutStatus.PUT_OK
+        again = sync.wait_durable(r.end_offset)  # the flushed offset covers it already
+        assert again.done() and again.result() is PutStatus.PUT_OK
+
+    asyncio.run(main())
+
+
+def test_without_the_flush_thread_the_wait_syncs_inline(make_store):
+    store = make_store(background_services=False)
+
+    async def main() -> None:
+        r = store.put_packed("T", 0, packed(), 1, wait=False)
+        fut = store.wait_durable(r.end_offset)
+        assert fut.done() and fut.result() is PutStatus.PUT_OK
+        assert store.log_offsets().flushed_offset >= r.end_offset
+
+    asyncio.run(main())
+
+
+def test_an_offset_past_the_end_is_refused(make_store):
+    store = make_store()
+
+    async def main() -> None:
+        end = store.put_packed("T", 0, packed(), 1, wait=False).end_offset
+        with pytest.raises(SparkMQError) as info:
+            store.wait_durable(end + 1_000_000)
+        assert info.value.code is ErrorCode.OFFSET_ILLEGAL
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_waiter_does_not_disturb_the_others(make_store, impl):
+    gate = Gate()
+    store = make_store(commit_log_class=gated_log_class(impl, gate))
+
+    async def main() -> None:
+        gate.open.clear()
+        a = store.wait_durable(store.put_packed("T", 0, packed(), 1, wait=False).end_offset)
+        b = store.wait_durable(store.put_packed("T", 0, packed(), 1, wait=False).end_offset)
+        a.cancel()
+        gate.open.set()
+        assert await b is PutStatus.PUT_OK
+        assert a.cancelled()
+
+    asyncio.run(main())
+
+
+# -- timeouts -------------------------------------------------------------------------------------------
+def test_a_stuck_sync_times_waiters_out_and_later_ones_still_work(make_store, impl):
+    gate = Gate()
+    store = make_store(commit_log_class=gated_log_class(impl, gate), sync_flush_timeout_ms=200)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        timers = [0]
+        call_at = loop.call_at
+
+        def counting_call_at(*args, **kwargs):
+            timers[0] += 1
+            return call_at(*args, **kwargs)
+
+        loop.call_at = counting_call_at  # type: ignore[method-assign]
+        gate.open.clear()
+        results = [store.put_packed("T", 0, packed(), 1, wait=False) for _ in range(50)]
+        start = time.monotonic()
+        statuses = await asyncio.gather(*(store.wait_durable(r.end_offset) for r in results))
+        waited = time.monotonic() - start
+        assert statuses == [PutStatus.FLUSH_DISK_TIMEOUT] * 50
+        assert 0.15 <= waited < 3
+        assert timers[0] <= 3  # one timer per loop, not one per waiter
+        # timed out, but stored all the same
+        assert len(store.get_messages("T", 0, 0, 64).messages) == 50
+        # a thread waiting meanwhile times out too
+        got = await asyncio.to_thread(store.put, Message("T", b"blocking"), 1)
+        assert got.status is PutStatus.FLUSH_DISK_TIMEOUT
+        gate.open.set()
+        r = store.put_packed("T", 0, packed(), 1, wait=False)
+        assert await store.wait_durable(r.end_offset) is PutStatus.PUT_OK
+        assert store.put(Message("T", b"after"), 1).status is PutStatus.PUT_OK
+
+    asyncio.run(main())
+
+
+def test_a_synced_waiter_whose_hand_out_is_late_is_not_failed_at_its_deadline():
+    class Log:
+        flushed_offset = 0
+
+        def flush(self) -> int:
+            return 0
+
+    service = FlushService(Log(), 10_000, lambda _o: None, group_commit=True)
+    service.start()
+    try:
+        async def main() -> PutStatus:
+            loop = asyncio.get_running_loop()
+            fut = service.wait_async(100, loop, 0.3)
+            await asyncio.sleep(0.1)  # the flush thread synced (to 0) and went idle
+            assert not fut.done()
+            service._flushed = 100  # as if a sync covered it and its hand-out were still on the way
+            return await fut
+
+        assert asyncio.run(main()) is PutStatus.PUT_OK
+    finally:
+        service.stop()
+
+
+def test_a_loop_is_forgotten_once_it_has_had_no_waiter_for_a_timeout():
+    class Log:
+        flushed_offset = 0
+
+        def flush(self) -> int:
+            return 1_000
+
+    service = FlushService(Log(), 10_000, lambda _o: None, group_commit=True)
+    service.start()
+    try:
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            assert await service.wait_async(10, loop, 0.1) is PutStatus.PUT_OK
+            assert loop in service._loops  # its timer is still armed
+            await asyncio.sleep(0.2)
+            assert loop not in service._loops  # nothing keeps a finished loop alive
+
+        asyncio.run(main())
+    finally:
+        service.stop()
+
+
+# -- shutdown -----------------------------------------------------------------------------------------------
+def test_shutdown_answers_every_outstanding_waiter(tmp_path, impl):
+    gate = Gate()
+    cfg = StoreConfig(root=tmp_path / "s", flush_mode=FlushMode.SYNC_FLUSH, **SMALL)
+    store = MessageStore(cfg, commit_log_class=gated_log_class(impl, gate)).start()
+
+    async def main() -> list[PutStatus]:
+        gate.open.clear()
+        futures = [store.wait_durable(store.put_packed("T", 0, packed(), 1, wait=False).end_offset)
+                   for _ in range(20)]
+        blocked = asyncio.create_task(asyncio.to_thread(store.put, Message("T", b"thread"), 1))
+        await asyncio.sleep(0.05)
+        stopping = asyncio.create_task(asyncio.to_thread(store.shutdown))
+        await asyncio.sleep(0.05)
+        gate.open.set()  # the stuck sync ends; the shutdown syncs once more
+        await stopping
+        assert (await blocked).status is PutStatus.PUT_OK
+        return await asyncio.gather(*futures)
+
+    assert asyncio.run(main()) == [PutStatus.PUT_OK] * 20
+
+
+def test_stop_fails_what_the_last_sync_did_not_cover_and_later_waits_answer_at_once():
+    class Log:
+        flushed_offset = 0
+
+        def flush(self) -> int:
+            return 50  # the disk never gets past 50
+
+    service = FlushService(Log(), 10_000, lambda _o: None, group_commit=True)
+    service.start()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        covered = service.wait_async(40, loop, 30.0)
+        beyond = service.wait_async(60, loop, 30.0)
+        assert await covered is PutStatus.PUT_OK
+        await asyncio.sleep(0.05)
+        assert not beyond.done()
+        await asyncio.to_thread(service.stop)
+        assert await asyncio.wait_for(beyond, 5) is PutStatus.FLUSH_DISK_TIMEOUT
+        late = service.wait_async(70, loop, 30.0)
+        assert late.done() and late.result() is PutStatus.FLUSH_DISK_TIMEOUT
+        assert service.wait_async(10, loop, 30.0).result() is PutStatus.PUT_OK
+        assert service.wait_flushed(70, 30.0) is False
+
+    asyncio.run(main())
+
+
+def test_stop_with_a_closed_loop_does_not_hang_or_raise():
+    class Log:
+        flushed_offset = 0
+
+        def flush(self) -> int:
+            return 0
+
+    service = FlushService(Log(), 10_000, lambda _o: None, group_commit=True)
+    service.start()
+    loop = asyncio.new_event_loop()
+    fut = service.wait_async(10, loop, 30.0)
+    loop.close()
+    service.stop()
+    assert not fut.done()  # nobody is left on that loop to answer
+
+
+# -- the blocking path shares the syncs ------------------------------------------------------------------------
+def test_threads_and_coroutines_share_the_syncs(make_store):
+    store = make_store()
+    flusher = store._flusher
+    before = flusher.flush_count
+    thread_results: list[PutStatus] = []
+    lock = threading.Lock()
+
+    def writer(q: int) -> None:
+        for i in range(20):
+            status = store.put(Message("T", b"t%d" % i), q).status
+            with lock:
+                thread_results.append(status)
+
+    async def main() -> list[PutStatus]:
+        data = packed()
+
+        async def sender(q: int) -> list[PutStatus]:
+            out = []
+            for _ in range(20):
+                r = store.put_packed("T", q % 4, data, 1, wait=False)
+                out.append(await store.wait_durable(r.end_offset))
+            return out
+
+        threads = [threading.Thread(target=writer, args=(4 + t,)) for t in range(8)]
+        for t in threads:
+            t.start()
+        chunks = await asyncio.gather(*(sender(q) for q in range(32)))
+        await asyncio.to_thread(lambda: [t.join() for t in threads])
+        return [s for chunk in chunks for s in chunk]
+
+    statuses = asyncio.run(main())
+    assert statuses == [PutStatus.PUT_OK] * 640
+    assert thread_results == [PutStatus.PUT_OK] * 160
+    assert flusher.flush_count - before < 800 / 2
