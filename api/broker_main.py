@@ -28,7 +28,7 @@ from ..platform.broker.broker import Broker
 from ..platform.broker.config import DEFAULT_PORT, BrokerConfig
 from .broker_app import create_app
 from .broker_remoting import BrokerRemoting
-from .serving import Server, bind_socket
+from .serving import Server, bind_socket, run_service
 
 __all__ = ["main", "serve", "BrokerService", "bind_socket", "load_config", "load_lake_settings"]
 
@@ -239,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        started = asyncio.run(serve(config, log_level=log_level, lake=lake))
+        started = run_service(serve(config, log_level=log_level, lake=lake))
     except KeyboardInterrupt:
         return 0
     except OSError as exc:

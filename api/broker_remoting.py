@@ -135,16 +135,25 @@ class BrokerRemoting:
         message = OutgoingMessage(bytes(frame.body), req.tags, tuple(req.keys), dict(req.properties), req.msg_id)
         sending = self.broker.send_processor
 
-        def send() -> Reply:
-            result = sending.send(req.topic, message, queue_id=req.queue_id, sharding_key=req.sharding_key,
-                                  compressed=req.compressed, producer_group=req.producer_group,
-                                  born_timestamp=req.born_timestamp, born_host=_peer_host(conn),
-                                  delay_level=req.delay_level, deliver_at_ms=req.deliver_at_ms,
-                                  delay_ms=req.delay_ms)
-            return _reply(p.SendResponse(str(result.status), result.msg_id, result.offset_msg_id, result.topic,
-                                         result.broker_name, result.queue_id, result.queue_offset,
+        result, end_offset = sending.send_nowait(
+            req.topic, message, queue_id=req.queue_id, sharding_key=req.sharding_key, compressed=req.compressed,
+            producer_group=req.producer_group, born_timestamp=req.born_timestamp, born_host=_peer_host(conn),
+            delay_level=req.delay_level, deliver_at_ms=req.deliver_at_ms, delay_ms=req.delay_ms)
+        reply = _reply(p.SendResponse(str(result.status), result.msg_id, result.offset_msg_id, result.topic,
+                                      result.broker_name, result.queue_id, result.queue_offset,
+                                      result.store_timestamp))
+        if not sending.send_may_block:
+            return reply
+
+        async def durable() -> Reply:
+            # SYNC_FLUSH: answer once a group-commit sync covers the message (a loop future, no thread).
+            status = await self.broker.store.wait_durable(end_offset, self._loop)
+            if status is PutStatus.PUT_OK:
+                return reply
+            return _reply(p.SendResponse(str(sending.send_status(status)), result.msg_id, result.offset_msg_id,
+                                         result.topic, result.broker_name, result.queue_id, result.queue_offset,
                                          result.store_timestamp))
-        return _threaded(send) if sending.send_may_block else send()
+        return durable()
 
     def _send_batch(self, conn: ServerConnection, frame: Frame) -> Reply | Awaitable[Reply]:
         req = decode_header(frame, p.SendBatchRequest)
@@ -157,11 +166,12 @@ class BrokerRemoting:
                                          producer_group=req.producer_group, born_host=_peer_host(conn))
             return _batch_reply(result)
 
+        result = sending.send_packed(req.topic, frame.body, req.count, queue_id=req.queue_id,
+                                     sharding_key=req.sharding_key, compressed=req.compressed,
+                                     producer_group=req.producer_group, born_host=_peer_host(conn), wait=False)
+
         async def durable() -> Reply:
-            result = sending.send_packed(req.topic, frame.body, req.count, queue_id=req.queue_id,
-                                         sharding_key=req.sharding_key, compressed=req.compressed,
-                                         producer_group=req.producer_group, born_host=_peer_host(conn), wait=False)
-            status = await anyio.to_thread.run_sync(self.broker.store.await_durable, result.end_offset)
+            status = await self.broker.store.wait_durable(result.end_offset, self._loop)
             if status is not PutStatus.PUT_OK:
                 return _batch_reply(result, sending.send_status(status))
             return _batch_reply(result)

@@ -25,7 +25,7 @@ from ..platform.broker.config import BrokerConfig
 from ..platform.namesrv import NameServerConfig, RouteTable
 from .broker_main import BrokerService
 from .namesrv_app import create_app as create_namesrv_app
-from .serving import Server, bind_socket, serve_app
+from .serving import Server, bind_socket, run_service, serve_app
 
 __all__ = ["EmbeddedPlatform"]
 
@@ -112,7 +112,7 @@ class EmbeddedPlatform:
 
     def _run(self, namesrv_sock: Any) -> None:
         try:
-            asyncio.run(self._serve(namesrv_sock))
+            run_service(self._serve(namesrv_sock))
         except BaseException as exc:  # surfaced to start() / stop()
             self._error = exc
         finally:

@@ -6,14 +6,13 @@ SIGTERM or Ctrl-C stops it (queued sends finish first).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from collections.abc import Callable, Sequence
 
 from ..platform.client.config import ClientConfig
 from ..platform.client.producer import Producer
 from .gateway_app import GATEWAY_PRODUCER_GROUP, create_app
-from .serving import announcer, bind_socket, serve_app
+from .serving import announcer, bind_socket, run_service, serve_app
 
 __all__ = ["main", "serve", "DEFAULT_PORT"]
 
@@ -43,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = {} if args.send_timeout_s is None else {"send_timeout_s": args.send_timeout_s}
     try:
-        started = asyncio.run(serve(args.namesrv, args.host, args.port, group=args.group, log_level=args.log_level,
+        started = run_service(serve(args.namesrv, args.host, args.port, group=args.group, log_level=args.log_level,
                                     **settings))
     except KeyboardInterrupt:
         return 0

@@ -6,14 +6,13 @@ once it accepts connections; SIGTERM or Ctrl-C stops it cleanly.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from collections.abc import Callable, Sequence
 
 from ..platform.namesrv import NameServerConfig, RouteTable
 from ..platform.namesrv.config import DEFAULT_BROKER_EXPIRY_S, DEFAULT_PORT, DEFAULT_SCAN_INTERVAL_S
 from .namesrv_app import create_app
-from .serving import Server, announcer, bind_socket, serve_app
+from .serving import Server, announcer, bind_socket, run_service, serve_app
 
 __all__ = ["main", "serve"]
 
@@ -51,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     try:
-        started = asyncio.run(serve(config, log_level=args.log_level))
+        started = run_service(serve(config, log_level=args.log_level))
     except KeyboardInterrupt:
         return 0
     except OSError as exc:

@@ -7,6 +7,7 @@ Everything a user needs is importable from here::
 from ..common.message import Message
 from ..common.wire import ReceivedMessage
 from .admin import AdminClient, GroupLag, QueueLag, QueueStats
+from .aio import AsyncConsumer, AsyncProducer
 from .allocation import (
     DEFAULT_STRATEGY,
     STRATEGIES,
@@ -47,6 +48,8 @@ __all__ = [
     "AllocateAveragelyByCircle",
     "AllocateConsistentHash",
     "AllocateStrategy",
+    "AsyncConsumer",
+    "AsyncProducer",
     "BrokerClient",
     "ClientConfig",
     "ConsumeFromWhere",

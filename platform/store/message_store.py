@@ -339,8 +339,12 @@ class MessageStore:
 
     def put(self, msg: Message, queue_id: int, *, born_host: str | None = None,
             born_timestamp: int | None = None, reconsume_times: int = 0, sys_flag: int = 0,
-            prepared_offset: int = 0, cq_tag_hash: int | None = None, note: AppendNote | None = None) -> PutResult:
+            prepared_offset: int = 0, cq_tag_hash: int | None = None, note: AppendNote | None = None,
+            wait: bool = True) -> PutResult:
         """Append one message to ``queue_id`` of its topic.
+
+        ``wait=False`` returns before a SYNC_FLUSH sync covers it (the caller waits for
+        ``commitlog_offset + store_size`` with :meth:`wait_durable`).
 
         Bad input raises ``SparkMQError`` and writes nothing.  Under SYNC_FLUSH the
         call returns after a sync covers the message (FLUSH_DISK_TIMEOUT if none
@@ -366,12 +370,12 @@ class MessageStore:
         stored = PutResult(PutStatus.PUT_OK, unique_id, offset_msg_id, msg.topic, qid, queue_offset, offset,
                            store_ts, size)
         self._notify(AppendEvent(msg.topic, qid, (stored,), (msg,), born, note))
-        status = self._await_durable(offset + size)
+        status = self._await_durable(offset + size) if wait else PutStatus.PUT_OK
         return stored if status is PutStatus.PUT_OK else dataclasses.replace(stored, status=status)
 
     def put_batch(self, topic: str, queue_id: int, messages: Sequence[Message], *,
                   born_host: str | None = None, born_timestamp: int | None = None,
-                  sys_flag: int = 0, note: AppendNote | None = None) -> list[PutResult]:
+                  sys_flag: int = 0, note: AppendNote | None = None, wait: bool = True) -> list[PutResult]:
         """Append messages of one topic to one queue in one call (consecutive queue offsets).
 
         Every message is validated first; one bad message rejects the whole batch.
@@ -407,7 +411,7 @@ class MessageStore:
         stored = [PutResult(PutStatus.PUT_OK, ids[i], encode_offset_msg_id(host_text, off, self._id_prefix), topic,
                             qid, first + i, off, store_ts, sizes[i]) for i, off in enumerate(offsets)]
         self._notify(AppendEvent(topic, qid, stored, messages, born, note))
-        status = self._await_durable(offsets[-1] + sizes[-1])
+        status = self._await_durable(offsets[-1] + sizes[-1]) if wait else PutStatus.PUT_OK
         if status is not PutStatus.PUT_OK:
             stored = [dataclasses.replace(r, status=status) for r in stored]
         return stored

@@ -124,6 +124,8 @@ class SendProcessor(Processor):
              deliver_at_ms: int | None = None, delay_ms: int | None = None) -> SendResult:
         """Store one message; the topic is auto-created (after storing) when allowed.
 
+        Under SYNC_FLUSH this waits for the disk sync (see :meth:`send_nowait` for an event loop).
+
         Queue choice: ``queue_id`` (a write queue), else a stable hash of ``sharding_key``
         over the write queues, else round-robin.
 
@@ -132,6 +134,25 @@ class SendProcessor(Processor):
         the schedule or timer topic until due; the answer's queue id and offset are then
         those of the parked copy, its msg_id the message's own.
         """
+        return self._send(topic, message, queue_id, sharding_key, compressed, producer_group, born_timestamp,
+                          born_host, delay_level, deliver_at_ms, delay_ms, wait=True)[0]
+
+    def send_nowait(self, topic: str, message: OutgoingMessage, *, queue_id: int | None = None,
+                    sharding_key: str | None = None, compressed: bool = False, producer_group: str | None = None,
+                    born_timestamp: int | None = None, born_host: str | None = None, delay_level: int | None = None,
+                    deliver_at_ms: int | None = None, delay_ms: int | None = None) -> tuple[SendResult, int]:
+        """:meth:`send` without waiting for a SYNC_FLUSH sync: (the result, the log offset to wait for).
+
+        The caller waits with ``store.wait_durable(end_offset)`` (an event loop, no thread) and
+        answers FLUSH_DISK_TIMEOUT itself when that says so.
+        """
+        return self._send(topic, message, queue_id, sharding_key, compressed, producer_group, born_timestamp,
+                          born_host, delay_level, deliver_at_ms, delay_ms, wait=False)
+
+    def _send(self, topic: str, message: OutgoingMessage, queue_id: int | None, sharding_key: str | None,
+              compressed: bool, producer_group: str | None, born_timestamp: int | None, born_host: str | None,
+              delay_level: int | None, deliver_at_ms: int | None, delay_ms: int | None, *,
+              wait: bool) -> tuple[SendResult, int]:
         started = time.perf_counter()
         try:
             with self._operation():
@@ -139,15 +160,16 @@ class SendProcessor(Processor):
                 msg, sys_flag = self.to_message(topic, message, compressed)
                 result = self._put_or_park(msg, qid, self._delay_of(msg, delay_level, deliver_at_ms, delay_ms),
                                            born_host=born_host, born_timestamp=born_timestamp, sys_flag=sys_flag,
-                                           note=AppendNote("send", topic))
+                                           note=AppendNote("send", topic), wait=wait)
         except SparkMQError as exc:
             self.metrics.send_failed(exc.code.name)
             raise
         self.ensure_topic(topic)
         # A parked message counts under its system topic now and under its own topic when delivered.
         self.metrics.sent(result.topic, 1, len(msg.body), time.perf_counter() - started)
-        return SendResult(self.send_status(result.status), result.msg_id, result.offset_msg_id, topic, self.name,
-                          result.queue_id, result.queue_offset, result.store_timestamp, result.commitlog_offset)
+        return (SendResult(self.send_status(result.status), result.msg_id, result.offset_msg_id, topic, self.name,
+                           result.queue_id, result.queue_offset, result.store_timestamp, result.commitlog_offset),
+                result.commitlog_offset + result.store_size)
 
     def send_packed(self, topic: str, data: bytes | memoryview, count: int, *, queue_id: int | None = None,
                     sharding_key: str | None = None, compressed: bool = False, producer_group: str | None = None,
