@@ -28,6 +28,7 @@ from typing import Any
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.validation import validate_group, validate_topic
 from ..common.wire import ReceivedMessage
+from ..remoting import new_event_loop
 from .allocation import AllocateStrategy, MessageQueue
 from .broker_remoting import AsyncBrokerRouter
 from .config import ClientConfig
@@ -226,7 +227,7 @@ class ConsumerBase(ABC):
 
     # -- the event loop ---------------------------------------------------------------------------
     def _start_loop(self) -> None:
-        loop = asyncio.new_event_loop()
+        loop = new_event_loop()  # uvloop: cheaper reads and wake-ups on the pull path
         ready = threading.Event()
 
         def run() -> None:

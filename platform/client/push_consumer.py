@@ -239,17 +239,22 @@ class PushConsumer(ConsumerBase):
         if self._orderly_listener is not None:
             self._schedule_orderly(pq)
             return
-        size = self.config.consume_batch_size
-        for i in range(0, len(messages), size):
-            self._submit(pq, messages[i:i + size])
+        self._submit(pq, messages)
 
-    def _submit(self, pq: ProcessQueue, batch: list[ReceivedMessage]) -> None:
+    def _submit(self, pq: ProcessQueue, messages: list[ReceivedMessage]) -> None:
+        # One task per pulled batch, calling the listener with ``consume_batch_size`` messages at a time:
+        # a task per message would cost more than most listeners (pulls of other queues run in parallel).
         if self._executor is None or pq.dropped:
             return
         try:
-            self._executor.submit(self._consume, pq, batch)
+            self._executor.submit(self._consume_pulled, pq, messages)
         except RuntimeError:  # shutting down: the messages stay unfinished and are not committed
             pass
+
+    def _consume_pulled(self, pq: ProcessQueue, messages: list[ReceivedMessage]) -> None:
+        size = self.config.consume_batch_size
+        for i in range(0, len(messages), size):
+            self._consume(pq, messages[i:i + size])
 
     def _consume(self, pq: ProcessQueue, batch: list[ReceivedMessage]) -> None:
         if pq.dropped:  # the queue moved to another member, which will deliver these
