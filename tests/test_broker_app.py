@@ -602,3 +602,12 @@ def test_shutdown_releases_held_pulls_and_refuses_work(serve_broker, tmp_path: P
         assert result["body"]["status"] == "NO_MATCHED_QUEUE"
         assert time.monotonic() - started < 10  # released at once, not after the 15 s hold
         assert not server.broker.running
+
+
+def test_a_query_by_key_without_the_lake_says_where_the_index_lives(http: httpx.Client) -> None:
+    # The key index is the lake's message_keys table: without it the answer is a stable error, never an empty
+    # success for a key that may well exist.
+    ok(http.post("/topics/NoLake/messages", json={"body": "hello", "keys": ["k-1"]}))
+    answer = error(http.get("/query/messages", params={"topic": "NoLake", "key": "k-1"}), 503, "LAKE_NOT_AVAILABLE")
+    assert "message_keys" in answer["message"]
+    error(http.get("/query/messages", params={"msg_id": "00AA"}), 503, "LAKE_NOT_AVAILABLE")

@@ -94,6 +94,17 @@ class LakeIndex:
         except TableNotFoundError:
             return None  # the dispatch job has not run yet: nothing indexed
 
+    def _index(self) -> ds.Dataset:
+        """The key index (``message_keys``); LAKE_NOT_AVAILABLE when this broker's lake has not written it."""
+        dataset = self._dataset("message_keys")
+        if dataset is None:
+            # Never an empty answer for a key that may well exist: say where the index lives.
+            raise SparkMQError(ErrorCode.LAKE_NOT_AVAILABLE,
+                               f"the key index is the lake's message_keys table ({self.lake_root}), which this "
+                               "broker's lake has not written: run the broker with its lake (--lake) or "
+                               "`sparkmq lake` for the cluster, and query once its dispatch job ran")
+        return dataset
+
     def _locations(self, table: pa.Table, max_hits: int) -> list[Location]:
         if table.num_rows == 0:
             return []
@@ -108,9 +119,7 @@ class LakeIndex:
         validate_topic(topic)
         if not isinstance(key, str) or not key:
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "the key must be a non-empty string")
-        dataset = self._dataset("message_keys")
-        if dataset is None:
-            return []
+        dataset = self._index()
         found = dataset.to_table(columns=_LOCATION_COLUMNS, filter=(ds.field("key") == key)
                                  & (ds.field("key_type") == "key") & (ds.field("topic") == topic))
         return self._locations(found, _check_hits(max_hits))
@@ -119,9 +128,7 @@ class LakeIndex:
         """Where the message with this unique id was stored (a redriven or retried copy adds a row)."""
         if not isinstance(msg_id, str) or not msg_id:
             raise SparkMQError(ErrorCode.MESSAGE_ID_ILLEGAL, "the message id must be a non-empty string")
-        dataset = self._dataset("message_keys")
-        if dataset is None:
-            return []
+        dataset = self._index()
         found = dataset.to_table(columns=_LOCATION_COLUMNS,
                                  filter=(ds.field("key") == msg_id) & (ds.field("key_type") == "msg_id"))
         return self._locations(found, _check_hits(max_hits))
@@ -134,9 +141,7 @@ class LakeIndex:
                 raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"{name} must be epoch milliseconds >= 0")
         if end_ms <= begin_ms:
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"end ({end_ms}) must be after begin ({begin_ms})")
-        dataset = self._dataset("message_keys")
-        if dataset is None:
-            return []
+        dataset = self._index()
         found = dataset.to_table(columns=_LOCATION_COLUMNS, filter=(ds.field("key_type") == "msg_id")
                                  & (ds.field("topic") == topic) & (ds.field("store_ts") >= _ts(begin_ms))
                                  & (ds.field("store_ts") < _ts(end_ms)))

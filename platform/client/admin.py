@@ -121,8 +121,18 @@ class AdminClient:
         params = {k: v for k, v in {"topic": topic, "key": key, "msg_id": msg_id, "begin": begin_ms,
                                     "end": end_ms, "max": max_hits}.items() if v is not None}
         found: list[ReceivedMessage] = []
+        no_lake: SparkMQError | None = None
+        answered = 0
         for addr in sorted(self.masters(cluster).values()):
-            found += self._brokers.get(addr).query_messages(params)
+            try:
+                found += self._brokers.get(addr).query_messages(params)
+                answered += 1
+            except SparkMQError as exc:
+                if exc.code is not ErrorCode.LAKE_NOT_AVAILABLE:
+                    raise
+                no_lake = exc  # this broker keeps no index; the others' answers stand
+        if not answered and no_lake is not None:
+            raise no_lake
         found.sort(key=lambda m: (m.store_timestamp, m.queue_offset), reverse=True)
         return found[:max_hits]
 

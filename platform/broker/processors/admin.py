@@ -133,7 +133,7 @@ class AdminProcessor(Processor):
             commitlog = {"min_offset": bounds.min_offset, "max_offset": bounds.max_offset,
                          "flushed_offset": bounds.flushed_offset}
         return {"cluster": self.config.cluster, "broker_name": self.name, "broker_id": self.config.broker_id,
-                "addr": self.broker.addr, "role": str(self.config.role),
+                "addr": self.broker.addr, "remoting_addr": self.broker.remoting_addr, "role": str(self.config.role),
                 "namesrv_addrs": list(self.config.namesrv_addrs),
                 "commitlog": commitlog, "topics": len(self.topics), "clients": self.clients.client_count()}
 
