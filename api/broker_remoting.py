@@ -102,6 +102,7 @@ class BrokerRemoting:
             RequestCode.POST_TRACE: self._post_trace,
         }
         broker.clients.add_change_listener(self._on_group_change)
+        broker.consumer_processor.add_reset_listener(self._on_offset_reset)
         broker.checks.add_offer_listener(self._on_check_offered)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -332,6 +333,13 @@ class BrokerRemoting:
             conn = self.connection_of(member)
             if conn is not None:
                 conn.push(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, notice)
+
+    def _on_offset_reset(self, group: str, topic: str, offsets: dict[int, int]) -> None:
+        notice = _encode(p.OffsetResetNotice(group, topic, self.broker.name, offsets))
+        for member in self.broker.clients.members(group):
+            conn = self.connection_of(member)
+            if conn is not None:
+                conn.push(RequestCode.NOTIFY_OFFSET_RESET, notice)
 
     def _on_check_offered(self, producer_group: str) -> None:
         self._push_pending_checks(producer_group)

@@ -202,3 +202,32 @@ def test_the_name_server_routes_name_the_remoting_endpoint(broker: dict[str, str
     wait_until(lambda: httpx.get(f"{namesrv.url}/routes/Equal", timeout=5).status_code == 200, 10, "a route")
     route = httpx.get(f"{namesrv.url}/routes/Equal", timeout=5).json()
     assert route["broker_datas"][0]["remoting_addrs"] == {"0": broker["remoting"]}
+
+
+def test_an_offset_reset_is_pushed_to_the_group_members(broker: dict[str, str]) -> None:
+    url, remoting = broker["url"], broker["remoting"]
+    group = "cg-reset-push"
+    httpx.post(f"{url}/topics/ResetPushed/messages", json={"body": "a", "queue_id": 0}, timeout=5).raise_for_status()
+    consumer = p.ConsumerGroupData(group, subscriptions=[p.SubscriptionData("ResetPushed")])
+
+    async def run() -> p.OffsetResetNotice:
+        notices: asyncio.Queue[p.OffsetResetNotice] = asyncio.Queue()
+
+        def on_push(addr: str, frame: Frame) -> None:
+            if frame.code == RequestCode.NOTIFY_OFFSET_RESET:
+                notices.put_nowait(_decode(frame.header, p.OffsetResetNotice))
+
+        member = AsyncRemotingClient(on_push=on_push)
+        try:
+            await member.request(remoting, RequestCode.HEARTBEAT,
+                                 _encode(p.HeartbeatRequest("member-r", consumers=[consumer])))
+            answer = await asyncio.to_thread(httpx.post, f"{url}/consumers/{group}/offsets/reset",
+                                             json={"topic": "ResetPushed", "offsets": {"0": 1}}, timeout=5)
+            answer.raise_for_status()
+            return await asyncio.wait_for(notices.get(), 2)
+        finally:
+            await member.close()
+
+    notice = asyncio.run(run())
+    assert (notice.group, notice.topic, notice.broker_name, notice.offsets) == (group, "ResetPushed", "broker-a",
+                                                                                 {0: 1})

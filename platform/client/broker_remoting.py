@@ -15,7 +15,7 @@ import asyncio
 import collections
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import msgspec
@@ -29,7 +29,8 @@ from ..common.wire import ReceivedMessage, decode_body, encode_body, inflate
 from ..remoting import AsyncRemotingClient, Frame, Response, SyncRemotingClient
 from .remoting import BrokerClient
 
-__all__ = ["RemotingBrokerClient", "AsyncRemotingBrokers", "decode_pulled", "offset_msg_ids"]
+__all__ = ["RemotingBrokerClient", "AsyncRemotingBrokers", "AsyncBrokerRouter", "decode_pulled", "offset_msg_ids",
+           "on_offset_reset", "forget_offset_reset"]
 
 H = TypeVar("H", bound=p.Header)
 
@@ -81,6 +82,24 @@ class _PushInbox:
         self._checks: dict[str, collections.deque[p.TransactionCheckNotice]] = {}
         #: (remoting addr, group) -> the events of the watches waiting on it, with their loops.
         self._watches: dict[tuple[str, str], list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+        #: group -> the consumers of this process told about pushed offset resets.
+        self._reset_handlers: dict[str, list[Callable[[p.OffsetResetNotice], None]]] = {}
+
+    def on_offset_reset(self, group: str, handler: Callable[[p.OffsetResetNotice], None]) -> None:
+        with self._lock:
+            self._reset_handlers.setdefault(group, []).append(handler)
+
+    def forget_offset_reset(self, group: str, handler: Callable[[p.OffsetResetNotice], None]) -> None:
+        with self._lock:
+            handlers = self._reset_handlers.get(group, [])
+            if handler in handlers:
+                handlers.remove(handler)
+
+    def offset_reset(self, notice: p.OffsetResetNotice) -> None:
+        with self._lock:
+            handlers = list(self._reset_handlers.get(notice.group, ()))
+        for handler in handlers:
+            handler(notice)
 
     def watch(self, key: tuple[str, str], event: asyncio.Event) -> None:
         with self._lock:
@@ -129,6 +148,18 @@ def _on_push(addr: str, frame: Frame) -> None:
     elif frame.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
         notice = _decode(frame.header, p.GroupChangedNotice)
         _INBOX.group_changed(addr, notice.group)
+    elif frame.code == RequestCode.NOTIFY_OFFSET_RESET:
+        _INBOX.offset_reset(_decode(frame.header, p.OffsetResetNotice))
+
+
+def on_offset_reset(group: str, handler: Callable[[p.OffsetResetNotice], None]) -> None:
+    """Call ``handler(notice)`` (on a connection's loop thread) when a broker pushes an offset reset of ``group``."""
+    _INBOX.on_offset_reset(group, handler)
+
+
+def forget_offset_reset(group: str, handler: Callable[[p.OffsetResetNotice], None]) -> None:
+    """Stop calling ``handler`` (a consumer shutting down)."""
+    _INBOX.forget_offset_reset(group, handler)
 
 
 class RemotingBrokerClient:

@@ -26,11 +26,12 @@ from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from ..common.errors import ErrorCode, SparkMQError
+from ..common.protocol import OffsetResetNotice
 from ..common.validation import validate_group, validate_topic
 from ..common.wire import ReceivedMessage
 from ..remoting import new_event_loop
 from .allocation import AllocateStrategy, MessageQueue
-from .broker_remoting import AsyncBrokerRouter
+from .broker_remoting import AsyncBrokerRouter, forget_offset_reset, on_offset_reset
 from .config import ClientConfig
 from .offset_store import LocalOffsetStore, OffsetStore, RemoteOffsetStore
 from .process_queue import ProcessQueue
@@ -165,6 +166,7 @@ class ConsumerBase(ABC):
         try:
             self.offset_store.load()
             self._start_loop()
+            on_offset_reset(self.group, self._on_pushed_reset)
             for topic in self._topics():
                 try:
                     self._routes.get(topic)
@@ -199,6 +201,7 @@ class ConsumerBase(ABC):
                 return
             self._state = "stopping"
         self._scheduler.stop()
+        forget_offset_reset(self.group, self._on_pushed_reset)
         if self._loop is not None and self._loop.is_running():
             self._run_on_loop(self._cancel_all_pulls()).result(timeout=30)
         if before_commit is not None:
@@ -523,6 +526,21 @@ class ConsumerBase(ABC):
             if self._restart_at(mq, stored):
                 moved.append(mq)
         return moved
+
+    def _on_pushed_reset(self, notice: OffsetResetNotice) -> None:
+        """A broker pushed an offset reset of this group: restart the held queues it names there at once."""
+        if self.message_model is MessageModel.BROADCASTING:
+            return  # broadcasting members keep their own offsets
+
+        def restart() -> None:
+            held = set(self._rebalance.process_queues())
+            for queue_id, offset in notice.offsets.items():
+                mq = MessageQueue(notice.topic, notice.broker_name, int(queue_id))
+                if mq in held:
+                    log.info("%s: the offset of %s@%s was reset to %d; restarting there", self.group, mq.topic,
+                             mq.key, offset)
+                    self._restart_at(mq, int(offset))
+        self._call_on_loop(restart)
 
     def _restart_at(self, mq: MessageQueue, offset: int) -> bool:
         """Restart the held queue ``mq`` at a reset ``offset``, forgetting its in-memory progress; whether it was

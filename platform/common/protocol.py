@@ -386,10 +386,11 @@ class GroupChangedNotice(Header):
 
 
 class OffsetResetNotice(Header):
-    """NOTIFY_OFFSET_RESET: an admin moved a group's offsets on a topic ({queue id: offset})."""
+    """NOTIFY_OFFSET_RESET: an admin moved a group's offsets of a topic on ``broker_name`` ({queue id: offset})."""
 
     group: str
     topic: str
+    broker_name: str
     offsets: dict[int, int]
 
 

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ...common.errors import ErrorCode, SparkMQError
 from ...common.system_topics import (
@@ -12,6 +12,9 @@ from ...common.system_topics import (
 from ...common.validation import validate_group
 from ..client_manager import ConsumerData, GroupInfo, MessageModel
 from ..locks import QueueRef
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 from .base import Processor, cached_filter, check_int
 
 __all__ = ["ConsumerProcessor"]
@@ -21,6 +24,15 @@ log = logging.getLogger("sparkmq.broker")
 
 class ConsumerProcessor(Processor):
     """Consumer management: heartbeats, groups, queue locks, committed offsets, lag and offset reset."""
+
+    def __init__(self, broker: Broker) -> None:
+        super().__init__(broker)
+        self._reset_listeners: list[Callable[[str, str, dict[int, int]], None]] = []
+
+    def add_reset_listener(self, listener: Callable[[str, str, dict[int, int]], None]) -> None:
+        """Call ``listener(group, topic, {queue_id: offset})`` after an offset reset (the remoting adapter pushes
+        it to the group's members)."""
+        self._reset_listeners.append(listener)
 
     def reset_offsets(self, group: str, topic: str, *, timestamp: int | None = None,
                       offsets: dict[int, int] | None = None) -> dict[str, Any]:
@@ -61,6 +73,11 @@ class ConsumerProcessor(Processor):
         self.offsets.reset(group, topic, new, fence=not broadcasting)
         for queue_id in new:
             self.holds.notify_put(topic, queue_id)  # held pulls of the group come back with OFFSET_RESET
+        for listener in list(self._reset_listeners):
+            try:
+                listener(group, topic, dict(new))
+            except Exception:  # a listener's bug must not fail a reset that is done
+                log.exception("offset reset listener failed")
         version = self.clients.bump_version(group)
         log.info("group %s reset on %s to %s", group, topic, new)
         return {"group": group, "topic": topic, "offsets": {str(q): o for q, o in sorted(new.items())},
