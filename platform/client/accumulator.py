@@ -107,19 +107,26 @@ def complete_batch(futures: Sequence[BatchedFuture], condition: threading.Condit
 _Pending = BatchedFuture
 
 
-class Accumulator:
-    """Gathers messages per topic and sends them in batches on ``executor``, ``max_in_flight`` at a time.
+#: ``starter(messages) -> future of results``: a batch's first try without blocking, or None (then the
+#: blocking :data:`BatchSender` sends it on the executor).
+BatchStarter = Callable[[list[Message]], "concurrent.futures.Future[Sequence[SendResult]] | None"]
 
-    No thread of its own and no lock per message: ``add`` appends to the topic's queue (a deque,
-    safe to append from any thread) and, when a send slot is free, starts a worker on the executor.
-    A worker sends batches until every queue is empty, then frees its slot.  So while slots are
-    busy, messages gather into bigger batches by themselves.
+
+class Accumulator:
+    """Gathers messages per topic and sends them in batches, ``max_in_flight`` at a time.
+
+    No thread of its own and no lock per message: ``add`` appends to the topic's queue (a deque, safe to
+    append from any thread) and, when a send slot is free, dispatches a batch at once.  A batch goes out
+    from the calling thread when ``starter`` can send it without blocking (remoting), else on the executor;
+    when a batch finishes, its slot dispatches what gathered meanwhile.  So while slots are busy, messages
+    gather into bigger batches by themselves.  Futures are completed on the executor, never on an I/O loop.
     """
 
     def __init__(self, sender: BatchSender, executor: concurrent.futures.Executor, *, max_messages: int = 256,
                  max_bytes: int = 1 << 20, linger_s: float = 0.0, max_in_flight: int = 4,
-                 name: str = "sparkmq-batcher") -> None:
+                 starter: BatchStarter | None = None, name: str = "sparkmq-batcher") -> None:
         self._send = sender
+        self._start = starter
         self._executor = executor
         self.max_messages = max_messages
         self.max_bytes = max_bytes
@@ -132,6 +139,7 @@ class Accumulator:
         self._queues: dict[str, collections.deque[_Pending]] = {}
         self._in_flight = 0
         self._idle = threading.Condition(self._lock)
+        self._linger_timer: threading.Timer | None = None
 
     def add(self, message: Message) -> concurrent.futures.Future[SendResult]:
         """Queue ``message`` (already validated) for the next batch of its topic; a future of its result."""
@@ -142,89 +150,100 @@ class Accumulator:
                 queue = self._queues.setdefault(message.topic, collections.deque())
         queue.append(future)
         if self._in_flight < self.max_in_flight:
-            self._start_worker()
+            self._dispatch()
         return future
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every message added so far was sent (or failed); False at the timeout."""
-        self._start_worker()
+        self._dispatch(force=True)
         with self._idle:
             return self._idle.wait_for(lambda: self._in_flight == 0 and not self._pending(), timeout)
 
     def close(self, timeout: float = 60.0) -> None:
         """Send what waits and wait for it (the producer shuts down)."""
         self.flush(timeout)
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
 
     def _pending(self) -> bool:
         return any(self._queues.values())
 
-    def _start_worker(self) -> None:
-        with self._lock:
-            if self._in_flight >= self.max_in_flight or not self._pending():
-                return
-            self._in_flight += 1
-        try:
-            self._executor.submit(self._work)
-        except RuntimeError as exc:  # the executor is shut down: nobody will send what waits
-            with self._lock:
-                self._in_flight -= 1
-                batches = [self._take_all(q) for q in self._queues.values()]
-            for batch in batches:
-                complete_batch(batch, self._futures_cond, None, exc)
-
-    def _work(self) -> None:
-        try:
-            while True:
-                batch = self._take()
-                if batch is None:
-                    return
-                self._send_batch(batch)
-        finally:
-            with self._idle:
-                self._in_flight -= 1
-                self._idle.notify_all()
-            if self._pending():  # a message added while this worker was quitting
-                self._start_worker()
-
-    def _take(self) -> list[_Pending] | None:
-        """The next batch: up to max_messages / max_bytes of the topic whose oldest message waited longest."""
+    def _dispatch(self, force: bool = False) -> None:
+        """Send batches while slots are free and messages wait (``force``: ignore the linger)."""
         while True:
             with self._lock:
-                oldest: collections.deque[_Pending] | None = None
-                for queue in self._queues.values():
-                    if queue and (oldest is None or queue[0].added < oldest[0].added):
-                        oldest = queue
-                if oldest is None:
-                    return None
-                wait = 0.0
-                if self.linger_s > 0 and len(oldest) < self.max_messages:
-                    wait = oldest[0].added + self.linger_s - time.monotonic()
-                if wait <= 0:
-                    batch: list[_Pending] = []
-                    size = 0
-                    while oldest and len(batch) < self.max_messages and (
-                            not batch or size + oldest[0].size <= self.max_bytes):
-                        item = oldest.popleft()
-                        batch.append(item)
-                        size += item.size
-                    return batch
-            time.sleep(wait)  # linger: let the batch fill
+                if self._in_flight >= self.max_in_flight:
+                    return
+                batch = self._take(force)
+                if batch is None:
+                    return
+                self._in_flight += 1
+            self._launch(batch)
 
-    @staticmethod
-    def _take_all(queue: collections.deque[_Pending]) -> list[_Pending]:
-        out = []
-        while queue:
-            out.append(queue.popleft())
-        return out
+    def _launch(self, batch: list[_Pending]) -> None:
+        started = None
+        if self._start is not None:
+            try:
+                started = self._start([p.message for p in batch])  # type: ignore[misc]
+            except Exception as exc:  # noqa: BLE001  # a bad batch: its futures get the error
+                self._finish(batch, None, exc)
+                return
+        try:
+            if started is None:
+                self._executor.submit(self._send_batch, batch)
+            else:
+                started.add_done_callback(lambda f: self._executor.submit(self._started_done, batch, f))
+        except RuntimeError as exc:  # the executor is shut down: nobody will send these
+            self._finish(batch, None, exc)
+
+    def _take(self, force: bool) -> list[_Pending] | None:
+        """The next batch (lock held): up to max_messages / max_bytes of the topic whose oldest message waited
+        longest; None when nothing waits, or the linger asks to wait for more."""
+        oldest: collections.deque[_Pending] | None = None
+        for queue in self._queues.values():
+            if queue and (oldest is None or queue[0].added < oldest[0].added):
+                oldest = queue
+        if oldest is None:
+            return None
+        if not force and self.linger_s > 0 and len(oldest) < self.max_messages:
+            wait = oldest[0].added + self.linger_s - time.monotonic()
+            if wait > 0:
+                self._arm_linger(wait)
+                return None
+        batch: list[_Pending] = []
+        size = 0
+        while oldest and len(batch) < self.max_messages and (not batch or size + oldest[0].size <= self.max_bytes):
+            item = oldest.popleft()
+            batch.append(item)
+            size += item.size
+        return batch
+
+    def _arm_linger(self, wait: float) -> None:
+        # One timer at a time: when it fires, what gathered goes out.
+        if self._linger_timer is None or not self._linger_timer.is_alive():
+            self._linger_timer = threading.Timer(wait, self._dispatch, kwargs={"force": True})
+            self._linger_timer.daemon = True
+            self._linger_timer.start()
 
     def _send_batch(self, batch: list[_Pending]) -> None:
         try:
             results = self._send([p.message for p in batch])  # type: ignore[misc]
         except BaseException as exc:  # noqa: BLE001  # every waiting future gets the error
-            complete_batch(batch, self._futures_cond, None, exc)
+            self._finish(batch, None, exc)
             return
-        error = None
-        if results is None or len(results) != len(batch):
+        self._finish(batch, results, None)
+
+    def _started_done(self, batch: list[_Pending], started: concurrent.futures.Future[Sequence[SendResult]]) -> None:
+        error = started.exception()
+        self._finish(batch, None if error is not None else started.result(), error)
+
+    def _finish(self, batch: list[_Pending], results: Sequence[SendResult] | None,
+                error: BaseException | None) -> None:
+        if error is None and (results is None or len(results) != len(batch)):
             error = RuntimeError(f"a batch of {len(batch)} messages got {0 if results is None else len(results)} "
                                  "results")
         complete_batch(batch, self._futures_cond, None if error else results, error)
+        with self._idle:
+            self._in_flight -= 1
+            self._idle.notify_all()
+        self._dispatch()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -58,6 +59,11 @@ def decode_pulled(response: Response, broker_name: str) -> PullResult:
     messages = (decode_records(response.body, broker_name, ReceivedMessage, _inflate_compressed)
                 if header.count else [])
     return PullResult(pull_status(header.status), header.next_offset, header.min_offset, header.max_offset, messages)
+
+
+def decode_batch_answer(response: Response) -> tuple[p.SendBatchResponse, bytes]:
+    """A SEND_BATCH answer: the header and each message's commit-log offset packed."""
+    return _decode(response.header, p.SendBatchResponse), bytes(response.body)
 
 
 def offset_msg_ids(store_host: str, offsets: bytes) -> list[str]:
@@ -203,8 +209,13 @@ class RemotingBrokerClient:
     def send_packed(self, req: p.SendBatchRequest, data: bytes,
                     timeout: float | None = None) -> tuple[p.SendBatchResponse, bytes]:
         """SEND_BATCH: a packed batch; (the answer, each message's commit-log offset packed)."""
-        response = self.request(RequestCode.SEND_BATCH, req, data, timeout)
-        return _decode(response.header, p.SendBatchResponse), bytes(response.body)
+        return decode_batch_answer(self.request(RequestCode.SEND_BATCH, req, data, timeout))
+
+    def send_packed_future(self, req: p.SendBatchRequest, data: bytes,
+                           timeout: float | None = None) -> concurrent.futures.Future[Response]:
+        """SEND_BATCH without blocking: a future of the raw answer (decode with :func:`decode_batch_answer`)."""
+        return self._remoting.request_future(self.remoting_addr, RequestCode.SEND_BATCH, _encode(req), data,
+                                             timeout if timeout is not None else self._timeout)
 
     def pull_request(self, req: p.PullRequest, broker_name: str, timeout: float | None = None) -> PullResult:
         """PULL_MESSAGE: ``timeout`` must exceed the request's ``wait_ms``."""

@@ -48,7 +48,7 @@ from ..common.validation import validate_group, validate_topic
 from ..common.wire import SendRow, encode_body, send_rows_to_arrow, to_ipc
 from .accumulator import Accumulator
 from .allocation import MessageQueue
-from .broker_remoting import RemotingBrokerClient
+from .broker_remoting import RemotingBrokerClient, decode_batch_answer
 from .config import ClientConfig
 from .fault import LatencyFaultTolerance, QueueSelector
 from .remoting import BrokerClientPool, NameServerClient, RemotingError
@@ -206,7 +206,7 @@ class Producer:
             self._executor = concurrent.futures.ThreadPoolExecutor(self.config.async_send_threads,
                                                                    thread_name_prefix=f"sparkmq-send-{self.group}")
             if self.config.async_batching:
-                self._batcher = Accumulator(self._send_batch_lazily, self._executor,
+                self._batcher = Accumulator(self._send_batch_lazily, self._executor, starter=self._start_batch,
                                             max_messages=self.config.batch_max_messages,
                                             max_bytes=self.config.batch_max_bytes,
                                             linger_s=self.config.linger_ms / 1000,
@@ -507,21 +507,21 @@ class Producer:
         return self._send_batch(msgs, None, None, None, False)
 
     def _send_batch(self, msgs: Sequence[Message], timeout: float | None, sharding_key: str | None,
-                    queue_selector: QueueSelectorFn | None, arrow: bool) -> Sequence[SendResult]:
+                    queue_selector: QueueSelectorFn | None, arrow: bool,
+                    packed_as: tuple[bytes, list[str]] | None = None) -> Sequence[SendResult]:
         self._check_running()
         if not msgs:
             raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, "a batch needs at least one message")
         topics = {m.topic for m in msgs if isinstance(m, Message)}
         if len(topics) != 1 or not all(isinstance(m, Message) for m in msgs):
             raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, f"a batch holds Messages of one topic, got topics {topics}")
-        # One flag per request: a batch compresses all its bodies or none (when its largest needs it).
-        compress = max(len(m.body) for m in msgs if isinstance(m.body, bytes | bytearray | memoryview)) \
-            > self.config.compress_threshold if any(isinstance(m.body, bytes | bytearray | memoryview)
-                                                   for m in msgs) else False
+        compress = self._compress_batch(msgs) if all(isinstance(m.body, bytes | bytearray | memoryview)
+                                                     for m in msgs) else False
         topic = validate_topic(msgs[0].topic)
         born_ms = int(time.time() * 1000)
         begin = time.monotonic()
-        packed: list[Any] = []  # (data, msg ids): made once, sent again unchanged by a retry
+        # (data, msg ids): made once, sent again unchanged by a retry (given when a first try was made elsewhere)
+        packed: list[Any] = [packed_as] if packed_as is not None else []
         prepared_once: list[list[_Prepared]] = []
 
         def prepared_messages() -> list[_Prepared]:
@@ -531,13 +531,7 @@ class Producer:
 
         def packed_batch() -> tuple[bytes, list[str]]:
             if not packed:
-                wire = [self._compressed_copy(m) for m in msgs] if compress else msgs
-                try:
-                    data, ids, _ = self._ids.with_state(
-                        born_ms, lambda prefix, month, counter: encode_batch(wire, prefix, month, counter, born_ms))
-                except StoreError as exc:  # the native encoder's validation: one stable code
-                    raise SparkMQError(ErrorCode[exc.code], exc.message) from None
-                packed.append((data, ids))
+                packed.append(self._pack(msgs, compress, born_ms))
             return packed[0]
 
         ordered = None
@@ -578,6 +572,73 @@ class Producer:
 
         results = self._with_retries(topic, timeout, ordered, attempt)
         return results
+
+    def _pack(self, msgs: Sequence[Message], compress: bool, born_ms: int) -> tuple[bytes, list[str]]:
+        """The packed batch and its message ids (ids, properties and validation made by the native encoder)."""
+        wire = [self._compressed_copy(m) for m in msgs] if compress else msgs
+        try:
+            data, ids, _ = self._ids.with_state(
+                born_ms, lambda prefix, month, counter: encode_batch(wire, prefix, month, counter, born_ms))
+        except StoreError as exc:  # the native encoder's validation: one stable code
+            raise SparkMQError(ErrorCode[exc.code], exc.message) from None
+        return data, ids
+
+    def _compress_batch(self, msgs: Sequence[Message]) -> bool:
+        # One flag per request: a batch compresses all its bodies or none (when its largest needs it).
+        return max(len(m.body) for m in msgs) > self.config.compress_threshold
+
+    def _start_batch(self, msgs: list[Message]) -> concurrent.futures.Future[Sequence[SendResult]] | None:
+        """The first try of a ``send_async`` batch without blocking (the accumulator's fast path), or None.
+
+        Over remoting to a known route the request goes out from the calling thread at once (no hop to a send
+        thread); a failed try is retried by the blocking path with the same packed batch (same ids).  None
+        (no cached route, an HTTP broker) sends the whole batch the blocking way.
+        """
+        topic = msgs[0].topic
+        route = self._routes.cached(topic)
+        if route is None or not route.write_queues:
+            return None
+        mq = self._selector.select(route.write_queues)
+        addr = route.master_addr(mq.broker_name)
+        client = self._brokers.get(addr) if addr is not None else None
+        if not isinstance(client, RemotingBrokerClient) or addr not in self._met_addrs:
+            return None  # a broker first met goes the blocking way, which heartbeats it
+        compress = self._compress_batch(msgs)
+        born_ms = int(time.time() * 1000)
+        data, ids = self._pack(msgs, compress, born_ms)
+        begin = time.monotonic()
+        sent = client.send_packed_future(protocol.SendBatchRequest(
+            topic, len(ids), mq.queue_id, None, self.group, compress), data, self.config.send_timeout_s)
+        out: concurrent.futures.Future[Sequence[SendResult]] = concurrent.futures.Future()
+
+        def done(f: concurrent.futures.Future[Any]) -> None:  # on the connection's loop: hand work off
+            error = f.exception()
+            if error is None:
+                self.fault.update(mq.broker_name, (time.monotonic() - begin) * 1000)
+                answer, offsets = decode_batch_answer(f.result())
+                out.set_result(BatchSendResults(answer, ids, offsets))
+                return
+            if isinstance(error, SparkMQError) and error.code in _BROKER_FAULT_CODES:
+                unreachable = isinstance(error, RemotingError) and not error.timed_out
+                self.fault.update(mq.broker_name, (time.monotonic() - begin) * 1000, isolation=True,
+                                  reachable=not unreachable)
+            retryable = isinstance(error, SparkMQError) and error.code in RETRYABLE_CODES
+            if not retryable:
+                out.set_exception(error)
+                return
+
+            def retry() -> None:
+                try:
+                    out.set_result(self._send_batch(msgs, None, None, None, False, packed_as=(data, ids)))
+                except BaseException as exc:  # noqa: BLE001  # the batch's futures get it
+                    out.set_exception(exc)
+            try:
+                assert self._executor is not None
+                self._executor.submit(retry)
+            except RuntimeError as exc:  # shutting down
+                out.set_exception(exc)
+        sent.add_done_callback(done)
+        return out
 
     def _compressed_copy(self, m: Message) -> Message:
         if len(m.body) > self.config.max_message_size:

@@ -38,6 +38,7 @@ Example::
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import logging
 import threading
@@ -134,6 +135,10 @@ class PushConsumer(ConsumerBase):
         self._listener: MessageListener | None = None
         self._orderly_listener: OrderlyMessageListener | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        #: Chunks waiting for a consume thread, and how many workers drain them (see :meth:`_submit`).
+        self._work: collections.deque[tuple[ProcessQueue, list[ReceivedMessage]]] = collections.deque()
+        self._workers = 0
+        self._workers_lock = threading.Lock()
         self._stats_lock = threading.Lock()
         self._stats = {"consumed": 0, "failed": 0, "redelivered": 0, "dropped": 0, "sent_back": 0, "dlq": 0,
                        "suspended": 0}
@@ -242,19 +247,37 @@ class PushConsumer(ConsumerBase):
         self._submit(pq, messages)
 
     def _submit(self, pq: ProcessQueue, messages: list[ReceivedMessage]) -> None:
-        # One task per pulled batch, calling the listener with ``consume_batch_size`` messages at a time:
-        # a task per message would cost more than most listeners (pulls of other queues run in parallel).
+        # Chunks of ``consume_batch_size`` go to one shared work queue that up to ``consume_threads`` workers
+        # drain: each chunk is its own unit (a slow message holds up only its worker, as in RocketMQ), but a
+        # task is submitted only when a worker is missing, not once per message.
         if self._executor is None or pq.dropped:
             return
-        try:
-            self._executor.submit(self._consume_pulled, pq, messages)
-        except RuntimeError:  # shutting down: the messages stay unfinished and are not committed
-            pass
-
-    def _consume_pulled(self, pq: ProcessQueue, messages: list[ReceivedMessage]) -> None:
         size = self.config.consume_batch_size
+        work = self._work
         for i in range(0, len(messages), size):
-            self._consume(pq, messages[i:i + size])
+            work.append((pq, messages[i:i + size]))
+        with self._workers_lock:
+            missing = min(len(work), self.config.consume_threads) - self._workers
+            self._workers += max(0, missing)
+        for _ in range(missing):
+            try:
+                self._executor.submit(self._drain_work)
+            except RuntimeError:  # shutting down: the messages stay unfinished and are not committed
+                with self._workers_lock:
+                    self._workers -= 1
+
+    def _drain_work(self) -> None:
+        work = self._work
+        while True:
+            try:
+                pq, chunk = work.popleft()
+            except IndexError:
+                with self._workers_lock:
+                    if not work:  # re-checked under the lock: a submit in between counted on this worker
+                        self._workers -= 1
+                        return
+                continue
+            self._consume(pq, chunk)
 
     def _consume(self, pq: ProcessQueue, batch: list[ReceivedMessage]) -> None:
         if pq.dropped:  # the queue moved to another member, which will deliver these
