@@ -1,8 +1,9 @@
 """How the Spark side reaches a sparkmq cluster: endpoints, queue discovery, queue bounds, Arrow pulls.
 
 Shared by the ``sparkmq`` source (:mod:`.source`), the sink (:mod:`.sink`) and the dispatch
-job (:mod:`.dispatch`).  Everything goes through the brokers' and name servers' HTTP API
-(``docs/http-api.md``), so Spark may run anywhere that reaches them.
+job (:mod:`.dispatch`).  Discovery, bounds and commits go through the brokers' and name servers'
+HTTP API (``docs/http-api.md``), so Spark may run anywhere that reaches them; the source's pulls
+go over the brokers' binary remoting protocol (``docs/remoting.md``) where a broker serves it.
 
 * :class:`Endpoints` -- a cluster is reached through name servers (``"host:port;host:port"``)
   or, without name servers, through brokers named directly (``"broker-a=host:port,..."``).
@@ -12,7 +13,15 @@ job (:mod:`.dispatch`).  Everything goes through the brokers' and name servers' 
   :class:`~sparkmq.platform.client.NameServerClient`, :class:`~sparkmq.platform.client.BrokerClient`
   and :class:`~sparkmq.platform.client.TopicRouteInfo`, so routes mean the same as for consumers.
 * :func:`pull_arrow` (executor side) -- one pull answered as an Arrow table (``PULL_SCHEMA``)
-  plus the ``X-Pull-*`` headers, over a per-process connection pool.
+  and the pull's status and offsets: a remoting PULL_MESSAGE whose body (the stored records)
+  is decoded in bulk by :mod:`~sparkmq.platform.common.record_columns`, over one remoting
+  client per process; or, for a broker without a remoting endpoint, an HTTP Arrow pull over a
+  per-process connection pool.
+
+The remoting endpoint of a broker comes from the name servers' routes (``remoting_addrs`` of
+the broker data) or, without name servers, from the broker's ``GET /broker`` (its
+``remoting_addr``, when it reports one).  The driver puts it into each partition, so executors
+in other processes need no discovery of their own.
 
 Topic names are percent-encoded in request paths here: ``%RETRY%`` / ``%DLQ%`` topics hold
 ``%`` signs that would otherwise be decoded as escapes by the server.
@@ -23,16 +32,27 @@ import concurrent.futures
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
 
+import msgspec
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sparkmq.platform.client import BrokerClient, MessageQueue, NameServerClient, TopicRouteInfo
 from sparkmq.platform.client.remoting import BrokerClientPool, error_from_response
+from sparkmq.platform.client.routes import MASTER_ID
+from sparkmq.platform.common import protocol
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
+from sparkmq.platform.common.filtering import parse_tags
+from sparkmq.platform.common.protocol import RequestCode
+from sparkmq.platform.common.record_columns import decode_records, packed_records_array
+from sparkmq.platform.common.wire import PULL_SCHEMA
+from sparkmq.platform.remoting import RemotingError, Response, SyncRemotingClient
 
 __all__ = [
     "ClusterView",
@@ -41,6 +61,7 @@ __all__ = [
     "PullPage",
     "QueueBounds",
     "pull_arrow",
+    "pull_remoting",
     "queue_sort_key",
     "topic_path",
 ]
@@ -162,6 +183,8 @@ class ClusterView:
         self._lock = threading.Lock()
         #: broker name -> address to read from, as last seen in a route
         self._addrs: dict[str, str] = dict(endpoints.brokers)
+        #: broker name -> remoting endpoint of that address, as last seen (absent: HTTP only)
+        self._remoting: dict[str, str] = {}
 
     def close(self) -> None:
         """Close every connection and the request threads."""
@@ -191,51 +214,85 @@ class ClusterView:
         with self._lock:
             return self._addrs.get(broker_name)
 
-    def _remember(self, routes: Iterable[TopicRouteInfo]) -> None:
+    def remoting_addr_of(self, broker_name: str) -> str | None:
+        """The remoting endpoint of ``broker_name``'s read address, when it serves one."""
+        with self._lock:
+            return self._remoting.get(broker_name)
+
+    def _remember(self, routes: Iterable[TopicRouteInfo], remoting: Mapping[str, str | None]) -> None:
+        """Keep each route's read addresses and, per broker name seen in ``remoting``, its endpoint (or none)."""
         with self._lock:
             for route in routes:
                 for name in route.broker_names:
                     addr = route.read_addr(name)
                     if addr:
                         self._addrs[name] = addr
+            for name, endpoint in remoting.items():
+                if endpoint:
+                    self._remoting[name] = endpoint
+                else:  # the broker stopped serving remoting (or an old one took its place)
+                    self._remoting.pop(name, None)
 
     # -- topics and routes ---------------------------------------------------------------------------
-    def _broker_topic_configs(self) -> dict[str, list[dict[str, Any]]]:
-        """Direct mode: each reachable broker's topic configs (``GET /topics``), by broker name."""
+    def _broker_topic_configs(self, with_remoting: bool = False
+                              ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, str | None]]:
+        """Direct mode: each reachable broker's topic configs (``GET /topics``), by broker name.
+
+        With ``with_remoting``, also each answering broker's remoting endpoint (the
+        ``remoting_addr`` of ``GET /broker``; None when it reports none or does not say).
+        """
         names = [n for n, _ in self.endpoints.brokers]
-        answers = self._parallel(lambda n: self.broker(dict(self.endpoints.brokers)[n]).topics(), names)
+        addrs = dict(self.endpoints.brokers)
+
+        def ask(name: str) -> tuple[list[dict[str, Any]], str | None]:
+            client = self.broker(addrs[name])
+            configs = client.topics()
+            if not with_remoting:
+                return configs, None
+            try:
+                endpoint = _get_json(client, "/broker").get("remoting_addr")
+            except SparkMQError as exc:  # the topics answered: read this broker over HTTP for now
+                log.debug("broker %s did not describe itself: %s", name, exc)
+                endpoint = None
+            return configs, endpoint if isinstance(endpoint, str) and endpoint else None
+
         out: dict[str, list[dict[str, Any]]] = {}
-        for name, answer in zip(names, answers, strict=True):
+        remoting: dict[str, str | None] = {}
+        for name, answer in zip(names, self._parallel(ask, names), strict=True):
             if isinstance(answer, SparkMQError):
                 log.warning("broker %s did not list its topics: %s", name, answer)
                 continue
-            out[name] = answer
-        return out
+            out[name], remoting[name] = answer
+        return out, remoting
 
     def topic_names(self) -> list[str]:
         """Every topic the cluster serves, sorted (the name server's list, or the union of the brokers')."""
         if self._namesrv is not None:
             return sorted(self._namesrv.topic_list())
-        return sorted({c["topic"] for configs in self._broker_topic_configs().values() for c in configs})
+        return sorted({c["topic"] for configs in self._broker_topic_configs()[0].values() for c in configs})
 
     def routes(self, topics: Iterable[str]) -> dict[str, TopicRouteInfo]:
         """The routes of ``topics`` that exist now (a topic no broker serves is left out)."""
         wanted = sorted(set(topics))
         out: dict[str, TopicRouteInfo] = {}
+        remoting: dict[str, str | None] = {}
         if self._namesrv is not None:
             ns = self._namesrv
 
-            def fetch(topic: str) -> TopicRouteInfo:
-                return TopicRouteInfo.from_dict(topic, ns.request("GET", f"/routes/{topic_path(topic)}"))
+            def fetch(topic: str) -> tuple[TopicRouteInfo, dict[str, str | None]]:
+                data = ns.request("GET", f"/routes/{topic_path(topic)}")
+                route = TopicRouteInfo.from_dict(topic, data)
+                return route, _route_remoting(route, data)
 
             for topic, answer in zip(wanted, self._parallel(fetch, wanted), strict=True):
                 if isinstance(answer, SparkMQError):
                     if answer.code is not ErrorCode.TOPIC_NOT_EXIST:
                         raise answer
                     continue
-                out[topic] = answer
+                out[topic], endpoints = answer
+                remoting.update(endpoints)
         else:
-            configs = self._broker_topic_configs()
+            configs, remoting = self._broker_topic_configs(with_remoting=True)
             addrs = dict(self.endpoints.brokers)
             for topic in wanted:
                 queue_datas = [{"broker_name": name, **{k: c[k] for k in ("read_queue_nums", "write_queue_nums",
@@ -246,7 +303,7 @@ class ClusterView:
                                for q in queue_datas]
                     out[topic] = TopicRouteInfo.from_dict(topic, {"queue_datas": queue_datas,
                                                                   "broker_datas": brokers})
-        self._remember(out.values())
+        self._remember(out.values(), remoting)
         return out
 
     # -- offsets -------------------------------------------------------------------------------------
@@ -319,6 +376,25 @@ class ClusterView:
         return done
 
 
+def _route_remoting(route: TopicRouteInfo, data: Mapping[str, Any]) -> dict[str, str | None]:
+    """Per broker name of ``route``: the remoting endpoint of its read address (master, else lowest slave), or None.
+
+    ``remoting_addrs`` of a route's broker data maps broker ids (as strings) to endpoints; a
+    broker without remoting (an older one, or ``--remoting-port -1``) has no entry.
+    """
+    out: dict[str, str | None] = {}
+    for broker in data.get("broker_datas") or ():
+        name = str(broker.get("broker_name"))
+        by_id = route.broker_addrs.get(name)
+        if not by_id:
+            continue
+        read_id = MASTER_ID if MASTER_ID in by_id else min(by_id)
+        endpoints = {str(k): v for k, v in (broker.get("remoting_addrs") or {}).items()}
+        endpoint = endpoints.get(str(read_id))
+        out[name] = endpoint if isinstance(endpoint, str) and endpoint else None
+    return out
+
+
 def _get_json(client: BrokerClient, path: str, params: Mapping[str, Any] | None = None) -> Any:
     """GET ``path`` (already percent-encoded) on ``client``'s broker; the JSON answer or a ``SparkMQError``.
 
@@ -358,16 +434,158 @@ def _executor_pool(timeout_s: float) -> BrokerClientPool:
         return pool
 
 
-def pull_arrow(addr: str, topic: str, queue_id: int, offset: int, max_messages: int, *, tags: str = "*",
-               timeout_s: float = 30.0, broker_name: str | None = None) -> PullPage:
-    """Pull up to ``max_messages`` from ``offset`` with ``Accept: application/vnd.apache.arrow.stream``.
+_remoting_lock = threading.Lock()
+_remoting_client: SyncRemotingClient | None = None
+#: remoting endpoint -> monotonic time until which pulls to it go over HTTP (it refused a connection)
+_remoting_down: dict[str, float] = {}
+#: How long an endpoint that could not be reached is left alone before remoting is tried again.
+_REMOTING_RETRY_S = 10.0
+_FOUND = str(protocol.PullStatus.FOUND)
 
-    ``BrokerClient.pull(arrow=True)`` turns the Arrow answer into Python objects row by row;
-    this keeps it columnar (``BrokerClient.pull_arrow_table``, served by the broker's bulk
-    path).  Given ``broker_name``, an unfiltered pull carries the stored records and is decoded
-    here, on the executor, instead of on the broker.  Never long-polls (``wait_ms=0``): Spark
-    plans what exists.  Raises ``SparkMQError`` (``RemotingError`` when the broker is unreachable).
+_encode_header = msgspec.msgpack.Encoder().encode
+_decode_pull_response = msgspec.msgpack.Decoder(protocol.PullResponse).decode
+#: This thread's pull sent ahead (see ``prefetch_until``): its (endpoint, topic, queue, offset, max, tags) and answer.
+_ahead = threading.local()
+
+
+def _executor_remoting() -> SyncRemotingClient:
+    # One client per Python worker process, like the HTTP pool: its connections (one per broker,
+    # many pulls in flight on each) outlive partitions and micro-batches.  Each pull gives its
+    # own timeout.
+    global _remoting_client
+    with _remoting_lock:
+        if _remoting_client is None:
+            _remoting_client = SyncRemotingClient()
+        return _remoting_client
+
+
+def pull_arrow(addr: str, topic: str, queue_id: int, offset: int, max_messages: int, *, tags: str = "*",
+               timeout_s: float = 30.0, broker_name: str | None = None,
+               remoting_addr: str | None = None, prefetch_until: int | None = None) -> PullPage:
+    """Pull up to ``max_messages`` from ``offset`` as an Arrow table (``PULL_SCHEMA``) and the pull's offsets.
+
+    Given ``remoting_addr`` and ``broker_name``: a remoting PULL_MESSAGE without a group (up to
+    ``MAX_BULK_PULL_BATCH`` messages), whose body -- the stored records -- is decoded here in
+    bulk, no object per message (:func:`pull_remoting`).  When that endpoint cannot be
+    reached (refused, reset: the pull was not served), this pull and those of the next
+    :data:`_REMOTING_RETRY_S` seconds go over HTTP instead; a timeout is raised as it is.
+    ``prefetch_until`` (the end of the range being read) lets a remoting pull send the next
+    one before decoding its answer (see :func:`pull_remoting`).
+
+    Otherwise an HTTP pull with ``Accept: application/vnd.apache.arrow.stream``
+    (``BrokerClient.pull_arrow_table``, the broker's bulk path; given ``broker_name``, an
+    unfiltered pull carries the stored records, decoded here too).  Never long-polls
+    (``wait_ms=0``): Spark plans what exists.  Raises ``SparkMQError`` (``RemotingError`` when
+    the broker is unreachable).
     """
+    if remoting_addr is not None and broker_name is not None and _remoting_down.get(remoting_addr, 0) <= \
+            time.monotonic():
+        try:
+            return pull_remoting(remoting_addr, broker_name, topic, queue_id, offset, max_messages, tags=tags,
+                                 timeout_s=timeout_s, prefetch_until=prefetch_until)
+        except RemotingError as exc:
+            if exc.timed_out:
+                raise
+            _remoting_down[remoting_addr] = time.monotonic() + _REMOTING_RETRY_S
+            log.warning("remoting endpoint %s of %s unreachable (%s); pulling over HTTP from %s for %gs",
+                        remoting_addr, broker_name, exc.message, addr, _REMOTING_RETRY_S)
     answer = _executor_pool(timeout_s).get(addr).pull_arrow_table(topic, queue_id, offset, max_messages,
                                                                    tags=tags or "*", broker_name=broker_name)
     return PullPage(answer.status, answer.next_offset, answer.min_offset, answer.max_offset, answer.table)
+
+
+def _send_pull(key: tuple[str, str, int, int, int, str | None], timeout_s: float) -> Future[Response]:
+    """Send the PULL_MESSAGE ``key`` names (endpoint, topic, queue, offset, max, tags); its answer to come."""
+    endpoint, topic, queue_id, offset, max_messages, tags = key
+    request = protocol.PullRequest(topic, queue_id, offset, max_messages, tags=tags, wait_ms=0)
+    return _executor_remoting().request_future(endpoint, RequestCode.PULL_MESSAGE, _encode_header(request), b"",
+                                               timeout_s)
+
+
+def pull_remoting(remoting_addr: str, broker_name: str, topic: str, queue_id: int, offset: int, max_messages: int,
+                  *, tags: str = "*", timeout_s: float = 30.0, prefetch_until: int | None = None) -> PullPage:
+    """One remoting PULL_MESSAGE (no group, ``wait_ms`` 0) decoded into a ``PULL_SCHEMA`` table.
+
+    The frame body (records back to back) becomes a binary array over the received buffer
+    (:func:`~sparkmq.platform.common.record_columns.packed_records_array`) and then columns
+    (:func:`~sparkmq.platform.common.record_columns.decode_records`).  A tag-filtered pull is
+    matched by tag hash on the broker; the tag strings are checked again here, so a hash
+    collision never lets a message through that HTTP would have filtered out.
+
+    With ``prefetch_until``: when the answer is FOUND and its next offset is below it, the pull
+    a range reader makes next -- from there, ``min(max_messages, prefetch_until - next)`` -- is
+    sent before this answer is decoded, so the broker's copy and the transfer overlap the
+    decoding.  A later call asking exactly that takes its answer; anything else drops it (pulls
+    without a group change nothing on the broker).
+    """
+    wanted = parse_tags(tags or "*")
+    key = (remoting_addr, topic, queue_id, offset, max_messages, None if wanted is None else tags)
+    ahead: tuple[tuple[str, str, int, int, int, str | None], Future[Response]] | None = getattr(_ahead, "pull", None)
+    _ahead.pull = None
+    answer = ahead[1] if ahead is not None and ahead[0] == key else _send_pull(key, timeout_s)
+    response = answer.result()  # the request's own timer fails it after timeout_s
+    try:
+        header = _decode_pull_response(response.header)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"{remoting_addr}: malformed PullResponse: {exc}") from None
+    if prefetch_until is not None and header.status == _FOUND and offset < header.next_offset < prefetch_until:
+        following = (*key[:3], header.next_offset, min(max_messages, prefetch_until - header.next_offset), key[5])
+        _ahead.pull = (following, _send_pull(following, timeout_s))
+    if header.count:
+        batch = decode_records(packed_records_array(response.body, header.count), broker_name)
+        if wanted is not None:
+            batch = batch.filter(pc.fill_null(pc.is_in(batch.column("tags"), value_set=pa.array(sorted(wanted))),
+                                              False))
+        table = pa.Table.from_batches([batch])
+    else:
+        table = PULL_SCHEMA.empty_table()
+    return PullPage(header.status, header.next_offset, header.min_offset, header.max_offset, table)
+
+
+def pull_queue_range(addr: str, topic: str, queue_id: int, start: int, end: int, *, broker_name: str,
+                     timeout_s: float = 30.0, max_per_pull: int = 8192,
+                     remoting_addr: str | None = None) -> tuple[pa.Table, list[tuple[int, int]]]:
+    """The messages at queue offsets ``[start, end)`` of one queue as one table (``PULL_SCHEMA``, offset order),
+    and the sub-ranges the broker no longer has (``[(from, to), ...]``: retention, a lost tail).
+
+    Pages through :func:`pull_arrow` (unfiltered bulk pulls: the broker copies the stored
+    records, they are decoded here; over ``remoting_addr`` when given), so reading a range costs
+    the broker no Python per message.
+    Used by the trace job to expand batch trace records.  Raises ``SparkMQError`` when the
+    broker cannot be reached or answers something unknown.
+    """
+    # (imported here: this function was added without touching the module's imports, which are being reworked)
+    import pyarrow.compute as pc
+
+    from sparkmq.platform.common.protocol import PullStatus
+    from sparkmq.platform.common.wire import PULL_SCHEMA
+
+    tables: list[pa.Table] = []
+    missing: list[tuple[int, int]] = []
+    offset = start
+    while offset < end:
+        page = pull_arrow(addr, topic, queue_id, offset, min(max_per_pull, end - offset), timeout_s=timeout_s,
+                          broker_name=broker_name, remoting_addr=remoting_addr)
+        if page.status == PullStatus.FOUND:
+            if page.table.num_rows:
+                tables.append(page.table)
+            nxt = page.next_offset
+        elif page.status == PullStatus.NO_MATCHED_MSG:
+            nxt = page.next_offset
+        elif page.status == PullStatus.OFFSET_TOO_SMALL:
+            nxt = max(page.min_offset, page.next_offset)
+            missing.append((offset, min(nxt, end)))
+        elif page.status in (PullStatus.NO_NEW_MSG, PullStatus.OFFSET_OVERFLOW, PullStatus.NO_MATCHED_QUEUE):
+            missing.append((offset, end))
+            break
+        else:
+            raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"unknown pull status {page.status!r} from {addr}")
+        if nxt <= offset:
+            raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"{topic} {broker_name}/{queue_id}: a pull at {offset} "
+                                                         f"did not advance ({page.status}, next {nxt})")
+        offset = nxt
+    if not tables:
+        return PULL_SCHEMA.empty_table(), missing
+    # Pages decoded here and pages the broker built (its lake tier) may differ in nullability only.
+    table = pa.concat_tables([t.select(PULL_SCHEMA.names).cast(PULL_SCHEMA) for t in tables])
+    return table.filter(pc.less(table.column("queue_offset"), end)), missing

@@ -11,8 +11,10 @@ Register it once per SparkSession, then read::
           .option("maxMessagesPerTrigger", 10000)
           .load())
 
-It reads through the brokers' HTTP API with Arrow pulls, so it works from any Spark cluster
-that reaches the brokers.  The same format name writes, see :mod:`.sink`.
+The driver plans through the name servers' and brokers' HTTP API; executors pull over the
+brokers' binary remoting protocol where a broker's route names a remoting endpoint (the stored
+records, decoded in bulk into Arrow), else over HTTP with Arrow pulls.  So it works from any
+Spark cluster that reaches the brokers.  The same format name writes, see :mod:`.sink`.
 
 Columns (:data:`SOURCE_SCHEMA`; one row per message)
 ====================  =====================  ===============================================
@@ -63,7 +65,7 @@ Options (names are case-insensitive; an unknown option is an error that names it
   the checkpoint, as with Kafka; the group's offsets are only a view of it.
 * ``raw`` (default false): the stored form -- body as stored (zlib-compressed when ``sys_flag``
   has 0x1) and every property including TAGS, KEYS and UNIQ_KEY.  The dispatch job reads this.
-* ``requestTimeoutMs`` (default 30000): timeout of each HTTP request.
+* ``requestTimeoutMs`` (default 30000): timeout of each request (HTTP or remoting pull).
 
 Offsets (checkpoints, ``startingOffsets``) are ``{"topic": {"brokerName/queueId": nextOffset}}``
 with topics, broker names and queue ids in sorted order.  A queue that appears while a stream
@@ -110,6 +112,7 @@ from sparkmq.platform.client import MessageQueue
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 from sparkmq.platform.common.filtering import parse_tags
 from sparkmq.platform.common.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQUE_ID
+from sparkmq.platform.common.protocol import MAX_BULK_PULL_BATCH, MAX_PULL_BATCH
 from sparkmq.platform.common.sysflag import COMPRESSED
 from sparkmq.platform.common.system_topics import is_system_topic
 from sparkmq.platform.common.validation import validate_group, validate_topic
@@ -187,10 +190,11 @@ _NO_PROPERTIES = pa.array([], type=pa.string())
 _FOUND, _NO_NEW, _NO_MATCHED = "FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG"
 _TOO_SMALL, _OVERFLOW, _NO_QUEUE = "OFFSET_TOO_SMALL", "OFFSET_OVERFLOW", "NO_MATCHED_QUEUE"
 
-#: The broker's caps on one pull: a tag-filtered one (MAX_PULL_BATCH) and a bulk Arrow one
-#: (MAX_ARROW_PULL_BATCH), and the default: big pulls spread each request's fixed cost.
-_MAX_FILTERED_PULL = 1024
-_MAX_PULL = 16384
+#: The broker's caps on one pull: a tag-filtered one (MAX_PULL_BATCH) and a bulk one (an HTTP
+#: Arrow pull, or a remoting pull without a group: MAX_BULK_PULL_BATCH), and the default: big
+#: pulls spread each request's fixed cost.
+_MAX_FILTERED_PULL = MAX_PULL_BATCH
+_MAX_PULL = MAX_BULK_PULL_BATCH
 _DEFAULT_PULL = 8192
 
 EARLIEST, LATEST = -2, -1
@@ -452,9 +456,9 @@ def source_arrow_schema() -> pa.Schema:
 def _filtered_offsets(offsets: pa.Array, keep: pa.Array) -> pa.Array:
     """List offsets (from 0) after keeping the child values ``keep`` (a mask over the lists' values in order)."""
     offs = offsets.to_numpy(zero_copy_only=False)
-    parents = np.repeat(np.arange(len(offs) - 1), np.diff(offs))
-    counts = np.bincount(parents[keep.to_numpy(zero_copy_only=False)], minlength=len(offs) - 1)
-    return pa.array(np.concatenate([[0], np.cumsum(counts)]), type=pa.int32())
+    kept = np.zeros(len(keep) + 1, dtype=np.int32)  # values kept before each position
+    np.cumsum(keep.to_numpy(zero_copy_only=False), dtype=np.int32, out=kept[1:])
+    return pa.array(kept[offs - offs[0]], type=pa.int32())
 
 
 def _child(values: pa.Array, offsets: pa.Array) -> pa.Array:
@@ -494,7 +498,8 @@ def to_source_batch(pulled: pa.Table, raw: bool = False) -> pa.RecordBatch:
     n = pulled.num_rows
 
     def col(name: str) -> pa.Array:
-        return pulled.column(name).combine_chunks()
+        column = pulled.column(name)
+        return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()  # one chunk: no copy
 
     body, sys_flag, props = col("body"), col("sys_flag"), col("properties")
     if not raw:
@@ -522,7 +527,12 @@ def to_source_batch(pulled: pa.Table, raw: bool = False) -> pa.RecordBatch:
 
 @dataclass(frozen=True)
 class QueueRange(InputPartition):
-    """One Spark task: offsets ``[start, end)`` of one queue, pulled from the broker at ``addr``."""
+    """One Spark task: offsets ``[start, end)`` of one queue, pulled from the broker at ``addr``.
+
+    ``remoting_addr`` is that broker's remoting endpoint when it serves one: executors pull over
+    it (and fall back to ``addr``, HTTP, when it cannot be reached).  The driver learnt it from
+    the routes, so executors in other processes need no discovery.
+    """
 
     topic: str
     broker: str
@@ -530,6 +540,7 @@ class QueueRange(InputPartition):
     addr: str
     start: int
     end: int
+    remoting_addr: str | None = None
 
     @property
     def label(self) -> str:
@@ -569,7 +580,8 @@ def read_range(part: QueueRange, settings: ReadSettings) -> Iterator[pa.RecordBa
     while offset < part.end:
         want = min(batch_size, part.end - offset)
         page = pull_arrow(part.addr, part.topic, part.queue_id, offset, want, tags=settings.tags,
-                          timeout_s=settings.request_timeout_s, broker_name=part.broker)
+                          timeout_s=settings.request_timeout_s, broker_name=part.broker,
+                          remoting_addr=part.remoting_addr, prefetch_until=part.end)
         if page.status == _FOUND:
             table = page.table
             if filtered:  # the broker skips non-matching messages and may run past the range's end
@@ -602,8 +614,11 @@ def read_range(part: QueueRange, settings: ReadSettings) -> Iterator[pa.RecordBa
 
 
 def plan_ranges(start: Mapping[MessageQueue, int], end: Mapping[MessageQueue, int], addrs: Mapping[str, str],
-                max_per_partition: int | None) -> list[QueueRange]:
-    """One :class:`QueueRange` per queue with ``end > start`` (split at ``max_per_partition``), sorted."""
+                max_per_partition: int | None, remoting: Mapping[str, str] | None = None) -> list[QueueRange]:
+    """One :class:`QueueRange` per queue with ``end > start`` (split at ``max_per_partition``), sorted.
+
+    ``addrs`` and ``remoting`` (optional) give each broker name's HTTP address and remoting endpoint.
+    """
     out: list[QueueRange] = []
     for q in sorted(end, key=queue_sort_key):
         lo, hi = start.get(q), end[q]
@@ -614,8 +629,9 @@ def plan_ranges(start: Mapping[MessageQueue, int], end: Mapping[MessageQueue, in
             raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"no address known for broker {q.broker_name!r} "
                                                                 f"(is it registered with the name servers?)")
         step = max_per_partition or (hi - lo)
+        endpoint = (remoting or {}).get(q.broker_name)
         for s in range(lo, hi, step):
-            out.append(QueueRange(q.topic, q.broker_name, q.queue_id, addr, s, min(s + step, hi)))
+            out.append(QueueRange(q.topic, q.broker_name, q.queue_id, addr, s, min(s + step, hi), endpoint))
     return out
 
 
@@ -671,6 +687,11 @@ class _Planner:
         """Read addresses of the brokers of ``queues`` that have one."""
         return {name: addr for name in {q.broker_name for q in queues} if (addr := self.view.addr_of(name))}
 
+    def remoting_addrs(self, queues: list[MessageQueue]) -> dict[str, str]:
+        """Remoting endpoints of the brokers of ``queues`` that serve one (the others are read over HTTP)."""
+        return {name: endpoint for name in {q.broker_name for q in queues}
+                if (endpoint := self.view.remoting_addr_of(name))}
+
     def starting_positions(self, queues: list[MessageQueue],
                            bounds: Mapping[MessageQueue, QueueBounds]) -> dict[MessageQueue, int]:
         """Where a new query starts on each queue with known bounds (``startingOffsets`` / ``startingTimestamp``)."""
@@ -705,7 +726,8 @@ class SparkMQBatchReader(_Planner, DataSourceReader):
             for q in queues:
                 spec = ending.get(q, LATEST) if isinstance(ending, Mapping) else LATEST
                 end[q] = bounds[q].max_offset if spec == LATEST else spec
-            return plan_ranges(start, end, self.addrs(queues), self.options.max_messages_per_partition)
+            return plan_ranges(start, end, self.addrs(queues), self.options.max_messages_per_partition,
+                               self.remoting_addrs(queues))
         finally:
             self.close_view()
 
@@ -852,7 +874,7 @@ class SparkMQStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAvail
         if len(addrs) < len({q.broker_name for q in moved}):  # a restarted query: learn addresses first
             self.discover()
             addrs = self.addrs(moved)
-        return plan_ranges(lo, hi, addrs, self.options.max_messages_per_partition)
+        return plan_ranges(lo, hi, addrs, self.options.max_messages_per_partition, self.remoting_addrs(moved))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Pull one planned range (on an executor)."""

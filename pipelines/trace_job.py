@@ -4,7 +4,17 @@ Brokers store trace events (their own ``store`` / ``deliver`` / ``retry`` / ``dl
 ``transaction`` and the clients' ``send`` / ``consume``) as JSON-lines messages of the trace
 topic (:mod:`sparkmq.platform.common.trace`).  This Structured Streaming query reads that topic
 through the ``sparkmq`` source and, per micro-batch (``foreachBatch``), decodes the bodies and
-appends one row per event with delta-rs::
+appends one row per event with delta-rs.
+
+Packed batches (remoting batch sends, pulls answered with the stored records) reach the trace
+topic as one :class:`~sparkmq.platform.common.trace.TraceBatch` each -- queue, offset range,
+time, group, client -- because the broker must not spend CPU per message on tracing.  The job
+expands them here, off the broker's hot path (:func:`expand_batches`): it reads each queue's
+range back from its broker once per micro-batch (:func:`~.cluster_io.pull_queue_range`: bulk
+pulls of stored records, decoded to Arrow on this side) and builds, column by column, exactly
+the rows the per-message events would have given (msg id, tags, keys, born time, reconsume
+count from the records; the batch's time, group and client).  A range retention deleted before
+the job read it is logged and its rows are missing, as with ``failOnDataLoss=false``::
 
     query = start_trace_job(spark, "127.0.0.1:9876", "/data/lake", "/data/checkpoints/trace")
     trace_stats(query).last             # DispatchBatch: events written, lag from store to commit
@@ -19,19 +29,25 @@ SQL works on the ``message_trace`` view (:func:`.sql.run_sql`).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
+import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from sparkmq.platform.common.errors import SparkMQError
+from sparkmq.platform.common.codec import tag_hash
+from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 from sparkmq.platform.common.system_topics import TRACE_TOPIC
-from sparkmq.platform.common.trace import TraceEvent, decode_events
+from sparkmq.platform.common.trace import TraceBatch, TraceEvent, decode_trace
 
 from . import tables
+from .cluster_io import ClusterView, Endpoints, pull_queue_range
 from .delta_io import append_exactly_once
 from .dispatch import (
     DEFAULT_MAX_MESSAGES_PER_TRIGGER,
@@ -49,8 +65,11 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
 __all__ = [
+    "BrokerRangeReader",
+    "RangeReader",
     "events_table",
     "decode_bodies",
+    "expand_batches",
     "start_trace_job",
     "trace_app_id",
     "trace_arrow",
@@ -76,27 +95,29 @@ def trace_stats(query: StreamingQuery) -> DispatchStats | None:
     return _stats.get(str(query.id))
 
 
-def decode_bodies(bodies: Iterable[bytes | None]) -> tuple[list[TraceEvent], int]:
-    """The events of trace-message bodies, and how many lines were skipped as not events."""
-    events: list[TraceEvent] = []
+def decode_bodies(bodies: Iterable[bytes | None]) -> tuple[list[TraceEvent], list[TraceBatch], int]:
+    """The events and batch records of trace-message bodies, and how many lines were skipped as neither."""
+    decoded: list[TraceEvent | TraceBatch] = []
     bad = 0
     for body in bodies:
         if not body:
             continue
         try:
-            events.extend(decode_events(body))
+            decoded.extend(decode_trace(body))
             continue
         except (SparkMQError, UnicodeDecodeError):
             pass
         for line in body.splitlines():  # salvage the good lines of a damaged body
             try:
-                events.extend(decode_events(line))
+                decoded.extend(decode_trace(line))
             except (SparkMQError, UnicodeDecodeError):
                 bad += 1
+    events = [e for e in decoded if isinstance(e, TraceEvent)]
+    batches = [e for e in decoded if isinstance(e, TraceBatch)]
     # A row must fit the table's NOT NULL columns; anything else is a malformed event.
     good = [e for e in events if isinstance(e.msg_id, str) and e.msg_id and isinstance(e.topic, str)
             and isinstance(e.status, str) and isinstance(e.event_ts, int) and not isinstance(e.event_ts, bool)]
-    return good, bad + len(events) - len(good)
+    return good, batches, bad + len(events) - len(good)
 
 
 def events_table(events: Sequence[TraceEvent]) -> pa.Table:
@@ -114,21 +135,226 @@ def events_table(events: Sequence[TraceEvent]) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-def trace_arrow(rows: pa.Table, batch_id: int, lake_root: str | os.PathLike[str], job: str) -> DispatchBatch:
+#: ``read(broker, topic, queue_id, start, end)``: the messages at queue offsets ``[start, end)`` (``PULL_SCHEMA``
+#: columns, offset order) and the sub-ranges the broker no longer has.
+RangeReader = Callable[[str, str, int, int, int], tuple[pa.Table, list[tuple[int, int]]]]
+
+
+class BrokerRangeReader:
+    """The :data:`RangeReader` of a cluster: brokers resolved like the source does, ranges pulled in bulk.
+
+    Each broker's HTTP address and remoting endpoint come from a :class:`~.cluster_io.ClusterView`
+    (the route of the topic read), so the ranges go over remoting where the broker serves it.
+    Made per micro-batch (a fresh view of the brokers each time); :meth:`close` it.
+    """
+
+    def __init__(self, endpoints: Endpoints, timeout_s: float = 30.0) -> None:
+        self.endpoints = endpoints
+        self.timeout_s = timeout_s
+        self._view: ClusterView | None = None
+        self._routed: set[str] = set()
+        self._lock = threading.Lock()  # expand_batches reads on several threads
+
+    def addrs_of(self, broker: str, topic: str) -> tuple[str, str | None]:
+        """``broker``'s HTTP address and remoting endpoint (None: HTTP only), learnt from ``topic``'s route."""
+        with self._lock:
+            if self._view is None:
+                self._view = ClusterView(self.endpoints, self.timeout_s)
+            if topic not in self._routed:
+                self._view.routes([topic])
+                self._routed.add(topic)
+            view = self._view
+        addr = view.addr_of(broker) or dict(self.endpoints.brokers).get(broker)
+        if addr is None:
+            raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"no address known for broker {broker!r}")
+        return addr, view.remoting_addr_of(broker)
+
+    def __call__(self, broker: str, topic: str, queue_id: int, start: int,
+                 end: int) -> tuple[pa.Table, list[tuple[int, int]]]:
+        addr, remoting = self.addrs_of(broker, topic)
+        return pull_queue_range(addr, topic, queue_id, start, end, broker_name=broker, timeout_s=self.timeout_s,
+                                remoting_addr=remoting)
+
+    def close(self) -> None:
+        """Close the view's connections, if one was made."""
+        if self._view is not None:
+            self._view.close()
+            self._view = None
+
+
+def _spans(batches: Sequence[TraceBatch]) -> list[tuple[int, int]]:
+    """The union of the batches' offset ranges as disjoint ``[start, end)`` spans, ascending."""
+    spans: list[tuple[int, int]] = []
+    for b in sorted(batches, key=lambda b: b.first_offset):
+        if spans and b.first_offset <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], b.end_offset))
+        else:
+            spans.append((b.first_offset, b.end_offset))
+    return spans
+
+
+def _normalized_keys(raw: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """The KEYS property as the per-message events write it: keys joined by one space, NULL when none."""
+    joined = pc.utf8_trim(pc.replace_substring_regex(raw, " {2,}", " "), " ")
+    return pc.if_else(pc.equal(joined, ""), pa.scalar(None, pa.string()), joined)
+
+
+def _tag_hashes(tags: pa.Array) -> np.ndarray:
+    """The consume-queue tag hash of every row (``codec.tag_hash``), computed once per distinct tag."""
+    encoded = pc.dictionary_encode(tags)
+    if isinstance(encoded, pa.ChunkedArray):
+        encoded = encoded.combine_chunks()
+    per_value = np.array([tag_hash(v) for v in encoded.dictionary.to_pylist()] + [0], dtype=np.int64)
+    index = pc.fill_null(encoded.indices, len(encoded.dictionary)).to_numpy(zero_copy_only=False)
+    return per_value[index]
+
+
+def _expand_queue(batches: Sequence[TraceBatch], found: pa.Table) -> tuple[dict[str, pa.Array], np.ndarray]:
+    """The rows of one queue's ``batches`` over ``found`` (that queue's messages, offset order), as columns,
+    and how many rows each batch got."""
+    offsets = found.column("queue_offset").to_numpy()
+    firsts = np.array([b.first_offset for b in batches], dtype=np.int64)
+    ends = np.array([b.end_offset for b in batches], dtype=np.int64)
+    lo = np.searchsorted(offsets, firsts, side="left")
+    hi = np.searchsorted(offsets, ends, side="left")
+    lengths = hi - lo
+    owner = np.repeat(np.arange(len(batches)), lengths)           # the batch of each row
+    starts = np.cumsum(lengths) - lengths
+    index = np.repeat(lo - starts, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+    rows = found.take(pa.array(index))
+    keep = pc.not_equal(rows.column("msg_id"), "").to_numpy(zero_copy_only=False)
+    filters = {tuple(b.filter_tags) for b in batches if b.filter_tags is not None}
+    if filters:  # the store's tag filter: the consume queue's hash, never the tag string
+        hashes = _tag_hashes(rows.column("tags"))
+        for tags_ in filters:
+            wanted = np.array(sorted({tag_hash(t) for t in tags_}), dtype=np.int64)
+            of_filter = np.array([b.filter_tags is not None and tuple(b.filter_tags) == tags_ for b in batches])
+            keep &= ~of_filter[owner] | np.isin(hashes, wanted)
+    rows, owner = rows.filter(pa.array(keep)), owner[keep]
+    is_store = np.array([b.event_type == "store_batch" for b in batches])[owner]
+    store_ts = rows.column("store_timestamp").to_numpy()
+    batch_ts = np.array([b.event_ts for b in batches], dtype=np.int64)[owner]
+    # store: the record's store time (as PutResult.store_timestamp); deliver: the pull's time
+    event_ts = np.where(is_store & (store_ts != 0), store_ts, batch_ts)
+    take = pa.array(owner)
+
+    def per_batch(values: list[Any], type_: pa.DataType) -> pa.Array:
+        return pa.array(values, type_).take(take)
+
+    event_type = per_batch([b.expands_to for b in batches], pa.string())
+    msg_id = rows.column("msg_id").combine_chunks()
+    columns: dict[str, pa.Array] = {
+        "trace_id": pc.binary_join_element_wise(msg_id, event_type, pa.array(event_ts).cast(pa.string()), ":"),
+        "msg_id": msg_id,
+        "topic": per_batch([b.topic for b in batches], pa.string()),
+        "group": per_batch([b.group for b in batches], pa.string()),
+        "client_id": per_batch([b.client_id for b in batches], pa.string()),
+        "event_type": event_type,
+        "status": per_batch([b.status for b in batches], pa.string()),
+        "cost_ms": pa.nulls(len(owner), pa.int64()),
+        "event_ts": pa.array(event_ts),
+        "born_ts": rows.column("born_timestamp").combine_chunks(),
+        "store_ts": pa.array(store_ts),
+        "broker": per_batch([b.broker for b in batches], pa.string()),
+        "queue_id": per_batch([b.queue_id for b in batches], pa.int32()),
+        "queue_offset": rows.column("queue_offset").combine_chunks(),
+        # a store event has no reconsume count (the per-message store event leaves it out)
+        "reconsume_times": pc.if_else(pa.array(is_store), pa.scalar(None, pa.int32()),
+                                      rows.column("reconsume_times").combine_chunks()),
+        "tags": rows.column("tags").combine_chunks(),
+        "keys": _normalized_keys(rows.column("keys").combine_chunks()),
+        "detail": per_batch([b.detail for b in batches], pa.string()),
+    }
+    return columns, np.bincount(owner, minlength=len(batches))
+
+
+def expand_batches(batches: Sequence[TraceBatch], read: RangeReader, *, parallel: int = 4) -> pa.Table:
+    """``message_trace`` rows for batch records: one per message of each batch, as its per-message event gives.
+
+    Each queue's ranges are merged and read once through ``read`` (a store batch and the pulls
+    that delivered it share one read), on up to ``parallel`` threads; rows are cut out with
+    numpy and Arrow kernels, never a Python object per message.  A deliver batch with
+    ``filter_tags`` keeps the range's messages whose tag hash matches (the store's filter).
+    Messages without a msg id give no row (as per message); rows a broker no longer has are
+    logged.  Raises what ``read`` raises (a broker that cannot be reached fails the micro-batch,
+    which Spark retries).
+    """
+    schema = tables.get_spec(tables.MESSAGE_TRACE).schema
+    if not batches:
+        return schema.empty_table()
+    by_queue: dict[tuple[str, str, int], list[TraceBatch]] = {}
+    for b in batches:
+        by_queue.setdefault((b.broker, b.source_topic, b.queue_id), []).append(b)
+    reads = [(key, span) for key, group in by_queue.items() for span in _spans(group)]
+
+    def one(item: tuple[tuple[str, str, int], tuple[int, int]]) -> tuple[pa.Table, list[tuple[int, int]]]:
+        (broker, topic, queue_id), (start, end) = item
+        return read(broker, topic, queue_id, start, end)
+
+    if len(reads) > 1 and parallel > 1:
+        with concurrent.futures.ThreadPoolExecutor(min(parallel, len(reads)),
+                                                   thread_name_prefix="sparkmq-trace-expand") as pool:
+            answers = list(pool.map(one, reads))
+    else:
+        answers = [one(item) for item in reads]
+    found: dict[tuple[str, str, int], list[pa.Table]] = {}
+    for (key, _span), (table, missing) in zip(reads, answers, strict=True):
+        found.setdefault(key, []).append(table.select(_READ_COLUMNS))
+        for start, end in missing:
+            log.warning("trace: %s %s/%d offsets [%d, %d) are gone from the broker; their store/deliver rows "
+                        "are missing", key[1], key[0], key[2], start, end)
+    parts: list[pa.Table] = []
+    for key, group in by_queue.items():
+        columns, counts = _expand_queue(group, pa.concat_tables(found[key]).sort_by("queue_offset"))
+        short = sum(b.count - int(n) for b, n in zip(group, counts, strict=True) if n < b.count)
+        if short:
+            log.warning("trace: %d messages of %d batch records on %s %s/%d were not found", short, len(group),
+                        key[1], key[0], key[2])
+        parts.append(_as_trace_table(columns, schema))
+    return pa.concat_tables(parts)
+
+
+#: What the expansion reads of a pulled message.
+_READ_COLUMNS = ["queue_offset", "msg_id", "tags", "keys", "born_timestamp", "store_timestamp", "reconsume_times"]
+
+
+def _as_trace_table(columns: Mapping[str, pa.Array], schema: pa.Schema) -> pa.Table:
+    """Columns by name (times in epoch ms) as a table of ``schema`` (``message_trace``'s)."""
+    arrays: list[pa.Array] = []
+    for f in schema:
+        if f.name == "event_date":
+            arrays.append(arrays[schema.get_field_index("event_ts")].cast(pa.date32()))
+        elif f.name in _TIMES:
+            arrays.append(pc.multiply(columns[f.name].cast(pa.int64()), 1000).cast(_TS))
+        else:
+            arrays.append(columns[f.name].cast(f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def trace_arrow(rows: pa.Table, batch_id: int, lake_root: str | os.PathLike[str], job: str, *,
+                read: RangeReader | None = None) -> DispatchBatch:
     """Write one micro-batch (source rows with ``body`` and ``store_timestamp``) once per ``(job, batch_id)``.
 
-    The body of the job's ``foreachBatch``; public so a batch can be re-run (it then writes nothing).
+    The body of the job's ``foreachBatch``; public so a batch can be re-run (it then writes
+    nothing).  ``read`` fetches the messages of batch records (:class:`BrokerRangeReader`);
+    batch records without one are INVALID_ARGUMENT (they cannot become rows).
     """
     begin = time.time()
     written = False
     count = 0
     if rows.num_rows:
-        events, bad = decode_bodies(rows.column("body").to_pylist())
+        events, batches, bad = decode_bodies(rows.column("body").to_pylist())
         if bad:
             log.warning("trace %s batch %d: skipped %d lines that are not trace events", job, batch_id, bad)
-        count = len(events)
-        if events:
-            written = append_exactly_once(tables.table_path(lake_root, tables.MESSAGE_TRACE), events_table(events),
+        table = events_table(events)
+        if batches:
+            if read is None:
+                raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"trace {job} batch {batch_id}: {len(batches)} batch "
+                                                               "records need a reader of the brokers' queues")
+            table = pa.concat_tables([table, expand_batches(batches, read)])
+        count = table.num_rows
+        if count:
+            written = append_exactly_once(tables.table_path(lake_root, tables.MESSAGE_TRACE), table,
                                           app_id=trace_app_id(job), version=batch_id)
     committed = time.time()
     lag_max, lag_p50, lag_p99 = _lag_ms(rows.column("store_timestamp"), committed)
@@ -175,11 +401,15 @@ def start_trace_job(spark: SparkSession, namesrv_or_brokers: str | Mapping[str, 
     stats = DispatchStats(job)
 
     def run_batch(df: DataFrame, batch_id: int) -> None:
+        reader = BrokerRangeReader(endpoints)
         try:
-            result = trace_arrow(df.select("body", "store_timestamp").toArrow(), batch_id, lake_root, job)
+            result = trace_arrow(df.select("body", "store_timestamp").toArrow(), batch_id, lake_root, job,
+                                 read=reader)
         except BaseException as exc:
             stats.fail(exc)
             raise
+        finally:
+            reader.close()
         stats.record(result)
         if result.rows:
             log.info("trace %s batch %d: %d events, lag max %.0f ms, %.3f s", job, batch_id, result.rows,
