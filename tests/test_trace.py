@@ -20,12 +20,13 @@ import pytest
 from chispa import assert_df_equality
 
 from procs import ProcessHarness, ServiceProcess, child_env, wait_until
+from sparkmq.pipelines.cluster_io import pull_queue_range
 from sparkmq.pipelines.sql import run_sql
 from sparkmq.pipelines.trace_job import start_trace_job, trace_arrow, trace_stats
 from sparkmq.platform.broker.trace import TraceRecorder, trace_path
 from sparkmq.platform.client import AdminClient, ClientConfig, ConsumeStatus, Message, Producer, PushConsumer
 from sparkmq.platform.common.system_topics import TRACE_TOPIC, retry_topic
-from sparkmq.platform.common.trace import TraceEvent, decode_events
+from sparkmq.platform.common.trace import TraceEvent, decode_events, decode_trace
 from sparkmq.platform.store import PutResult, PutStatus
 
 pytestmark = [pytest.mark.timeout(240)]
@@ -148,6 +149,89 @@ def test_trace_shows_send_store_deliver_consume_and_the_retry_and_dlq_hops(
                      "store_timestamp": pa.array([0], pa.timestamp("ms", tz="UTC"))})
     assert not trace_arrow(body, 0, data_dir / "lake", "broker-a").written["message_trace"]
     assert trace_arrow(body, 10_000, data_dir / "lake", "other-job").written["message_trace"]
+
+
+@pytest.mark.spark
+@pytest.mark.cluster
+def test_batches_over_remoting_are_traced_by_one_record_each_and_expanded_to_every_message(
+        procs: ProcessHarness, tmp_path: Path, spark: Any) -> None:
+    ns, broker, data_dir = start_cluster(procs, tmp_path)
+    http = httpx.Client(base_url=broker.url, timeout=10)
+    all_ids: list[str] = []
+    a_ids: list[str] = []
+    with Producer("batch-pg", client_config(ns)) as producer:
+        producer.send(Message("TraceBatch", b"warm-up", tags="TagB"))  # creates the topic before the consumers
+        http_sent = producer.send(Message("TraceHttp", b"pulled over HTTP"))
+        everything = consumer(ns, "all-group", "TraceBatch",
+                              lambda ms: all_ids.extend(m.msg_id for m in ms) or ConsumeStatus.CONSUME_SUCCESS)
+        only_a = PushConsumer("a-group", client_config(ns), consume_from_where="CONSUME_FROM_FIRST_OFFSET")
+        only_a.subscribe("TraceBatch", "TagA")
+        only_a.register_listener(lambda ms: a_ids.extend(m.msg_id for m in ms) or ConsumeStatus.CONSUME_SUCCESS)
+        only_a.start()
+        try:
+            batches = [[Message("TraceBatch", f"{b}-{i}".encode(), tags="TagA" if i % 3 == 0 else "TagB",
+                                keys=(f"order-{b}-{i}", f"user-{i % 2}")) for i in range(n)]
+                       for b, n in enumerate((10, 7, 12))]
+            sent = [(m, r) for batch in batches for m, r in zip(batch, producer.send_batch(batch), strict=True)]
+            wanted_a = {r.msg_id for m, r in sent if m.tags == "TagA"}
+            wait_until(lambda: {r.msg_id for _m, r in sent} <= set(all_ids) and wanted_a <= set(a_ids), 30,
+                       "both groups to consume the batches")
+            clients = {"all-group": everything.client_id, "a-group": only_a.client_id}
+        finally:
+            everything.shutdown()
+            only_a.shutdown()
+    # The bug: a pull over HTTP names its consumer like one over remoting.
+    pulled = http.get(f"/topics/TraceHttp/queues/{http_sent.queue_id}/messages",
+                      params={"offset": http_sent.queue_offset, "max": 1, "group": "http-group",
+                              "client_id": "http-client-1"}).json()
+    assert [m["msg_id"] for m in pulled["messages"]] == [http_sent.msg_id]
+    wait_until(lambda: http.get("/health").json()["trace"]["buffered"] == 0, 10, "the broker to flush its events")
+
+    # The broker wrote one record per batch sent (and per pull answered), nothing per message.
+    end = http.get(f"/topics/{TRACE_TOPIC}/stats").json()["queues"][0]["max_offset"]
+    trace_messages, _ = pull_queue_range(broker.addr, TRACE_TOPIC, 0, 0, end, broker_name="broker-a")
+    records = [r for body in trace_messages.column("body").to_pylist() for r in decode_trace(body)
+               if r.topic == "TraceBatch"]
+    store_batches = [r for r in records if r.event_type == "store_batch"]
+    assert [(r.first_offset, r.count) for r in store_batches] == [
+        (r.queue_offset, len(batch)) for batch, r in zip(batches, (sent[0][1], sent[10][1], sent[17][1]),
+                                                         strict=True)]
+    per_message = {r.msg_id for r in records if isinstance(r, TraceEvent) and r.event_type in ("store", "deliver")}
+    assert per_message.isdisjoint(r.msg_id for _m, r in sent)  # (only the warm-up's, a single send)
+    delivers = [r for r in records if r.event_type == "deliver_batch"]
+    assert {(r.group, r.client_id) for r in delivers} == set(clients.items())
+    assert {tuple(r.filter_tags or ()) for r in delivers if r.group == "a-group"} == {("TagA",)}
+    assert sum(r.count for r in delivers if r.group == "all-group") >= len(sent) + 1
+
+    run_trace_job(spark, broker, data_dir, tmp_path / "ckpt")
+
+    rows = run_sql(spark, data_dir / "lake", "SELECT msg_id, event_type, status, `group`, client_id, queue_id, "
+                   "queue_offset, tags, keys, born_ts, broker FROM message_trace "
+                   "WHERE topic IN ('TraceBatch', 'TraceHttp')").collect()
+    by_id: dict[str, list[Any]] = {}
+    for row in rows:
+        by_id.setdefault(row.msg_id, []).append(row)
+    for message, result in sent:
+        steps = by_id[result.msg_id]
+        kinds = sorted(r.event_type for r in steps)
+        groups = ["all-group", "a-group"] if message.tags == "TagA" else ["all-group"]
+        assert kinds == sorted(["send", "store"] + ["deliver", "consume"] * len(groups)), (result.msg_id, kinds)
+        store = next(r for r in steps if r.event_type == "store")
+        assert (store.status, store.queue_id, store.queue_offset) == ("STORED", result.queue_id, result.queue_offset)
+        assert (store.tags, store.keys, store.broker) == (message.tags, " ".join(message.keys), "broker-a")
+        for deliver in (r for r in steps if r.event_type == "deliver"):
+            assert deliver.client_id == clients[deliver.group] and deliver.queue_offset == result.queue_offset
+            assert (deliver.tags, deliver.keys, deliver.born_ts) == (message.tags, store.keys, store.born_ts)
+        assert sorted(r.group for r in steps if r.event_type == "deliver") == sorted(groups)
+    http_deliver = [r for r in by_id[http_sent.msg_id] if r.event_type == "deliver"]
+    assert [(r.group, r.client_id) for r in http_deliver] == [("http-group", "http-client-1")]
+
+    # GET /trace shows a batch-sent message's path like an HTTP-sent one's.
+    message, result = next((m, r) for m, r in sent if m.tags == "TagB")
+    path = http.get(f"/trace/{result.msg_id}").json()["events"]
+    assert types(path) == ["send", "store", "deliver", "consume"], path
+    assert path[1]["queue_offset"] == path[0]["queue_offset"] == result.queue_offset
+    assert path[2]["client_id"] == clients["all-group"] and path[3]["client_id"] == clients["all-group"]
 
 
 @pytest.mark.cluster

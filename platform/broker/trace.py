@@ -3,9 +3,14 @@
 **Recording.** :class:`TraceRecorder` collects the broker's own events -- ``store`` (a put
 succeeded), ``deliver`` (a pull handed messages to a group), ``retry`` / ``dlq`` (send-back),
 ``transaction`` (COMMIT / ROLLBACK / DISCARD) -- and the events clients post to ``POST /trace``
-(``send``, ``consume``).  The request path only appends a cheap tuple to a bounded buffer; a
-daemon thread turns the buffer into :class:`~sparkmq.platform.common.trace.TraceEvent` s every
-``flush_interval_s`` (200 ms) or as soon as ``batch_size`` (256) events wait, and stores them as
+(``send``, ``consume``).  Packed batches (a remoting batch send appended by the native core, a
+pull answered with the stored records) are recorded as ONE
+:class:`~sparkmq.platform.common.trace.TraceBatch` each (queue, offset range, time, group,
+client): nothing of the broker's work grows with the messages of a batch, and the trace job
+expands the batch into per-message rows from the records.  The request path only appends a
+cheap closure to a bounded buffer; a daemon thread turns the buffer into
+:class:`~sparkmq.platform.common.trace.TraceEvent` s (and batches) every ``flush_interval_s``
+(200 ms) or as soon as ``batch_size`` (256) events wait, and stores them as
 JSON-lines messages of the trace topic with a direct store put.  When the buffer is full new
 events are dropped and counted: tracing never blocks or fails a send.  Trace messages are
 never traced themselves.
@@ -35,9 +40,8 @@ from ..common.batching import BatchBuffer
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.message import Message, StoredMessage
 from ..common.system_topics import PROPERTY_REAL_TOPIC, TRACE_TOPIC
-from ..common.trace import MAX_EVENTS_PER_MESSAGE, TraceEvent, event_order, trace_path
-from ..store import AppendEvent, PutResult
-from ..store.message_store import stored_messages_of
+from ..common.trace import MAX_EVENTS_PER_MESSAGE, TraceBatch, TraceEvent, event_order, trace_path
+from ..store import AppendEvent, PackedPutResult, PutResult
 from .transaction import TransactionService
 
 __all__ = [
@@ -63,7 +67,7 @@ _STR_FIELDS = ("trace_id", "group", "client_id", "broker", "tags", "keys", "deta
 _encode = json.JSONEncoder(separators=(",", ":")).encode
 
 
-def event_json(event: TraceEvent) -> str:
+def event_json(event: TraceEvent | TraceBatch) -> str:
     """One JSON line of the trace codec (:func:`~sparkmq.platform.common.trace.encode_events`' format)."""
     return _encode(event.to_dict())
 
@@ -101,7 +105,7 @@ def _keys_text(keys: Sequence[str]) -> str | None:
 # -- recording ---------------------------------------------------------------------------------------
 
 #: One buffered item: a function that builds its events on the flush thread (the hot path only appends).
-_Item = Callable[[], list[TraceEvent]]
+_Item = Callable[[], Sequence[TraceEvent | TraceBatch]]
 
 
 class TraceRecorder:
@@ -125,7 +129,7 @@ class TraceRecorder:
 
     @property
     def recorded(self) -> int:
-        """Events accepted into the buffer."""
+        """Events (and batch records, one each) accepted into the buffer."""
         return self._buffer.offered
 
     @property
@@ -154,7 +158,7 @@ class TraceRecorder:
                 "buffered": self._buffer.buffered}
 
     # -- the request path ---------------------------------------------------------------
-    def _add(self, count: int, build: Callable[[], list[TraceEvent]]) -> bool:
+    def _add(self, count: int, build: _Item) -> bool:
         if not self.enabled or count <= 0:
             return False
         return self._buffer.offer(build, count)
@@ -190,14 +194,37 @@ class TraceRecorder:
     def appended(self, event: AppendEvent) -> None:
         """``store`` events for an append the broker noted as a send, a redelivery or a half message.
 
-        Appends without a note (transaction ops, retry parking, dead letters, the trace topic
-        itself) are not store events: their own events (``retry``, ``dlq``) tell their story.
+        A packed append becomes one ``store_batch`` record (see :meth:`stored_batch`).  Appends
+        without a note (transaction ops, retry parking, dead letters, the trace topic itself) are
+        not store events: their own events (``retry``, ``dlq``) tell their story.
         """
         note = event.note
-        if note is None or event.messages is None:
+        if note is None:
             return
-        self.stored(note.topic or event.topic, event.results, event.messages, event.born_timestamp,
-                    status=note.status, detail=note.detail)
+        if event.packed is not None:
+            self.stored_batch(note.topic or event.topic, event.packed, status=note.status, detail=note.detail)
+        elif event.messages is not None:
+            self.stored(note.topic or event.topic, event.results, event.messages, event.born_timestamp,
+                        status=note.status, detail=note.detail)
+
+    def stored_batch(self, topic: str, packed: PackedPutResult, status: str | None = None,
+                     detail: str | None = None) -> None:
+        """One ``store_batch`` record for a packed append to ``topic`` (as :meth:`stored` would say per message).
+
+        Status ``STORED``, or ``DELAYED`` when the records went to another topic than ``topic``
+        (a parked copy); ``status`` overrides both.  Costs the appending thread one closure.
+        """
+        if topic == TRACE_TOPIC or packed.topic == TRACE_TOPIC or not self.enabled:
+            return
+
+        def build() -> list[TraceBatch]:
+            parked = packed.topic != topic
+            first = packed.first_queue_offset
+            return [TraceBatch("store_batch", topic, self.broker_name, packed.queue_id, first, first + packed.count,
+                               packed.count, status or ("DELAYED" if parked else "STORED"), packed.store_timestamp,
+                               store_ts=packed.store_timestamp, stored_topic=packed.topic if parked else None,
+                               detail=detail or (f"parked in {packed.topic}" if parked else None))]
+        self._add(1, build)
 
     def delivered(self, topic: str, group: str, client_id: str | None, messages: Sequence[StoredMessage]) -> None:
         """``deliver`` events: a pull of ``group`` returned ``messages``."""
@@ -213,20 +240,22 @@ class TraceRecorder:
                     for m in messages if m.msg_id]
         self._add(len(messages), build)
 
-    def delivered_records(self, topic: str, group: str, client_id: str | None, records: bytes, count: int) -> None:
-        """``deliver`` events for a packed pull's answer (stored records back to back), decoded off the hot path."""
-        if topic == TRACE_TOPIC or not records or not self.enabled:
+    def delivered_range(self, topic: str, group: str, client_id: str | None, queue_id: int, first_offset: int,
+                        end_offset: int, count: int, tags: frozenset[str] | None = None) -> None:
+        """One ``deliver_batch`` record: a packed pull of ``group`` answered ``count`` messages read from
+        ``[first_offset, end_offset)`` of queue ``queue_id`` (with ``tags``, the ones whose tag hash matched).
+
+        Nothing is decoded here: the trace job reads the range back and expands it.
+        """
+        if topic == TRACE_TOPIC or count <= 0 or not self.enabled:
             return
         now = int(time.time() * 1000)
 
-        def build() -> list[TraceEvent]:
-            messages = stored_messages_of(records)
-            return [TraceEvent(m.msg_id, topic, "deliver", "DELIVERED", now, group=group, client_id=client_id,
-                               broker=self.broker_name, queue_id=m.queue_id, queue_offset=m.queue_offset,
-                               store_ts=m.store_timestamp, born_ts=m.born_timestamp,
-                               reconsume_times=m.reconsume_times, tags=m.tags, keys=_keys_text(m.keys))
-                    for m in messages if m.msg_id]
-        self._add(count, build)
+        def build() -> list[TraceBatch]:
+            return [TraceBatch("deliver_batch", topic, self.broker_name, queue_id, first_offset, end_offset, count,
+                               "DELIVERED", now, group=group, client_id=client_id,
+                               filter_tags=None if tags is None else sorted(tags))]
+        self._add(1, build)
 
     def sent_back(self, original: StoredMessage, group: str, *, dead_letter: bool, destination: str,
                   result: PutResult, reconsume_times: int, delay_ms: int | None, reason: str) -> None:
@@ -264,8 +293,8 @@ class TraceRecorder:
 
     # -- the flush thread -----------------------------------------------------------------
     def _write(self, builders: list[_Item]) -> int:
-        """Build the buffered events and store them as trace messages; how many were written."""
-        events: list[TraceEvent] = []
+        """Build the buffered events and batches and store them as trace messages; how many were written."""
+        events: list[TraceEvent | TraceBatch] = []
         for build in builders:
             try:
                 events.extend(build())

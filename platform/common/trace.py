@@ -9,6 +9,15 @@ Event types follow a message's life: ``send`` (producer, with its cost), ``store
 (broker: queue and offset), ``deliver`` (broker: handed to a group in a pull),
 ``consume`` (consumer: status and cost), ``retry`` and ``dlq`` (broker, on send-back),
 ``transaction`` (broker: COMMIT / ROLLBACK / DISCARD of a half message).
+
+A broker records a packed batch (a remoting batch send, a pull answered with the stored
+records) as ONE :class:`TraceBatch` -- ``store_batch`` / ``deliver_batch``: the queue, the range
+of queue offsets and what every message of it shares (time, group, client) -- instead of one
+event per message, so tracing costs it no work per message.  The per-message fields only the
+records hold (msg id, tags, keys, born time, reconsume count) are filled in by the trace job,
+which reads that range back from the broker and expands the batch into the very rows the
+per-message events would have given (``pipelines.trace_job.expand_batches``).  Batches travel in
+the same JSON-lines bodies as events; :func:`decode_trace` reads both.
 """
 from __future__ import annotations
 
@@ -19,10 +28,12 @@ from typing import Any
 
 from .errors import ErrorCode, SparkMQError
 
-__all__ = ["TraceEvent", "EVENT_TYPES", "encode_events", "decode_events", "MAX_EVENTS_PER_MESSAGE", "event_order",
-           "trace_path"]
+__all__ = ["TraceEvent", "TraceBatch", "EVENT_TYPES", "BATCH_TYPES", "encode_events", "decode_events", "decode_trace",
+           "MAX_EVENTS_PER_MESSAGE", "event_order", "trace_path"]
 
 EVENT_TYPES = ("send", "store", "deliver", "consume", "retry", "dlq", "transaction")
+#: Batch records, each the events of one queue range (``store_batch`` -> ``store``, ``deliver_batch`` -> ``deliver``).
+BATCH_TYPES = ("store_batch", "deliver_batch")
 #: Events packed into one trace message (keeps trace messages well under the body limit).
 MAX_EVENTS_PER_MESSAGE = 256
 
@@ -78,14 +89,90 @@ class TraceEvent:
 _FIELD_NAMES = tuple(f.name for f in fields(TraceEvent))
 
 
-def encode_events(events: Iterable[TraceEvent]) -> bytes:
-    """JSON lines, one event each (a trace message's body)."""
+@dataclass(slots=True)
+class TraceBatch:
+    """The ``store`` or ``deliver`` events of a run of one queue, recorded as one line.
+
+    ``store_batch``: a packed append put ``count`` messages at queue offsets
+    ``[first_offset, end_offset)`` (``end_offset = first_offset + count``) of ``stored_topic``
+    (default ``topic``, the topic the producer addressed), all at ``store_ts``.
+    ``deliver_batch``: a pull of ``group`` by ``client_id`` answered ``count`` messages read
+    from ``[first_offset, end_offset)`` (``end_offset`` is the pull's next offset); with
+    ``filter_tags`` those are the range's messages whose consume-queue tag hash matches one of
+    the tags (the store's filter), else the whole range.  ``event_ts`` is the time every
+    expanded event gets (store: the store time, deliver: the pull's time).
+    """
+
+    event_type: str
+    topic: str
+    broker: str
+    queue_id: int
+    first_offset: int
+    end_offset: int
+    count: int
+    status: str
+    event_ts: int                      # epoch ms
+    store_ts: int | None = None
+    group: str | None = None
+    client_id: str | None = None
+    filter_tags: list[str] | None = None
+    stored_topic: str | None = None
+    detail: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.event_type not in BATCH_TYPES:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT,
+                               f"trace batch type must be one of {', '.join(BATCH_TYPES)}, got {self.event_type!r}")
+
+    @property
+    def expands_to(self) -> str:
+        """The event type of the rows this batch becomes: ``store`` or ``deliver``."""
+        return self.event_type.removesuffix("_batch")
+
+    @property
+    def source_topic(self) -> str:
+        """The topic whose queue holds the records."""
+        return self.stored_topic or self.topic
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TraceBatch:
+        """From JSON; INVALID_ARGUMENT for a missing field, a wrong type or a range that does not add up."""
+        known = {f.name for f in fields(cls)}
+        try:
+            batch = cls(**{k: v for k, v in data.items() if k in known})
+        except TypeError as exc:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"bad trace batch {dict(data)!r}: {exc}") from None
+        def count_like(v: object) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+        ok = (all(map(count_like, (batch.queue_id, batch.first_offset, batch.end_offset, batch.count, batch.event_ts)))
+              and all(isinstance(v, str) and v for v in (batch.topic, batch.broker, batch.status))
+              and 0 < batch.count <= batch.end_offset - batch.first_offset
+              and (batch.store_ts is None or count_like(batch.store_ts))
+              and all(v is None or isinstance(v, str)
+                      for v in (batch.group, batch.client_id, batch.stored_topic, batch.detail))
+              and (batch.filter_tags is None or (isinstance(batch.filter_tags, list)
+                                                 and all(isinstance(t, str) for t in batch.filter_tags))))
+        if not ok:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"bad trace batch {dict(data)!r}")
+        return batch
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form without the empty fields."""
+        return {name: value for name in _BATCH_FIELD_NAMES if (value := getattr(self, name)) is not None}
+
+
+_BATCH_FIELD_NAMES = tuple(f.name for f in fields(TraceBatch))
+
+
+def encode_events(events: Iterable[TraceEvent | TraceBatch]) -> bytes:
+    """JSON lines, one event or batch each (a trace message's body)."""
     return "\n".join(json.dumps(e.to_dict(), separators=(",", ":")) for e in events).encode("utf-8")
 
 
-def decode_events(body: bytes) -> list[TraceEvent]:
-    """The events of a trace message's body; INVALID_ARGUMENT for a line that is not an event."""
-    out = []
+def decode_trace(body: bytes) -> list[TraceEvent | TraceBatch]:
+    """The events and batches of a trace message's body, in order; INVALID_ARGUMENT for a line that is neither."""
+    out: list[TraceEvent | TraceBatch] = []
     for number, line in enumerate(body.decode("utf-8").splitlines(), 1):
         if not line.strip():
             continue
@@ -93,8 +180,19 @@ def decode_events(body: bytes) -> list[TraceEvent]:
             data = json.loads(line)
         except json.JSONDecodeError as exc:
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"trace line {number} is not JSON: {exc}") from None
-        out.append(TraceEvent.from_dict(data))
+        if not isinstance(data, Mapping):
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"trace line {number} is not an object")
+        out.append(TraceBatch.from_dict(data) if data.get("event_type") in BATCH_TYPES else TraceEvent.from_dict(data))
     return out
+
+
+def decode_events(body: bytes) -> list[TraceEvent]:
+    """The events of a trace message's body; INVALID_ARGUMENT for a line that is not an event.
+
+    Batch lines (:class:`TraceBatch`, what a broker records for packed batches) are left out:
+    only the trace job can expand them; :func:`decode_trace` returns them too.
+    """
+    return [e for e in decode_trace(body) if isinstance(e, TraceEvent)]
 
 
 # -- a message's path ---------------------------------------------------------------------

@@ -267,7 +267,11 @@ class PullProcessor(Processor):
                                                         result.max_offset)))
         self.metrics.pulled(topic, group, result.count, len(result.data), time.perf_counter() - started)
         if group is not None and result.count:
-            self.tracer.delivered_records(topic, group, client_id, result.data, result.count)
+            if sql is not None:  # SQL92 found message objects already: per-message events, as pull_once
+                self.tracer.delivered(topic, group, client_id, found.messages)
+            else:  # one record for the answer (no decoding): the trace job expands the queue range
+                self.tracer.delivered_range(topic, group, client_id, queue_id, offset, result.next_offset,
+                                            result.count, tags)
         return result
 
     def _commit_and_settle(self, topic: str, queue_id: int, offset: int, group: str | None,
