@@ -1084,6 +1084,22 @@ static PyObject *Log_flush(LogObject *self, PyObject *unused)
     return PyLong_FromLongLong(flushed);
 }
 
+static PyObject *Log_flush_log(LogObject *self, PyObject *unused)
+{
+    cl_log *c = log_of(self);
+    if (!c)
+        return NULL;
+    int64_t flushed = 0;
+    cl_err e;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+        rc = cl_flush_log(c, &flushed, &e);
+    Py_END_ALLOW_THREADS
+    if (rc)
+        return raise_err(&e);
+    return PyLong_FromLongLong(flushed);
+}
+
 static PyObject *Log_close(LogObject *self, PyObject *unused)
 {
     cl_log *c = self->c;
@@ -1213,7 +1229,7 @@ static PyObject *Log_get_cq_units(LogObject *self, void *x)
     return c ? PyLong_FromLongLong(c->cq_units) : NULL;
 }
 
-enum { P_MIN, P_MAX, P_FLUSHED, P_CLOSED };
+enum { P_MIN, P_MAX, P_FLUSHED, P_LOG_FLUSHED, P_CLOSED };
 
 static PyObject *log_counter(LogObject *self, int which)
 {
@@ -1221,10 +1237,11 @@ static PyObject *log_counter(LogObject *self, int which)
     if (!c)
         return NULL;
     lock_log(c);
-    int64_t v = which == P_MIN       ? cl_min_offset_locked(c)
-                : which == P_MAX     ? c->max
-                : which == P_FLUSHED ? c->flushed
-                                     : c->closed;
+    int64_t v = which == P_MIN           ? cl_min_offset_locked(c)
+                : which == P_MAX         ? c->max
+                : which == P_FLUSHED     ? c->flushed
+                : which == P_LOG_FLUSHED ? c->log_flushed
+                                         : c->closed;
     unlock_log(c);
     if (which == P_CLOSED)
         return PyBool_FromLong((long)v);
@@ -1234,6 +1251,7 @@ static PyObject *log_counter(LogObject *self, int which)
 static PyObject *Log_get_min(LogObject *self, void *x) { return log_counter(self, P_MIN); }
 static PyObject *Log_get_max(LogObject *self, void *x) { return log_counter(self, P_MAX); }
 static PyObject *Log_get_flushed(LogObject *self, void *x) { return log_counter(self, P_FLUSHED); }
+static PyObject *Log_get_log_flushed(LogObject *self, void *x) { return log_counter(self, P_LOG_FLUSHED); }
 static PyObject *Log_get_closed(LogObject *self, void *x)
 {
     return self->c ? log_counter(self, P_CLOSED) : Py_NewRef(Py_True);
@@ -1286,7 +1304,10 @@ static PyMethodDef Log_methods[] = {
     {"segments", (PyCFunction)Log_segments, METH_NOARGS, "segments()\n--\n\n(start_offset, path) of every segment."},
     {"delete_segments_before", (PyCFunction)Log_delete_segments_before, METH_O,
      "delete_segments_before(offset)\n--\n\nDelete whole segments ending at or before offset (never the newest)."},
-    {"flush", (PyCFunction)Log_flush, METH_NOARGS, "flush()\n--\n\nfdatasync up to the current end; returns flushed_offset."},
+    {"flush", (PyCFunction)Log_flush, METH_NOARGS,
+     "flush()\n--\n\nfdatasync the log and the consume queues up to the current end; returns flushed_offset."},
+    {"flush_log", (PyCFunction)Log_flush_log, METH_NOARGS,
+     "flush_log()\n--\n\nfdatasync the log alone up to the current end; returns log_flushed_offset."},
     {"close", (PyCFunction)Log_close, METH_NOARGS, "close()\n--\n\nFlush and unmap everything; idempotent."},
     {"__enter__", (PyCFunction)Log_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Log_exit, METH_VARARGS, NULL},
@@ -1298,7 +1319,8 @@ static PyGetSetDef Log_getset[] = {
     {"cq_units_per_file", (getter)Log_get_cq_units, NULL, "units per consume-queue file", NULL},
     {"min_offset", (getter)Log_get_min, NULL, "start offset of the oldest segment (0 for an empty log)", NULL},
     {"max_offset", (getter)Log_get_max, NULL, "end of the last record", NULL},
-    {"flushed_offset", (getter)Log_get_flushed, NULL, "everything below is fdatasync'ed", NULL},
+    {"flushed_offset", (getter)Log_get_flushed, NULL, "the log and the queues are fdatasync'ed below it", NULL},
+    {"log_flushed_offset", (getter)Log_get_log_flushed, NULL, "the log is fdatasync'ed below it", NULL},
     {"closed", (getter)Log_get_closed, NULL, "True after close()", NULL},
     {"recovery", (getter)Log_get_recovery, NULL, "what opening found", NULL},
     {NULL, NULL, NULL, NULL, NULL}};

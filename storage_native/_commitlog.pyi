@@ -211,7 +211,9 @@ class CommitLog:
     the end of the log.  Bytes after the end are zeroed up to the first 4096-byte
     page (pages aligned within the segment, starting with the page that holds the
     end) that is already all zero; later segments are deleted.  Consume-queue units
-    pointing at or past the end are truncated; for every scanned record, the unit
+    pointing at or past the end are truncated, from each queue's tail back to its
+    last unit that points below the end with a size > 0 (so empty units between
+    them go too: lost queue pages); for every scanned record, the unit
     at its stored queue_offset is (re)written when it is missing or differs
     (commitlog_offset, total_size, tag_hash from the record header).  ``check_from`` must be a record
     boundary the caller knows to be durable (the store's checkpoint); 0 means a full
@@ -245,7 +247,16 @@ class CommitLog:
         """End of the last record: where the next append starts (before any roll)."""
     @property
     def flushed_offset(self) -> int:
-        """Everything below this offset (log and queues) has been fdatasync'ed."""
+        """Everything below this offset, log AND consume queues, has been fdatasync'ed
+        (advanced by ``flush`` and ``close``; the end of the log after opening).  The only
+        offset a caller may record as a recovery ``check_from``."""
+    @property
+    def log_flushed_offset(self) -> int:
+        """Every log byte below this offset has been fdatasync'ed; the queue units of the
+        records in [flushed_offset, log_flushed_offset) may not be, and recovery from a
+        ``check_from`` at or below ``flushed_offset`` rewrites them from the log.  Advanced
+        by ``flush_log``, ``flush`` and ``close``; always ``flushed_offset <=
+        log_flushed_offset <= max_offset``."""
     @property
     def closed(self) -> bool: ...
     @property
@@ -460,7 +471,17 @@ class CommitLog:
 
     def flush(self) -> int:
         """fdatasync the log and every consume queue up to the current end; returns
-        the new ``flushed_offset``.  Appends may run while it syncs (group commit)."""
+        the new ``flushed_offset`` (``log_flushed_offset`` moves with it).  Appends may
+        run while it syncs (group commit).  ``flush``, ``flush_log`` and ``close`` run
+        one at a time."""
+
+    def flush_log(self) -> int:
+        """fdatasync the log alone (the segments written since the last sync, and the new
+        entry of a rolled segment in commitlog/) up to the current end; returns the new
+        ``log_flushed_offset``; ``flushed_offset`` does not move.  The SYNC_FLUSH group
+        commit: consume queues are derived data that recovery rebuilds from the log.
+        Appends may run while it syncs; a second call with no append in between syncs
+        nothing and returns the same offset.  ``CLOSED`` after ``close``."""
 
     def close(self) -> None:
         """Flush and unmap everything; idempotent."""

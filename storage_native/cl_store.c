@@ -455,7 +455,7 @@ static void note_parent(cl_log *c, const char *path)
     }
 }
 
-/* Remember [lo, hi) of f as written; flush syncs it. */
+/* Remember [lo, hi) of f as written; flush syncs it (flush_log too for a segment). */
 static void mark_dirty(cl_log *c, mfile *f, size_t lo, size_t hi)
 {
     if (f->listed) {
@@ -465,19 +465,21 @@ static void mark_dirty(cl_log *c, mfile *f, size_t lo, size_t hi)
             f->dhi = hi;
         return;
     }
-    if (c->ndirty == c->dirtycap) {
-        size_t cap = c->dirtycap ? c->dirtycap * 2 : 64;
-        mfile **v = realloc(c->dirty, cap * sizeof *v);
+    mfile ***list = f->segment ? &c->sdirty : &c->dirty;
+    size_t *n = f->segment ? &c->nsdirty : &c->ndirty, *capp = f->segment ? &c->sdirtycap : &c->dirtycap;
+    if (*n == *capp) {
+        size_t cap = *capp ? *capp * 2 : 64;
+        mfile **v = realloc(*list, cap * sizeof *v);
         if (!v) { /* cannot remember it: make it durable right away instead */
             cl_err e;
             mf_sync(f, lo, hi, &e);
             return;
         }
-        c->dirty = v;
-        c->dirtycap = cap;
+        *list = v;
+        *capp = cap;
     }
     mf_ref(f);
-    c->dirty[c->ndirty++] = f;
+    (*list)[(*n)++] = f;
     f->listed = 1;
     f->dlo = lo;
     f->dhi = hi;
@@ -961,6 +963,7 @@ static int push_seg(cl_log *c, mfile *f)
         c->segs = v;
         c->segcap = cap;
     }
+    f->segment = 1; /* every segment comes through here: its writes go on the segment dirty list */
     c->segs[c->nsegs++] = f;
     return 0;
 }
@@ -1416,23 +1419,56 @@ typedef struct sync_batch {
     size_t ndirs;
 } sync_batch;
 
-/* mu held: move the dirty list (and its references) into b */
+/* mu held: append a dirty list's entries (and their references) to b->items,
+ * which has room for them */
+static void take_list(mfile **list, size_t *n, sync_batch *b)
+{
+    for (size_t i = 0; i < *n; i++) {
+        mfile *f = list[i];
+        b->items[b->n++] = (sync_item){f, f->dlo, f->dhi};
+        f->listed = 0;
+    }
+    *n = 0;
+}
+
+/* mu held: move both dirty lists and the directories into b; segments first,
+ * so the log is on disk before the queues that point into it */
 static int take_dirty(cl_log *c, sync_batch *b, cl_err *e)
 {
     memset(b, 0, sizeof *b);
-    if (c->ndirty && !(b->items = malloc(c->ndirty * sizeof *b->items)))
+    size_t n = c->nsdirty + c->ndirty;
+    if (n && !(b->items = malloc(n * sizeof *b->items)))
         return oom(e);
-    for (size_t i = 0; i < c->ndirty; i++) {
-        mfile *f = c->dirty[i];
-        b->items[i] = (sync_item){f, f->dlo, f->dhi};
-        f->listed = 0;
-    }
-    b->n = c->ndirty;
-    c->ndirty = 0;
+    take_list(c->sdirty, &c->nsdirty, b);
+    take_list(c->dirty, &c->ndirty, b);
     b->dirs = c->dirsync;
     b->ndirs = c->ndirsync;
     c->dirsync = NULL;
     c->ndirsync = c->dirsynccap = 0;
+    return 0;
+}
+
+/* mu held: the log-only part, the segment list and commitlog/ when a roll
+ * added an entry to it; queue files and their directories stay listed */
+static int take_log_dirty(cl_log *c, sync_batch *b, cl_err *e)
+{
+    memset(b, 0, sizeof *b);
+    if (c->nsdirty && !(b->items = malloc(c->nsdirty * sizeof *b->items)))
+        return oom(e);
+    for (size_t i = 0; i < c->ndirsync; i++) {
+        if (strcmp(c->dirsync[i], c->clog_dir))
+            continue;
+        if (!(b->dirs = malloc(sizeof *b->dirs))) {
+            free(b->items);
+            b->items = NULL;
+            return oom(e);
+        }
+        b->dirs[0] = c->dirsync[i];
+        b->ndirs = 1;
+        c->dirsync[i] = c->dirsync[--c->ndirsync]; /* the order of the rest does not matter */
+        break;
+    }
+    take_list(c->sdirty, &c->nsdirty, b);
     return 0;
 }
 
@@ -1486,7 +1522,33 @@ int cl_flush(cl_log *c, int64_t *flushed, cl_err *e)
         pthread_mutex_lock(&c->mu);
         if (!rc && end > c->flushed)
             c->flushed = end;
+        if (c->flushed > c->log_flushed)
+            c->log_flushed = c->flushed;
         *flushed = c->flushed;
+        sync_batch_done(rc ? c : NULL, &b);
+        pthread_mutex_unlock(&c->mu);
+    }
+    pthread_mutex_unlock(&c->flush_mu);
+    return rc;
+}
+
+/* Log-only group commit, as cl_flush but for the segments alone: a record's
+ * queue unit is derived data that recovery rewrites from the log past the
+ * checkpoint, and the checkpoint only ever holds a cl_flush offset. */
+int cl_flush_log(cl_log *c, int64_t *log_flushed, cl_err *e)
+{
+    sync_batch b;
+    pthread_mutex_lock(&c->flush_mu);
+    pthread_mutex_lock(&c->mu);
+    int rc = c->closed ? cl_fail(e, CL_CLOSED, "commit log is closed") : take_log_dirty(c, &b, e);
+    int64_t end = c->max;
+    pthread_mutex_unlock(&c->mu);
+    if (!rc) {
+        rc = sync_batch_run(&b, e);
+        pthread_mutex_lock(&c->mu);
+        if (!rc && end > c->log_flushed)
+            c->log_flushed = end;
+        *log_flushed = c->log_flushed;
         sync_batch_done(rc ? c : NULL, &b);
         pthread_mutex_unlock(&c->mu);
     }
@@ -1510,6 +1572,11 @@ static void release_files_locked(cl_log *c)
         mf_unref(c->dirty[i]);
     }
     c->ndirty = 0;
+    for (size_t i = 0; i < c->nsdirty; i++) {
+        c->sdirty[i]->listed = 0;
+        mf_unref(c->sdirty[i]);
+    }
+    c->nsdirty = 0;
 }
 
 int cl_close(cl_log *c, cl_err *e)
@@ -1529,7 +1596,7 @@ int cl_close(cl_log *c, cl_err *e)
         rc = sync_batch_run(&b, e);
     pthread_mutex_lock(&c->mu);
     if (!rc)
-        c->flushed = c->max;
+        c->flushed = c->log_flushed = c->max;
     if (b.items || b.dirs)
         sync_batch_done(NULL, &b);
     release_files_locked(c);
@@ -1572,6 +1639,7 @@ void cl_log_free(cl_log *c)
     free(c->buckets);
     free(c->segs);
     free(c->dirty);
+    free(c->sdirty);
     for (size_t i = 0; i < c->ndirsync; i++)
         free(c->dirsync[i]);
     free(c->dirsync);
@@ -1674,7 +1742,9 @@ static int cut_tail(cl_log *c, int64_t end, cl_err *e)
     return rc;
 }
 
-/* units pointing at or past the end go */
+/* Units at the tail pointing at or past the end go, and empty ones among them:
+ * a queue page the kernel never wrote back reads as zeros while a later one may
+ * have been written (redo_units rewrites the units of the records that remain). */
 static int truncate_queues(cl_log *c, int64_t end, cl_err *e)
 {
     for (size_t i = 0; i < c->nqueues; i++) {
@@ -1683,7 +1753,7 @@ static int truncate_queues(cl_log *c, int64_t end, cl_err *e)
         int32_t size;
         while (cut > q->min) {
             cl_queue_unit_locked(c, q, cut - 1, &clo, &size, &tag);
-            if (clo < end)
+            if (clo < end && size > 0)
                 break;
             cut--;
         }
@@ -1782,7 +1852,7 @@ int cl_log_open(cl_log *c, int64_t check_from, cl_err *e)
     if (load_queues(c, cl_min_offset_locked(c), e) || truncate_queues(c, end, e) || redo_units(c, from, end, e) ||
         sync_after_recovery(c, from, e))
         goto out;
-    c->flushed = end;
+    c->flushed = c->log_flushed = end;
     for (size_t i = 0; i < c->nsegs; i++) /* drop whatever recovery mapped */
         c->segs[i]->touched = 1;
     for (size_t i = 0; i < c->nqueues; i++)

@@ -4,9 +4,9 @@
  * texts of _commitlog.pyi) and turned into StoreError by _commitlog.c.
  *
  * Locking: cl_log.mu protects every field of the log, its queues and the dirty
- * list.  Functions named *_locked expect the caller to hold it.  cl_log.flush_mu
- * serialises flush/close so two flushes cannot publish each other's offsets;
- * its order is flush_mu before mu.
+ * lists.  Functions named *_locked expect the caller to hold it.  cl_log.flush_mu
+ * serialises flush/flush_log/close so no flush publishes an offset whose bytes
+ * another one is still syncing; its order is flush_mu before mu.
  */
 #ifndef SPARKMQ_CL_STORE_H
 #define SPARKMQ_CL_STORE_H
@@ -89,7 +89,8 @@ typedef struct mfile {
     int64_t start; /* segment: log offset; queue file: byte offset (first unit * 20) */
     char *path;
     size_t dlo, dhi; /* dirty byte range not yet synced (mu) */
-    int listed;      /* on the log's dirty list (mu) */
+    int segment;     /* a commit-log segment: on the segment dirty list, synced by cl_flush_log too */
+    int listed;      /* on one of the log's dirty lists (mu) */
     int touched;     /* mapped pages may have been faulted in since the last trim (mu) */
 } mfile;
 
@@ -121,14 +122,18 @@ typedef struct cl_log {
     size_t cq_file_size;
     mfile **segs; /* contiguous, oldest first */
     size_t nsegs, segcap;
-    int64_t max, flushed;
+    int64_t max;
+    int64_t flushed;     /* log and queues durable below (cl_flush) */
+    int64_t log_flushed; /* the log durable below (cl_flush_log or cl_flush); >= flushed */
     int closed;
     cl_queue **buckets; /* hash of (topic, queue_id) */
     size_t nbuckets;
     cl_queue **queues; /* every queue, creation order; freed only by cl_log_free */
     size_t nqueues, qcap;
-    mfile **dirty; /* files with unsynced writes, each holding a reference */
+    mfile **dirty; /* queue files with unsynced writes, each holding a reference */
     size_t ndirty, dirtycap;
+    mfile **sdirty; /* the same for segments, apart so a log-only flush need not walk the queues */
+    size_t nsdirty, sdirtycap;
     char **dirsync; /* directories that gained entries since the last flush */
     size_t ndirsync, dirsynccap;
     uint64_t io_since_trim;
@@ -222,8 +227,13 @@ cl_msg *cl_packed_prepare(const char *data, size_t len, int64_t count, const cl_
 int cl_tag_ok(const char *s, size_t n);  /* non-empty, no "||", no ASCII space at either end */
 int cl_uniq_ok(const char *s, size_t n); /* 1..128 bytes of 0x21..0x7E */
 
-/* Take flush_mu and mu themselves (call without either, GIL released). */
+/* Take flush_mu and mu themselves (call without either, GIL released).
+ * cl_flush syncs the segments, the queue files and new directory entries and
+ * sets *flushed = flushed; cl_flush_log syncs only the segments (and the new
+ * entries of commitlog/) and sets *log_flushed = log_flushed: what SYNC_FLUSH
+ * needs, since recovery rebuilds queue units from the log past the checkpoint. */
 int cl_flush(cl_log *c, int64_t *flushed, cl_err *e);
+int cl_flush_log(cl_log *c, int64_t *log_flushed, cl_err *e);
 int cl_close(cl_log *c, cl_err *e);
 
 #endif

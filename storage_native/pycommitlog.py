@@ -922,7 +922,11 @@ class CommitLog:
         self._load_queues(self._segments[0].start if self._segments else 0)
         for cq in self._queues.values():
             cut = cq._max
-            while cut > cq._min and cq._unit(cut - 1)[0] >= end:
+            # units past the end go, and empty (lost) ones among them: see cl_store.c truncate_queues
+            while cut > cq._min:
+                clog, size, _tag = cq._unit(cut - 1)
+                if clog < end and size > 0:
+                    break
                 cut -= 1
             stats["cq_units_truncated"] += cq._truncate(cut)
         for offset, record in scanned:
@@ -938,9 +942,9 @@ class CommitLog:
             cq._write(queue_offset, offset, total, tag_hash)
             cq._max = max(cq._max, queue_offset + 1)
             stats["cq_units_redone"] += 1
-        self._flushed = 0
+        self._flushed = self._log_flushed = 0
         self._sync_all()
-        self._flushed = end
+        self._flushed = self._log_flushed = end
         return stats
 
     # -- helpers (lock held) ----------------------------------------------------
@@ -1047,6 +1051,11 @@ class CommitLog:
     def flushed_offset(self) -> int:
         with self._lock:
             return self._flushed
+
+    @property
+    def log_flushed_offset(self) -> int:
+        with self._lock:
+            return self._log_flushed
 
     @property
     def closed(self) -> bool:
@@ -1282,10 +1291,13 @@ class CommitLog:
             return deleted
 
     # -- durability and lifetime ------------------------------------------------------
-    def _sync_all(self) -> None:
+    def _sync_segments(self) -> None:
         dirty, self._dirty_segments = self._dirty_segments, set()
         for seg in dirty:
             seg.sync()
+
+    def _sync_all(self) -> None:
+        self._sync_segments()  # the log before the queues that point into it
         for cq in self._queues.values():
             cq._sync()
 
@@ -1296,7 +1308,21 @@ class CommitLog:
             end = self._max
             self._sync_all()
             self._flushed = max(self._flushed, end)
+            self._log_flushed = max(self._log_flushed, self._flushed)
             return self._flushed
+
+    def flush_log(self) -> int:
+        """fdatasync the log alone up to the current end; returns ``log_flushed_offset``.
+
+        The queues are left to ``flush``: recovery rewrites their units from the log past the
+        checkpoint, which only ever holds a ``flushed_offset``.
+        """
+        with self._lock:
+            self._check_open()
+            end = self._max
+            self._sync_segments()
+            self._log_flushed = max(self._log_flushed, end)
+            return self._log_flushed
 
     def _release(self) -> None:
         for cq in self._queues.values():
@@ -1312,7 +1338,7 @@ class CommitLog:
             if self._closed:
                 return
             self._sync_all()
-            self._flushed = self._max
+            self._flushed = self._log_flushed = self._max
             self._closed = True
             self._release()
 

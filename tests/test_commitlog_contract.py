@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import zlib
 from pathlib import Path
 
@@ -217,6 +218,30 @@ def test_recovery_rewrites_lost_queue_units(impl, tmp_path):
         assert cq.unit(9)[2] == 9
 
 
+def test_recovery_truncates_lost_units_among_those_past_the_end(impl, tmp_path):
+    """A queue page that was never written back reads as zeros while a later one made it to disk: the empty
+    units at the tail go with the units past the end, and those of surviving records are rewritten."""
+    with _open(impl, tmp_path) as log:
+        offsets = [_append(log, body=b"v" * 200, tag=i)[0] for i in range(10)]
+    seg = tmp_path / "commitlog" / f"{0:020d}"
+    data = bytearray(seg.read_bytes())
+    data[offsets[7] + RECORD_HEADER_SIZE] ^= 0xFF  # the log ends at record 7
+    seg.write_bytes(bytes(data))
+    cq_file = tmp_path / "consumequeue" / "T" / "0" / f"{0:020d}"
+    units = bytearray(cq_file.read_bytes())
+    for lost in (6, 8):  # 6: a surviving record's unit; 8: between units past the end
+        units[lost * CQ_UNIT_SIZE:(lost + 1) * CQ_UNIT_SIZE] = bytes(CQ_UNIT_SIZE)
+    cq_file.write_bytes(bytes(units))
+    with _open(impl, tmp_path, check_from=offsets[5]) as log:
+        rec = log.recovery
+        assert (rec["end_offset"], rec["cq_units_truncated"], rec["cq_units_redone"]) == (offsets[7], 4, 1)
+        cq = log.consume_queue("T", 0)
+        assert cq.max_offset == 7
+        assert [u[0] for u in cq.units(0, 10)] == offsets[:7]
+        off, qoff, _ = _append(log)
+        assert (off, qoff) == (offsets[7], 7)
+
+
 def test_recovery_discards_segments_after_the_end(impl, tmp_path):
     with _open(impl, tmp_path) as log:
         offsets = [_append(log, body=b"d" * 2000)[0] for _ in range(12)]
@@ -255,6 +280,134 @@ def test_closed_log_refuses(impl, tmp_path):
     with pytest.raises(StoreError) as err:
         log.read(0)
     assert (err.value.code, err.value.message) == ("CLOSED", "commit log is closed")
+
+
+# -- the log-only flush ------------------------------------------------------------------
+def test_flush_log_moves_log_flushed_offset_only(impl, tmp_path):
+    with _open(impl, tmp_path) as log:
+        assert (log.flushed_offset, log.log_flushed_offset) == (0, 0)
+        _append(log)
+        _append(log, qid=1)
+        end = log.max_offset
+        assert log.log_flushed_offset == 0  # nothing synced yet
+        assert log.flush_log() == end
+        assert (log.flushed_offset, log.log_flushed_offset) == (0, end)  # the queues are not covered
+        assert log.flush_log() == end and log.log_flushed_offset == end  # idempotent
+        _append(log)
+        assert log.log_flushed_offset == end  # an append alone moves neither
+        assert log.flush() == log.max_offset
+        assert log.flushed_offset == log.log_flushed_offset == log.max_offset  # a full flush covers the log
+        assert log.flush_log() == log.max_offset  # and leaves nothing for the log-only one to do
+
+
+def test_flush_log_covers_rolled_segments(impl, tmp_path):
+    with _open(impl, tmp_path) as log:
+        for i in range(12):  # several rolls: blank markers and new segments
+            _append(log, qid=i % 3, body=b"r" * 2000)
+        assert len(log.segments()) > 2
+        assert log.flush_log() == log.max_offset
+        assert log.flushed_offset == 0
+        end = log.max_offset
+    with _open(impl, tmp_path, check_from=0) as log:  # close flushed everything
+        assert log.flushed_offset == log.log_flushed_offset == log.max_offset == end
+
+
+def test_recovery_after_flush_log_rebuilds_units_from_the_checkpoint(impl, tmp_path):
+    """Units of records past ``flushed_offset`` may be lost with the queue pages flush_log left
+    unsynced; opening from a check_from at or below ``flushed_offset`` rewrites them."""
+    with _open(impl, tmp_path) as log:
+        offsets = [_append(log, body=b"a", tag=i)[0] for i in range(4)]
+        checkpoint = log.flush()
+        offsets += [_append(log, body=b"b", tag=4 + i)[0] for i in range(6)]
+        assert log.flush_log() == log.max_offset
+    cq_file = tmp_path / "consumequeue" / "T" / "0" / f"{0:020d}"
+    data = bytearray(cq_file.read_bytes())
+    data[4 * CQ_UNIT_SIZE:10 * CQ_UNIT_SIZE] = bytes(6 * CQ_UNIT_SIZE)  # as if never written back
+    cq_file.write_bytes(bytes(data))
+    with _open(impl, tmp_path, check_from=checkpoint) as log:
+        assert log.recovery["cq_units_redone"] == 6
+        cq = log.consume_queue("T", 0)
+        assert [cq.unit(i)[0] for i in range(10)] == offsets and cq.unit(9)[2] == 9
+
+
+def test_flush_log_while_appending(impl, tmp_path):
+    """Each flush_log covers at least what was appended before it and at most what was appended
+    before it returned, always a record boundary; offsets never go backwards."""
+    ends: set[int] = {0}
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    with _open(impl, tmp_path, segment_size=64 * 1024) as log:
+        def appender() -> None:
+            try:
+                i = 0
+                while not stop.is_set() or i < 200:
+                    off, _, _ = _append(log, qid=i % 4, body=b"w" * (50 + i % 700))
+                    ends.add(off + record_size(50 + i % 700, 1, 4))
+                    i += 1
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        t = threading.Thread(target=appender)
+        t.start()
+        seen = []
+        try:
+            for _ in range(200):
+                before = log.max_offset
+                got = log.flush_log()
+                after = log.max_offset
+                assert before <= got <= after
+                assert log.log_flushed_offset >= got
+                seen.append(got)
+        finally:
+            stop.set()
+            t.join()
+        assert not errors
+        assert seen == sorted(seen)
+        assert set(seen) <= ends
+        assert log.flush_log() == log.max_offset
+        assert log.flushed_offset <= log.log_flushed_offset == log.max_offset
+
+
+def test_flush_log_on_a_closed_log(impl, tmp_path):
+    log = _open(impl, tmp_path)
+    _append(log)
+    log.close()
+    assert log.flushed_offset == log.log_flushed_offset == log.max_offset  # close flushed everything
+    with pytest.raises(StoreError) as err:
+        log.flush_log()
+    assert (err.value.code, err.value.message) == ("CLOSED", "commit log is closed")
+
+
+def _dirty_kib(path: Path) -> int:
+    """Dirty KiB of this process's mapping of ``path`` (/proc/self/smaps): written pages not yet synced."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for text in f:
+            parts = text.split()
+            if parts and "-" in parts[0] and not parts[0].endswith(":"):  # a mapping's header line
+                inside = len(parts) >= 6 and parts[5] == str(path)
+            elif inside and parts[0] in ("Private_Dirty:", "Shared_Dirty:"):
+                total += int(parts[1])
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux /proc/self/smaps")
+def test_flush_log_writes_back_the_segment_but_not_the_queue_files(impl, tmp_path):
+    with _open(impl, tmp_path, segment_size=1 << 20, cq_units_per_file=1000) as log:
+        for i in range(40):
+            _append(log, qid=i % 2, body=b"d" * 400)
+        seg = tmp_path / "commitlog" / f"{0:020d}"
+        queues = [tmp_path / "consumequeue" / "T" / str(q) / f"{0:020d}" for q in (0, 1)]
+        written_kib = -(-log.max_offset // 4096) * 4
+        seg_before = _dirty_kib(seg)
+        assert seg_before >= written_kib and all(_dirty_kib(q) > 0 for q in queues)
+        log.flush_log()
+        # the native core pre-faults pages past the end for writing, which also count as dirty
+        assert _dirty_kib(seg) <= seg_before - written_kib
+        assert all(_dirty_kib(q) > 0 for q in queues)  # the queues wait for the full flush
+        log.flush()
+        assert all(_dirty_kib(q) == 0 for q in queues)
 
 
 # -- parity: both implementations side by side ---------------------------------------
@@ -350,6 +503,7 @@ operation = st.one_of(
               st.lists(st.tuples(st.binary(min_size=1, max_size=1500), st.sampled_from([b"", b"red", b"blue"])),
                        min_size=1, max_size=8)),
     st.tuples(st.just("flush")),
+    st.tuples(st.just("flush_log")),
     st.tuples(st.just("reopen")),
     st.tuples(st.just("delete"), st.integers(0, 4)),
 )
@@ -382,8 +536,8 @@ def test_random_operations_give_identical_results_and_files(tmp_path_factory, op
                         for j, (body, tag) in enumerate(items)))
                     results[name] = _outcome(functools.partial(log.append_packed, topic, qid, data, len(items),
                                                                store_timestamp=ts, store_host=HOST))
-                elif kind == "flush":
-                    results[name] = _outcome(log.flush)
+                elif kind in ("flush", "flush_log"):
+                    results[name] = (_outcome(getattr(log, kind)), log.flushed_offset, log.log_flushed_offset)
                 elif kind == "reopen":
                     log.close()
                     logs[name] = log = _open(IMPLS[name], base / name, check_from=0)

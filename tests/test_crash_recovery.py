@@ -23,6 +23,7 @@ from conftest import IMPL_NAMES, IMPLS
 from crash_writer import QUEUES, TOPIC, config, expected_body
 from sparkmq.platform.store import MessageStore, verify_store
 from sparkmq.platform.store.checkpoint import read_checkpoint
+from sparkmq.storage_native.layout import CQ_UNIT, CQ_UNIT_SIZE
 
 pytestmark = pytest.mark.cluster  # a writer child process, killed with SIGKILL
 
@@ -175,3 +176,159 @@ def _damage_past(root: Path, flushed: int, acks, rng: random.Random) -> int | No
         f.seek(at % seg_size)
         f.write(bytes(b ^ 0x5A for b in old))
     return offset
+
+
+# -- SYNC_FLUSH's log-only group commit: acknowledged means in the log, the queue units are rebuilt ----------
+#: The event loop's send path (``put_packed(wait=False)`` + ``wait_durable``) with many sends in flight,
+#: printing ``ACK offset queue_id queue_offset size seed n`` once the group commit acknowledged one, and
+#: ``FULL offset`` when a full flush (log and queues) returns, before the store can checkpoint it.
+_ASYNC_WRITER = r"""
+import asyncio, sys, threading
+from crash_writer import QUEUES, TOPIC, config, expected_body
+from sparkmq.platform.common.message import Message
+from sparkmq.platform.store import MessageStore, PutStatus
+from sparkmq.storage_native import encode_batch, implementations
+
+root, impl, seed, in_flight = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+out_lock = threading.Lock()
+
+def emit(line):
+    with out_lock:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+class ReportingLog(implementations()[impl].CommitLog):
+    def flush(self):
+        flushed = super().flush()
+        emit(f"FULL {flushed}")
+        return flushed
+
+store = MessageStore(config(root, "SYNC_FLUSH"), commit_log_class=ReportingLog).start()
+emit(f"FULL {store.commit_log.flushed_offset}")  # recovery synced everything it found
+
+async def sender(t):
+    loop = asyncio.get_running_loop()
+    n = t * 1_000_000
+    while True:
+        msg = Message(TOPIC, expected_body(seed, n), tags=f"t{n % 3}", keys=(f"s{seed}n{n}",))
+        data, _ids, _next = encode_batch([msg], "7F00000112349ABCDEF0", 1_698_796_800_000, n & 0xFFFF,
+                                         1_700_000_000_000)
+        r = store.put_packed(TOPIC, n % QUEUES, data, 1, wait=False)
+        if await store.wait_durable(r.end_offset, loop) is PutStatus.PUT_OK:
+            off = int.from_bytes(r.offsets[:8], "little")
+            emit(f"ACK {off} {r.queue_id} {r.first_queue_offset} {r.end_offset - off} {seed} {n}")
+        n += 1
+
+async def main():
+    emit("READY")
+    await asyncio.gather(*(sender(t) for t in range(in_flight)))
+
+asyncio.run(main())
+"""
+ASYNC_KILLS = 5
+
+
+class AsyncChild(Child):
+    """The ``_ASYNC_WRITER`` process (same line protocol and SIGKILL as :class:`Child`)."""
+
+    def __init__(self, root: Path, impl: str, seed: int, in_flight: int) -> None:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _ASYNC_WRITER, str(root), impl, str(seed), str(in_flight)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+        self.lines = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Until the store is open (so the kill lands while sends are in flight, not during imports)."""
+        deadline = time.monotonic() + timeout
+        while "READY" not in self.lines:
+            assert self.proc.poll() is None, self.proc.stderr.read() if self.proc.stderr else ""
+            assert time.monotonic() < deadline, "the writer never got ready"
+            time.sleep(0.01)
+
+    def full_flushed(self) -> int:
+        """The last offset a full flush reported: log and queues were durable below it."""
+        return max(int(line.split()[1]) for line in self.lines if line.startswith("FULL "))
+
+
+def _lose_unsynced_queue_units(root: Path, full_flushed: int, rng: random.Random) -> list[int]:
+    """Zero consume-queue units of records at or past the last full flush (all of them or a random part):
+    the pages only log-only syncs followed, lost as in a power failure.  Returns their log offsets."""
+    keep_some = rng.random() < 0.5
+    lost = []
+    for path in sorted((root / "consumequeue" / TOPIC).glob("*/" + "[0-9]" * 20)):
+        data = bytearray(path.read_bytes())
+        for pos in range(0, len(data), CQ_UNIT_SIZE):
+            clog, size, _tag = CQ_UNIT.unpack_from(data, pos)
+            if size > 0 and clog >= full_flushed and not (keep_some and rng.random() < 0.5):
+                data[pos:pos + CQ_UNIT_SIZE] = bytes(CQ_UNIT_SIZE)
+                lost.append(clog)
+        path.write_bytes(bytes(data))
+    return lost
+
+
+def _lose_unacknowledged_tail(root: Path, acks, checkpoint: int, rng: random.Random) -> int | None:
+    """Half the time, garble the header of whatever follows the last acknowledged record of the round (or the
+    checkpoint if that is later), as a torn unsynced write would: the log must end there.  Returns where, or None."""
+    if not acks or rng.random() < 0.5:
+        return None
+    at = max(checkpoint, max(off + size for off, _q, _qo, size, _s, _n in acks))
+    seg_size = config(str(root), "SYNC_FLUSH").segment_size
+    path = root / "commitlog" / f"{at // seg_size * seg_size:020d}"
+    if not path.exists() or at % seg_size + 12 > seg_size:
+        return None
+    with open(path, "r+b") as f:
+        f.seek(at % seg_size + 4)  # magic and CRC
+        old = f.read(8)
+        f.seek(at % seg_size + 4)
+        f.write(bytes(b ^ 0x5A for b in old))
+    return at
+
+
+def check_acknowledged_through_queues(store: MessageStore, acks) -> None:
+    """Every acknowledged message is served by its consume queue at its queue offset."""
+    for offset, qid, qoff, size, seed, n in acks:
+        assert store.queue_unit(TOPIC, qid, qoff)[:2] == (offset, size)
+        got = store.get_messages(TOPIC, qid, qoff, 1).messages
+        assert len(got) == 1 and got[0].commitlog_offset == offset, (qid, qoff)
+        assert got[0].body == expected_body(seed, n) and got[0].keys == (f"s{seed}n{n}",)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", IMPL_NAMES)
+def test_group_commit_acks_survive_sigkill_and_lost_queue_pages(tmp_path, impl):
+    """64 sends in flight under SYNC_FLUSH (the group commit syncs the log only), SIGKILL, then the queue
+    units no full flush covered and the unacknowledged tail are lost: the checkpoint never names an offset
+    past the last full flush, and every acknowledged message is still read through its consume queue after
+    recovery, again and again on the recovered store."""
+    rng = random.Random(31 + len(impl))
+    root = tmp_path / "store"
+    all_acks = []
+    for round_ in range(ASYNC_KILLS):
+        child = AsyncChild(root, impl, seed=200 + round_, in_flight=64)
+        child.wait_ready()
+        child.kill_after(rng.uniform(0.2, 0.8))
+        acks = child.acks()
+        all_acks.extend(acks)
+        checkpoint = read_checkpoint(root / "checkpoint")
+        full_flushed = child.full_flushed()
+        assert checkpoint is not None and checkpoint.flushed_offset <= full_flushed
+        lost = _lose_unsynced_queue_units(root, full_flushed, rng)
+        tear = _lose_unacknowledged_tail(root, acks, checkpoint.flushed_offset, rng)
+        store = reopen(root, "SYNC_FLUSH", impl)
+        try:
+            assert store.clean_start is False
+            assert store.recovery["check_from"] == checkpoint.flushed_offset
+            end = store.commit_log.max_offset
+            assert tear is None or end <= tear
+            assert store.recovery["cq_units_redone"] >= sum(1 for clog in lost if clog < end)
+            check_acknowledged(store, all_acks)
+            check_acknowledged_through_queues(store, all_acks)
+            check_queues_agree_with_log(store)
+        finally:
+            store.shutdown()
+        report = verify_store(root)
+        assert report.ok, report.problems
+    assert len(all_acks) > 200, "the writer barely ran; the test proves little"

@@ -1,9 +1,10 @@
 """SYNC_FLUSH group commit without a thread per waiter: ``MessageStore.wait_durable`` and ``FlushService``.
 
-What is checked: a future resolves only once the flushed offset covers it; concurrent waiters share
-few syncs and each loop gets one callback per sync; ASYNC_FLUSH answers at once; a stuck sync times
-waiters out (FLUSH_DISK_TIMEOUT, message kept) and later ones still work; shutdown answers every
-waiter; the blocking put path shares the same syncs.
+What is checked: a future resolves only once the log's flushed offset covers it; concurrent waiters
+share few syncs and each loop gets one callback per sync; ASYNC_FLUSH answers at once; a stuck sync
+times waiters out (FLUSH_DISK_TIMEOUT, message kept) and later ones still work; shutdown answers every
+waiter; the blocking put path shares the same syncs; group commit syncs the log alone while the full
+flush keeps its pace and is the only offset the checkpoint gets.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 from sparkmq.platform.common.message import Message
 from sparkmq.platform.store import FlushMode, MessageStore, PutStatus, StoreConfig
+from sparkmq.platform.store.checkpoint import read_checkpoint
 from sparkmq.platform.store.flush import FlushService
 from sparkmq.storage_native import encode_batch
 
@@ -36,7 +38,7 @@ def packed(n: int = 1, body: bytes = b"x" * 100) -> bytes:
 
 
 class Gate:
-    """Holds every flush while closed; counts the flushes that completed."""
+    """Holds every flush (full or log-only) while closed; counts the flushes that completed."""
 
     def __init__(self) -> None:
         self.open = threading.Event()
@@ -46,17 +48,37 @@ class Gate:
 
 
 def gated_log_class(impl, gate: Gate) -> type:
-    """A commit-log class whose ``flush`` waits for ``gate`` (a stuck disk)."""
+    """A commit-log class whose ``flush`` and ``flush_log`` wait for ``gate`` (a stuck disk)."""
 
     class GatedLog(impl.CommitLog):
-        def flush(self) -> int:
+        def _gated(self, sync: Callable[[], int]) -> int:
             gate.entered.set()
             gate.open.wait()
-            flushed = super().flush()
+            flushed = sync()
             gate.completed += 1
             return flushed
 
+        def flush(self) -> int:
+            return self._gated(super().flush)
+
+        def flush_log(self) -> int:
+            return self._gated(super().flush_log)
+
     return GatedLog
+
+
+class FakeLog:
+    """A stand-in commit log whose syncs, full and log-only, never get past ``offset``."""
+
+    def __init__(self, offset: int) -> None:
+        self.flushed_offset = self.log_flushed_offset = 0
+        self._offset = offset
+
+    def flush(self) -> int:
+        return self._offset
+
+    def flush_log(self) -> int:
+        return self._offset
 
 
 @pytest.fixture
@@ -100,7 +122,7 @@ def test_future_resolves_only_once_the_flushed_offset_covers_it(make_store, impl
         futures = [store.wait_durable(r.end_offset) for r in results]
         for r, fut in zip(results, futures, strict=True):
             fut.add_done_callback(lambda _f, end=r.end_offset: seen.append(
-                (end, store.log_offsets().flushed_offset, store._flusher.flushed_offset)))
+                (end, store.commit_log.log_flushed_offset, store._flusher.log_flushed_offset)))
         await asyncio.sleep(0.1)
         assert not any(f.done() for f in futures)  # no sync got through: nobody answered
         gate.open.set()
@@ -186,7 +208,7 @@ def test_sixty_four_coroutines_put_packed_and_await(make_store):
 
     statuses = asyncio.run(main())
     assert statuses == [PutStatus.PUT_OK] * 64 * 25
-    assert store.log_offsets().flushed_offset >= max(ends)
+    assert store.commit_log.log_flushed_offset >= max(ends)
     assert sum(store.max_offset("T", q) for q in range(4)) == 64 * 25
 
 
@@ -213,7 +235,7 @@ def test_without_the_flush_thread_the_wait_syncs_inline(make_store):
         r = store.put_packed("T", 0, packed(), 1, wait=False)
         fut = store.wait_durable(r.end_offset)
         assert fut.done() and fut.result() is PutStatus.PUT_OK
-        assert store.log_offsets().flushed_offset >= r.end_offset
+        assert store.commit_log.log_flushed_offset >= r.end_offset
 
     asyncio.run(main())
 
@@ -283,13 +305,7 @@ def test_a_stuck_sync_times_waiters_out_and_later_ones_still_work(make_store, im
 
 
 def test_a_synced_waiter_whose_hand_out_is_late_is_not_failed_at_its_deadline():
-    class Log:
-        flushed_offset = 0
-
-        def flush(self) -> int:
-            return 0
-
-    service = FlushService(Log(), 10_000, lambda _o: None, group_commit=True)
+    service = FlushService(FakeLog(0), 10_000, lambda _o: None, group_commit=True)
     service.start()
     try:
         async def main() -> PutStatus:
@@ -297,7 +313,7 @@ def test_a_synced_waiter_whose_hand_out_is_late_is_not_failed_at_its_deadline():
             fut = service.wait_async(100, loop, 0.3)
             await asyncio.sleep(0.1)  # the flush thread synced (to 0) and went idle
             assert not fut.done()
-            service._flushed = 100  # as if a sync covered it and its hand-out were still on the way
+            service._log_flushed = 100  # as if a sync covered it and its hand-out were still on the way
             return await fut
 
         assert asyncio.run(main()) is PutStatus.PUT_OK
@@ -306,13 +322,7 @@ def test_a_synced_waiter_whose_hand_out_is_late_is_not_failed_at_its_deadline():
 
 
 def test_a_loop_is_forgotten_once_it_has_had_no_waiter_for_a_timeout():
-    class Log:
-        flushed_offset = 0
-
-        def flush(self) -> int:
-            return 1_000
-
-    service = FlushService(Log(), 10_000, lambda _o: None, group_commit=True)
+    service = FlushService(FakeLog(1_000), 10_000, lambda _o: None, group_commit=True)
     service.start()
     try:
         async def main() -> None:
@@ -350,13 +360,7 @@ def test_shutdown_answers_every_outstanding_waiter(tmp_path, impl):
 
 
 def test_stop_fails_what_the_last_sync_did_not_cover_and_later_waits_answer_at_once():
-    class Log:
-        flushed_offset = 0
-
-        def flush(self) -> int:
-            return 50  # the disk never gets past 50
-
-    service = FlushService(Log(), 10_000, lambda _o: None, group_commit=True)
+    service = FlushService(FakeLog(50), 10_000, lambda _o: None, group_commit=True)  # never past 50
     service.start()
 
     async def main() -> None:
@@ -377,13 +381,7 @@ def test_stop_fails_what_the_last_sync_did_not_cover_and_later_waits_answer_at_o
 
 
 def test_stop_with_a_closed_loop_does_not_hang_or_raise():
-    class Log:
-        flushed_offset = 0
-
-        def flush(self) -> int:
-            return 0
-
-    service = FlushService(Log(), 10_000, lambda _o: None, group_commit=True)
+    service = FlushService(FakeLog(0), 10_000, lambda _o: None, group_commit=True)
     service.start()
     loop = asyncio.new_event_loop()
     fut = service.wait_async(10, loop, 30.0)
@@ -427,3 +425,107 @@ def test_threads_and_coroutines_share_the_syncs(make_store):
     assert statuses == [PutStatus.PUT_OK] * 640
     assert thread_results == [PutStatus.PUT_OK] * 160
     assert flusher.flush_count - before < 800 / 2
+
+
+# -- log-only group commit, full flush on a timer, checkpoint ------------------------------------------------------
+def counting_log_class(impl, calls: dict[str, int]) -> type:
+    """A commit-log class that counts its ``flush`` and ``flush_log`` calls."""
+
+    class CountingLog(impl.CommitLog):
+        def flush(self) -> int:
+            calls["flush"] += 1
+            return super().flush()
+
+        def flush_log(self) -> int:
+            calls["flush_log"] += 1
+            return super().flush_log()
+
+    return CountingLog
+
+
+def test_group_commit_syncs_the_log_alone_and_leaves_the_checkpoint(make_store, impl):
+    calls = {"flush": 0, "flush_log": 0}
+    # no full flush during the test: the interval is far away
+    store = make_store(commit_log_class=counting_log_class(impl, calls), flush_interval_ms=600_000,
+                       checkpoint_interval_ms=1)
+    log = store.commit_log
+    start_flushed = log.flushed_offset
+    checkpoint_before = read_checkpoint(store.paths.checkpoint)
+
+    async def main() -> list[PutStatus]:
+        results = [store.put_packed("T", q % 4, packed(), 1, wait=False) for q in range(40)]
+        return await asyncio.gather(*(store.wait_durable(r.end_offset) for r in results))
+
+    assert asyncio.run(main()) == [PutStatus.PUT_OK] * 40
+    assert store.put(Message("T", b"blocking"), 1).status is PutStatus.PUT_OK
+    end = log.max_offset
+    assert log.log_flushed_offset == store._flusher.log_flushed_offset == end
+    assert log.flushed_offset == store._flusher.flushed_offset == start_flushed < end  # the queues wait
+    assert calls["flush_log"] >= 1 and calls["flush"] == 0
+    assert store._flusher.full_flush_count == 0
+    # the checkpoint never got an offset only the log was synced to
+    assert read_checkpoint(store.paths.checkpoint) == checkpoint_before
+    assert store.flush() == end  # a full flush moves both, and the checkpoint
+    assert read_checkpoint(store.paths.checkpoint).flushed_offset == log.flushed_offset == end
+
+
+def test_the_full_flush_keeps_its_pace_under_a_steady_stream_of_waiters(make_store):
+    store = make_store(flush_interval_ms=40, checkpoint_interval_ms=40)
+    flusher = store._flusher
+    log = store.commit_log
+    checkpoints: list[int] = []
+
+    async def main() -> None:
+        data = packed()
+        stop = time.monotonic() + 0.6
+
+        async def sender(q: int) -> None:
+            while time.monotonic() < stop:
+                r = store.put_packed("T", q % 4, data, 1, wait=False)
+                assert await store.wait_durable(r.end_offset) is PutStatus.PUT_OK
+                cp = read_checkpoint(store.paths.checkpoint)
+                # whatever the checkpoint says, the queues were durable there when it was written
+                assert cp is not None and cp.flushed_offset <= log.flushed_offset <= log.log_flushed_offset
+                checkpoints.append(cp.flushed_offset)
+
+        await asyncio.gather(*(sender(q) for q in range(16)))
+
+    asyncio.run(main())
+    # ~15 intervals went by with waiters at every moment: the full flush still ran (loose bound, shared CPU)
+    assert flusher.full_flush_count >= 3
+    assert flusher.flush_count > flusher.full_flush_count  # the rest were log-only group commits
+    assert checkpoints == sorted(checkpoints) and checkpoints[-1] > checkpoints[0]
+
+
+def test_the_checkpoint_hook_gets_only_full_flush_offsets():
+    class Log(FakeLog):
+        """Every sync covers 100 more bytes; the full ones note what they returned."""
+
+        def __init__(self) -> None:
+            super().__init__(0)
+            self.end = 0  # what the syncs below report instead
+            self.full_results: list[int] = []
+
+        def flush(self) -> int:
+            self.end += 100
+            self.full_results.append(self.end)
+            return self.end
+
+        def flush_log(self) -> int:
+            self.end += 100
+            return self.end
+
+    log_ = Log()
+    hooked: list[int] = []
+    service = FlushService(log_, 20, hooked.append, group_commit=True)
+    service.start()
+    try:
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline:  # a waiter at every moment, each wanting one more sync
+            assert service.wait_flushed(service.log_flushed_offset + 1, 5.0)
+    finally:
+        service.stop()
+    assert len(log_.full_results) >= 3  # periodic full flushes ran between the group commits...
+    assert hooked == log_.full_results  # ...and only their offsets reached the hook
+    assert service.flush_count > 2 * service.full_flush_count
+    assert service.full_flush_count == len(hooked) and service.flushed_offset == hooked[-1]

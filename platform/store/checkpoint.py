@@ -13,6 +13,11 @@ Layout (32 bytes, little-endian)::
 It is replaced atomically (write a temporary file, fsync, rename), so a reader
 sees the old or the new one; any decode failure reads as "no checkpoint" and
 recovery falls back to a full scan.
+
+Only a full flush's offset (``CommitLog.flushed_offset``) may be written here,
+never ``log_flushed_offset``: recovery trusts the consume-queue units below the
+checkpoint and rebuilds those of the records past it from the log, which is what
+lets SYNC_FLUSH's group commit sync the log alone.
 """
 from __future__ import annotations
 
@@ -53,7 +58,7 @@ def read_checkpoint(path: Path) -> Checkpoint | None:
 
 
 def write_checkpoint(path: Path, flushed_offset: int) -> None:
-    """Atomically replace the checkpoint at ``path``."""
+    """Atomically replace the checkpoint at ``path`` (``flushed_offset``: from a full flush, see above)."""
     ts = time.time_ns() // 1_000_000
     head = struct.pack("<4sHHqq", _MAGIC, _VERSION, 0, flushed_offset, ts)
     raw = head + struct.pack("<II", zlib.crc32(head), 0)

@@ -1,12 +1,22 @@
 """Flush services: the background sync of ASYNC_FLUSH and the group commit of SYNC_FLUSH.
 
-Both call ``CommitLog.flush()``, which syncs everything appended so far without
-blocking appends (the native core runs the fdatasync with the GIL released).
+Two kinds of sync, both without blocking appends (the native core runs the
+fdatasync with the GIL released):
+
+* the full flush, ``CommitLog.flush()``: the log and every consume-queue file
+  written since; it runs every ``interval_ms`` in both modes, and only its offset
+  (``flushed_offset``) goes to the checkpoint hook, so a checkpoint never names an
+  offset whose queue units might not be on disk;
+* the log-only flush, ``CommitLog.flush_log()``: the commit-log segment alone, what
+  a waiter needs (as RocketMQ's GroupCommitService, which syncs only the commit
+  log): recovery scans the log from the checkpoint and rewrites the units of every
+  record it finds, so an acknowledged record gets its unit back after a crash.
 
 Group commit: a writer registers the end offset of its record and waits; the
-flush thread syncs again and again while anyone waits, each sync covering every
-record appended before it started, so N concurrent sends cost one fdatasync, not
-N.  Two kinds of waiter share that machinery:
+flush thread syncs the log again and again while anyone waits, each sync covering
+every record appended before it started, so N concurrent sends cost one
+fdatasync, not N.  Waiters are answered on ``log_flushed_offset``.  Two kinds of
+waiter share that machinery:
 
 * a thread blocks in :meth:`FlushService.wait_flushed` (the classic put path);
 * an event loop gets an ``asyncio.Future`` from :meth:`FlushService.wait_async`,
@@ -37,9 +47,18 @@ class Flushable(Protocol):
     """What the flush service needs of a commit log."""
 
     @property
-    def flushed_offset(self) -> int: ...
+    def flushed_offset(self) -> int:
+        """Log and consume queues durable below it."""
 
-    def flush(self) -> int: ...
+    @property
+    def log_flushed_offset(self) -> int:
+        """The log durable below it (>= ``flushed_offset``)."""
+
+    def flush(self) -> int:
+        """Full flush; returns ``flushed_offset``."""
+
+    def flush_log(self) -> int:
+        """Log-only flush; returns ``log_flushed_offset``."""
 
 
 class _LoopWaiters:
@@ -62,17 +81,17 @@ def _settle(futures: list[asyncio.Future[PutStatus]], status: PutStatus) -> None
 
 
 class FlushService:
-    """One thread that syncs on a timer (ASYNC_FLUSH), and back to back while anyone waits (SYNC_FLUSH).
+    """One thread that fully syncs on a timer (both modes), and syncs the log back to back while anyone waits.
 
-    ``flush_count`` counts completed syncs, ``waiters_resolved`` the async waits they satisfied
-    (their ratio is the group-commit factor).
+    ``flush_count`` counts completed syncs of either kind, ``full_flush_count`` the full ones,
+    ``waiters_resolved`` the async waits they satisfied (waits per sync is the group-commit factor).
     """
 
     def __init__(self, log_: Flushable, interval_ms: int, on_flushed: Callable[[int], None],
                  group_commit: bool) -> None:
-        """``interval_ms``: the idle sync period (and the checkpoint's pace); ``on_flushed(offset)`` runs on
-        the flush thread after each sync; ``group_commit``: the store runs SYNC_FLUSH (a waiter gets
-        its sync at once in either mode)."""
+        """``interval_ms``: the period of the full flush (and the checkpoint's pace); ``on_flushed(offset)``
+        runs on the flush thread after each full flush with its ``flushed_offset`` (never after a log-only
+        one); ``group_commit``: the store runs SYNC_FLUSH (a waiter gets its sync at once in either mode)."""
         self._log = log_
         self._interval = interval_ms / 1000.0
         self._on_flushed = on_flushed
@@ -82,11 +101,16 @@ class FlushService:
         self._work = threading.Condition(self._lock)
         #: Blocked writer threads sleep here; each sync wakes them.
         self._done = threading.Condition(self._lock)
+        #: Highest offset a completed full flush covered (log and queues).
         self._flushed = log_.flushed_offset
+        #: Highest offset a completed sync of either kind covered in the log: what waiters get.
+        self._log_flushed = max(self._flushed, log_.log_flushed_offset)
         #: The highest offset anyone waits for, and the highest one a started sync is sure to cover
         #: (a sync snapshots the log's end after it began): a sync is wanted while the first is ahead.
-        self._requested = self._flushed
-        self._covering = self._flushed
+        self._requested = self._log_flushed
+        self._covering = self._log_flushed
+        #: When the next full flush is due (time.monotonic()), whether anyone waits or not.
+        self._full_due = time.monotonic() + self._interval
         self._running = False
         #: True from start() until the last sync has been handed out: waits are accepted.
         self._serving = False
@@ -95,13 +119,19 @@ class FlushService:
         self._loops: dict[asyncio.AbstractEventLoop, _LoopWaiters] = {}
         self._thread: threading.Thread | None = None
         self.flush_count = 0
+        self.full_flush_count = 0
         self.waiters_resolved = 0
         self.last_error: BaseException | None = None
 
     @property
     def flushed_offset(self) -> int:
-        """Highest offset a completed flush covered."""
+        """Highest offset a completed full flush covered (the log and the consume queues)."""
         return self._flushed
+
+    @property
+    def log_flushed_offset(self) -> int:
+        """Highest offset a completed sync covered in the log: waiters at or below it are answered."""
+        return self._log_flushed
 
     @property
     def group_commit(self) -> bool:
@@ -117,7 +147,7 @@ class FlushService:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop the thread, then sync a last time on the calling thread.
+        """Stop the thread, then fully sync a last time on the calling thread.
 
         Every outstanding waiter is answered: PUT_OK if that last sync covered it, else
         FLUSH_DISK_TIMEOUT (futures through their loop; a closed loop's futures are dropped).
@@ -130,47 +160,47 @@ class FlushService:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        self._flush_once()
+        self._flush_once(full=True)
         with self._lock:
             self._serving = False
         self._hand_out(final=True)
 
     # -- waiting ----------------------------------------------------------------
     def wait_flushed(self, offset: int, timeout_s: float) -> bool:
-        """Group commit for a thread: block until a flush covers ``offset``; False on timeout or stop."""
-        if self._flushed >= offset:
+        """Group commit for a thread: block until a sync covers ``offset`` in the log; False on timeout or stop."""
+        if self._log_flushed >= offset:
             return True
         deadline = time.monotonic() + timeout_s
         with self._lock:
             if not self._serving:
-                return self._flushed >= offset
+                return self._log_flushed >= offset
             self._request(offset)
             self._blocked += 1
             try:
-                while self._flushed < offset and self._serving:
+                while self._log_flushed < offset and self._serving:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         break
                     self._done.wait(remaining)
-                return self._flushed >= offset
+                return self._log_flushed >= offset
             finally:
                 self._blocked -= 1
 
     def wait_async(self, offset: int, loop: asyncio.AbstractEventLoop,
                    timeout_s: float) -> asyncio.Future[PutStatus]:
-        """Group commit for an event loop: a future resolved with PUT_OK once a flush covers ``offset``.
+        """Group commit for an event loop: a future resolved with PUT_OK once a sync covers ``offset`` in the log.
 
         FLUSH_DISK_TIMEOUT when no flush did within ``timeout_s`` (or the service stopped first).
         Must be called on ``loop``'s thread; no thread and no timer per waiter.
         """
         fut: asyncio.Future[PutStatus] = loop.create_future()
-        if self._flushed >= offset:
+        if self._log_flushed >= offset:
             fut.set_result(PutStatus.PUT_OK)
             return fut
         deadline = loop.time() + timeout_s
         with self._lock:
-            if self._flushed >= offset or not self._serving:
-                fut.set_result(PutStatus.PUT_OK if self._flushed >= offset else PutStatus.FLUSH_DISK_TIMEOUT)
+            if self._log_flushed >= offset or not self._serving:
+                fut.set_result(PutStatus.PUT_OK if self._log_flushed >= offset else PutStatus.FLUSH_DISK_TIMEOUT)
                 return fut
             group = self._loops.get(loop)
             if group is None:
@@ -200,7 +230,7 @@ class FlushService:
         durable: list[asyncio.Future[PutStatus]] = []
         with self._lock:
             group.timer = None
-            flushed = self._flushed
+            flushed = self._log_flushed
             keep = []
             earliest = float("inf")
             for item in group.pending:
@@ -223,10 +253,10 @@ class FlushService:
 
     # -- the flush thread ---------------------------------------------------------
     def _hand_out(self, final: bool) -> None:
-        """Answer the waiters the flushed offset covers (all of them when ``final``): one callback per loop."""
+        """Answer the waiters the log's flushed offset covers (all of them when ``final``): one callback per loop."""
         batches: list[tuple[_LoopWaiters, list[asyncio.Future[PutStatus]], PutStatus]] = []
         with self._lock:
-            flushed = self._flushed
+            flushed = self._log_flushed
             for group in self._loops.values():
                 if not group.pending:
                     continue
@@ -269,24 +299,31 @@ class FlushService:
                             group.timer = None
                     self._loops.clear()
 
-    def _flush_once(self) -> bool:
+    def _flush_once(self, full: bool) -> bool:
+        """One sync, full or log-only; answers the waiters it covered, and runs the hook after a full one."""
         try:
-            flushed = self._log.flush()
+            flushed = self._log.flush() if full else self._log.flush_log()
         except BaseException as exc:  # keep the thread alive; waiters time out and report it
             self.last_error = exc
             log.exception("flush failed")
             with self._lock:
-                self._covering = self._flushed  # what this sync was to cover is wanted again
+                self._covering = self._log_flushed  # what this sync was to cover is wanted again
             return False
         with self._lock:
             self.flush_count += 1
-            if flushed > self._flushed:
-                self._flushed = flushed
+            if full:
+                self.full_flush_count += 1
+                if flushed > self._flushed:
+                    self._flushed = flushed
+            # a full flush covers the log too
+            if flushed > self._log_flushed:
+                self._log_flushed = flushed
         self._hand_out(final=False)
-        try:
-            self._on_flushed(flushed)
-        except Exception:  # a failed checkpoint write must not stop the syncs
-            log.exception("after-flush hook failed")
+        if full:
+            try:
+                self._on_flushed(flushed)  # the checkpoint: only an offset the queues are durable below
+            except Exception:  # a failed checkpoint write must not stop the syncs
+                log.exception("after-flush hook failed")
         return True
 
     def _run(self) -> None:
@@ -294,17 +331,24 @@ class FlushService:
         while True:
             with lock:
                 # nobody waits for more than the last sync covered: sleep until someone does, or the
-                # interval passes (ASYNC_FLUSH, and the checkpoint); while anyone waits, sync back to back
+                # full flush is due (ASYNC_FLUSH, and the checkpoint); while anyone waits, sync back to back
                 while self._running and self._requested <= self._covering:
-                    self._idle = True
-                    notified = self._work.wait(self._interval)
-                    self._idle = False
-                    if not notified:
+                    wait_s = self._full_due - time.monotonic()
+                    if wait_s <= 0:
                         break
+                    self._idle = True
+                    self._work.wait(wait_s)
+                    self._idle = False
                 if not self._running:
                     return
                 # every waiter registered so far appended before this sync snapshots the log's end,
                 # so the sync covers them all: later waiters with higher offsets want the next one
                 self._covering = max(self._covering, self._requested)
-            if not self._flush_once():
+                # the full flush keeps its pace under a steady stream of waiters too (it answers them
+                # as well), so the checkpoint moves and recovery never scans more than ~2 intervals
+                now = time.monotonic()
+                full = now >= self._full_due
+                if full:
+                    self._full_due = now + self._interval
+            if not self._flush_once(full):
                 time.sleep(min(self._interval, 0.1))  # a failing disk: do not spin

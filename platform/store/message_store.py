@@ -270,7 +270,12 @@ class MessageStore:
                 log.exception("append listener %r failed", listener)
 
     # -- durability -----------------------------------------------------------
+    # Two offsets: ``flushed_offset`` (log AND consume queues durable, the full flush) and
+    # ``log_flushed_offset`` (the log durable: what a SYNC_FLUSH send waits for).  The checkpoint
+    # only ever gets the first: recovery scans the log from it and rewrites the queue units of
+    # every record past it, which brings back the units a log-only sync left unsynced.
     def _maybe_checkpoint(self, flushed: int) -> None:
+        """The flush service's hook, run after each full flush with its ``flushed_offset``."""
         now = time.monotonic_ns() // 1_000_000
         with self._checkpoint_lock:
             if now - self._last_checkpoint_ms < self.config.checkpoint_interval_ms:
@@ -279,7 +284,7 @@ class MessageStore:
             write_checkpoint(self.paths.checkpoint, flushed)
 
     def flush(self) -> int:
-        """Sync now and move the checkpoint; returns the flushed offset."""
+        """Sync the log and the queues now and move the checkpoint; returns the flushed offset."""
         flushed = self.commit_log.flush()
         with self._checkpoint_lock:
             write_checkpoint(self.paths.checkpoint, flushed)
@@ -289,7 +294,7 @@ class MessageStore:
         if self.config.flush_mode is not FlushMode.SYNC_FLUSH:
             return PutStatus.PUT_OK
         if self._flusher is None:
-            self.commit_log.flush()
+            self.commit_log.flush_log()  # the log suffices: recovery rebuilds the units past the checkpoint
             return PutStatus.PUT_OK
         ok = self._flusher.wait_flushed(end_offset, self.config.sync_flush_timeout_ms / 1000.0)
         return PutStatus.PUT_OK if ok else PutStatus.FLUSH_DISK_TIMEOUT
@@ -446,8 +451,8 @@ class MessageStore:
         return result
 
     def await_durable(self, end_offset: int) -> PutStatus:
-        """Block until ``end_offset`` is flushed under SYNC_FLUSH (PUT_OK at once otherwise, FLUSH_DISK_TIMEOUT
-        after ``sync_flush_timeout_ms``)."""
+        """Block until the log is flushed up to ``end_offset`` under SYNC_FLUSH (PUT_OK at once otherwise,
+        FLUSH_DISK_TIMEOUT after ``sync_flush_timeout_ms``)."""
         return self._await_durable(end_offset)
 
     def wait_durable(self, end_offset: int,
@@ -457,7 +462,8 @@ class MessageStore:
         Call it on the loop's thread (``loop`` defaults to the running one) with the ``end_offset``
         of an append made with ``wait=False`` (``PackedPutResult.end_offset``; for a ``PutResult``,
         ``commitlog_offset + store_size``).  Under SYNC_FLUSH the future resolves with PUT_OK once
-        an fdatasync covers ``end_offset`` (all sends in flight share one: group commit), or with
+        an fdatasync of the commit log covers ``end_offset`` (all sends in flight share one: group
+        commit; the consume queues follow with the periodic full flush), or with
         FLUSH_DISK_TIMEOUT after ``sync_flush_timeout_ms`` (the message is stored all the same);
         it is resolved already under ASYNC_FLUSH or when the offset is flushed.  Without the
         background flush thread (``background_services=False``) it syncs inline.  An offset past
@@ -474,7 +480,7 @@ class MessageStore:
             fut: asyncio.Future[PutStatus] = loop.create_future()
             fut.set_result(self._await_durable(end_offset))
             return fut
-        if flusher.flushed_offset < end_offset:
+        if flusher.log_flushed_offset < end_offset:
             end = self.commit_log.max_offset
             if end_offset > end:
                 raise SparkMQError(ErrorCode.OFFSET_ILLEGAL,
