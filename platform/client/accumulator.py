@@ -119,7 +119,9 @@ class Accumulator:
     append from any thread) and, when a send slot is free, dispatches a batch at once.  A batch goes out
     from the calling thread when ``starter`` can send it without blocking (remoting), else on the executor;
     when a batch finishes, its slot dispatches what gathered meanwhile.  So while slots are busy, messages
-    gather into bigger batches by themselves.  Futures are completed on the executor, never on an I/O loop.
+    gather into bigger batches by themselves.  A batch that went out without blocking is completed on the
+    connection's I/O thread (so ``send_async`` callbacks must be quick, as Kafka's), a blocking one on the
+    executor.
     """
 
     def __init__(self, sender: BatchSender, executor: concurrent.futures.Executor, *, max_messages: int = 256,
@@ -192,7 +194,9 @@ class Accumulator:
             if started is None:
                 self._executor.submit(self._send_batch, batch)
             else:
-                started.add_done_callback(lambda f: self._executor.submit(self._started_done, batch, f))
+                # Completed where the answer arrives (the connection's loop), as Kafka's producer runs its
+                # callbacks on its I/O thread: a hop to a pool thread here costs more than the callbacks.
+                started.add_done_callback(lambda f: self._started_done(batch, f))
         except RuntimeError as exc:  # the executor is shut down: nobody will send these
             self._finish(batch, None, exc)
 

@@ -443,8 +443,9 @@ class Producer:
 
         Unordered, undelayed messages without their own timeout are gathered per topic into
         batches (``async_batching``; see :mod:`.accumulator`), so per-message calls are as fast as
-        batches.  The message is validated now (bad input raises here, not in the future).  ``callback``
-        is called with ``(result, None)`` or ``(None, error)`` when the send finishes.  Scheduled
+        batches; their ``callback`` may run on the client's I/O thread and must not block (as Kafka's).
+        The message is validated now (bad input raises here, not in the future).  ``callback`` is
+        called with ``(result, None)`` or ``(None, error)`` when the send finishes.  Scheduled
         delivery as for :meth:`send`.
         """
         self._check_running()
