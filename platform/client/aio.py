@@ -61,12 +61,12 @@ from ..common.validation import validate_group, validate_topic
 from ..common.wire import ReceivedMessage
 from ..remoting import AsyncRemotingClient, Frame, RemotingError, Response
 from .allocation import DEFAULT_STRATEGY, AllocateStrategy, MessageQueue
-from .broker_remoting import decode_pulled
+from .broker_remoting import decode_answer, decode_pulled
 from .config import DEFAULT_CONSUME_TIMESTAMP_BACK_S, ClientConfig
 from .endpoints import remoting_endpoint
 from .fault import LatencyFaultTolerance, QueueSelector
 from .process_queue import ProcessQueue
-from .producer import RETRYABLE_CODES, BatchSendResults, select_by_sharding_key
+from .producer import BROKER_FAULT_CODES, RETRYABLE_CODES, BatchSendResults, select_by_sharding_key
 from .rebalance import (
     ConsumeFromWhere,
     MessageSelector,
@@ -85,22 +85,10 @@ H = TypeVar("H", bound=p.Header)
 T = TypeVar("T")
 
 _encode = msgspec.msgpack.Encoder().encode
-_decoders: dict[type, msgspec.msgpack.Decoder[Any]] = {}
 
 #: Retryable failures about the topic on that broker, not the broker itself: refresh the route, do not
 #: isolate the broker (the threaded producer's split of ``RETRYABLE_CODES``).
-_TOPIC_FAULT_CODES = frozenset({ErrorCode.TOPIC_NOT_EXIST, ErrorCode.NO_PERMISSION, ErrorCode.QUEUE_ID_ILLEGAL})
-_BROKER_FAULT_CODES = RETRYABLE_CODES - _TOPIC_FAULT_CODES
-
-
-def _decode(data: bytes | memoryview, kind: type[H]) -> H:
-    decoder = _decoders.get(kind)
-    if decoder is None:
-        decoder = _decoders[kind] = msgspec.msgpack.Decoder(kind)
-    try:
-        return decoder.decode(data)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"the broker's {kind.__name__} is malformed: {exc}") from None
+_TOPIC_FAULT_CODES = RETRYABLE_CODES - BROKER_FAULT_CODES
 
 
 class _AsyncClient:
@@ -287,7 +275,7 @@ class AsyncProducer(_AsyncClient):
         async def attempt(addr: str, mq: MessageQueue, left: float) -> SendResult:
             req = p.SendRequest(topic, mq.queue_id, sharding_key, self.group, msg.tags, list(msg.keys),
                                 dict(msg.properties), msg_id, msg.flag, compressed, born_ms)
-            r = _decode((await self._request(addr, RequestCode.SEND_MESSAGE, req, body, left)).header,
+            r = decode_answer((await self._request(addr, RequestCode.SEND_MESSAGE, req, body, left)).header,
                         p.SendResponse)
             return SendResult(send_status(r.status), r.msg_id, r.offset_msg_id, r.topic, r.broker_name, r.queue_id,
                               r.queue_offset, r.store_timestamp)
@@ -330,7 +318,8 @@ class AsyncProducer(_AsyncClient):
         async def attempt(addr: str, mq: MessageQueue, left: float) -> list[SendResult]:
             req = p.SendBatchRequest(topic, len(ids), mq.queue_id, sharding_key, self.group, compress)
             response = await self._request(addr, RequestCode.SEND_BATCH, req, data, left)
-            return list(BatchSendResults(_decode(response.header, p.SendBatchResponse), ids, bytes(response.body)))
+            answer = decode_answer(response.header, p.SendBatchResponse)
+            return list(BatchSendResults(answer, ids, bytes(response.body)))
 
         return await self._with_retries(topic, timeout, self._ordered(sharding_key), attempt)
 
@@ -392,7 +381,7 @@ class AsyncProducer(_AsyncClient):
             except SparkMQError as exc:
                 if exc.code not in RETRYABLE_CODES:
                     raise
-                if exc.code in _BROKER_FAULT_CODES:
+                if exc.code in BROKER_FAULT_CODES:
                     unreachable = isinstance(exc, RemotingError) and not exc.timed_out
                     self.fault.update(mq.broker_name, (time.monotonic() - begin) * 1000, isolation=True,
                                       reachable=not unreachable)
@@ -769,7 +758,7 @@ class AsyncConsumer(_AsyncClient):
         if frame.code != RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
             return
         try:
-            notice = _decode(frame.header, p.GroupChangedNotice)
+            notice = decode_answer(frame.header, p.GroupChangedNotice)
         except SparkMQError as exc:
             log.warning("bad notice from %s: %s", addr, exc)
             return
@@ -865,7 +854,7 @@ class AsyncConsumer(_AsyncClient):
             except SparkMQError as exc:
                 log.debug("group %s members from %s failed: %s", self.group, addr, exc)
                 continue
-            return sorted(_decode(response.header, p.GroupInfoResponse).members)
+            return sorted(decode_answer(response.header, p.GroupInfoResponse).members)
         return None
 
     async def _update(self, topic: str, wanted: set[MessageQueue]) -> bool:
@@ -910,7 +899,7 @@ class AsyncConsumer(_AsyncClient):
             raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"broker {mq.broker_name} has no master for offsets")
         response = await self._request(master, RequestCode.QUERY_OFFSET,
                                        p.QueryOffsetRequest(self.group, mq.topic, mq.queue_id))
-        stored = _decode(response.header, p.QueryOffsetResponse).offset
+        stored = decode_answer(response.header, p.QueryOffsetResponse).offset
         if stored >= 0:
             return stored, True
         addr = route.read_addr(mq.broker_name)
@@ -924,7 +913,7 @@ class AsyncConsumer(_AsyncClient):
                 timestamp = int((time.time() - DEFAULT_CONSUME_TIMESTAMP_BACK_S) * 1000)
         response = await self._request(addr, RequestCode.QUEUE_OFFSETS,
                                        p.QueueOffsetsRequest(mq.topic, mq.queue_id, timestamp))
-        bounds = _decode(response.header, p.QueueOffsetsResponse)
+        bounds = decode_answer(response.header, p.QueueOffsetsResponse)
         if cfw is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET:
             return bounds.min_offset, False
         if cfw is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP and bounds.offset is not None:

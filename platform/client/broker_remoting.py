@@ -30,7 +30,8 @@ from ..common.wire import ReceivedMessage, decode_body, encode_body, inflate
 from ..remoting import AsyncRemotingClient, Frame, Response, SyncRemotingClient
 from .remoting import BrokerClient
 
-__all__ = ["RemotingBrokerClient", "AsyncRemotingBrokers", "AsyncBrokerRouter", "decode_pulled", "offset_msg_ids",
+__all__ = ["decode_answer", "RemotingBrokerClient", "AsyncRemotingBrokers", "AsyncBrokerRouter", "decode_pulled",
+           "offset_msg_ids",
            "on_offset_reset", "forget_offset_reset"]
 
 H = TypeVar("H", bound=p.Header)
@@ -39,7 +40,8 @@ _encode = msgspec.msgpack.Encoder().encode
 _decoders: dict[type, msgspec.msgpack.Decoder[Any]] = {}
 
 
-def _decode(data: bytes | memoryview, kind: type[H]) -> H:
+def decode_answer(data: bytes | memoryview, kind: type[H]) -> H:
+    """A broker's header as ``kind``; INTERNAL_ERROR when it is not one (a broker speaking another version)."""
     decoder = _decoders.get(kind)
     if decoder is None:
         decoder = _decoders[kind] = msgspec.msgpack.Decoder(kind)
@@ -55,7 +57,7 @@ def _inflate_compressed(body: bytes) -> bytes:
 
 def decode_pulled(response: Response, broker_name: str) -> PullResult:
     """A PULL_MESSAGE answer as a :class:`PullResult` of received messages (records decoded natively)."""
-    header = _decode(response.header, p.PullResponse)
+    header = decode_answer(response.header, p.PullResponse)
     messages = (decode_records(response.body, broker_name, ReceivedMessage, _inflate_compressed)
                 if header.count else [])
     return PullResult(pull_status(header.status), header.next_offset, header.min_offset, header.max_offset, messages)
@@ -63,7 +65,7 @@ def decode_pulled(response: Response, broker_name: str) -> PullResult:
 
 def decode_batch_answer(response: Response) -> tuple[p.SendBatchResponse, bytes]:
     """A SEND_BATCH answer: the header and each message's commit-log offset packed."""
-    return _decode(response.header, p.SendBatchResponse), bytes(response.body)
+    return decode_answer(response.header, p.SendBatchResponse), bytes(response.body)
 
 
 def offset_msg_ids(store_host: str, offsets: bytes) -> list[str]:
@@ -150,12 +152,12 @@ _INBOX = _PushInbox()
 def _on_push(addr: str, frame: Frame) -> None:
     """Where every pushed notice lands, from any connection (the pools' callback)."""
     if frame.code == RequestCode.CHECK_TRANSACTION_STATE:
-        _INBOX.add_check(_decode(frame.header, p.TransactionCheckNotice))
+        _INBOX.add_check(decode_answer(frame.header, p.TransactionCheckNotice))
     elif frame.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
-        notice = _decode(frame.header, p.GroupChangedNotice)
+        notice = decode_answer(frame.header, p.GroupChangedNotice)
         _INBOX.group_changed(addr, notice.group)
     elif frame.code == RequestCode.NOTIFY_OFFSET_RESET:
-        _INBOX.offset_reset(_decode(frame.header, p.OffsetResetNotice))
+        _INBOX.offset_reset(decode_answer(frame.header, p.OffsetResetNotice))
 
 
 def on_offset_reset(group: str, handler: Callable[[p.OffsetResetNotice], None]) -> None:
@@ -203,7 +205,7 @@ class RemotingBrokerClient:
     # -- typed hot paths --------------------------------------------------------------------
     def send_message(self, req: p.SendRequest, body: bytes, timeout: float | None = None) -> SendResult:
         """SEND_MESSAGE: one message."""
-        return _send_result(_decode(self.request(RequestCode.SEND_MESSAGE, req, body, timeout).header,
+        return _send_result(decode_answer(self.request(RequestCode.SEND_MESSAGE, req, body, timeout).header,
                                     p.SendResponse))
 
     def send_packed(self, req: p.SendBatchRequest, data: bytes,
@@ -231,7 +233,7 @@ class RemotingBrokerClient:
     def send_half(self, topic: str, message: Mapping[str, Any], timeout: float | None = None) -> dict[str, Any]:
         """A transaction's half message; its answer carries ``transaction_id``."""
         req, body = _send_request(topic, message)
-        r = _decode(self.request(RequestCode.SEND_HALF, req, body, timeout).header, p.SendResponse)
+        r = decode_answer(self.request(RequestCode.SEND_HALF, req, body, timeout).header, p.SendResponse)
         return {"status": r.status, "transaction_id": r.transaction_id, "msg_id": r.msg_id,
                 "offset_msg_id": r.offset_msg_id, "topic": r.topic, "broker_name": r.broker_name,
                 "queue_id": r.queue_id, "queue_offset": r.queue_offset, "store_timestamp": r.store_timestamp}
@@ -239,7 +241,7 @@ class RemotingBrokerClient:
     def end_transaction(self, transaction_id: str, producer_group: str, action: str, *,
                         from_check: bool = False) -> dict[str, Any]:
         """COMMIT, ROLLBACK or UNKNOWN an open transaction."""
-        r = _decode(self.request(RequestCode.END_TRANSACTION,
+        r = decode_answer(self.request(RequestCode.END_TRANSACTION,
                                  p.EndTransactionRequest(transaction_id, producer_group, action, from_check)).header,
                     p.EndTransactionResponse)
         sent = None if r.send_result is None else _send_result(r.send_result).to_dict()
@@ -256,20 +258,21 @@ class RemotingBrokerClient:
     def heartbeat(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """HEARTBEAT (binds this client to the connection for pushed notices): ``{"groups": {g: {"version"}}}``."""
         req = msgspec.convert(dict(body), p.HeartbeatRequest)
-        r = _decode(self.request(RequestCode.HEARTBEAT, req).header, p.HeartbeatResponse)
+        r = decode_answer(self.request(RequestCode.HEARTBEAT, req).header, p.HeartbeatResponse)
         return {"groups": {g: {"version": v} for g, v in r.versions.items()}}
 
     def unregister(self, client_id: str, producer_groups: Sequence[str] = (),
                    consumer_groups: Sequence[str] = ()) -> dict[str, Any]:
         """UNREGISTER_CLIENT."""
-        r = _decode(self.request(RequestCode.UNREGISTER_CLIENT,
+        r = decode_answer(self.request(RequestCode.UNREGISTER_CLIENT,
                                  p.UnregisterRequest(client_id, list(producer_groups), list(consumer_groups))).header,
                     p.HeartbeatResponse)
         return {"groups": {g: {"version": v} for g, v in r.versions.items()}}
 
     def queue_offsets(self, topic: str, queue_id: int, timestamp: int | None = None) -> dict[str, int]:
         """A queue's ``min_offset``, ``max_offset`` and, for a timestamp, ``offset``."""
-        r = _decode(self.request(RequestCode.QUEUE_OFFSETS, p.QueueOffsetsRequest(topic, queue_id, timestamp)).header,
+        req = p.QueueOffsetsRequest(topic, queue_id, timestamp)
+        r = decode_answer(self.request(RequestCode.QUEUE_OFFSETS, req).header,
                     p.QueueOffsetsResponse)
         out = {"min_offset": r.min_offset, "max_offset": r.max_offset}
         if r.offset is not None:
@@ -278,43 +281,44 @@ class RemotingBrokerClient:
 
     def consumer_group(self, group: str) -> dict[str, Any]:
         """A group's version and sorted member ids."""
-        r = _decode(self.request(RequestCode.GROUP_INFO, p.GroupInfoRequest(group)).header, p.GroupInfoResponse)
+        r = decode_answer(self.request(RequestCode.GROUP_INFO, p.GroupInfoRequest(group)).header, p.GroupInfoResponse)
         return {"group": r.group, "version": r.version, "members": list(r.members), "message_model": r.message_model}
 
     def commit_offsets(self, group: str, offsets: Sequence[Mapping[str, Any]]) -> int:
         """How many of the ``{"topic", "queue_id", "offset"}`` entries were committed."""
         entries = [p.CommitOffsetEntry(str(o["topic"]), int(o["queue_id"]), int(o["offset"])) for o in offsets]
-        return _decode(self.request(RequestCode.COMMIT_OFFSETS, p.CommitOffsetsRequest(group, entries)).header,
+        return decode_answer(self.request(RequestCode.COMMIT_OFFSETS, p.CommitOffsetsRequest(group, entries)).header,
                        p.CommitOffsetsResponse).committed
 
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
         """The committed offset; -1 when never committed."""
-        return _decode(self.request(RequestCode.QUERY_OFFSET, p.QueryOffsetRequest(group, topic, queue_id)).header,
+        req = p.QueryOffsetRequest(group, topic, queue_id)
+        return decode_answer(self.request(RequestCode.QUERY_OFFSET, req).header,
                        p.QueryOffsetResponse).offset
 
     def lock_queues(self, group: str, client_id: str, queues: Sequence[tuple[str, int]]) -> set[tuple[str, int]]:
         """The ``(topic, queue_id)`` pairs this client holds now."""
         req = p.LockRequest(group, client_id, [p.QueueRefData(t, q) for t, q in queues])
-        r = _decode(self.request(RequestCode.LOCK_QUEUES, req).header, p.LockResponse)
+        r = decode_answer(self.request(RequestCode.LOCK_QUEUES, req).header, p.LockResponse)
         return {(q.topic, q.queue_id) for q in r.queues}
 
     def unlock_queues(self, group: str, client_id: str, queues: Sequence[tuple[str, int]]) -> dict[str, Any]:
         """Release queues this client holds."""
         req = p.LockRequest(group, client_id, [p.QueueRefData(t, q) for t, q in queues])
-        r = _decode(self.request(RequestCode.UNLOCK_QUEUES, req).header, p.LockResponse)
+        r = decode_answer(self.request(RequestCode.UNLOCK_QUEUES, req).header, p.LockResponse)
         return {"unlocked": [{"topic": q.topic, "queue_id": q.queue_id} for q in r.queues]}
 
     def send_back(self, group: str, offset_msg_id: str, *, delay_level: int = 0, reason: str = "",
                   max_reconsume_times: int = 16) -> dict[str, Any]:
         """A failed message to ``%RETRY%<group>`` (or the DLQ)."""
-        r = _decode(self.request(RequestCode.SEND_BACK, p.SendBackRequest(
+        r = decode_answer(self.request(RequestCode.SEND_BACK, p.SendBackRequest(
             group, offset_msg_id, delay_level, reason, max_reconsume_times)).header, p.SendBackResponse)
         return {"status": r.status, "topic": r.topic, "delay_level": r.delay_level,
                 "reconsume_times": r.reconsume_times, "msg_id": r.msg_id, "offset_msg_id": r.offset_msg_id}
 
     def post_trace(self, events: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Client trace events for the broker's trace topic."""
-        r = _decode(self.request(RequestCode.POST_TRACE, p.PostTraceRequest([dict(e) for e in events])).header,
+        r = decode_answer(self.request(RequestCode.POST_TRACE, p.PostTraceRequest([dict(e) for e in events])).header,
                     p.PostTraceResponse)
         return {"accepted": r.accepted, "dropped": r.dropped, "enabled": r.enabled}
 
@@ -373,7 +377,7 @@ class AsyncRemotingBrokers:
             _INBOX.unwatch(key, event)
 
     async def _group_info(self, remoting_addr: str, group: str, timeout: float) -> dict[str, Any]:
-        r = _decode((await self.request(remoting_addr, RequestCode.GROUP_INFO, p.GroupInfoRequest(group), b"",
+        r = decode_answer((await self.request(remoting_addr, RequestCode.GROUP_INFO, p.GroupInfoRequest(group), b"",
                                         timeout)).header, p.GroupInfoResponse)
         return {"version": r.version, "members": list(r.members)}
 

@@ -63,6 +63,7 @@ __all__ = [
     "QueueSelectorFn",
     "SendCallback",
     "RETRYABLE_CODES",
+    "BROKER_FAULT_CODES",
     "select_by_sharding_key",
     "BatchSendResults",
 ]
@@ -83,7 +84,7 @@ RETRYABLE_CODES = frozenset({
 })
 # Of those, the ones that say the broker itself is in trouble (isolate it); the others are about
 # this topic on that broker and should not keep other topics away from it.
-_BROKER_FAULT_CODES = frozenset({
+BROKER_FAULT_CODES = frozenset({
     ErrorCode.SERVICE_NOT_AVAILABLE, ErrorCode.INTERNAL_ERROR, ErrorCode.SLAVE_NOT_AVAILABLE, ErrorCode.DISK_FULL,
     ErrorCode.STORE_LOCKED, ErrorCode.STORE_CORRUPT,
 })
@@ -345,7 +346,7 @@ class Producer:
                 elapsed_ms = (time.monotonic() - begin) * 1000
                 if exc.code not in RETRYABLE_CODES:
                     raise
-                if exc.code in _BROKER_FAULT_CODES:
+                if exc.code in BROKER_FAULT_CODES:
                     unreachable = isinstance(exc, RemotingError) and not exc.timed_out
                     self.fault.update(mq.broker_name, elapsed_ms, isolation=True, reachable=not unreachable)
                 if exc.code in (ErrorCode.TOPIC_NOT_EXIST, ErrorCode.NO_PERMISSION, ErrorCode.QUEUE_ID_ILLEGAL):
@@ -619,7 +620,7 @@ class Producer:
                 answer, offsets = decode_batch_answer(f.result())
                 out.set_result(BatchSendResults(answer, ids, offsets))
                 return
-            if isinstance(error, SparkMQError) and error.code in _BROKER_FAULT_CODES:
+            if isinstance(error, SparkMQError) and error.code in BROKER_FAULT_CODES:
                 unreachable = isinstance(error, RemotingError) and not error.timed_out
                 self.fault.update(mq.broker_name, (time.monotonic() - begin) * 1000, isolation=True,
                                   reachable=not unreachable)
