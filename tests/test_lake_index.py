@@ -57,7 +57,9 @@ def test_by_msg_id_and_by_time(index: LakeIndex) -> None:
 
 
 def test_nothing_indexed_yet_and_bad_input(tmp_path: Path, index: LakeIndex) -> None:
-    assert LakeIndex(tmp_path / "empty").by_key("Orders", "x") == []
+    with pytest.raises(SparkMQError) as missing:  # no index yet: a stable error, not an empty success
+        LakeIndex(tmp_path / "empty").by_key("Orders", "x")
+    assert missing.value.code is ErrorCode.LAKE_NOT_AVAILABLE
     for call, code in [(lambda: index.by_key("bad topic", "k"), ErrorCode.TOPIC_ILLEGAL),
                        (lambda: index.by_key("Orders", ""), ErrorCode.INVALID_ARGUMENT),
                        (lambda: index.by_key("Orders", "k", max_hits=65), ErrorCode.INVALID_ARGUMENT),

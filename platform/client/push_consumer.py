@@ -138,6 +138,7 @@ class PushConsumer(ConsumerBase):
         #: Chunks waiting for a consume thread, and how many workers drain them (see :meth:`_submit`).
         self._work: collections.deque[tuple[ProcessQueue, list[ReceivedMessage]]] = collections.deque()
         self._workers = 0
+        self._busy = 0
         self._workers_lock = threading.Lock()
         self._stats_lock = threading.Lock()
         self._stats = {"consumed": 0, "failed": 0, "redelivered": 0, "dropped": 0, "sent_back": 0, "dlq": 0,
@@ -257,7 +258,8 @@ class PushConsumer(ConsumerBase):
         for i in range(0, len(messages), size):
             work.append((pq, messages[i:i + size]))
         with self._workers_lock:
-            missing = min(len(work), self.config.consume_threads) - self._workers
+            # Workers busy in a listener cannot take new chunks: count them with the waiting work.
+            missing = min(len(work) + self._busy, self.config.consume_threads) - self._workers
             self._workers += max(0, missing)
         for _ in range(missing):
             try:
@@ -277,7 +279,13 @@ class PushConsumer(ConsumerBase):
                         self._workers -= 1
                         return
                 continue
-            self._consume(pq, chunk)
+            with self._workers_lock:
+                self._busy += 1
+            try:
+                self._consume(pq, chunk)
+            finally:
+                with self._workers_lock:
+                    self._busy -= 1
 
     def _consume(self, pq: ProcessQueue, batch: list[ReceivedMessage]) -> None:
         if pq.dropped:  # the queue moved to another member, which will deliver these
