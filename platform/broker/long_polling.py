@@ -21,12 +21,13 @@ from typing import Generic, TypeVar
 __all__ = ["WaiterRegistry", "PullHoldService"]
 
 K = TypeVar("K", bound=Hashable)
-_Waiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[bool]"]
+#: A waiting coroutine: its loop, the thread running that loop, and the future it awaits.
+_Waiter = tuple[asyncio.AbstractEventLoop, int, "asyncio.Future[bool]"]
 
 
-def _resolve(fut: asyncio.Future[bool]) -> None:
+def _resolve(fut: asyncio.Future[bool], value: bool = True) -> None:
     if not fut.done():
-        fut.set_result(True)
+        fut.set_result(value)
 
 
 class WaiterRegistry(Generic[K]):
@@ -52,7 +53,7 @@ class WaiterRegistry(Generic[K]):
         """
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[bool] = loop.create_future()
-        waiter: _Waiter = (loop, fut)
+        waiter: _Waiter = (loop, threading.get_ident(), fut)
         with self._lock:
             if self._closed:
                 return bool(ready and ready())
@@ -62,10 +63,12 @@ class WaiterRegistry(Generic[K]):
                 return True
             if timeout_s <= 0:
                 return False
+            # A timer resolving the future, not asyncio.wait_for: no task and no cancellation per held pull.
+            timer = loop.call_later(timeout_s, _resolve, fut, False)
             try:
-                return await asyncio.wait_for(fut, timeout_s)
-            except TimeoutError:
-                return False
+                return await fut
+            finally:
+                timer.cancel()
         finally:
             with self._lock:
                 waiters = self._waiters.get(key)
@@ -99,7 +102,14 @@ class WaiterRegistry(Generic[K]):
     @staticmethod
     def _wake(waiters: object) -> int:
         woken = 0
-        for loop, fut in waiters:  # type: ignore[attr-defined]
+        me = threading.get_ident()
+        for loop, thread, fut in waiters:  # type: ignore[attr-defined]
+            if thread == me:
+                # Notified on the waiter's own loop (a send on the serving loop): resolve in place; the
+                # thread-safe path would write the loop's wake-up pipe and cost a loop pass.
+                _resolve(fut)
+                woken += 1
+                continue
             try:
                 loop.call_soon_threadsafe(_resolve, fut)
                 woken += 1

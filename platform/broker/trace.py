@@ -23,7 +23,6 @@ table grows.  :func:`trace_path` orders the events and adds the elapsed time bet
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -40,7 +39,7 @@ from ..common.batching import BatchBuffer
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.message import Message, StoredMessage
 from ..common.system_topics import PROPERTY_REAL_TOPIC, TRACE_TOPIC
-from ..common.trace import MAX_EVENTS_PER_MESSAGE, TraceBatch, TraceEvent, event_order, trace_path
+from ..common.trace import MAX_EVENTS_PER_MESSAGE, TraceBatch, TraceEvent, encode_events, event_order, trace_path
 from ..store import AppendEvent, PackedPutResult, PutResult
 from .transaction import TransactionService
 
@@ -64,14 +63,6 @@ MAX_POSTED_EVENTS = 10_000
 
 _INT_FIELDS = ("cost_ms", "born_ts", "store_ts", "queue_id", "queue_offset", "reconsume_times")
 _STR_FIELDS = ("trace_id", "group", "client_id", "broker", "tags", "keys", "detail")
-_encode = json.JSONEncoder(separators=(",", ":")).encode
-
-
-def event_json(event: TraceEvent | TraceBatch) -> str:
-    """One JSON line of the trace codec (:func:`~sparkmq.platform.common.trace.encode_events`' format)."""
-    return _encode(event.to_dict())
-
-
 def validate_event(data: object) -> TraceEvent:
     """A posted event as a :class:`TraceEvent`; INVALID_ARGUMENT names what is wrong.
 
@@ -294,25 +285,35 @@ class TraceRecorder:
     # -- the flush thread -----------------------------------------------------------------
     def _write(self, builders: list[_Item]) -> int:
         """Build the buffered events and batches and store them as trace messages; how many were written."""
+        written = 0
         events: list[TraceEvent | TraceBatch] = []
-        for build in builders:
+        for index, build in enumerate(builders, 1):
             try:
                 events.extend(build())
             except Exception:  # a malformed event must not take the others with it
                 log.exception("building a trace event failed")
-        written = 0
-        for start in range(0, len(events), MAX_EVENTS_PER_MESSAGE):
-            chunk = events[start:start + MAX_EVENTS_PER_MESSAGE]
-            try:
-                self._put(Message(TRACE_TOPIC, "\n".join(map(event_json, chunk)).encode("utf-8")))
-            except Exception as exc:  # e.g. the store is closing: count, do not retry forever
-                self.failed += len(chunk)
-                log.warning("storing %d trace events failed: %s", len(chunk), exc)
-                continue
-            written += len(chunk)
-            self.messages += 1
+            if len(events) >= MAX_EVENTS_PER_MESSAGE or (index == len(builders) and events):
+                chunk, events = events[:MAX_EVENTS_PER_MESSAGE], events[MAX_EVENTS_PER_MESSAGE:]
+                written += self._store_events(chunk)
+                # Hand the GIL over between trace messages: the serving loop must not wait a whole
+                # switch interval (5 ms) behind a long flush.
+                time.sleep(0)
+        while events:
+            chunk, events = events[:MAX_EVENTS_PER_MESSAGE], events[MAX_EVENTS_PER_MESSAGE:]
+            written += self._store_events(chunk)
         self.written += written
         return written
+
+    def _store_events(self, chunk: list[TraceEvent | TraceBatch]) -> int:
+        """Store ``chunk`` as one trace message; how many events that wrote (0 when the put failed)."""
+        try:
+            self._put(Message(TRACE_TOPIC, encode_events(chunk)))
+        except Exception as exc:  # e.g. the store is closing: count, do not retry forever
+            self.failed += len(chunk)
+            log.warning("storing %d trace events failed: %s", len(chunk), exc)
+            return 0
+        self.messages += 1
+        return len(chunk)
 
 
 class TracedTransactionService(TransactionService):

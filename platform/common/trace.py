@@ -26,9 +26,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+import msgspec
+
 from .errors import ErrorCode, SparkMQError
 
-__all__ = ["TraceEvent", "TraceBatch", "EVENT_TYPES", "BATCH_TYPES", "encode_events", "decode_events", "decode_trace",
+__all__ = ["TraceEvent", "TraceBatch", "EVENT_TYPES", "BATCH_TYPES", "encode_events", "event_line", "decode_events",
+           "decode_trace",
            "MAX_EVENTS_PER_MESSAGE", "event_order", "trace_path"]
 
 EVENT_TYPES = ("send", "store", "deliver", "consume", "retry", "dlq", "transaction")
@@ -165,9 +168,18 @@ class TraceBatch:
 _BATCH_FIELD_NAMES = tuple(f.name for f in fields(TraceBatch))
 
 
+_encode_json = msgspec.json.Encoder().encode
+
+
+def event_line(event: TraceEvent | TraceBatch) -> bytes:
+    """One event or batch as one compact JSON line (msgspec: a third of ``json.dumps``' cost, and the
+    broker's trace thread encodes a line for every batch it stores and delivers)."""
+    return _encode_json(event.to_dict())
+
+
 def encode_events(events: Iterable[TraceEvent | TraceBatch]) -> bytes:
     """JSON lines, one event or batch each (a trace message's body)."""
-    return "\n".join(json.dumps(e.to_dict(), separators=(",", ":")) for e in events).encode("utf-8")
+    return b"\n".join(map(event_line, events))
 
 
 def decode_trace(body: bytes) -> list[TraceEvent | TraceBatch]:
