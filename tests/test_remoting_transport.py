@@ -694,6 +694,61 @@ def test_threaded_facade_in_a_forked_child() -> None:
         assert client.request(srv.addr, ECHO, b"parent again").header == b"parent again"
 
 
+def test_direct_requests_run_on_the_calling_thread() -> None:
+    """request_direct: one blocking connection per thread, same answers and errors as request(),
+    at most max_per_addr connections per address, reopened after the server dropped one."""
+    with server_thread() as srv, SyncRemotingClient(connect_timeout_s=1.0) as client:
+        client._direct.max_per_addr = 2
+        for i in range(50):
+            r = client.request_direct(srv.addr, ECHO if i % 2 else ECHO_LATER, f"h{i}".encode(), b"b" * i)
+            assert r.header == f"h{i}".encode() and r.body == b"b" * i
+        assert client.request_direct(srv.addr, ECHO, b"", b"x" * 300_000).body == b"x" * 300_000  # a large frame
+        assert srv.server.connection_count == 1  # this thread's own connection; the shared one never opened
+        with pytest.raises(SparkMQError) as info:
+            client.request_direct(srv.addr, FAIL, msgspec.msgpack.encode("DISK_FULL"))
+        assert info.value.code is ErrorCode.DISK_FULL
+        assert client.request_direct(srv.addr, ECHO, b"after an error").header == b"after an error"
+
+        # A timeout closes the connection: the late answer can never be taken for the next request's.
+        with pytest.raises(RemotingError) as timed_out:
+            client.request_direct(srv.addr, SLOW, msgspec.msgpack.encode(0.3), timeout=0.05)
+        assert timed_out.value.timed_out
+        assert client.request_direct(srv.addr, ECHO, b"fresh").header == b"fresh"
+
+        # Threads beyond max_per_addr share the multiplexed connection.
+        barrier = threading.Barrier(4)
+        answers: list[bytes] = []
+        errors: list[BaseException] = []
+
+        def work(t: int) -> None:
+            try:
+                barrier.wait(5)
+                answers.append(client.request_direct(srv.addr, SLOW, msgspec.msgpack.encode(0.2)).header)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert not errors, errors[0]
+        assert len(answers) == 4
+        assert srv.server.connection_count <= 3  # at most 2 direct (this thread's is one) + the shared one
+
+        # The server drops this thread's connection: the next call notices and reconnects.
+        before = client._direct.connection(srv.addr)
+        for sconn in list(srv.server.connections):
+            sconn.close()
+        deadline = time.monotonic() + 5
+        while srv.server.connection_count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert client.request_direct(srv.addr, ECHO, b"again").header == b"again"
+        assert client._direct.connection(srv.addr) is not before
+    with pytest.raises(RemotingError):
+        client.request_direct(srv.addr, ECHO)  # closed client
+
+
 def test_blocking_request_on_the_loop_thread_is_refused() -> None:
     with server_thread() as srv, SyncRemotingClient() as client:
         conn = client.connection(srv.addr)

@@ -204,9 +204,11 @@ class RemotingBrokerClient:
 
     # -- typed hot paths --------------------------------------------------------------------
     def send_message(self, req: p.SendRequest, body: bytes, timeout: float | None = None) -> SendResult:
-        """SEND_MESSAGE: one message."""
-        return _send_result(decode_answer(self.request(RequestCode.SEND_MESSAGE, req, body, timeout).header,
-                                    p.SendResponse))
+        """SEND_MESSAGE: one message, written and answered on the calling thread (a synchronous send
+        waits for its answer anyway: the shared connection's loop thread would only add two hand-offs)."""
+        answer = self._remoting.request_direct(self.remoting_addr, RequestCode.SEND_MESSAGE, _encode(req), body,
+                                               timeout if timeout is not None else self._timeout)
+        return _send_result(decode_answer(answer.header, p.SendResponse))
 
     def send_packed(self, req: p.SendBatchRequest, data: bytes,
                     timeout: float | None = None) -> tuple[p.SendBatchResponse, bytes]:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from ..common.errors import SparkMQError
 from ..common.protocol import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_MAX_FRAME_BYTES
+from .blocking import DirectConnections
 from .client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_REQUEST_TIMEOUT_S, RemotingConnection
 from .codec import Frame, RemotingError, Reply, Response
 from .loop import LoopThread
@@ -47,6 +48,7 @@ class SyncRemotingClient:
         self._connect_locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._direct = DirectConnections(connect_timeout_s=connect_timeout_s, max_frame_bytes=max_frame_bytes)
         _SYNC_CLIENTS.add(self)
 
     def _forget_after_fork(self) -> None:
@@ -56,6 +58,9 @@ class SyncRemotingClient:
         self._lock = threading.Lock()
         self._loop_thread = None
         self._shared_loop = False
+        # The parent's sockets are not this process's to use (nor to close).
+        self._direct = DirectConnections(connect_timeout_s=self.connect_timeout_s,
+                                         max_frame_bytes=self.max_frame_bytes)
 
     @property
     def loop_thread(self) -> LoopThread:
@@ -95,6 +100,19 @@ class SyncRemotingClient:
             conn = self.connection(addr)
         return conn.request_blocking(code, header, body, self.request_timeout_s if timeout is None else timeout)
 
+    def request_direct(self, addr: str, code: int, header: bytes = b"", body: bytes | memoryview = b"",
+                       timeout: float | None = None) -> Response:
+        """:meth:`request` written and answered on the calling thread (a blocking connection of its own),
+        which saves the two thread hand-offs of the shared connection: for latency-bound calls made one
+        at a time (a synchronous send).  Falls back to :meth:`request` when many threads hold one already.
+        """
+        if self._closed:
+            raise RemotingError(addr, "client is closed")
+        conn = self._direct.connection(addr)
+        if conn is None:
+            return self.request(addr, code, header, body, timeout)
+        return conn.request(code, header, body, self.request_timeout_s if timeout is None else timeout)
+
     def request_future(self, addr: str, code: int, header: bytes = b"", body: bytes | memoryview = b"",
                        timeout: float | None = None) -> concurrent.futures.Future[Response]:
         """Send a request without blocking for the answer; a future of its :class:`Response`.
@@ -124,6 +142,7 @@ class SyncRemotingClient:
     def close(self) -> None:
         """Close every connection; later requests raise RemotingError."""
         self._closed = True
+        self._direct.close()
         while self._conns:
             _, conn = self._conns.popitem()
             self._close(conn)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 import time
 import zlib
 from collections.abc import Iterator, Sequence
@@ -44,6 +45,8 @@ from .base import Processor, check_int, looks_like_zlib
 __all__ = ["SendProcessor", "OutgoingMessage", "BatchSendResult", "PackedSendResult", "DELAY_PROPERTIES"]
 
 log = logging.getLogger("sparkmq.broker")
+
+_HAS_SPACE = re.compile(r"\s")
 
 #: Properties a delayed or timer send uses to ask for parking; stripped before parking.
 DELAY_PROPERTIES = (PROPERTY_DELAY_LEVEL, PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_DELAY_SEC)
@@ -395,7 +398,7 @@ class SendProcessor(Processor):
             msg_id = prop_id
         if msg_id is not None:
             if not isinstance(msg_id, str) or not 0 < len(msg_id) <= MAX_MSG_ID_LENGTH or not msg_id.isprintable() \
-                    or any(c.isspace() for c in msg_id):
+                    or _HAS_SPACE.search(msg_id):
                 raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL,
                                    f"msg_id must be 1-{MAX_MSG_ID_LENGTH} printable characters without spaces")
             props[PROPERTY_UNIQUE_ID] = msg_id
