@@ -18,13 +18,13 @@ from sparkmq.platform.broker.broker import Broker
 from sparkmq.platform.broker.client_manager import ClientManager, ConsumerData, MessageModel, Subscription
 from sparkmq.platform.broker.config import BrokerConfig, BrokerRole, parse_namesrv_addrs
 from sparkmq.platform.broker.locks import QueueLockManager
-from sparkmq.platform.broker.long_polling import WaiterRegistry
 from sparkmq.platform.broker.offsets import ConsumerOffsetManager
 from sparkmq.platform.broker.processors import OutgoingMessage
 from sparkmq.platform.broker.registration import RegistrationService
 from sparkmq.platform.broker.topics import AUTO_CREATE_TEMPLATE_TOPIC, TopicConfig, TopicConfigManager
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 from sparkmq.platform.common.protocol import PullStatus
+from sparkmq.platform.common.waiters import WaiterRegistry
 from sparkmq.platform.namesrv.perm import is_readable, is_writeable
 from sparkmq.platform.store import FlushMode
 

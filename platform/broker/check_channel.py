@@ -13,7 +13,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from .long_polling import WaiterRegistry
+from ..common.waiters import WaiterRegistry
 from .transaction import CheckRequest
 
 __all__ = ["CheckChannel"]

@@ -23,7 +23,7 @@ from typing import Any
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.protocol import ConsumeFromWhere, ConsumeType, ExpressionType, MessageModel
 from ..common.validation import validate_group, validate_topic
-from .long_polling import WaiterRegistry
+from ..common.waiters import WaiterRegistry
 
 __all__ = [
     "MessageModel",
