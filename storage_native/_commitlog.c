@@ -17,6 +17,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -185,9 +186,11 @@ static kwtab KW_PACKED = {{"topic", "queue_id", "data", "count", "sys_flag", "bo
 static kwtab KW_DECODE_BATCH = {{"data", "count", NULL}, {0}};
 static kwtab KW_ENCODE = {{"messages", "id_prefix", "month_start_ms", "counter", "born_timestamp", NULL}, {0}};
 static kwtab KW_RECORDS = {{"data", "broker_name", "factory", "inflate", NULL}, {0}};
+static kwtab KW_REPL_APPEND = {{"offset", "data", NULL}, {0}};
+static kwtab KW_REPL_READ = {{"offset", "max_bytes", NULL}, {0}};
 static kwtab *const ALL_KW[] = {&KW_APPEND, &KW_BATCH,  &KW_SCAN,         &KW_RAW,    &KW_GET,    &KW_QUEUE,
                                 &KW_UNITS,  &KW_DECODE, &KW_CRC,          &KW_PACKED, &KW_ENCODE, &KW_RECORDS,
-                                &KW_DECODE_BATCH};
+                                &KW_DECODE_BATCH, &KW_REPL_APPEND, &KW_REPL_READ};
 
 static int intern_kw(void)
 {
@@ -802,6 +805,84 @@ static PyObject *Log_read_raw(LogObject *self, PyObject *const *args, Py_ssize_t
     return res;
 }
 
+/* ------------------------------------------------------------ replication */
+
+static PyObject *Log_read_replication(LogObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *a[2];
+    cl_log *c;
+    int64_t off, max_bytes;
+    int big_off, big_max;
+    if (PARSE("read_replication", KW_REPL_READ, 2, 2, a) || !(c = log_of(self)) ||
+        as_i64(a[0], &off, &big_off, "offset") || as_i64(a[1], &max_bytes, &big_max, "max_bytes"))
+        return NULL;
+    cl_ents es = {0};
+    cl_err e;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&c->mu);
+        rc = cl_read_replication_locked(c, off, max_bytes, &es, &e);
+        pthread_mutex_unlock(&c->mu);
+    Py_END_ALLOW_THREADS
+    PyObject *res = NULL;
+    if (rc)
+        raise_err_arg(&e, big_off ? a[0] : big_max < 0 ? a[1] : NULL, big_off ? off : max_bytes);
+    else {
+        size_t total = 0;
+        for (size_t i = 0; i < es.n; i++)
+            total += es.v[i].len;
+        res = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+        if (res) { /* the ranges stay mapped: es holds a reference on each file */
+            char *dst = PyBytes_AS_STRING(res);
+            if (total >= BIG_COPY) {
+                Py_BEGIN_ALLOW_THREADS
+                    for (size_t i = 0; i < es.n; dst += es.v[i].len, i++)
+                        memcpy(dst, es.v[i].ptr, es.v[i].len);
+                Py_END_ALLOW_THREADS
+            } else
+                for (size_t i = 0; i < es.n; dst += es.v[i].len, i++)
+                    memcpy(dst, es.v[i].ptr, es.v[i].len);
+        }
+    }
+    cl_ents_release(&es);
+    return res;
+}
+
+static PyObject *Log_append_replicated(LogObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *a[2];
+    cl_log *c;
+    int64_t off;
+    int big;
+    if (PARSE("append_replicated", KW_REPL_APPEND, 2, 2, a) || !(c = log_of(self)) || check_open(c) ||
+        as_i64(a[0], &off, &big, "offset"))
+        return NULL;
+    Py_buffer b;
+    if (PyObject_GetBuffer(a[1], &b, PyBUF_SIMPLE))
+        return NULL;
+    /* bytes cannot change while the GIL is released; any other buffer is copied
+     * first, so the run that was checked is the run that is written */
+    int copy = !PyBytes_CheckExact(a[1]) && b.len > 0;
+    cl_err e;
+    int rc;
+    int64_t end = 0;
+    Py_BEGIN_ALLOW_THREADS
+        char *own = copy ? malloc((size_t)b.len) : NULL;
+        if (copy && !own)
+            rc = cl_oserr(&e, ENOMEM, "out of memory");
+        else {
+            if (own)
+                memcpy(own, b.buf, (size_t)b.len);
+            rc = cl_append_replicated(c, off, own ? own : b.buf, (size_t)b.len, &end, &e);
+        }
+        free(own);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    if (rc)
+        return raise_err_arg(&e, big ? a[0] : NULL, off);
+    return PyLong_FromLongLong(end);
+}
+
 static int cmp_i64(const void *a, const void *b)
 {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
@@ -1295,6 +1376,12 @@ static PyMethodDef Log_methods[] = {
      "store_timestamp=0, max_body=4194304, max_properties=32767, reserved_keys=())\n--\n\n"
      "Validate a packed batch and append it to one queue in one lock hold; returns "
      "(first_queue_offset, store_timestamp, end_offset, offsets)."},
+    {"append_replicated", (PyCFunction)(void (*)(void))Log_append_replicated, METH_FASTCALL | METH_KEYWORDS,
+     "append_replicated(offset, data)\n--\n\n"
+     "Append a run of the master's whole records at offset == max_offset, byte for byte; returns the new max_offset."},
+    {"read_replication", (PyCFunction)(void (*)(void))Log_read_replication, METH_FASTCALL | METH_KEYWORDS,
+     "read_replication(offset, max_bytes)\n--\n\n"
+     "Whole records (and blank markers) from the boundary offset, up to max_bytes (at least one): what a slave appends."},
     {"read_packed", (PyCFunction)(void (*)(void))Log_read_packed, METH_FASTCALL | METH_KEYWORDS,
      "read_packed(topic, queue_id, queue_offset, max_count, tag_hashes=None, max_bytes=0)\n--\n\n"
      "Like get, but the records concatenated: (next_queue_offset, count, data)."},

@@ -410,10 +410,72 @@ class CommitLog:
 
     def read_raw(self, offset: int, length: int) -> bytes:
         """Raw bytes [offset, offset + length) clipped to ``max_offset`` and to the
-        end of the segment holding ``offset`` (for replication).  b"" at max_offset.
+        end of the segment holding ``offset`` (no record boundaries: replication uses
+        ``read_replication``).  b"" at max_offset.
         ``INVALID_ARGUMENT: offset must be >= 0, got %d``;
         ``INVALID_ARGUMENT: length must be >= 0, got %d``; OFFSET_TOO_SMALL and
         OFFSET_OVERFLOW (past max_offset) as ``read``."""
+
+    def read_replication(self, offset: int, max_bytes: int) -> bytes:
+        """What a master ships to a slave (``append_replicated``): the log's bytes from the
+        entry boundary ``offset``, whole entries only, up to ``max_bytes``.
+
+        An entry is a record or a blank marker; a blank marker comes whole, its padding to
+        the segment end included, and the run goes on at the start of the next segment, so
+        the answer is exactly the log's bytes [offset, offset + len(answer)).  Stops before
+        passing ``max_bytes`` but returns at least one entry when one exists; b"" when
+        ``offset == max_offset``.  No CRC check (the slave checks).  The walk runs with the
+        log lock held and the GIL released, the copy with the GIL released when large.
+
+        ``INVALID_ARGUMENT: offset must be >= 0, got %d``;
+        ``OFFSET_TOO_SMALL: offset %d is below the minimum offset %d``;
+        ``OFFSET_OVERFLOW: offset %d is at or past the maximum offset %d`` (past max_offset);
+        ``INVALID_ARGUMENT: max_bytes must be >= 1, got %d``;
+        ``OFFSET_ILLEGAL: no record starts at offset %d`` (neither a record as ``read``
+        finds one nor a blank marker whose size is the rest of its segment).
+        """
+
+    def append_replicated(self, offset: int, data: bytes | bytearray | memoryview) -> int:
+        """A slave's append: write ``data``, a run of whole entries of its master's log (what
+        the master's ``read_replication(offset, ...)`` returned), at the same offsets, and
+        index each record in its consume queue at the queue offset the record holds; returns
+        the new ``max_offset`` (``offset + len(data)``).
+
+        The slave's log must have the master's ``segment_size``; it then ends up byte for
+        byte equal to the master's over the replicated range (queue files included), and
+        recovers like it after a crash.  The slave never assigns queue offsets itself.
+        Everything is checked before anything is written; any fault raises and leaves the
+        log unchanged.  Empty ``data`` writes nothing and returns ``max_offset``.  Like
+        ``append_packed``: one lock hold for the writes, the C core checks (CRCs included)
+        and copies with the GIL released; a buffer other than ``bytes`` is copied first.
+
+        Errors, in this order: ``CLOSED``; offset beyond int64 as any offset;
+        ``INVALID_ARGUMENT: offset must be >= 0, got %d``;
+        ``OFFSET_MISMATCH: replicated data starts at offset %d, the log ends at %d``
+        (``offset != max_offset``: the slave must report its ``max_offset`` and fetch from
+        there).  Then each entry at log offset %d, in order (``CORRUPT_RECORD`` unless said
+        otherwise; the data was damaged on the way or the segment sizes differ):
+        ``the data ends inside the record at offset %d (%d bytes left)`` (a trailing
+        partial entry: the master ships whole ones only);
+        ``blank marker at offset %d has size %d, its segment has %d bytes left``;
+        ``record at offset %d has an impossible size %d (%d bytes left in its segment)``
+        (below the minimum record, past the segment end, or leaving 1..7 bytes: no room
+        for a blank marker);
+        ``record at offset %d fails its CRC check``;
+        ``record at offset %d is malformed: lengths overrun the record``;
+        ``record at offset %d is malformed: topic is not UTF-8``;
+        ``record at offset %d is malformed: topic is not a valid file name`` (empty, '/',
+        NUL, '.' or '..');
+        ``record at offset %d is malformed: queue_id %d is out of range`` (not in [0, 65535]);
+        ``OFFSET_MISMATCH: record at offset %d says it is at offset %d`` (its stored
+        commitlog_offset);
+        ``bad magic 0x%08x at offset %d``.
+        Then the queues: ``OFFSET_MISMATCH: record at offset %d has queue offset %d, queue
+        %s/%d expects %d`` (the queue's ``max_offset``, 0 for a new queue, plus the records
+        of the same queue earlier in the run).  An I/O failure while writing (``DISK_FULL``,
+        ``IO_ERROR``) may leave a prefix of whole entries written, each record with its
+        unit; ``max_offset`` says how far.
+        """
 
     def get(
         self,

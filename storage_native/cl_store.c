@@ -18,6 +18,7 @@
 
 const char CL_INVALID_ARGUMENT[] = "INVALID_ARGUMENT", CL_OFFSET_ILLEGAL[] = "OFFSET_ILLEGAL",
            CL_OFFSET_TOO_SMALL[] = "OFFSET_TOO_SMALL", CL_OFFSET_OVERFLOW[] = "OFFSET_OVERFLOW",
+           CL_OFFSET_MISMATCH[] = "OFFSET_MISMATCH",
            CL_CORRUPT_RECORD[] = "CORRUPT_RECORD", CL_CORRUPT_STORE[] = "CORRUPT_STORE",
            CL_DISK_FULL[] = "DISK_FULL", CL_IO_ERROR[] = "IO_ERROR", CL_CLOSED[] = "CLOSED",
            CL_MESSAGE_ILLEGAL[] = "MESSAGE_ILLEGAL", CL_MESSAGE_TOO_LARGE[] = "MESSAGE_TOO_LARGE",
@@ -1377,6 +1378,284 @@ int cl_get_locked(cl_log *c, cl_queue *q, int64_t qoff, int64_t max_count, const
     }
     *next = idx;
     return 0;
+}
+
+/* ------------------------------------------------------------ replication */
+
+int cl_read_replication_locked(cl_log *c, int64_t off, int64_t max_bytes, cl_ents *out, cl_err *e)
+{
+    if (cl_check_read_offset_locked(c, off, 1, e))
+        return -1;
+    if (max_bytes < 1)
+        return cl_fail(e, CL_INVALID_ARGUMENT, "max_bytes must be >= 1, got %lld", (ll)max_bytes);
+    int64_t used = 0;
+    while (off < c->max) {
+        mfile *s = seg_for(c, off);
+        size_t rel = (size_t)(off - s->start), left = s->size - rel;
+        uint32_t total;
+        /* a blank marker ships whole (padding included): the slave's segment ends as the master's */
+        if (left >= CL_BLANK_SIZE && ld32(s->base + rel + F_MAGIC) == CL_BLANK_MAGIC && ld32(s->base + rel) == left)
+            total = (uint32_t)left;
+        else if (cl_record_at_locked(c, off, &s, &rel, &total, e))
+            return -1;
+        if (used && used + (int64_t)total > max_bytes)
+            break;
+        cl_ent *last = out->n ? &out->v[out->n - 1] : NULL;
+        if (last && last->f == s && last->ptr + last->len == s->base + rel)
+            last->len += total; /* one range per segment */
+        else if (ents_add(out, off, 0, s, s->base + rel, total))
+            return oom(e);
+        cl_note_read_locked(c, s, rel, total);
+        used += total;
+        off += total;
+    }
+    return 0;
+}
+
+/* One entry of a replicated run: data[at, at + size) goes to log offset pos. */
+typedef struct repl_ent {
+    int64_t pos;
+    size_t at;
+    uint32_t size;
+    int blank;
+    const char *topic;
+    size_t tlen;
+    int32_t qid;
+    int64_t qoff, tag;
+} repl_ent;
+
+/* what append's check_topic allows: the topic names a directory */
+static int topic_name_ok(const char *t, size_t n)
+{
+    return n && !memchr(t, '/', n) && !memchr(t, '\0', n) && !(n == 1 && t[0] == '.') &&
+           !(n == 2 && t[0] == '.' && t[1] == '.');
+}
+
+/* Split data, the master's bytes from off on, into whole entries (*vp, *np;
+ * free *vp) and check each as recovery would accept it, and stricter (the
+ * placement rule of appends, a topic and queue id append would take).  No
+ * lock: only off and the segment size matter.  -1 on the first fault. */
+static int repl_split(int64_t seg_size, int64_t off, const char *data, size_t len, repl_ent **vp, size_t *np,
+                      cl_err *e)
+{
+    repl_ent *v = NULL;
+    size_t n = 0, cap = 0, at = 0;
+    int64_t pos = off;
+    while (at < len) {
+        size_t avail = len - at;
+        int64_t left = seg_size - pos % seg_size;
+        const char *p = data + at;
+        repl_ent r = {pos, at, 0, 0, NULL, 0, 0, 0, 0};
+        uint32_t total = 0, magic = 0;
+        if (avail < CL_BLANK_SIZE)
+            goto cut;
+        total = ld32(p);
+        magic = ld32(p + F_MAGIC);
+        if (magic == CL_BLANK_MAGIC) {
+            if ((int64_t)total != left || total < CL_BLANK_SIZE)
+                goto bad_blank;
+            if (avail < total)
+                goto cut;
+            r.blank = 1;
+        } else if (magic == CL_RECORD_MAGIC) {
+            /* fits exactly or leaves room for a blank marker, as place() does */
+            if (total < CL_MIN_RECORD || ((int64_t)total != left && (int64_t)total + CL_BLANK_SIZE > left)) {
+                cl_fail(e, CL_CORRUPT_RECORD, "record at offset %lld has an impossible size %u (%lld bytes left in "
+                        "its segment)", (ll)pos, total, (ll)left);
+                goto fail;
+            }
+            if (avail < total)
+                goto cut;
+            if (sparkmq_crc32(0, p + F_QID, total - F_QID) != ld32(p + F_CRC)) {
+                cl_fail(e, CL_CORRUPT_RECORD, "record at offset %lld fails its CRC check", (ll)pos);
+                goto fail;
+            }
+            uint64_t tpos = (uint64_t)CL_HEADER_SIZE + ld32(p + F_BODY_LEN), ppos = 0;
+            int framed = tpos + 1 <= total;
+            if (framed) {
+                ppos = tpos + 1 + (unsigned char)p[tpos];
+                framed = ppos + 2 <= total && ppos + 2 + ld16(p + ppos) == total;
+            }
+            if (!framed) {
+                cl_fail(e, CL_CORRUPT_RECORD, "record at offset %lld is malformed: lengths overrun the record", (ll)pos);
+                goto fail;
+            }
+            r.topic = p + tpos + 1;
+            r.tlen = (size_t)(ppos - tpos - 1);
+            if (!cl_utf8_valid((const unsigned char *)r.topic, r.tlen)) {
+                cl_fail(e, CL_CORRUPT_RECORD, "record at offset %lld is malformed: topic is not UTF-8", (ll)pos);
+                goto fail;
+            }
+            if (!topic_name_ok(r.topic, r.tlen)) {
+                cl_fail(e, CL_CORRUPT_RECORD, "record at offset %lld is malformed: topic is not a valid file name",
+                        (ll)pos);
+                goto fail;
+            }
+            r.qid = (int32_t)ld32(p + F_QID);
+            if (r.qid < 0 || r.qid > CL_MAX_QUEUE_ID) {
+                cl_fail(e, CL_CORRUPT_RECORD, "record at offset %lld is malformed: queue_id %d is out of range",
+                        (ll)pos, (int)r.qid);
+                goto fail;
+            }
+            /* recovery ends the log at a record whose stored offset is not its own */
+            if (ld64(p + F_CLOFF) != pos) {
+                cl_fail(e, CL_OFFSET_MISMATCH, "record at offset %lld says it is at offset %lld", (ll)pos,
+                        (ll)ld64(p + F_CLOFF));
+                goto fail;
+            }
+            r.qoff = ld64(p + F_QOFF);
+            r.tag = ld64(p + F_TAG);
+        } else {
+            cl_fail(e, CL_CORRUPT_RECORD, "bad magic 0x%08x at offset %lld", magic, (ll)pos);
+            goto fail;
+        }
+        r.size = total;
+        if (n == cap) {
+            size_t ncap = cap ? cap * 2 : 64;
+            repl_ent *nv = realloc(v, ncap * sizeof *nv);
+            if (!nv) {
+                oom(e);
+                goto fail;
+            }
+            v = nv;
+            cap = ncap;
+        }
+        v[n++] = r;
+        at += total;
+        pos += total;
+        continue;
+    bad_blank:
+        cl_fail(e, CL_CORRUPT_RECORD, "blank marker at offset %lld has size %u, its segment has %lld bytes left",
+                (ll)pos, total, (ll)left);
+        goto fail;
+    cut: /* the master ships whole entries only */
+        cl_fail(e, CL_CORRUPT_RECORD, "the data ends inside the record at offset %lld (%zu bytes left)", (ll)pos, avail);
+        goto fail;
+    }
+    *vp = v;
+    *np = n;
+    return 0;
+fail:
+    free(v);
+    return -1;
+}
+
+/* mu held: the run must start at the end of the log */
+static int repl_check_end_locked(cl_log *c, int64_t off, cl_err *e)
+{
+    if (c->closed)
+        return cl_fail(e, CL_CLOSED, "commit log is closed");
+    if (off < 0)
+        return cl_fail(e, CL_INVALID_ARGUMENT, "offset must be >= 0, got %lld", (ll)off);
+    if (off != c->max)
+        return cl_fail(e, CL_OFFSET_MISMATCH, "replicated data starts at offset %lld, the log ends at %lld", (ll)off,
+                       (ll)c->max);
+    return 0;
+}
+
+typedef struct repl_slot {
+    const char *topic;
+    size_t tlen;
+    int32_t qid;
+    int used;
+    int64_t next;
+} repl_slot;
+
+/* mu held: each record's queue offset must be the next of its queue (counting
+ * the records before it in the run): a slave never numbers messages itself */
+static int repl_check_queues_locked(cl_log *c, const repl_ent *v, size_t n, cl_err *e)
+{
+    size_t cap = 16;
+    while (cap < 2 * n)
+        cap *= 2;
+    repl_slot *h = calloc(cap, sizeof *h);
+    if (!h)
+        return oom(e);
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        const repl_ent *r = &v[i];
+        if (r->blank)
+            continue;
+        size_t k = qhash(r->topic, r->tlen, r->qid) & (cap - 1);
+        while (h[k].used && !(h[k].qid == r->qid && h[k].tlen == r->tlen && !memcmp(h[k].topic, r->topic, r->tlen)))
+            k = (k + 1) & (cap - 1);
+        if (!h[k].used) {
+            cl_queue *q = cl_find_queue_locked(c, r->topic, r->tlen, r->qid);
+            h[k] = (repl_slot){r->topic, r->tlen, r->qid, 1, q ? q->max : 0};
+        }
+        if (r->qoff != h[k].next)
+            rc = cl_fail(e, CL_OFFSET_MISMATCH, "record at offset %lld has queue offset %lld, queue %.*s/%d expects %lld",
+                         (ll)r->pos, (ll)r->qoff, (int)r->tlen, r->topic, (int)r->qid, (ll)h[k].next);
+        h[k].next++;
+    }
+    free(h);
+    return rc;
+}
+
+/* mu held, every check passed: each entry at max, then its unit */
+static int repl_write_locked(cl_log *c, const char *data, const repl_ent *v, size_t n, cl_err *e)
+{
+    uint64_t bytes = 0;
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
+        const repl_ent *r = &v[i];
+        cl_queue *q = NULL;
+        /* the queue file first: a failure then leaves no record without its unit */
+        if (!r->blank && (!(q = queue_get(c, r->topic, r->tlen, r->qid, e)) || !cq_file(c, q, r->qoff, 1, e))) {
+            rc = -1;
+            break;
+        }
+        /* r->pos == max: in the segment holding it, or at the end of the files (a new segment) */
+        mfile *s = c->nsegs && c->max < files_end(c) ? seg_for(c, c->max) : roll(c, e);
+        if (!s) {
+            rc = -1;
+            break;
+        }
+        size_t rel = (size_t)(r->pos - s->start);
+        char *p = s->base + rel;
+        prefault(c, s, rel + r->size);
+        s->touched = 1;
+        /* total_size last, as write_record: a kill -9 mid-copy leaves no plausible record */
+        memcpy(p + 4, data + r->at + 4, r->size - 4);
+        __atomic_thread_fence(__ATOMIC_RELEASE);
+        memcpy(p, data + r->at, 4);
+        mark_dirty(c, s, rel, rel + r->size);
+        c->max = r->pos + r->size;
+        bytes += r->size;
+        if (q) {
+            if (cq_write(c, q, r->qoff, r->pos, (int32_t)r->size, r->tag, e)) {
+                rc = -1;
+                break;
+            }
+            q->max = r->qoff + 1;
+        }
+    }
+    cl_note_io_locked(c, bytes);
+    return rc;
+}
+
+int cl_append_replicated(cl_log *c, int64_t off, const char *data, size_t len, int64_t *end, cl_err *e)
+{
+    /* a wrong offset is reported as such, before the data is judged against it */
+    pthread_mutex_lock(&c->mu);
+    int rc = repl_check_end_locked(c, off, e);
+    pthread_mutex_unlock(&c->mu);
+    if (rc)
+        return -1;
+    size_t n = 0;
+    repl_ent *v = NULL;
+    if (repl_split(c->seg_size, off, data, len, &v, &n, e)) /* the CRCs, without the lock */
+        return -1;
+    pthread_mutex_lock(&c->mu);
+    rc = repl_check_end_locked(c, off, e); /* again: another writer may have moved the end meanwhile */
+    if (!rc)
+        rc = repl_check_queues_locked(c, v, n, e);
+    if (!rc)
+        rc = repl_write_locked(c, data, v, n, e);
+    *end = c->max;
+    pthread_mutex_unlock(&c->mu);
+    free(v);
+    return rc;
 }
 
 /* ------------------------------------------------------------- retention */

@@ -67,8 +67,8 @@ enum {
 
 /* error codes (errors.py) */
 extern const char CL_INVALID_ARGUMENT[], CL_OFFSET_ILLEGAL[], CL_OFFSET_TOO_SMALL[], CL_OFFSET_OVERFLOW[],
-    CL_CORRUPT_RECORD[], CL_CORRUPT_STORE[], CL_DISK_FULL[], CL_IO_ERROR[], CL_CLOSED[], CL_MESSAGE_ILLEGAL[],
-    CL_MESSAGE_TOO_LARGE[], CL_PROPERTIES_TOO_LARGE[];
+    CL_OFFSET_MISMATCH[], CL_CORRUPT_RECORD[], CL_CORRUPT_STORE[], CL_DISK_FULL[], CL_IO_ERROR[], CL_CLOSED[],
+    CL_MESSAGE_ILLEGAL[], CL_MESSAGE_TOO_LARGE[], CL_PROPERTIES_TOO_LARGE[];
 
 typedef struct cl_err {
     const char *code;
@@ -194,6 +194,24 @@ int cl_scan_locked(cl_log *c, int64_t off, int64_t max_count, int64_t max_bytes,
 int cl_read_raw_locked(cl_log *c, int64_t off, int64_t len, cl_ents *out, cl_err *e);
 int cl_get_locked(cl_log *c, cl_queue *q, int64_t qoff, int64_t max_count, const int64_t *tags,
                   size_t ntags, int filter, int64_t max_bytes, cl_ents *out, int64_t *next, cl_err *e);
+
+/* ------------------------------------------------------------ replication
+ * A slave's log is a byte-for-byte copy of its master's: the master ships runs
+ * of whole entries (records and blank markers, as they lie in its log), the
+ * slave writes them at the same offsets and indexes each record at the queue
+ * offset the record names. */
+
+/* Whole entries from the boundary off (a record or a blank marker) up to
+ * max_bytes (at least one when off < max), going on into the next segment
+ * after a blank marker: out gets one byte range per segment. */
+int cl_read_replication_locked(cl_log *c, int64_t off, int64_t max_bytes, cl_ents *out, cl_err *e);
+/* Takes mu itself (call without it, GIL released): checks off == max, checks
+ * every entry of data without the lock (magic, size, placement, CRC, lengths,
+ * topic, queue id, stored offset), then in one lock hold checks the queue
+ * offsets and writes; *end = max afterwards.  Nothing is written unless all
+ * checks pass (an I/O failure while writing leaves a prefix of whole entries). */
+int cl_append_replicated(cl_log *c, int64_t off, const char *data, size_t len, int64_t *end, cl_err *e);
+
 int cl_delete_segments_before_locked(cl_log *c, int64_t off, int64_t *deleted, cl_err *e);
 void cl_note_io_locked(cl_log *c, uint64_t bytes);
 void cl_note_read_locked(cl_log *c, const mfile *f, size_t rel, size_t len);

@@ -12,6 +12,7 @@ __all__ = [
     "OFFSET_ILLEGAL",
     "OFFSET_TOO_SMALL",
     "OFFSET_OVERFLOW",
+    "OFFSET_MISMATCH",
     "CORRUPT_RECORD",
     "CORRUPT_STORE",
     "DISK_FULL",
@@ -30,6 +31,11 @@ OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
 OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
 #: An offset at or past the end of what is written.
 OFFSET_OVERFLOW = "OFFSET_OVERFLOW"
+#: Replicated data that does not continue this log: it starts elsewhere than the log's
+#: end, a record in it names another commit-log offset than its own, or a record's queue
+#: offset is not the next one of its queue.  The slave and its master disagree: the slave
+#: must report its max offset and fetch again from there.
+OFFSET_MISMATCH = "OFFSET_MISMATCH"
 #: A record whose magic, size or CRC does not check out.
 CORRUPT_RECORD = "CORRUPT_RECORD"
 #: The files of a store do not fit together (gaps, wrong sizes, bad names).

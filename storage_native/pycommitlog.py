@@ -29,6 +29,7 @@ from .errors import (
     MESSAGE_ILLEGAL,
     MESSAGE_TOO_LARGE,
     OFFSET_ILLEGAL,
+    OFFSET_MISMATCH,
     OFFSET_OVERFLOW,
     OFFSET_TOO_SMALL,
     PROPERTIES_TOO_LARGE,
@@ -570,6 +571,81 @@ def _check_host(host: object, name: str, prefix: str = "") -> bytes:
     if len(raw) != HOST_SIZE:
         raise _err(INVALID_ARGUMENT, f"{prefix}{name} must be {HOST_SIZE} bytes, got {len(raw)}")
     return raw
+
+
+class _Replicated:
+    """One entry of a replicated run: ``size`` bytes of the data from ``at``, for log offset ``pos``;
+    for a record its queue (``key``), queue offset and tag hash, for a blank marker ``key`` None."""
+
+    __slots__ = ("pos", "at", "size", "key", "queue_offset", "tag_hash")
+
+    def __init__(self, pos: int, at: int, size: int, key: tuple[str, int] | None = None, queue_offset: int = 0,
+                 tag_hash: int = 0) -> None:
+        self.pos = pos
+        self.at = at
+        self.size = size
+        self.key = key
+        self.queue_offset = queue_offset
+        self.tag_hash = tag_hash
+
+
+def _split_replicated(data: bytes, offset: int, segment_size: int) -> list[_Replicated]:
+    """The entries of ``data``, the master's bytes from ``offset`` on, each checked as recovery would accept
+    it and stricter (the placement rule of appends, a topic and queue id ``append`` would take); cl_store.c
+    repl_split, with the same errors in the same order."""
+    out: list[_Replicated] = []
+    at = 0
+    pos = offset
+    while at < len(data):
+        avail = len(data) - at
+        left = segment_size - pos % segment_size
+        if avail < BLANK_MARKER_SIZE:
+            raise _err(CORRUPT_RECORD, f"the data ends inside the record at offset {pos} ({avail} bytes left)")
+        total, magic = _SIZE_MAGIC.unpack_from(data, at)
+        if magic == BLANK_MAGIC:
+            if total != left or total < BLANK_MARKER_SIZE:
+                raise _err(CORRUPT_RECORD,
+                           f"blank marker at offset {pos} has size {total}, its segment has {left} bytes left")
+            if avail < total:
+                raise _err(CORRUPT_RECORD, f"the data ends inside the record at offset {pos} ({avail} bytes left)")
+            out.append(_Replicated(pos, at, total))
+        elif magic == RECORD_MAGIC:
+            # fits exactly or leaves room for a blank marker, as _place does
+            if total < MIN_RECORD_SIZE or (total != left and total + BLANK_MARKER_SIZE > left):
+                raise _err(CORRUPT_RECORD,
+                           f"record at offset {pos} has an impossible size {total} ({left} bytes left in its segment)")
+            if avail < total:
+                raise _err(CORRUPT_RECORD, f"the data ends inside the record at offset {pos} ({avail} bytes left)")
+            record = memoryview(data)[at:at + total]
+            (_total, _magic, crc, queue_id, _flag, queue_offset, clog_offset, _sys, _bts, _bh, _sts, _sh, _rc,
+             _prep, tag_hash, body_len) = RECORD_HEADER.unpack_from(record, 0)
+            if zlib.crc32(record[12:]) != crc:
+                raise _err(CORRUPT_RECORD, f"record at offset {pos} fails its CRC check")
+            tpos = RECORD_HEADER_SIZE + body_len
+            framed = tpos + 1 <= total
+            if framed:
+                ppos = tpos + 1 + record[tpos]
+                framed = ppos + 2 <= total and ppos + 2 + int.from_bytes(record[ppos:ppos + 2], "little") == total
+            if not framed:
+                raise _err(CORRUPT_RECORD, f"record at offset {pos} is malformed: lengths overrun the record")
+            raw_topic = bytes(record[tpos + 1:ppos])
+            try:
+                topic = raw_topic.decode("utf-8")
+            except UnicodeDecodeError:
+                raise _err(CORRUPT_RECORD, f"record at offset {pos} is malformed: topic is not UTF-8") from None
+            if not raw_topic or b"/" in raw_topic or b"\0" in raw_topic or raw_topic in (b".", b".."):
+                raise _err(CORRUPT_RECORD, f"record at offset {pos} is malformed: topic is not a valid file name")
+            if not 0 <= queue_id <= MAX_QUEUE_ID:
+                raise _err(CORRUPT_RECORD, f"record at offset {pos} is malformed: queue_id {queue_id} is out of range")
+            # recovery ends the log at a record whose stored offset is not its own
+            if clog_offset != pos:
+                raise _err(OFFSET_MISMATCH, f"record at offset {pos} says it is at offset {clog_offset}")
+            out.append(_Replicated(pos, at, total, (topic, queue_id), queue_offset, tag_hash))
+        else:
+            raise _err(CORRUPT_RECORD, f"bad magic 0x{magic:08x} at offset {pos}")
+        at += total
+        pos += total
+    return out
 
 
 class _Encoded:
@@ -1138,6 +1214,82 @@ class CommitLog:
             first = self._queue(topic, qid)._max
             offsets = [self._write_one(topic, enc, first + i, store_ts, host) for i, enc in enumerate(encoded)]
             return first, store_ts, offsets[-1] + encoded[-1].size, struct.pack(f"<{n}q", *offsets)
+
+    # -- replication ----------------------------------------------------------
+    def _check_replication_end(self, offset: int) -> None:
+        if offset < 0:
+            raise _err(INVALID_ARGUMENT, f"offset must be >= 0, got {offset}")
+        if offset != self._max:
+            raise _err(OFFSET_MISMATCH, f"replicated data starts at offset {offset}, the log ends at {self._max}")
+
+    def append_replicated(self, offset: int, data) -> int:
+        """Append a run of the master's whole entries at ``offset`` (== ``max_offset``), byte for byte;
+        returns the new ``max_offset``.  See ``_commitlog.pyi``."""
+        with self._lock:
+            self._check_open()
+            off = _int(offset)
+            raw = bytes(memoryview(data).cast("B"))  # a private copy: what is checked is what is written
+            self._check_replication_end(off)
+            entries = _split_replicated(raw, off, self._segment_size)
+            # a slave never numbers messages itself: each record's queue offset is the next of its queue
+            expected: dict[tuple[str, int], int] = {}
+            for ent in entries:
+                if ent.key is None:
+                    continue
+                want = expected.get(ent.key)
+                if want is None:
+                    cq = self._queues.get(ent.key)
+                    want = cq._max if cq is not None else 0
+                if ent.queue_offset != want:
+                    topic, qid = ent.key
+                    raise _err(OFFSET_MISMATCH, f"record at offset {ent.pos} has queue offset {ent.queue_offset}, "
+                                                f"queue {topic}/{qid} expects {want}")
+                expected[ent.key] = want + 1
+            for ent in entries:
+                cq = None
+                if ent.key is not None:
+                    # the queue file first: a failure then leaves no record without its unit
+                    cq = self._queue(*ent.key)
+                    cq._locate(ent.queue_offset, create=True)
+                # ent.pos == max: in the segment holding it, or at the end of the files (a new segment)
+                seg = self._segment_for(self._max) if self._segments and self._max < self._files_end() else self._roll()
+                rel = ent.pos - seg.start
+                # size last, as _write_one: a kill -9 mid-copy leaves no plausible record
+                seg.mm[rel + 4:rel + ent.size] = raw[ent.at + 4:ent.at + ent.size]
+                seg.mm[rel:rel + 4] = raw[ent.at:ent.at + 4]
+                self._dirty_segments.add(seg)
+                self._max = ent.pos + ent.size
+                if cq is not None:
+                    cq._write(ent.queue_offset, ent.pos, ent.size, ent.tag_hash)
+                    cq._max = ent.queue_offset + 1
+            return self._max
+
+    def read_replication(self, offset: int, max_bytes: int) -> bytes:
+        """Whole entries (records, blank markers with their padding) from the boundary ``offset`` up to
+        ``max_bytes`` (at least one), on into the next segment after a blank marker.  See ``_commitlog.pyi``."""
+        with self._lock:
+            self._check_open()
+            off = _int(offset)
+            limit = _int(max_bytes)
+            off = self._check_read_offset(off, allow_max=True)
+            if limit < 1:
+                raise _err(INVALID_ARGUMENT, f"max_bytes must be >= 1, got {limit}")
+            parts: list[bytes] = []
+            used = 0
+            while off < self._max:
+                seg = self._segment_for(off)
+                rel = off - seg.start
+                left = self._segment_size - rel
+                if left >= BLANK_MARKER_SIZE and _SIZE_MAGIC.unpack_from(seg.mm, rel) == (left, BLANK_MAGIC):
+                    total = left  # the blank marker ships whole: the slave's segment ends as the master's
+                else:
+                    seg, rel, total = self._record_bounds(off)
+                if used and used + total > limit:
+                    break
+                parts.append(seg.mm[rel:rel + total])
+                used += total
+                off += total
+            return b"".join(parts)
 
     # -- reading ------------------------------------------------------------
     def read(self, offset: int) -> bytes:

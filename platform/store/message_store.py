@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from ...storage_native import CommitLog, StoreError, decode_batch, decode_record
 from ...storage_native import errors as native_errors
-from ...storage_native.layout import encode_record, record_size
+from ...storage_native.layout import RECORD_MAGIC, encode_record, record_size
 from ..common.codec import decode_properties, encode_properties, pack_host, tag_hash
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.ids import UniqueIdGenerator, decode_offset_msg_id, encode_offset_msg_id, offset_msg_id_prefix
@@ -55,9 +55,11 @@ from .status import (
 )
 
 __all__ = ["MessageStore", "translate_store_error", "raw_record_properties", "RawProperties", "records_to_arrow",
-           "records_of", "stored_messages_of", "unpack_batch"]
+           "records_of", "stored_messages_of", "unpack_batch", "REPLICATION_BATCH_BYTES"]
 
 _EMPTY_RECORDS = pa.RecordBatch.from_pylist([], schema=RECORDS_SCHEMA)
+#: What a master ships per replication fetch by default (RocketMQ's HA transfers 32 KiB batches).
+REPLICATION_BATCH_BYTES = 32 * 1024
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,7 @@ _NATIVE_TO_CODE = {
     native_errors.OFFSET_ILLEGAL: ErrorCode.OFFSET_ILLEGAL,
     native_errors.OFFSET_TOO_SMALL: ErrorCode.OFFSET_ILLEGAL,
     native_errors.OFFSET_OVERFLOW: ErrorCode.OFFSET_ILLEGAL,
+    native_errors.OFFSET_MISMATCH: ErrorCode.OFFSET_ILLEGAL,
     native_errors.CORRUPT_RECORD: ErrorCode.STORE_CORRUPT,
     native_errors.CORRUPT_STORE: ErrorCode.STORE_CORRUPT,
     native_errors.DISK_FULL: ErrorCode.DISK_FULL,
@@ -487,6 +490,52 @@ class MessageStore:
                                    f"end offset {end_offset} is past the end of the log ({end})")
         return flusher.wait_async(end_offset, loop, self.config.sync_flush_timeout_ms / 1000.0)
 
+    # -- replication (RocketMQ HA) ---------------------------------------------
+    # A slave's log is a byte-for-byte copy of its master's: the master reads whole records from
+    # the offset the slave reports (its max offset) and ships them; the slave appends them at the
+    # same offsets and indexes them at the queue offsets they carry, so commit-log offsets, queue
+    # offsets and offsetMsgIds agree on both.  Both stores need the same segment_size.
+    def read_replication(self, offset: int, max_bytes: int = REPLICATION_BATCH_BYTES) -> bytes:
+        """The master's side: whole records of the log from ``offset`` (a record boundary, usually the
+        slave's max offset), up to ``max_bytes`` but at least one record when there is one; b"" when
+        ``offset`` is the end of the log.
+
+        A segment's closing blank marker comes whole (with its padding) and the answer goes on in the
+        next segment, so it is exactly the log's bytes [offset, offset + len(answer)): the next fetch
+        starts at ``offset + len(answer)``.  An offset that is not a record boundary, is below the
+        oldest retained byte or past the end raises OFFSET_ILLEGAL (the message says which);
+        ``max_bytes`` < 1 INVALID_ARGUMENT.
+        """
+        offset = _check_offset("offset", offset)
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int):
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"max_bytes must be an integer, got {max_bytes!r}")
+        try:
+            return self.commit_log.read_replication(offset, max_bytes)
+        except StoreError as exc:
+            raise translate_store_error(exc) from None
+
+    def append_replicated(self, offset: int, data: bytes | memoryview) -> int:
+        """The slave's side: append ``data`` (what the master's :meth:`read_replication` returned for
+        ``offset``) at ``offset``, which must be this log's max offset; returns the new max offset.
+
+        Every record is checked (magic, size, CRC, its own offset, its queue offset being the next of
+        its queue) before anything is written: a damaged, cut or misplaced run raises and changes
+        nothing.  OFFSET_ILLEGAL: ``offset`` is not the end of this log or a record's commit-log or
+        queue offset disagrees with it (the slave should report its max offset and fetch again);
+        STORE_CORRUPT: a record of ``data`` is damaged or cut short.  Then the append listeners get one
+        event per queue written, ``AppendEvent(topic, queue_id, (), None, None, replicated=True)``, so
+        held pulls of the slave wake; no note, so the trace records nothing.  Durability follows the
+        flush service as for any append (:meth:`await_durable` with the returned offset to wait).
+        """
+        offset = _check_offset("offset", offset)
+        try:
+            end = self.commit_log.append_replicated(offset, data)
+        except StoreError as exc:
+            raise translate_store_error(exc) from None
+        for topic, queue_id in _replicated_queues(data):
+            self._notify(AppendEvent(topic, queue_id, (), None, None, replicated=True))
+        return end
+
     @property
     def store_host(self) -> str:
         """The "ip:port" stamped on every record (the prefix of every offsetMsgId)."""
@@ -720,11 +769,32 @@ class MessageStore:
                 log.exception("retention pass failed")
 
 
+_SIZE_MAGIC = struct.Struct("<II")
+_QUEUE_ID_AT = 12
+
+
+def _replicated_queues(data: bytes | memoryview) -> list[tuple[str, int]]:
+    """(topic, queue_id) of each queue the records of a replicated run (checked by the log) go to, in order
+    of first appearance; blank markers are skipped."""
+    view = memoryview(data).cast("B")
+    seen: dict[tuple[bytes, int], None] = {}
+    at = 0
+    while at < len(view):
+        total, magic = _SIZE_MAGIC.unpack_from(view, at)
+        if magic == RECORD_MAGIC:
+            topic_at = at + _HEADER_SIZE + _U32.unpack_from(view, at + _BODY_LENGTH_AT)[0]
+            topic = bytes(view[topic_at + 1:topic_at + 1 + view[topic_at]])
+            seen.setdefault((topic, _I32.unpack_from(view, at + _QUEUE_ID_AT)[0]))
+        at += total
+    return [(topic.decode("utf-8"), queue_id) for topic, queue_id in seen]
+
+
 #: Units read per native call while filtering on properties, and the byte cap of one such read.
 _SCAN_BATCH = 1024
 _SCAN_BYTES = 8 << 20
 _U32 = struct.Struct("<I")
 _U16 = struct.Struct("<H")
+_I32 = struct.Struct("<i")
 #: Where the body length sits in a record header (see storage_native.layout).
 _BODY_LENGTH_AT = 116
 _HEADER_SIZE = 120

@@ -106,7 +106,12 @@ class AppendNote:
 
 @dataclass(frozen=True, slots=True)
 class AppendEvent:
-    """One append, as the store tells its listeners once the records are readable (before any flush wait)."""
+    """One append, as the store tells its listeners once the records are readable (before any flush wait).
+
+    A slave's replicated append (:meth:`MessageStore.append_replicated`) gives one event per queue it
+    wrote to, with ``replicated`` True and nothing else: no results, messages, note or packed result
+    (the master told its own listeners about them; the trace records nothing for a note-less event).
+    """
 
     topic: str
     queue_id: int
@@ -119,6 +124,8 @@ class AppendEvent:
     #: A packed append's result (offsets packed), with ``data`` the packed batch as sent.
     packed: PackedPutResult | None = None
     data: bytes | memoryview | None = None
+    #: Records a slave copied from its master: the queue has new messages, nothing more is said.
+    replicated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
