@@ -627,6 +627,19 @@ async def broker_info(broker: BrokerDep) -> dict[str, Any]:
     return broker.admin_processor.info()
 
 
+@broker_router.get("/broker/ha")
+async def replication(broker: BrokerDep) -> dict[str, Any]:
+    """Replication: on a master its HA port and every slave (offset acknowledged, bytes behind, in sync);
+    on a slave its master and how far behind it is."""
+    return broker.replication_status() or {"role": str(broker.config.role)}
+
+
+@broker_router.get("/broker/ha/sync")
+async def replication_sync(broker: BrokerDep) -> dict[str, Any]:
+    """The topic table and every consumer offset: what a slave copies from its master every 10 s."""
+    return broker.replication_snapshot()
+
+
 @broker_router.get("/health")
 async def health(broker: BrokerDep) -> dict[str, Any]:
     """``ok``, or ``degraded`` with the failing components (store, offsets persist, name servers)."""

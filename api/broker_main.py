@@ -123,6 +123,19 @@ class BrokerService:
                 self.sock.close()
                 raise
             self.broker.remoting_addr = self.config.remoting_addr_for(self.remoting.port)
+        ha_port = self.config.ha_bind_port
+        master = self.broker.replication_master
+        if master is not None and ha_port is not None:
+            # The HA port shares the loop too: SYNC_MASTER sends' futures resolve on it without a thread.
+            try:
+                await master.start(self.config.host, ha_port)
+            except BaseException:
+                if self.remoting is not None:
+                    await self.remoting.stop(0)
+                await asyncio.to_thread(self.broker.shutdown)
+                self.sock.close()
+                raise
+            self.broker.ha_addr = self.config.remoting_addr_for(master.port)
         # What start-up built lives as long as the process: keep the collector from re-scanning it, which
         # otherwise stalls the serving loop for milliseconds at every full collection.
         gc.freeze()
@@ -159,6 +172,8 @@ class BrokerService:
             self.broker.begin_shutdown()
             if self.remoting is not None:
                 await self.remoting.stop(_GRACEFUL_S)
+            if self.broker.replication_master is not None:
+                await self.broker.replication_master.stop()
             # The lake's jobs read this broker: stop them before the store closes.
             await asyncio.to_thread(self._stop_lake)
             await asyncio.to_thread(self.broker.shutdown)
@@ -212,6 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     add("--role", choices=["ASYNC_MASTER", "SYNC_MASTER", "SLAVE"], help="replication role")
     add("--advertised-addr", help="host:port told to clients and name servers (default: the bound address)")
     add("--remoting-port", type=int, help="binary remoting port, 0 = any free one, -1 = none (default: port + 2)")
+    add("--ha-port", type=int, help="a master's replication port, 0 = any free one, -1 = none (default: port + 1)")
+    add("--ha-master-addr", help="a slave's master HA endpoint host:port (default: learned from the name servers)")
     add("--register-interval-s", type=float, help="register with the name servers this often (default 30)")
     add("--client-expiry-s", type=float, help="drop a client silent this long (default 120)")
     add("--client-scan-interval-s", type=float, help="look for silent clients this often (default 10)")

@@ -26,9 +26,9 @@ from ..platform.broker.processors import OutgoingMessage
 from ..platform.broker.transaction import CheckRequest
 from ..platform.common import protocol as p
 from ..platform.common.errors import ErrorCode, SparkMQError
+from ..platform.common.message import SendStatus
 from ..platform.common.protocol import RequestCode
 from ..platform.remoting import Frame, RemotingServer, Reply, ServerConnection, unsupported_reply
-from ..platform.store import PutStatus
 from ..platform.store.message_store import unpack_batch
 
 __all__ = ["BrokerRemoting"]
@@ -147,11 +147,12 @@ class BrokerRemoting:
             return reply
 
         async def durable() -> Reply:
-            # SYNC_FLUSH: answer once a group-commit sync covers the message (a loop future, no thread).
-            status = await self.broker.store.wait_durable(end_offset, self._loop)
-            if status is PutStatus.PUT_OK:
+            # SYNC_FLUSH / SYNC_MASTER: answer once a group-commit sync (and a slave) covers the message
+            # (loop futures, no thread).
+            status = await sending.acknowledge(end_offset, self._loop)
+            if status is SendStatus.SEND_OK:
                 return reply
-            return _reply(p.SendResponse(str(sending.send_status(status)), result.msg_id, result.offset_msg_id,
+            return _reply(p.SendResponse(str(status), result.msg_id, result.offset_msg_id,
                                          result.topic, result.broker_name, result.queue_id, result.queue_offset,
                                          result.store_timestamp))
         return durable()
@@ -172,10 +173,8 @@ class BrokerRemoting:
                                      producer_group=req.producer_group, born_host=_peer_host(conn), wait=False)
 
         async def durable() -> Reply:
-            status = await self.broker.store.wait_durable(result.end_offset, self._loop)
-            if status is not PutStatus.PUT_OK:
-                return _batch_reply(result, sending.send_status(status))
-            return _batch_reply(result)
+            status = await sending.acknowledge(result.end_offset, self._loop)
+            return _batch_reply(result, status if status is not SendStatus.SEND_OK else None)
         return durable()
 
     def _send_delayed_batch(self, conn: ServerConnection, frame: Frame, req: p.SendBatchRequest) -> Awaitable[Reply]:

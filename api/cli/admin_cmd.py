@@ -236,8 +236,23 @@ def cluster_list(ctx: click.Context) -> None:
         for broker_name in sorted(names):
             addrs = info.get("brokers", {}).get(broker_name, {}).get("broker_addrs", {})
             for broker_id, addr in sorted(addrs.items()):
-                rows.append({"cluster": cluster_name, "broker": broker_name, "id": broker_id, "addr": addr})
-    emit_rows(rows, ["cluster", "broker", "id", "addr"], False, title="cluster")
+                rows.append({"cluster": cluster_name, "broker": broker_name, "id": broker_id, "addr": addr,
+                             **_replication_columns(_admin(ctx), addr)})
+    emit_rows(rows, ["cluster", "broker", "id", "addr", "role", "in_sync", "bytes_behind"], False, title="cluster")
+
+
+def _replication_columns(admin_client: Any, addr: str) -> dict[str, Any]:
+    """Role and replication state of one broker: a master's in-sync slaves and largest lag, a slave's lag."""
+    try:
+        ha = admin_client.replication(addr)
+    except SparkMQError:
+        return {"role": "unreachable", "in_sync": "", "bytes_behind": ""}
+    if ha.get("role") == "SLAVE":
+        return {"role": "SLAVE", "in_sync": "connected" if ha.get("connected") else "disconnected",
+                "bytes_behind": ha.get("bytes_behind")}
+    slaves = ha.get("slaves")
+    return {"role": ha.get("role"), "in_sync": "" if slaves is None else f"{ha.get('in_sync_slaves', 0)}/{len(slaves)}",
+            "bytes_behind": ha.get("max_bytes_behind")}
 
 
 @admin.group("lake")

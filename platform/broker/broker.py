@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..common.errors import ErrorCode, SparkMQError
+from ..ha import ReplicationMaster, ReplicationSlave
 from ..store import AppendEvent, MessageStore
 from .check_channel import CheckChannel
 from .client_manager import ClientManager
@@ -43,6 +44,7 @@ from .processors import (
 )
 from .registration import RegistrationService
 from .schedule import ScheduleService
+from .slave_sync import SlaveSynchronizer
 from .timer import TimerService
 from .topics import TopicConfigManager
 from .trace import TracedTransactionService, TraceLookup, TraceRecorder
@@ -73,7 +75,24 @@ class Broker:
         self.metrics = BrokerMetrics(self._scrape_commitlog_max, self._scrape_queue_max, self._scrape_group_lag)
         self.registration = RegistrationService(config.namesrv_addrs, self.registration_payload,
                                                 self._unregister_payload, config.register_interval_s,
-                                                config.register_timeout_s)
+                                                config.register_timeout_s, on_answer=self._on_registered)
+        #: Replication: a master serves its slaves (the runner opens the HA port on its loop), a slave follows.
+        self.replication_master: ReplicationMaster | None = None
+        self.replication_slave: ReplicationSlave | None = None
+        self.slave_sync: SlaveSynchronizer | None = None
+        #: ``host:port`` of this master's HA endpoint once it listens (registered, so slaves find it).
+        self.ha_addr: str | None = None
+        #: A slave's master, as the name servers answered its registration: (HTTP address, HA address).
+        self._learned_master: tuple[str | None, str | None] = (None, None)
+        if config.role is BrokerRole.SLAVE:
+            self.replication_slave = ReplicationSlave(self.store, config.broker_name, config.broker_id,
+                                                      self.master_ha_addr)
+            self.slave_sync = SlaveSynchronizer(self, config.ha_slave_sync_interval_s)
+        else:
+            self.replication_master = ReplicationMaster(
+                self.store, config.broker_name, sync=config.role is BrokerRole.SYNC_MASTER,
+                in_sync_max_gap_bytes=config.ha_in_sync_max_gap_bytes,
+                flush_slave_timeout_s=config.ha_flush_slave_timeout_ms / 1000.0)
         self._state = "new"
         #: ``host:port`` of this broker's remoting endpoint, set by the runner once it listens (routes carry it).
         self.remoting_addr: str | None = None
@@ -88,7 +107,9 @@ class Broker:
         self.transaction_processor = TransactionProcessor(self)
         self.query_processor = QueryProcessor(self)
         #: Trace events into RMQ_SYS_TRACE_TOPIC (buffered, written by its own thread), and their lookup.
-        self.tracer = TraceRecorder(self.send_processor.put_trace, config.broker_name, enabled=config.trace_enabled)
+        # A slave's log is its master's, byte for byte: it writes no trace messages of its own.
+        self.tracer = TraceRecorder(self.send_processor.put_trace, config.broker_name,
+                                    enabled=config.trace_enabled and config.role is not BrokerRole.SLAVE)
         self.trace_lookup = TraceLookup(config.data_dir / "lake")
         self.add_component("trace", self.tracer.status)
         self._state_lock = threading.Lock()
@@ -103,6 +124,11 @@ class Broker:
         self.topics.add_listener(lambda _version: self.registration.trigger())
         self.clients.add_leave_listener(self.consumer_processor.on_clients_left)
         self.store.add_append_listener(self._on_append)
+        if self.replication_master is not None or self.replication_slave is not None:
+            # /health shows the replication state; a slave cut off from its master is "degraded", and
+            # /metrics exports the lag (sparkmq_replication_*).
+            self.add_component("replication", lambda: self.replication_status() or {}, self._replication_healthy)
+            self.metrics.add_component_gauges("replication", self._replication_gauges)
 
     # ================================================================== lifecycle
     @property
@@ -147,6 +173,10 @@ class Broker:
         for service in self._services():
             service.start()
         self.tracer.start()
+        if self.replication_slave is not None:
+            self.replication_slave.start()
+        if self.slave_sync is not None:
+            self.slave_sync.start()
         if register:
             self.registration.start()
         log.info("broker %s (%s) started at %s: %d topics, %d consumer offsets, store clean start %s",
@@ -210,6 +240,10 @@ class Broker:
             if not self._drained.wait_for(lambda: self._inflight == 0, _DRAIN_TIMEOUT_S):
                 log.warning("shutdown: %d operation(s) still in flight after %.0f s", self._inflight, _DRAIN_TIMEOUT_S)
         self.registration.stop(unregister=True)
+        if self.slave_sync is not None:
+            self.slave_sync.stop()
+        if self.replication_slave is not None:
+            self.replication_slave.stop()
         self._stop_services()
         self.tracer.stop()  # writes the events still buffered while the store is open
         self.clients.stop()
@@ -245,13 +279,61 @@ class Broker:
         """What every append sets off: held pulls of the queue wake, and the trace records the store."""
         self.holds.notify_put(event.topic, event.queue_id)
         self.tracer.appended(event)
+        if event.replicated and self.slave_sync is not None and self.topics.get(event.topic) is None:
+            self.slave_sync.trigger()  # consumers of the slave need the topic's config, not in 10 s
+
+    # ================================================================== replication
+    def master_ha_addr(self) -> str | None:
+        """A slave's master HA endpoint: configured, else what the name servers answered."""
+        return self.config.ha_master_addr or self._learned_master[1]
+
+    def master_addr(self) -> str | None:
+        """A slave's master (HTTP address), as the name servers answered; None on a master or before."""
+        return self._learned_master[0]
+
+    def _on_registered(self, answer: dict[str, Any]) -> None:
+        if self.config.role is BrokerRole.SLAVE:
+            master, master_ha = answer.get("master_addr"), answer.get("master_ha_addr")
+            if isinstance(master, str) or master is None:
+                self._learned_master = (master, master_ha if isinstance(master_ha, str) else None)
+
+    def _replication_healthy(self) -> bool:
+        slave = self.replication_slave
+        return slave is None or not self.running or slave.connected
+
+    def _replication_gauges(self) -> Iterator[tuple[str, dict[str, float]]]:
+        status = self.replication_status() or {}
+        if self.replication_master is not None:
+            yield self.name, {"in_sync_slaves": float(status.get("in_sync_slaves", 0)),
+                              "max_bytes_behind": float(status.get("max_bytes_behind") or 0),
+                              "waiting_sends": float(status.get("waiting_sends", 0))}
+        elif status:
+            yield self.name, {"connected": float(bool(status.get("connected"))),
+                              "bytes_behind": float(status.get("bytes_behind") or 0),
+                              "bytes_received": float(status.get("bytes_received", 0))}
+
+    def replication_snapshot(self) -> dict[str, Any]:
+        """What a slave copies from this master besides the log: the topic table and every consumer offset."""
+        _, topics = self.topics.snapshot()
+        offsets = {group: {topic: {str(q): o for q, o in by_queue.items()}
+                           for topic, by_queue in self.offsets.offsets_of(group).items()}
+                   for group in self.offsets.groups()}
+        return {"topics": {name: cfg.to_dict() for name, cfg in topics.items()}, "offsets": offsets}
+
+    def replication_status(self) -> dict[str, Any] | None:
+        """The replication state (master: its slaves; slave: its master), None when neither runs."""
+        if self.replication_master is not None:
+            return self.replication_master.status()
+        if self.replication_slave is not None:
+            return self.replication_slave.status()
+        return None
 
     # ================================================================== registration
     def registration_payload(self) -> dict[str, Any]:
         """The ``POST /brokers/register`` body: identity, data version and the whole topic table."""
         version, topics = self.topics.snapshot()
         return {"cluster": self.config.cluster, "broker_name": self.name, "broker_id": self.config.broker_id,
-                "broker_addr": self.addr, "ha_addr": None, "remoting_addr": self.remoting_addr,
+                "broker_addr": self.addr, "ha_addr": self.ha_addr, "remoting_addr": self.remoting_addr,
                 "data_version": version,
                 "topic_configs": {t: cfg.to_route_dict() for t, cfg in topics.items()}}
 

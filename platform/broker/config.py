@@ -143,6 +143,17 @@ class BrokerConfig:
     #: Port of the binary remoting endpoint (docs/remoting.md); None = HTTP port + 2 (port + 1 is HA's),
     #: or a free port when ``port`` is 0; 0 = a free port; -1 = serve no remoting.
     remoting_port: int | None = None
+    #: Port of the replication (HA) endpoint a master serves its slaves on; None = HTTP port + 1 (a free
+    #: port when ``port`` is 0); 0 = a free port; -1 = none.  Slaves do not listen.
+    ha_port: int | None = None
+    #: A slave's master HA endpoint ``host:port``; None = learned from the name servers (the master registers it).
+    ha_master_addr: str | None = None
+    #: A slave further behind than this is not in sync (RocketMQ's haMaxGapNotInSync, 256 MiB).
+    ha_in_sync_max_gap_bytes: int = 256 << 20
+    #: A SYNC_MASTER send answers FLUSH_SLAVE_TIMEOUT when no slave acknowledged it within this long.
+    ha_flush_slave_timeout_ms: int = 3000
+    #: A slave copies its master's topic table and consumer offsets this often (RocketMQ: 10 s).
+    ha_slave_sync_interval_s: float = 10.0
     #: Name servers to register with (every one of them).
     namesrv_addrs: tuple[str, ...] = ()
     #: Root of the broker's files (store, topic table, lake tables).
@@ -204,6 +215,13 @@ class BrokerConfig:
             _check_int("remoting_port", self.remoting_port, -1, 65535)
         if self.advertised_addr is not None:
             _check_addr("advertised_addr", self.advertised_addr)
+        if self.ha_port is not None:
+            _check_int("ha_port", self.ha_port, -1, 65535)
+        if self.ha_master_addr is not None:
+            _check_addr("ha_master_addr", self.ha_master_addr)
+        _check_int("ha_in_sync_max_gap_bytes", self.ha_in_sync_max_gap_bytes, 0, 2**62)
+        _check_int("ha_flush_slave_timeout_ms", self.ha_flush_slave_timeout_ms, 1, 3_600_000)
+        _check_seconds("ha_slave_sync_interval_s", self.ha_slave_sync_interval_s)
         for name in ("register_interval_s", "register_timeout_s", "client_expiry_s", "client_scan_interval_s",
                      "offset_persist_interval_s", "offset_reset_fence_s", "queue_lock_expiry_s"):
             _check_seconds(name, getattr(self, name))
@@ -245,6 +263,15 @@ class BrokerConfig:
         if self.remoting_port is None:
             return 0 if self.port == 0 else self.port + 2
         return None if self.remoting_port < 0 else self.remoting_port
+
+    @property
+    def ha_bind_port(self) -> int | None:
+        """The port a master serves replication on (0 = a free one); None on a slave or with HA off."""
+        if self.role is BrokerRole.SLAVE:
+            return None
+        if self.ha_port is None:
+            return 0 if self.port == 0 else self.port + 1
+        return None if self.ha_port < 0 else self.ha_port
 
     def remoting_addr_for(self, bound_port: int) -> str:
         """The remoting ``host:port`` clients are told, on the advertised host."""

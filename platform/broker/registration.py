@@ -25,6 +25,8 @@ log = logging.getLogger("sparkmq.broker")
 
 #: Builds the registration body (called for each attempt, so it always carries the current table).
 PayloadFn = Callable[[], Mapping[str, Any]]
+#: Takes a name server's answer to a registration (``changed``, ``master_addr``, ``master_ha_addr``).
+AnswerFn = Callable[[dict[str, Any]], None]
 
 
 @dataclass
@@ -47,8 +49,10 @@ class NameServerStatus:
 class _Worker:
     """One name server: a thread that registers on every interval or trigger."""
 
-    def __init__(self, addr: str, payload: PayloadFn, interval_s: float, timeout_s: float) -> None:
+    def __init__(self, addr: str, payload: PayloadFn, interval_s: float, timeout_s: float,
+                 on_answer: AnswerFn | None = None) -> None:
         self.addr = addr
+        self._on_answer = on_answer
         self.status = NameServerStatus(addr)
         self._payload = payload
         self._interval_s = interval_s
@@ -84,6 +88,8 @@ class _Worker:
             body = dict(self._payload())
             response = self._client.post("/brokers/register", json=body)
             response.raise_for_status()
+            if self._on_answer is not None:
+                self._on_answer(response.json())
         except Exception as exc:  # any failure (refused, timeout, 4xx/5xx) is retried next round
             self.status.ok = False
             self.status.failures += 1
@@ -115,9 +121,10 @@ class RegistrationService:
     """Registers a broker with every name server periodically and on demand."""
 
     def __init__(self, namesrv_addrs: tuple[str, ...] | list[str], payload: PayloadFn, unregister_body: PayloadFn,
-                 interval_s: float = 30.0, timeout_s: float = 3.0) -> None:
-        """``payload()`` builds the ``POST /brokers/register`` body, ``unregister_body()`` the unregister one."""
-        self._workers = [_Worker(a, payload, interval_s, timeout_s) for a in namesrv_addrs]
+                 interval_s: float = 30.0, timeout_s: float = 3.0, on_answer: AnswerFn | None = None) -> None:
+        """``payload()`` builds the ``POST /brokers/register`` body, ``unregister_body()`` the unregister one;
+        ``on_answer(json)`` gets each successful answer (a slave learns its master from it)."""
+        self._workers = [_Worker(a, payload, interval_s, timeout_s, on_answer) for a in namesrv_addrs]
         self._unregister_body = unregister_body
         self._timeout_s = timeout_s
         self._started = False

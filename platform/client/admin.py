@@ -109,6 +109,10 @@ class AdminClient:
                 out[name] = master
         return out
 
+    def replication(self, addr: str) -> dict[str, Any]:
+        """The replication state of the broker at ``addr`` (``GET /broker/ha``)."""
+        return self._brokers.get(addr).replication()
+
     def broker_info(self, addr: str) -> dict[str, Any]:
         """``GET /broker`` of one broker."""
         return self._brokers.get(addr).broker_info()

@@ -75,7 +75,7 @@ from .rebalance import (
     resolve_strategy,
 )
 from .remoting import NameServerClient
-from .routes import TopicRouteCache, TopicRouteInfo
+from .routes import UNREACHABLE_PASS_OVER_S, TopicRouteCache, TopicRouteInfo, mark_unreachable
 
 __all__ = ["AsyncProducer", "AsyncConsumer"]
 
@@ -724,6 +724,8 @@ class AsyncConsumer(_AsyncClient):
                 result = decode_pulled(response, mq.broker_name)
             except SparkMQError as exc:
                 log.debug("pull of %s@%s at %d failed: %s", mq.topic, mq.key, offset, exc)
+                if isinstance(exc, RemotingError) and not exc.timed_out:
+                    mark_unreachable(addr, UNREACHABLE_PASS_OVER_S)  # read from a slave meanwhile
                 await asyncio.sleep(cfg.pull_error_backoff_s)
                 continue
             if pq.dropped:

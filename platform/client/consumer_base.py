@@ -29,7 +29,7 @@ from ..common.errors import ErrorCode, SparkMQError
 from ..common.protocol import OffsetResetNotice
 from ..common.validation import validate_group, validate_topic
 from ..common.wire import ReceivedMessage
-from ..remoting import new_event_loop
+from ..remoting import RemotingError, new_event_loop
 from .allocation import AllocateStrategy, MessageQueue
 from .broker_remoting import AsyncBrokerRouter, forget_offset_reset, on_offset_reset
 from .config import ClientConfig
@@ -56,7 +56,7 @@ from .remoting import (
     BrokerClientPool,
     NameServerClient,
 )
-from .routes import TopicRouteCache
+from .routes import UNREACHABLE_PASS_OVER_S, TopicRouteCache, mark_unreachable
 from .scheduler import Scheduler
 
 __all__ = ["ConsumerBase"]
@@ -345,6 +345,8 @@ class ConsumerBase(ABC):
                     expression=sub.expression, broker_name=mq.broker_name)
             except SparkMQError as exc:
                 log.debug("pull of %s@%s at %d failed: %s", mq.topic, mq.key, offset, exc)
+                if isinstance(exc, RemotingError) and not exc.timed_out:
+                    mark_unreachable(addr, UNREACHABLE_PASS_OVER_S)  # read from a slave meanwhile
                 await asyncio.sleep(cfg.pull_error_backoff_s)
                 continue
             if pq.dropped:

@@ -506,6 +506,10 @@ class BrokerClient:
         """``GET /trace/{msg_id}``: the message's path from this broker's ``message_trace`` table."""
         return self._get(f"/trace/{_seg(msg_id)}")
 
+    def replication(self) -> dict[str, Any]:
+        """``GET /broker/ha``: the broker's replication state (a master's slaves, a slave's master)."""
+        return self._get("/broker/ha")
+
     def health(self, timeout: float | None = None) -> dict[str, Any]:
         """``GET /health``."""
         return self._get("/health", timeout=timeout)

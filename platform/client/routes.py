@@ -29,7 +29,8 @@ from .allocation import MessageQueue
 from .endpoints import learn_remoting_endpoints
 from .remoting import NameServerClient
 
-__all__ = ["QueueData", "TopicRouteInfo", "TopicRouteCache", "DEFAULT_TOPIC_QUEUE_NUMS", "MASTER_ID"]
+__all__ = ["QueueData", "TopicRouteInfo", "TopicRouteCache", "DEFAULT_TOPIC_QUEUE_NUMS", "MASTER_ID",
+           "UNREACHABLE_PASS_OVER_S", "mark_reachable", "mark_unreachable"]
 
 log = logging.getLogger("sparkmq.client")
 
@@ -127,11 +128,19 @@ class TopicRouteInfo:
         return self.broker_addrs.get(broker_name, {}).get(MASTER_ID)
 
     def read_addr(self, broker_name: str) -> str | None:
-        """Where to pull ``broker_name``'s queues: the master, else the slave with the lowest id."""
+        """Where to pull ``broker_name``'s queues: the master, else the slave with the lowest id; a broker this
+        process found unreachable lately (:func:`mark_unreachable`) only when no other is left."""
         addrs = self.broker_addrs.get(broker_name, {})
         if not addrs:
             return None
-        return addrs.get(MASTER_ID) or addrs[min(addrs)]
+        ordered = [addrs[i] for i in sorted(addrs)]  # the master (id 0) first
+        if _unreachable:
+            now = time.monotonic()
+            for addr in ordered:
+                until = _unreachable.get(addr)
+                if until is None or until <= now:
+                    return addr
+        return ordered[0]
 
     def all_addrs(self) -> list[str]:
         """Every broker address in the route (masters and slaves), sorted."""
@@ -146,6 +155,24 @@ class TopicRouteInfo:
         return (other is not None and self.queue_datas == other.queue_datas
                 and {k: dict(v) for k, v in self.broker_addrs.items()}
                 == {k: dict(v) for k, v in other.broker_addrs.items()})
+
+
+#: How long a broker whose connection failed is passed over for reads before it is tried again.
+UNREACHABLE_PASS_OVER_S = 5.0
+#: Brokers a connection to failed lately -> until when they are passed over for reads (process-wide:
+#: every consumer of the process moves to a slave together while a master is down, as the name servers
+#: only drop a killed master after their expiry).
+_unreachable: dict[str, float] = {}
+
+
+def mark_unreachable(addr: str, seconds: float) -> None:
+    """Pass over ``addr`` for reads for ``seconds`` (a connection to it was refused or reset)."""
+    _unreachable[addr] = time.monotonic() + seconds
+
+
+def mark_reachable(addr: str) -> None:
+    """``addr`` answered again."""
+    _unreachable.pop(addr, None)
 
 
 class TopicRouteCache:

@@ -135,6 +135,7 @@ class AdminProcessor(Processor):
         return {"cluster": self.config.cluster, "broker_name": self.name, "broker_id": self.config.broker_id,
                 "addr": self.broker.addr, "remoting_addr": self.broker.remoting_addr, "role": str(self.config.role),
                 "namesrv_addrs": list(self.config.namesrv_addrs),
+                "ha_addr": self.broker.ha_addr, "replication": self.broker.replication_status(),
                 "commitlog": commitlog, "topics": len(self.topics), "clients": self.clients.client_count()}
 
 

@@ -1,6 +1,7 @@
 """Sends: single and batch, delay and timer parking, redelivery of due messages, send-back to retry or DLQ."""
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import re
@@ -39,6 +40,7 @@ from ..timer import TimerService
 from ..topics import TopicConfig
 
 if TYPE_CHECKING:
+    from ...ha import ReplicationMaster
     from ..broker import Broker
 from .base import Processor, check_int, looks_like_zlib
 
@@ -118,8 +120,24 @@ class SendProcessor(Processor):
 
     @property
     def send_may_block(self) -> bool:
-        """Whether a send waits for a disk sync (SYNC_FLUSH), so callers should run it off the event loop."""
-        return self.store.config.flush_mode is FlushMode.SYNC_FLUSH
+        """Whether a send waits for a disk sync (SYNC_FLUSH) or a slave (SYNC_MASTER), so callers should run
+        it off the event loop (or use the ``wait=False`` forms and :meth:`acknowledge`)."""
+        return self.store.config.flush_mode is FlushMode.SYNC_FLUSH or self._sync_master is not None
+
+    @property
+    def _sync_master(self) -> ReplicationMaster | None:
+        master = self.broker.replication_master
+        return master if master is not None and master.sync else None
+
+    async def acknowledge(self, end_offset: int, loop: asyncio.AbstractEventLoop) -> SendStatus:
+        """The status of a send stored with ``wait=False`` once it may be acknowledged, on the event loop
+        (no thread per waiter): after a SYNC_FLUSH sync covers ``end_offset`` (else FLUSH_DISK_TIMEOUT), and
+        on a SYNC_MASTER after a slave holds it (else FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE)."""
+        status = self.send_status(await self.store.wait_durable(end_offset, loop))
+        master = self._sync_master
+        if status is SendStatus.SEND_OK and master is not None:
+            status = await master.wait_replicated(end_offset, loop)
+        return status
 
     def send(self, topic: str, message: OutgoingMessage, *, queue_id: int | None = None,
              sharding_key: str | None = None, compressed: bool = False, producer_group: str | None = None,
@@ -170,9 +188,11 @@ class SendProcessor(Processor):
         self.ensure_topic(topic)
         # A parked message counts under its system topic now and under its own topic when delivered.
         self.metrics.sent(result.topic, 1, len(msg.body), time.perf_counter() - started)
-        return (SendResult(self.send_status(result.status), result.msg_id, result.offset_msg_id, topic, self.name,
+        end = result.commitlog_offset + result.store_size
+        return (SendResult(self.send_status(result.status, end if wait else None), result.msg_id,
+                           result.offset_msg_id, topic, self.name,
                            result.queue_id, result.queue_offset, result.store_timestamp, result.commitlog_offset),
-                result.commitlog_offset + result.store_size)
+                end)
 
     def send_packed(self, topic: str, data: bytes | memoryview, count: int, *, queue_id: int | None = None,
                     sharding_key: str | None = None, compressed: bool = False, producer_group: str | None = None,
@@ -197,7 +217,8 @@ class SendProcessor(Processor):
             raise
         self.ensure_topic(topic)
         self.metrics.sent(topic, count, len(data), time.perf_counter() - started)
-        return PackedSendResult(self.send_status(stored.status), topic, self.name, qid, stored.first_queue_offset,
+        return PackedSendResult(self.send_status(stored.status, stored.end_offset if wait else None), topic,
+                                self.name, qid, stored.first_queue_offset,
                                 count, stored.store_timestamp, self.store.store_host, stored.end_offset,
                                 stored.offsets)
 
@@ -243,7 +264,9 @@ class SendProcessor(Processor):
             raise
         self.ensure_topic(topic)
         self.metrics.sent(topic, len(batch), sum(len(m.body) for m in batch), time.perf_counter() - started)
-        return BatchSendResult(self.send_status(results[-1].status), topic, self.name, qid, results)
+        last = max(results, key=lambda r: r.commitlog_offset)
+        return BatchSendResult(self.send_status(last.status, last.commitlog_offset + last.store_size), topic,
+                               self.name, qid, results)
 
     # ================================================================== delay, timers, redelivery
     def _delay_of(self, msg: Message, delay_level: int | None, deliver_at_ms: int | None,
@@ -417,12 +440,14 @@ class SendProcessor(Processor):
             except SparkMQError:  # the message is stored; the next send creates the topic again
                 log.exception("auto-creating topic %s failed", topic)
 
-    def send_status(self, status: PutStatus) -> SendStatus:
+    def send_status(self, status: PutStatus, end_offset: int | None = None) -> SendStatus:
+        """A stored send's status: FLUSH_DISK_TIMEOUT when its sync timed out; with ``end_offset`` (a send
+        that waits) on a SYNC_MASTER, what the slaves say (blocks up to the flush-slave timeout)."""
         if status is PutStatus.FLUSH_DISK_TIMEOUT:
             return SendStatus.FLUSH_DISK_TIMEOUT
-        if self.config.role is BrokerRole.SYNC_MASTER:
-            # No replication service yet, so no slave can have acknowledged the message.
-            return SendStatus.SLAVE_NOT_AVAILABLE
+        master = self._sync_master
+        if master is not None and end_offset is not None:
+            return master.await_replicated(end_offset)
         return SendStatus.SEND_OK
 
     def send_back(self, group: str, offset_msg_id: str, *, delay_level: int = 0, reason: str = "",
