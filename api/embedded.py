@@ -9,7 +9,10 @@ a notebook cell or a test::
         ...
 
 Every setting comes from one TOML file (``[namesrv]``, ``[broker]``, ``[store]``) plus
-overrides; the broker always registers with the embedded name server.
+overrides; the broker always registers with the embedded name server.  With ``ha="async"`` or
+``ha="sync"`` the broker is an ASYNC_MASTER or SYNC_MASTER and a slave of it (broker id 1, files
+under ``<data_dir>/slave``, free ports) runs in the same loop: master/slave replication to try in one
+command (``sparkmq dev --ha sync``).
 """
 from __future__ import annotations
 
@@ -39,9 +42,13 @@ class EmbeddedPlatform:
 
     def __init__(self, namesrv: Mapping[str, Any] | None = None, broker: Mapping[str, Any] | None = None,
                  store: Mapping[str, Any] | None = None, lake: Mapping[str, Any] | None = None, *,
-                 log_level: str = "warning") -> None:
+                 log_level: str = "warning", ha: str | None = None) -> None:
         """Settings as in the TOML tables; ValueError for unknown or bad ones.  The lake is off
-        unless ``lake`` says ``enabled = true`` (``sparkmq dev`` turns it on)."""
+        unless ``lake`` says ``enabled = true`` (``sparkmq dev`` turns it on).  ``ha``: None, "async"
+        or "sync" (a master of that kind and its slave)."""
+        if ha not in (None, "async", "sync"):
+            raise ValueError(f"ha must be async or sync, got {ha!r}")
+        self.ha = ha
         self.lake_settings = LakeSettings.from_mapping(lake)
         namesrv = dict(namesrv or {})
         unknown = set(namesrv) - _NAMESRV_KEYS
@@ -55,6 +62,8 @@ class EmbeddedPlatform:
         self.namesrv_addr = ""
         self.broker_addr = ""
         self.broker_service: BrokerService | None = None
+        #: The slave with ``ha`` set.
+        self.slave_service: BrokerService | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._namesrv_server: Server | None = None
@@ -64,7 +73,7 @@ class EmbeddedPlatform:
     @classmethod
     def from_toml(cls, path: str | Path | None, *, data_dir: str | Path | None = None,
                   namesrv_port: int | None = None, broker_port: int | None = None, lake: bool | None = None,
-                  **broker_overrides: Any) -> EmbeddedPlatform:
+                  ha: str | None = None, **broker_overrides: Any) -> EmbeddedPlatform:
         """Settings from a TOML file (None = defaults), with the usual overrides on top (``lake``: on/off)."""
         data: dict[str, Any] = tomllib.loads(Path(path).read_text("utf-8")) if path is not None else {}
         lake_table = dict(data.get("lake", {}))
@@ -84,7 +93,7 @@ class EmbeddedPlatform:
         store = dict(data.get("store", {}))
         # One machine: 64 MiB segments unless the file says otherwise (1 GiB is allocated up front).
         store.setdefault("segment_size", EMBEDDED_SEGMENT_SIZE)
-        return cls(namesrv, broker, store, lake_table)
+        return cls(namesrv, broker, store, lake_table, ha=ha)
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self, timeout: float = 60.0) -> EmbeddedPlatform:
@@ -92,12 +101,21 @@ class EmbeddedPlatform:
         namesrv_sock = bind_socket(self.namesrv_config.host, self.namesrv_config.port)
         host, port = namesrv_sock.getsockname()[:2]
         self.namesrv_addr = f"{host}:{port}"
-        config = BrokerConfig.from_mapping({**self._broker_settings, "namesrv_addrs": [self.namesrv_addr]},
-                                           self._store_settings)
+        settings = {**self._broker_settings, "namesrv_addrs": [self.namesrv_addr]}
+        if self.ha is not None:
+            settings["role"] = "SYNC_MASTER" if self.ha == "sync" else "ASYNC_MASTER"
+        config = BrokerConfig.from_mapping(settings, self._store_settings)
         try:
             self.broker_service = BrokerService(config, self.lake_settings)
+            if self.ha is not None:
+                slave = BrokerConfig.from_mapping(
+                    {**settings, "role": "SLAVE", "broker_id": 1, "port": 0, "remoting_port": 0,
+                     "data_dir": str(config.data_dir / "slave")}, self._store_settings)
+                self.slave_service = BrokerService(slave)
         except BaseException:
             namesrv_sock.close()
+            if self.broker_service is not None:
+                self.broker_service.sock.close()
             raise
         self.broker_addr = self.broker_service.config.addr
         self._thread = threading.Thread(target=self._run, args=(namesrv_sock,), name="sparkmq-embedded",
@@ -123,6 +141,8 @@ class EmbeddedPlatform:
         service = self.broker_service
         assert service is not None
         started = {"namesrv": False, "broker": False}
+        if self.slave_service is not None:
+            started["slave"] = False
 
         def ready(kind: str) -> Any:
             def on_ready(_host: str, _port: int) -> None:
@@ -139,11 +159,15 @@ class EmbeddedPlatform:
                                                 log_level=self.log_level, server_ready=keep_server))
         broker = asyncio.create_task(service.serve(log_level=self.log_level, on_ready=ready("broker"),
                                                    handle_signals=False, on_remoting=None))
-        done, _pending = await asyncio.wait({namesrv, broker}, return_when=asyncio.FIRST_COMPLETED)
-        # Either one stopping (asked to, or failed) stops the other: the pair is one platform.
-        # The broker goes first, so it can still unregister from the name server.
+        brokers = {broker}
+        if self.slave_service is not None:
+            brokers.add(asyncio.create_task(self.slave_service.serve(
+                log_level=self.log_level, on_ready=ready("slave"), handle_signals=False, on_remoting=None)))
+        done, _pending = await asyncio.wait({namesrv, *brokers}, return_when=asyncio.FIRST_COMPLETED)
+        # Any one stopping (asked to, or failed) stops the others: they are one platform.
+        # The brokers go first, so they can still unregister from the name server.
         self._request_stop()
-        await asyncio.gather(broker, return_exceptions=True)
+        await asyncio.gather(*brokers, return_exceptions=True)
         if self._namesrv_server is not None:
             self._namesrv_server.should_exit = True
         await asyncio.gather(namesrv, return_exceptions=True)
@@ -152,8 +176,9 @@ class EmbeddedPlatform:
                 raise task.exception()  # type: ignore[misc]
 
     def _request_stop(self) -> None:
-        if self.broker_service is not None:
-            self.broker_service.request_stop()
+        for service in (self.slave_service, self.broker_service):
+            if service is not None:
+                service.request_stop()
 
     def stop(self, timeout: float = 60.0) -> None:
         """Stop both services cleanly (the broker unregisters and persists offsets first)."""
@@ -166,6 +191,11 @@ class EmbeddedPlatform:
     def remoting_addr(self) -> str | None:
         """The broker's remoting endpoint (``host:port``), once it serves one."""
         return self.broker_service.broker.remoting_addr if self.broker_service is not None else None
+
+    @property
+    def slave_addr(self) -> str | None:
+        """The slave's address with ``ha`` set, else None."""
+        return self.slave_service.config.addr if self.slave_service is not None else None
 
     @property
     def running(self) -> bool:

@@ -73,10 +73,15 @@ class Pair:
         self.wait_in_sync()
 
 
-def read_all(broker: ServiceProcess, topic: str = TOPIC, queues: int = QUEUES) -> dict[str, bytes]:
+def url_of(broker: ServiceProcess | str) -> str:
+    """A broker's base URL (a process, or an ``http://`` URL already)."""
+    return broker if isinstance(broker, str) else broker.url
+
+
+def read_all(broker: ServiceProcess | str, topic: str = TOPIC, queues: int = QUEUES) -> dict[str, bytes]:
     """Every message of ``topic`` on ``broker``: msg_id -> body."""
     found: dict[str, bytes] = {}
-    with httpx.Client(base_url=broker.url, timeout=10) as http:
+    with httpx.Client(base_url=url_of(broker), timeout=10) as http:
         for queue_id in range(queues):
             offset = 0
             while True:
@@ -176,8 +181,8 @@ def test_sync_master_loses_nothing_acknowledged_across_master_kills(procs: Proce
     assert pair.ha(pair.master)["max_offset"] == pair.ha(pair.slave)["max_offset"]
 
 
-def read_all_topics(broker: ServiceProcess) -> set[str]:
-    return {t["topic"] for t in httpx.get(broker.url + "/topics", timeout=5).json()["topics"]}
+def read_all_topics(broker: ServiceProcess | str) -> set[str]:
+    return {t["topic"] for t in httpx.get(url_of(broker) + "/topics", timeout=5).json()["topics"]}
 
 
 def test_async_master_counts_what_the_slave_had_not_received(procs: ProcessHarness, tmp_path: Path) -> None:
@@ -302,7 +307,7 @@ def _try_send(producer: Producer, bodies: list[str]) -> bool:
 
 
 def test_bad_input_on_the_ha_port_is_refused_and_changes_nothing(procs: ProcessHarness, tmp_path: Path) -> None:
-    pair = Pair(procs, tmp_path, "ASYNC_MASTER")
+    pair = Pair(procs, tmp_path, "ASYNC_MASTER", trace_enabled=False)  # nothing but the test writes the log
     create_topic(pair.master)
     with Producer("ha-bad", fast_client_config(pair.namesrv.addr, tmp_path / "o")) as producer:
         producer.send_batch([Message(TOPIC, b"payload") for _ in range(100)])
@@ -348,3 +353,21 @@ def _drained_to_eof(sock: socket.socket) -> bool:
         return True
     except (ConnectionResetError, TimeoutError):
         return False
+
+
+def test_the_embedded_platform_runs_a_master_and_its_slave(tmp_path: Path) -> None:
+    """``sparkmq dev --ha sync``: one command, a SYNC_MASTER and a slave that holds what it acknowledged."""
+    from sparkmq.api.embedded import EmbeddedPlatform
+
+    with EmbeddedPlatform.from_toml(None, data_dir=tmp_path / "dev", namesrv_port=0, broker_port=0, lake=False,
+                                    ha="sync") as platform:
+        assert platform.slave_addr is not None and platform.slave_addr != platform.broker_addr
+        master, slave = f"http://{platform.broker_addr}", f"http://{platform.slave_addr}"
+        wait_until(lambda: httpx.get(master + "/broker/ha", timeout=5).json().get("in_sync_slaves") == 1, 20,
+                   "the slave in sync")
+        with Producer("dev-ha", fast_client_config(platform.namesrv_addr, tmp_path / "o")) as producer:
+            results = producer.send_batch([Message(TOPIC, f"dev-{i}".encode()) for i in range(50)])
+        assert {r.status for r in results} == {SendStatus.SEND_OK}
+        wait_until(lambda: TOPIC in read_all_topics(slave), 15, "the topic on the slave")
+        assert read_all(slave) == read_all(master)
+        assert len(read_all(slave)) == 50

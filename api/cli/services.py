@@ -116,19 +116,24 @@ def _lake_running(platform: EmbeddedPlatform) -> bool:
 @click.option("--exit-after-demo", is_flag=True, help="stop once the demo is done (scripts and tests)")
 @click.option("--lake/--no-lake", default=None,
               help="run the broker's lake (Spark + Delta tables); default: on, or the config's [lake] table")
+@click.option("--ha", type=click.Choice(["async", "sync"]), default=None,
+              help="run the broker as an ASYNC_MASTER or SYNC_MASTER with a slave beside it (docs/ha.md)")
 def dev(config_file: Path | None, data_dir: Path | None, namesrv_port: int | None, broker_port: int | None,
-        messages: int, demo: bool, exit_after_demo: bool, lake: bool | None) -> None:
+        messages: int, demo: bool, exit_after_demo: bool, lake: bool | None, ha: str | None) -> None:
     """Start the embedded platform (name server + broker + gateway + lake) and run the demo; Ctrl-C stops it."""
     if data_dir is None and config_file is None:
         data_dir = Path("var/dev")
     if lake is None and config_file is None:
         lake = True  # the embedded default is the whole platform
     platform = EmbeddedPlatform.from_toml(config_file, data_dir=data_dir, namesrv_port=namesrv_port,
-                                          broker_port=broker_port, lake=lake)
+                                          broker_port=broker_port, lake=lake, ha=ha)
     platform.start()
     remoting = f", remoting on [bold]{platform.remoting_addr}[/]" if platform.remoting_addr else ""
     console.print(f"name server on [bold]http://{platform.namesrv_addr}[/], broker and gateway on "
                   f"[bold]http://{platform.broker_addr}[/] (API docs at /docs){remoting}")
+    if platform.slave_addr is not None:
+        console.print(f"{'SYNC' if ha == 'sync' else 'ASYNC'}_MASTER with a slave on "
+                      f"[bold]http://{platform.slave_addr}[/] (replication: GET /broker/ha)")
     failed = False
     try:
         if demo:

@@ -284,8 +284,12 @@ class Broker:
 
     # ================================================================== replication
     def master_ha_addr(self) -> str | None:
-        """A slave's master HA endpoint: configured, else what the name servers answered."""
-        return self.config.ha_master_addr or self._learned_master[1]
+        """A slave's master HA endpoint: configured, else what the name servers answered (asked again now
+        while they named none: the master may have registered after this slave did)."""
+        addr = self.config.ha_master_addr or self._learned_master[1]
+        if addr is None and self.running:
+            self.registration.trigger()
+        return addr
 
     def master_addr(self) -> str | None:
         """A slave's master (HTTP address), as the name servers answered; None on a master or before."""
