@@ -29,7 +29,7 @@ pytestmark = pytest.mark.cluster
 
 TOPIC = "HaTopic"
 QUEUES = 4
-#: Kills per run; a slow-marked run may raise it (SPARKMQ_HA_KILLS).
+#: Kills per run in the suite (the slow-marked variant does twice as many; SPARKMQ_HA_KILLS changes both).
 KILLS = int(os.environ.get("SPARKMQ_HA_KILLS", "10"))
 
 
@@ -153,13 +153,15 @@ def slave_has(pair: Pair, acked: dict[str, bytes]) -> bool:
     return all(found.get(msg_id) == body for msg_id, body in acked.items())
 
 
-def test_sync_master_loses_nothing_acknowledged_across_master_kills(procs: ProcessHarness, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kills", [KILLS, pytest.param(2 * KILLS, marks=pytest.mark.slow, id="many")])
+def test_sync_master_loses_nothing_acknowledged_across_master_kills(procs: ProcessHarness, tmp_path: Path,
+                                                                    kills: int) -> None:
     pair = Pair(procs, tmp_path, "SYNC_MASTER", ha_flush_slave_timeout_ms=2000)
     create_topic(pair.master)
     wait_until(lambda: TOPIC in read_all_topics(pair.slave), 15, "the topic copied to the slave")
     sender = SteadySender(pair.namesrv.addr, tmp_path).start()
     try:
-        for kill in range(KILLS):
+        for kill in range(kills):
             wait_until(lambda k=kill: len(sender.acked_now()) >= 20 * (k + 1), 30, "sends acknowledged")
             pair.master.kill9()
             acked = sender.acked_now()
@@ -171,7 +173,7 @@ def test_sync_master_loses_nothing_acknowledged_across_master_kills(procs: Proce
     finally:
         sender.stop()
     acked = sender.acked_now()
-    assert len(acked) >= 20 * KILLS
+    assert len(acked) >= 20 * kills
     pair.wait_in_sync()
     wait_until(lambda: pair.ha(pair.master)["max_bytes_behind"] == 0, 20, "the slave caught up")
     on_master, on_slave = read_all(pair.master), read_all(pair.slave)
