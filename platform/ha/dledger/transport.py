@@ -1,0 +1,279 @@
+"""TCP between the members of a DLedger group: a listening port, and one outgoing connection per peer.
+
+Each node listens on its own port.  A node sends its requests to a peer over the connection *it*
+opened to that peer and reads the replies from it (matched by RPC id, so several calls may be in
+flight); the peer's requests come over the peer's own connection.  Frames: :mod:`.messages`.
+
+What comes in is checked before the node sees it, and bad input never reaches the node's state:
+
+* a frame header with the wrong magic or version, a body longer than :data:`~.messages.MAX_FRAME_BYTES`,
+  a body that does not decode as a request: the connection is closed, unanswered;
+* a request naming another group, or a sender that is not a member: a ``refused`` reply, then close;
+* a reply naming another group or another sender than the peer called: the connection is closed.
+
+Every refusal is counted in :attr:`RaftTransport.refused` by reason.  A call that fails (refused
+connection, reset, timeout) closes that connection; the next call opens a new one.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
+import msgspec
+
+from .messages import (
+    FRAME_HEADER,
+    FRAME_MAGIC,
+    FRAME_VERSION,
+    MAX_FRAME_BYTES,
+    Refusal,
+    Reply,
+    Request,
+    decode_reply,
+    decode_request,
+    encode_frame,
+)
+
+__all__ = ["RaftTransport", "RpcError"]
+
+log = logging.getLogger("sparkmq.ha.dledger")
+
+_M = TypeVar("_M")
+#: Opening a connection to a peer takes at most this long (within the call's own timeout).
+_CONNECT_TIMEOUT_S = 2.0
+
+
+class RpcError(ConnectionError):
+    """A call to a peer failed: no connection, connection lost, or no reply in time."""
+
+
+class _PeerLink:
+    """The connection this node opened to one peer, and the calls waiting on it."""
+
+    def __init__(self, transport: RaftTransport, peer_id: str) -> None:
+        self.transport = transport
+        self.peer_id = peer_id
+        self.writer: asyncio.StreamWriter | None = None
+        self.reader_task: asyncio.Task[None] | None = None
+        self.pending: dict[int, asyncio.Future[Reply]] = {}
+        self.lock = asyncio.Lock()
+
+    async def connected(self) -> asyncio.StreamWriter:
+        async with self.lock:
+            if self.writer is not None and not self.writer.is_closing():
+                return self.writer
+            host, port = self.transport.peers[self.peer_id]
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), _CONNECT_TIMEOUT_S)
+            self.writer = writer
+            self.reader_task = asyncio.create_task(self._read_replies(reader, writer),
+                                                   name=f"raft-{self.transport.node_id}-to-{self.peer_id}")
+            return writer
+
+    async def _read_replies(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        why = "closed"
+        try:
+            while True:
+                reply = await _read_frame(reader, decode_reply)
+                if reply is None:
+                    why = "garbage reply"
+                    self.transport._count("garbage reply")
+                    return
+                if reply.group != self.transport.group or reply.sender != self.peer_id:
+                    why = f"reply from {reply.sender!r} of group {reply.group!r}"
+                    self.transport._count("reply from a stranger")
+                    return
+                fut = self.pending.pop(reply.rpc_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(reply)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
+            why = type(exc).__name__
+        finally:
+            self.drop(writer, why)
+
+    def drop(self, writer: asyncio.StreamWriter | None, why: str) -> None:
+        """Abort ``writer`` (the current connection if None) and fail every call waiting on it."""
+        writer = writer if writer is not None else self.writer
+        if writer is None:
+            return
+        writer.transport.abort()
+        if writer is self.writer:
+            self.writer = None
+            pending, self.pending = self.pending, {}
+            for fut in pending.values():
+                if not fut.done():
+                    fut.set_exception(RpcError(f"connection to {self.peer_id} lost: {why}"))
+
+
+class RaftTransport:
+    """The listening port and the peer connections of one node; loop-bound.
+
+    ``handler`` answers each request synchronously (no await between reading and replying, so a
+    request is handled whole before the next one).
+    """
+
+    def __init__(self, group: str, node_id: str, peers: Mapping[str, tuple[str, int]],
+                 handler: Callable[[Request], Reply], *, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+        self.group = group
+        self.node_id = node_id
+        #: Where each peer listens (changeable: :meth:`set_peer_address`).
+        self.peers: dict[str, tuple[str, int]] = dict(peers)
+        self.handler = handler
+        self.max_frame_bytes = max_frame_bytes
+        self._links = {peer: _PeerLink(self, peer) for peer in self.peers}
+        self._server: asyncio.AbstractServer | None = None
+        self._inbound: set[asyncio.StreamWriter] = set()
+        self._rpc_ids = itertools.count(1)
+        self._closed = False
+        #: Connections or requests refused, by reason.
+        self.refused: dict[str, int] = {}
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self, host: str, port: int) -> None:
+        """Listen on ``host:port`` (0 = a free port)."""
+        self._server = await asyncio.start_server(self._serve, host, port)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound ``(host, port)``."""
+        assert self._server is not None and self._server.sockets, "not started"
+        host, port = self._server.sockets[0].getsockname()[:2]
+        return str(host), int(port)
+
+    def set_peer_address(self, peer_id: str, address: tuple[str, int]) -> None:
+        """Where ``peer_id`` listens from now on; the current connection to it is dropped."""
+        if peer_id not in self.peers:
+            raise ValueError(f"{peer_id!r} is not a peer of {self.node_id!r}")
+        self.peers[peer_id] = address
+        self._links[peer_id].drop(None, "peer address changed")
+
+    async def close(self) -> None:
+        """Abort every connection and stop listening: no goodbye is sent to anyone."""
+        self._closed = True
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._inbound):
+            writer.transport.abort()
+        tasks = []
+        for link in self._links.values():
+            link.drop(None, "transport closed")
+            if link.reader_task is not None:
+                link.reader_task.cancel()
+                tasks.append(link.reader_task)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+
+    # -- calls ----------------------------------------------------------------------------------
+    def next_rpc_id(self) -> int:
+        """A fresh RPC id for a request this node sends."""
+        return next(self._rpc_ids)
+
+    async def call(self, peer_id: str, request: Request, timeout: float) -> Reply:
+        """Send ``request`` to ``peer_id`` and wait for its reply; :class:`RpcError` when none comes in time."""
+        if self._closed:
+            raise RpcError("transport closed")
+        link = self._links[peer_id]
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Reply] = loop.create_future()
+        writer: asyncio.StreamWriter | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                writer = await link.connected()
+                link.pending[request.rpc_id] = fut
+                writer.write(encode_frame(request))
+                await writer.drain()
+                return await fut
+        except TimeoutError:
+            # A silent peer: start over on a new connection rather than queue behind what it never read.
+            if writer is not None:
+                link.drop(writer, "timeout")
+            raise RpcError(f"no reply from {peer_id} within {timeout:.3f} s") from None
+        except OSError as exc:
+            if writer is not None:
+                link.drop(writer, type(exc).__name__)
+            if isinstance(exc, RpcError):
+                raise
+            raise RpcError(f"cannot reach {peer_id} at {self.peers[peer_id]}: {exc}") from None
+        finally:
+            link.pending.pop(request.rpc_id, None)
+
+    # -- serving --------------------------------------------------------------------------------
+    def _count(self, reason: str) -> None:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._closed:
+            writer.transport.abort()
+            return
+        self._inbound.add(writer)
+        try:
+            while True:
+                request = await _read_frame(reader, decode_request, self.max_frame_bytes)
+                if request is None:
+                    self._count("garbage frame")
+                    log.warning("%s/%s: garbage frame from %s; closing", self.group, self.node_id,
+                                writer.get_extra_info("peername"))
+                    return
+                refusal = self._refusal(request)
+                if refusal is not None:
+                    self._count(refusal)
+                    log.warning("%s/%s: refused %s from %r of group %r: %s", self.group, self.node_id,
+                                type(request).__name__, request.sender, request.group, refusal)
+                    await _send(writer, Refusal(self.group, self.node_id, request.rpc_id, 0, refusal))
+                    return
+                try:
+                    reply = self.handler(request)
+                except Exception:  # a bug must not take the port down; the sender retries
+                    log.exception("%s/%s: handling %s failed", self.group, self.node_id, type(request).__name__)
+                    self._count("handler error")
+                    return
+                if isinstance(reply, Refusal):  # the node would not serve it: answer, count, close
+                    self._count(reply.reason)
+                    await _send(writer, reply)
+                    return
+                if not await _send(writer, reply):
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            return
+        finally:
+            self._inbound.discard(writer)
+            writer.transport.abort()
+
+    def _refusal(self, request: Request) -> str | None:
+        if request.group != self.group:
+            return "wrong group"
+        if request.sender not in self.peers:
+            return "not a member"
+        return None
+
+
+async def _send(writer: asyncio.StreamWriter, message: Reply) -> bool:
+    """Write one reply frame; False when the connection is already closed (the reply is moot then)."""
+    if writer.is_closing():
+        return False
+    try:
+        writer.write(encode_frame(message))
+    except RuntimeError:  # uvloop raises this for a transport closed under us
+        return False
+    await writer.drain()
+    return True
+
+
+async def _read_frame(reader: asyncio.StreamReader, decode: Callable[[bytes], _M],
+                      max_bytes: int = MAX_FRAME_BYTES) -> _M | None:
+    """The next decoded message; None when the frame is not one of ours (the caller closes)."""
+    header = await reader.readexactly(FRAME_HEADER.size)
+    magic, version, length = FRAME_HEADER.unpack(header)
+    if magic != FRAME_MAGIC or version != FRAME_VERSION or length > max_bytes:
+        return None
+    body = await reader.readexactly(length)
+    try:
+        return decode(body)
+    except msgspec.DecodeError:  # ValidationError included
+        return None
