@@ -188,9 +188,10 @@ static kwtab KW_ENCODE = {{"messages", "id_prefix", "month_start_ms", "counter",
 static kwtab KW_RECORDS = {{"data", "broker_name", "factory", "inflate", NULL}, {0}};
 static kwtab KW_REPL_APPEND = {{"offset", "data", NULL}, {0}};
 static kwtab KW_REPL_READ = {{"offset", "max_bytes", NULL}, {0}};
+static kwtab KW_RANGE = {{"start", "end", NULL}, {0}};
 static kwtab *const ALL_KW[] = {&KW_APPEND, &KW_BATCH,  &KW_SCAN,         &KW_RAW,    &KW_GET,    &KW_QUEUE,
                                 &KW_UNITS,  &KW_DECODE, &KW_CRC,          &KW_PACKED, &KW_ENCODE, &KW_RECORDS,
-                                &KW_DECODE_BATCH, &KW_REPL_APPEND, &KW_REPL_READ};
+                                &KW_DECODE_BATCH, &KW_REPL_APPEND, &KW_REPL_READ, &KW_RANGE};
 
 static int intern_kw(void)
 {
@@ -684,8 +685,8 @@ out:
 
 /* ---------------------------------------------------------------- reading */
 
-/* the record at `offset`, pinned: *fp holds a reference for the caller */
-static int locate(cl_log *c, PyObject *arg, mfile **fp, size_t *rel, uint32_t *size)
+/* the record at `offset`, pinned: *fp holds a reference for the caller; *seq for cl_copy_valid */
+static int locate(cl_log *c, PyObject *arg, mfile **fp, size_t *rel, uint32_t *size, uint64_t *seq)
 {
     int64_t off;
     int big;
@@ -700,23 +701,31 @@ static int locate(cl_log *c, PyObject *arg, mfile **fp, size_t *rel, uint32_t *s
         mf_ref(*fp);
         cl_note_read_locked(c, *fp, *rel, *size);
     }
+    *seq = cl_truncations(c);
     unlock_log(c);
     if (rc)
         raise_err_arg(&e, big ? arg : NULL, off);
     return rc;
 }
 
+/* Readers copy what they located after letting go of the lock (the mapping is pinned); a truncation
+ * meanwhile may have zeroed or rewritten those bytes, so they check cl_copy_valid and read again. */
 static PyObject *Log_read(LogObject *self, PyObject *arg)
 {
     cl_log *c = log_of(self);
     mfile *f;
     size_t rel;
     uint32_t size;
-    if (!c || locate(c, arg, &f, &rel, &size))
-        return NULL;
-    PyObject *r = PyBytes_FromStringAndSize(f->base + rel, size);
-    mf_unref(f);
-    return r;
+    uint64_t seq;
+    for (;;) {
+        if (!c || locate(c, arg, &f, &rel, &size, &seq))
+            return NULL;
+        PyObject *r = PyBytes_FromStringAndSize(f->base + rel, size);
+        mf_unref(f);
+        if (!r || cl_copy_valid(c, seq))
+            return r;
+        Py_DECREF(r);
+    }
 }
 
 static PyObject *Log_read_view(LogObject *self, PyObject *arg)
@@ -725,7 +734,8 @@ static PyObject *Log_read_view(LogObject *self, PyObject *arg)
     mfile *f;
     size_t rel;
     uint32_t size;
-    if (!c || locate(c, arg, &f, &rel, &size))
+    uint64_t seq; /* a view is no copy: a later truncation of its record changes what it shows */
+    if (!c || locate(c, arg, &f, &rel, &size, &seq))
         return NULL;
     ViewObject *v = PyObject_New(ViewObject, &ViewType);
     if (!v) {
@@ -746,11 +756,14 @@ static PyObject *Log_store_timestamp_at(LogObject *self, PyObject *arg)
     mfile *f;
     size_t rel;
     uint32_t size;
-    if (!c || locate(c, arg, &f, &rel, &size))
-        return NULL;
+    uint64_t seq;
     int64_t ts;
-    memcpy(&ts, f->base + rel + F_STORE_TS, 8);
-    mf_unref(f);
+    do {
+        if (!c || locate(c, arg, &f, &rel, &size, &seq))
+            return NULL;
+        memcpy(&ts, f->base + rel + F_STORE_TS, 8);
+        mf_unref(f);
+    } while (!cl_copy_valid(c, seq));
     return PyLong_FromLongLong(ts);
 }
 
@@ -763,20 +776,26 @@ static PyObject *Log_scan(LogObject *self, PyObject *const *args, Py_ssize_t nar
     if (PARSE("scan", KW_SCAN, 1, 3, a) || !(c = log_of(self)) || as_i64(a[0], &off, &big_off, "offset") ||
         opt_i64(a[1], 1024, &count, &big_count, "max_count") || opt_i64(a[2], 4 << 20, &limit, NULL, "max_bytes"))
         return NULL;
-    cl_ents es = {0};
-    cl_err e;
-    lock_log(c);
-    int rc = cl_scan_locked(c, off, count, limit, &es, &next, &e);
-    unlock_log(c);
-    PyObject *res = NULL;
-    if (rc)
-        raise_err_arg(&e, big_off ? a[0] : big_count ? a[1] : NULL, big_off ? off : count);
-    else {
-        PyObject *list = ents_to_list(&es, 1);
-        if (list)
-            res = Py_BuildValue("(LN)", (long long)next, list);
-    }
-    cl_ents_release(&es);
+    PyObject *res = NULL, *list = NULL;
+    uint64_t seq;
+    do {
+        Py_XDECREF(list);
+        cl_ents es = {0};
+        cl_err e;
+        lock_log(c);
+        int rc = cl_scan_locked(c, off, count, limit, &es, &next, &e);
+        seq = cl_truncations(c);
+        unlock_log(c);
+        if (rc) {
+            cl_ents_release(&es);
+            return raise_err_arg(&e, big_off ? a[0] : big_count ? a[1] : NULL, big_off ? off : count);
+        }
+        list = ents_to_list(&es, 1);
+        cl_ents_release(&es);
+        if (!list)
+            return NULL;
+    } while (!cl_copy_valid(c, seq));
+    res = Py_BuildValue("(LN)", (long long)next, list);
     return res;
 }
 
@@ -789,19 +808,27 @@ static PyObject *Log_read_raw(LogObject *self, PyObject *const *args, Py_ssize_t
     if (PARSE("read_raw", KW_RAW, 2, 2, a) || !(c = log_of(self)) || as_i64(a[0], &off, &big_off, "offset") ||
         as_i64(a[1], &len, &big_len, "length"))
         return NULL;
-    cl_ents es = {0};
-    cl_err e;
-    lock_log(c);
-    int rc = cl_read_raw_locked(c, off, len, &es, &e);
-    unlock_log(c);
     PyObject *res = NULL;
-    if (rc)
-        raise_err_arg(&e, big_off ? a[0] : big_len < 0 ? a[1] : NULL, big_off ? off : len);
-    else if (!es.n)
-        res = PyBytes_FromStringAndSize("", 0);
-    else if (copy_out(&es, &res))
+    uint64_t seq;
+    do {
+        Py_XDECREF(res);
         res = NULL;
-    cl_ents_release(&es);
+        cl_ents es = {0};
+        cl_err e;
+        lock_log(c);
+        int rc = cl_read_raw_locked(c, off, len, &es, &e);
+        seq = cl_truncations(c);
+        unlock_log(c);
+        if (rc)
+            raise_err_arg(&e, big_off ? a[0] : big_len < 0 ? a[1] : NULL, big_off ? off : len);
+        else if (!es.n)
+            res = PyBytes_FromStringAndSize("", 0);
+        else if (copy_out(&es, &res))
+            res = NULL;
+        cl_ents_release(&es);
+        if (!res)
+            return NULL;
+    } while (!cl_copy_valid(c, seq));
     return res;
 }
 
@@ -816,35 +843,43 @@ static PyObject *Log_read_replication(LogObject *self, PyObject *const *args, Py
     if (PARSE("read_replication", KW_REPL_READ, 2, 2, a) || !(c = log_of(self)) ||
         as_i64(a[0], &off, &big_off, "offset") || as_i64(a[1], &max_bytes, &big_max, "max_bytes"))
         return NULL;
-    cl_ents es = {0};
-    cl_err e;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-        pthread_mutex_lock(&c->mu);
-        rc = cl_read_replication_locked(c, off, max_bytes, &es, &e);
-        pthread_mutex_unlock(&c->mu);
-    Py_END_ALLOW_THREADS
     PyObject *res = NULL;
-    if (rc)
-        raise_err_arg(&e, big_off ? a[0] : big_max < 0 ? a[1] : NULL, big_off ? off : max_bytes);
-    else {
-        size_t total = 0;
-        for (size_t i = 0; i < es.n; i++)
-            total += es.v[i].len;
-        res = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
-        if (res) { /* the ranges stay mapped: es holds a reference on each file */
-            char *dst = PyBytes_AS_STRING(res);
-            if (total >= BIG_COPY) {
-                Py_BEGIN_ALLOW_THREADS
+    uint64_t seq = 0;
+    do { /* again after a truncation meanwhile: the bytes may have changed */
+        Py_XDECREF(res);
+        res = NULL;
+        cl_ents es = {0};
+        cl_err e;
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+            pthread_mutex_lock(&c->mu);
+            rc = cl_read_replication_locked(c, off, max_bytes, &es, &e);
+            seq = cl_truncations(c);
+            pthread_mutex_unlock(&c->mu);
+        Py_END_ALLOW_THREADS
+        if (rc)
+            raise_err_arg(&e, big_off ? a[0] : big_max < 0 ? a[1] : NULL, big_off ? off : max_bytes);
+        else {
+            size_t total = 0;
+            for (size_t i = 0; i < es.n; i++)
+                total += es.v[i].len;
+            res = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+            if (res) { /* the ranges stay mapped: es holds a reference on each file */
+                char *dst = PyBytes_AS_STRING(res);
+                if (total >= BIG_COPY) {
+                    Py_BEGIN_ALLOW_THREADS
+                        for (size_t i = 0; i < es.n; dst += es.v[i].len, i++)
+                            memcpy(dst, es.v[i].ptr, es.v[i].len);
+                    Py_END_ALLOW_THREADS
+                } else
                     for (size_t i = 0; i < es.n; dst += es.v[i].len, i++)
                         memcpy(dst, es.v[i].ptr, es.v[i].len);
-                Py_END_ALLOW_THREADS
-            } else
-                for (size_t i = 0; i < es.n; dst += es.v[i].len, i++)
-                    memcpy(dst, es.v[i].ptr, es.v[i].len);
+            }
         }
-    }
-    cl_ents_release(&es);
+        cl_ents_release(&es);
+        if (!res)
+            return NULL;
+    } while (!cl_copy_valid(c, seq));
     return res;
 }
 
@@ -940,7 +975,7 @@ static const char *topic_key(PyObject *topic, Py_ssize_t *n)
 
 /* The records get and read_packed return (pinned in es) and next_queue_offset. */
 static int get_locate(LogObject *self, const char *fname, PyObject *const *args, Py_ssize_t nargs,
-                      PyObject *kwnames, cl_ents *es, PyObject **nx)
+                      PyObject *kwnames, cl_ents *es, PyObject **nx, uint64_t *seq)
 {
     PyObject *a[6];
     cl_log *c;
@@ -968,6 +1003,7 @@ static int get_locate(LogObject *self, const char *fname, PyObject *const *args,
     lock_log(c);
     cl_queue *q = topic && !big_qid ? cl_find_queue_locked(c, topic, (size_t)tlen, qid) : NULL;
     int rc = cl_get_locked(c, q, qoff, count, tags, ntags, tagset != NULL, limit, es, &next, &e);
+    *seq = cl_truncations(c);
     unlock_log(c);
     PyMem_Free(tags);
     if (rc) {
@@ -984,23 +1020,30 @@ static int get_locate(LogObject *self, const char *fname, PyObject *const *args,
 
 static PyObject *Log_get(LogObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    cl_ents es = {0};
-    PyObject *nx;
-    if (get_locate(self, "get", args, nargs, kwnames, &es, &nx))
-        return NULL;
-    PyObject *list = ents_to_list(&es, 0);
-    cl_ents_release(&es);
-    PyObject *res = list ? PyTuple_Pack(2, nx, list) : NULL;
-    Py_XDECREF(list);
-    Py_DECREF(nx);
-    return res;
+    for (;;) {
+        cl_ents es = {0};
+        PyObject *nx;
+        uint64_t seq;
+        if (get_locate(self, "get", args, nargs, kwnames, &es, &nx, &seq))
+            return NULL;
+        PyObject *list = ents_to_list(&es, 0);
+        cl_ents_release(&es);
+        int again = list && !cl_copy_valid(self->c, seq); /* a truncation meanwhile: read again */
+        PyObject *res = list && !again ? PyTuple_Pack(2, nx, list) : NULL;
+        Py_XDECREF(list);
+        Py_DECREF(nx);
+        if (!again)
+            return res;
+    }
 }
 
 static PyObject *Log_read_packed(LogObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     cl_ents es = {0};
     PyObject *nx;
-    if (get_locate(self, "read_packed", args, nargs, kwnames, &es, &nx))
+    uint64_t seq;
+again:
+    if (get_locate(self, "read_packed", args, nargs, kwnames, &es, &nx, &seq))
         return NULL;
     size_t total = 0;
     for (size_t i = 0; i < es.n; i++)
@@ -1017,6 +1060,12 @@ static PyObject *Log_read_packed(LogObject *self, PyObject *const *args, Py_ssiz
         } else
             for (size_t i = 0; i < es.n; dst += es.v[i].len, i++)
                 memcpy(dst, es.v[i].ptr, es.v[i].len);
+        if (!cl_copy_valid(self->c, seq)) { /* a truncation meanwhile: read again */
+            Py_DECREF(data);
+            cl_ents_release(&es);
+            Py_DECREF(nx);
+            goto again;
+        }
         res = Py_BuildValue("(OnN)", nx, (Py_ssize_t)es.n, data);
     }
     cl_ents_release(&es);
@@ -1054,6 +1103,8 @@ static PyObject *Log_consume_queue(LogObject *self, PyObject *const *args, Py_ss
     lock_log(c);
     int closed = c->closed;
     cl_queue *q = topic && !big && !closed ? cl_find_queue_locked(c, topic, (size_t)tlen, qid) : NULL;
+    if (q && !q->nfiles) /* every unit truncated away: as if never written */
+        q = NULL;
     unlock_log(c);
     if (closed)
         return store_error("CLOSED", "commit log is closed");
@@ -1074,10 +1125,11 @@ static PyObject *Log_queues(LogObject *self, PyObject *unused)
         return NULL;
     lock_log(c);
     int closed = c->closed;
-    size_t n = c->nqueues;
-    cl_queue **qs = closed ? NULL : malloc((n ? n : 1) * sizeof *qs);
-    if (qs && n)
-        memcpy(qs, c->queues, n * sizeof *qs);
+    size_t n = 0;
+    cl_queue **qs = closed ? NULL : malloc((c->nqueues ? c->nqueues : 1) * sizeof *qs);
+    for (size_t i = 0; qs && i < c->nqueues; i++)
+        if (c->queues[i]->nfiles) /* not one truncated away */
+            qs[n++] = c->queues[i];
     unlock_log(c);
     if (closed)
         return store_error("CLOSED", "commit log is closed");
@@ -1147,6 +1199,88 @@ static PyObject *Log_delete_segments_before(LogObject *self, PyObject *arg)
     if (rc)
         return raise_err(&e);
     return PyLong_FromLongLong(deleted);
+}
+
+/* ------------------------------------------------------------------ Raft */
+
+static PyObject *Log_truncate(LogObject *self, PyObject *arg)
+{
+    cl_log *c = log_of(self);
+    int64_t off, end = 0;
+    int big;
+    if (!c || as_i64(arg, &off, &big, "offset"))
+        return NULL;
+    cl_err e;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+        rc = cl_truncate(c, off, &end, &e);
+    Py_END_ALLOW_THREADS
+    if (rc)
+        return raise_err_arg(&e, big ? arg : NULL, off);
+    return PyLong_FromLongLong(end);
+}
+
+static PyObject *Log_set_visible_offset(LogObject *self, PyObject *arg)
+{
+    cl_log *c = log_of(self);
+    int64_t v = CL_NO_LIMIT;
+    if (!c || (arg != Py_None && as_i64(arg, &v, NULL, "visible offset")))
+        return NULL;
+    if (v < 0)
+        return store_error("INVALID_ARGUMENT", "visible offset must be >= 0, got %lld", (long long)v);
+    lock_log(c);
+    int closed = c->closed;
+    if (!closed)
+        c->visible = v;
+    unlock_log(c);
+    if (closed)
+        return store_error("CLOSED", "commit log is closed");
+    Py_RETURN_NONE;
+}
+
+static PyObject *Log_get_visible(LogObject *self, void *x)
+{
+    cl_log *c = log_of(self);
+    if (!c)
+        return NULL;
+    lock_log(c);
+    int64_t v = c->visible;
+    unlock_log(c);
+    if (v == CL_NO_LIMIT)
+        Py_RETURN_NONE;
+    return PyLong_FromLongLong(v);
+}
+
+static PyObject *Log_queues_in_range(LogObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *a[2];
+    cl_log *c;
+    int64_t start, end;
+    int big_start, big_end;
+    if (PARSE("queues_in_range", KW_RANGE, 2, 2, a) || !(c = log_of(self)) ||
+        as_i64(a[0], &start, &big_start, "start") || as_i64(a[1], &end, &big_end, "end"))
+        return NULL;
+    cl_queue **qs = NULL;
+    size_t n = 0;
+    cl_err e;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+        rc = cl_queues_in_range(c, start, end, &qs, &n, &e);
+    Py_END_ALLOW_THREADS
+    if (rc)
+        /* only a value below int64 can show in an error (one above clamps to an empty range) */
+        return raise_err_arg(&e, big_start < 0 ? a[0] : big_end < 0 ? a[1] : NULL, big_start < 0 ? start : end);
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; list && i < n; i++) { /* queues are never freed while the log object lives */
+        PyObject *t = queue_topic(qs[i]);
+        PyObject *tup = t ? Py_BuildValue("(NL)", t, (long long)qs[i]->queue_id) : NULL;
+        if (!tup)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, (Py_ssize_t)i, tup);
+    }
+    free(qs);
+    return list;
 }
 
 static PyObject *Log_flush(LogObject *self, PyObject *unused)
@@ -1391,6 +1525,15 @@ static PyMethodDef Log_methods[] = {
     {"segments", (PyCFunction)Log_segments, METH_NOARGS, "segments()\n--\n\n(start_offset, path) of every segment."},
     {"delete_segments_before", (PyCFunction)Log_delete_segments_before, METH_O,
      "delete_segments_before(offset)\n--\n\nDelete whole segments ending at or before offset (never the newest)."},
+    {"truncate", (PyCFunction)Log_truncate, METH_O,
+     "truncate(offset)\n--\n\nCut the log back to the entry boundary offset (records, units, segments after it go); "
+     "returns the new max_offset."},
+    {"set_visible_offset", (PyCFunction)Log_set_visible_offset, METH_O,
+     "set_visible_offset(offset)\n--\n\nget/read_packed and ConsumeQueue.visible_max_offset stop at units pointing "
+     "at or past offset; None: no limit."},
+    {"queues_in_range", (PyCFunction)(void (*)(void))Log_queues_in_range, METH_FASTCALL | METH_KEYWORDS,
+     "queues_in_range(start, end)\n--\n\n(topic, queue_id) of the records starting in [start, end), in order of "
+     "first appearance."},
     {"flush", (PyCFunction)Log_flush, METH_NOARGS,
      "flush()\n--\n\nfdatasync the log and the consume queues up to the current end; returns flushed_offset."},
     {"flush_log", (PyCFunction)Log_flush_log, METH_NOARGS,
@@ -1410,6 +1553,7 @@ static PyGetSetDef Log_getset[] = {
     {"log_flushed_offset", (getter)Log_get_log_flushed, NULL, "the log is fdatasync'ed below it", NULL},
     {"closed", (getter)Log_get_closed, NULL, "True after close()", NULL},
     {"recovery", (getter)Log_get_recovery, NULL, "what opening found", NULL},
+    {"visible_offset", (getter)Log_get_visible, NULL, "the visibility limit of the queue readers, or None", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PyTypeObject LogType = {
@@ -1554,6 +1698,17 @@ static PyObject *queue_bound(QueueObject *self, int want_max)
     return PyLong_FromLongLong(v);
 }
 
+static PyObject *Queue_get_visible_max(QueueObject *self, void *x)
+{
+    cl_log *c = log_of(self->log);
+    if (!c)
+        return NULL;
+    lock_log(c);
+    int64_t v = cl_queue_visible_max_locked(c, self->q);
+    unlock_log(c);
+    return PyLong_FromLongLong(v);
+}
+
 static PyObject *Queue_get_min(QueueObject *self, void *x) { return queue_bound(self, 0); }
 static PyObject *Queue_get_max(QueueObject *self, void *x) { return queue_bound(self, 1); }
 
@@ -1586,6 +1741,8 @@ static PyGetSetDef Queue_getset[] = {
     {"queue_id", (getter)Queue_get_queue_id, NULL, NULL, NULL},
     {"min_offset", (getter)Queue_get_min, NULL, "smallest queue offset still served", NULL},
     {"max_offset", (getter)Queue_get_max, NULL, "queue offset of the next appended record", NULL},
+    {"visible_max_offset", (getter)Queue_get_visible_max, NULL,
+     "one past the last unit below the log's visible_offset (max_offset without a limit)", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PyTypeObject QueueType = {

@@ -171,6 +171,11 @@ class ConsumeQueue:
     @property
     def max_offset(self) -> int:
         """Queue offset the next appended record will get (units are [min, max))."""
+    @property
+    def visible_max_offset(self) -> int:
+        """What a consumer sees as ``max_offset``: one past the last unit whose commit-log offset is below
+        the log's ``visible_offset`` (``max_offset`` when no limit is set; then it costs one comparison).
+        Units are in log order, so it is found by a binary search (after one look at the last unit)."""
 
     def unit(self, queue_offset: int) -> tuple[int, int, int]:
         """(commitlog_offset, size, tag_hash) of one unit.
@@ -393,7 +398,8 @@ class CommitLog:
 
     def read_view(self, offset: int) -> memoryview:
         """Like ``read`` but zero-copy: a read-only view into the mapped segment,
-        which stays mapped while the view lives."""
+        which stays mapped while the view lives (a later ``truncate`` that cuts the
+        record zeroes or rewrites what the view shows)."""
 
     def store_timestamp_at(self, offset: int) -> int:
         """store_timestamp of the record at ``offset``; errors as ``read``."""
@@ -498,6 +504,10 @@ class CommitLog:
         ``INVALID_ARGUMENT: queue offset must be >= 0, got %d``;
         ``INVALID_ARGUMENT: max_count must be >= 1, got %d``;
         ``OFFSET_TOO_SMALL: queue offset %d is below the minimum queue offset %d``.
+
+        Under a visibility limit (``set_visible_offset``) a unit whose commit-log offset is at or past it
+        ends the read: that unit and the ones after it are not examined, ``next_queue_offset`` is its
+        queue offset (so the answer is what it would be if the queue ended there).
         """
 
     def read_packed(
@@ -517,10 +527,12 @@ class CommitLog:
         """
 
     def consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
-        """The queue's index, or None when nothing was ever appended to it."""
+        """The queue's index, or None when nothing was ever appended to it (or ``truncate`` took every unit
+        it had from queue offset 0 on: its files are gone; a ``ConsumeQueue`` obtained before still works
+        and sees the queue grow again)."""
 
     def queues(self) -> list[tuple[str, int]]:
-        """Every (topic, queue_id) with a consume queue, sorted."""
+        """Every (topic, queue_id) with a consume queue, sorted (not one ``truncate`` took away)."""
 
     def segments(self) -> list[tuple[int, str]]:
         """(start_offset, file path) of every segment, oldest first."""
@@ -530,6 +542,65 @@ class CommitLog:
         one; returns how many.  Then every consume queue's ``min_offset`` moves to
         its first unit at or above the new ``min_offset`` and queue files wholly
         below it (never a queue's newest file) are deleted."""
+
+    def truncate(self, offset: int) -> int:
+        """Cut an uncommitted tail off (a Raft log): everything from ``offset`` on goes; returns the new
+        ``max_offset``, which is ``offset``.
+
+        ``offset`` must be an entry boundary as ``read_replication`` takes one: a record's start, the
+        start of a blank marker closing its segment, or ``max_offset`` (a no-op but for the lowering
+        below).  Then, in one lock hold (the GIL released): every consume queue loses its units pointing
+        at or past ``offset`` (and empty ones among them, as recovery), so its ``max_offset`` is one past
+        its last kept unit and its next append gets that queue offset; a queue left without any unit from
+        queue offset 0 loses its files and directory (the topic's too when empty) and leaves ``queues()``;
+        the files of the others keep their first file (zeroed past the cut) as ``ConsumeQueue.truncate``.
+        Segments starting at or past ``offset`` are deleted (the oldest one stays, zeroed, when
+        ``offset`` is its start and above 0: it holds ``min_offset``); the written bytes of the segment
+        holding ``offset`` from ``offset`` on are zeroed, so recovery stops there.  The bytes below
+        ``offset`` are untouched (a blank marker closing the segment before it stays), so the log equals,
+        file for file, one that replicated only [min_offset, offset) of it, and appends, packed appends
+        and ``append_replicated(offset, ...)`` go on from ``offset``.  ``flushed_offset``,
+        ``log_flushed_offset`` and ``visible_offset`` (when set) are lowered to ``offset``; a ``flush``
+        or ``flush_log`` that was syncing meanwhile publishes nothing.  The zeroes and deletions are
+        durable after the next ``flush`` (the caller lowers its checkpoint to ``offset`` or below first:
+        a ``check_from`` past the new end would make recovery keep zeroed bytes as log).  Concurrent
+        readers never return bytes it changed (the C core copies outside the lock and reads again when
+        a truncation began meanwhile); a ``read_view`` of a cut record is no copy and shows the change.
+
+        Errors (nothing changes): ``CLOSED``; offsets beyond int64 as ``read``;
+        ``INVALID_ARGUMENT: offset must be >= 0, got %d``;
+        ``OFFSET_TOO_SMALL: offset %d is below the minimum offset %d``;
+        ``OFFSET_OVERFLOW: offset %d is at or past the maximum offset %d`` (past max_offset);
+        ``OFFSET_ILLEGAL: no record starts at offset %d``.  A failure to delete a file (``IO_ERROR``) is
+        raised after everything else was done.
+        """
+
+    @property
+    def visible_offset(self) -> int | None:
+        """The visibility limit of the consume-queue readers (a Raft commit index), None when unset."""
+
+    def set_visible_offset(self, offset: int | None) -> None:
+        """Set the visibility limit (None removes it; the default): ``get``, ``read_packed`` and
+        ``ConsumeQueue.visible_max_offset`` treat units whose commit-log offset is at or past it as not
+        there yet.  Nothing else is limited: ``read``, ``scan``, ``read_raw``, ``read_replication``,
+        ``append_replicated``, ``ConsumeQueue.unit(s)``/``max_offset``, recovery and retention see the
+        whole log.  Any value: it may go down, lie beyond ``max_offset`` or inside a record (the
+        ``MessageStore`` keeps it monotonic).  Not persisted.  ``truncate`` lowers it to its offset.
+        ``offset`` beyond int64 raises OverflowError;
+        ``INVALID_ARGUMENT: visible offset must be >= 0, got %d``; then ``CLOSED``.
+        """
+
+    def queues_in_range(self, start: int, end: int) -> list[tuple[str, int]]:
+        """(topic, queue_id) of every record starting in the log range [start, end), each once, in order of
+        first appearance (only queues ``queues()`` lists).
+
+        The range is clamped to [min_offset, max_offset]; [] when it is empty.  The clamped ``start`` must
+        be an entry boundary (as ``truncate``) when the range is not empty.  Walks the record headers with
+        the log lock held 4096 records at a time (the GIL released); a ``truncate`` between two chunks
+        ends the walk (the cut records are gone).  Errors: ``CLOSED``;
+        ``INVALID_ARGUMENT: start must be >= 0, got %d``; ``INVALID_ARGUMENT: end must be >= 0, got %d``;
+        ``OFFSET_ILLEGAL: no record starts at offset %d``.
+        """
 
     def flush(self) -> int:
         """fdatasync the log and every consume queue up to the current end; returns

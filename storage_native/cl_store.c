@@ -1353,13 +1353,15 @@ int cl_get_locked(cl_log *c, cl_queue *q, int64_t qoff, int64_t max_count, const
     if (qoff < q->min)
         return cl_fail(e, CL_OFFSET_TOO_SMALL, "queue offset %lld is below the minimum queue offset %lld",
                        (ll)qoff, (ll)q->min);
-    int64_t log_min = cl_min_offset_locked(c);
+    int64_t log_min = cl_min_offset_locked(c), visible = c->visible;
     int64_t end = q->max - qoff > CL_GET_MAX_EXAMINED ? qoff + CL_GET_MAX_EXAMINED : q->max;
     int64_t idx = qoff, used = 0;
     while (idx < end && (int64_t)out->n < max_count) {
         int64_t clo, tag;
         int32_t size;
         cl_queue_unit_locked(c, q, idx, &clo, &size, &tag);
+        if (clo >= visible) /* not committed yet: the queue ends here for its readers */
+            break;
         mfile *s = clo < log_min ? NULL : seg_for(c, clo);
         if (!s || (filter && !tag_in(tag, tags, ntags))) {
             idx++;
@@ -1684,6 +1686,242 @@ int cl_delete_segments_before_locked(cl_log *c, int64_t off, int64_t *deleted, c
     return rc;
 }
 
+/* ------------------------------------------------------------------ Raft */
+
+/* mu held: q loses every file and its directory (and its topic's, when empty):
+ * it is as if never written, and the next append starts it again at 0 */
+static int cq_drop(cl_log *c, cl_queue *q, int64_t *dropped, cl_err *e)
+{
+    *dropped = q->max - q->min;
+    int rc = 0;
+    while (q->nfiles)
+        if (cq_remove_file(q, q->nfiles - 1, e))
+            rc = -1;
+    q->min = q->max = 0;
+    if (rmdir(q->dir) == 0) {
+        char *slash = strrchr(q->dir, '/');
+        char *topic_dir = slash ? strndup(q->dir, (size_t)(slash - q->dir)) : NULL;
+        if (topic_dir && rmdir(topic_dir) != 0)
+            note_dir(c, topic_dir); /* still holds other queues: its entry for q went */
+        else
+            note_dir(c, c->cq_dir);
+        free(topic_dir);
+    }
+    return rc;
+}
+
+/* mu held: the units of q pointing at or past end go, and empty ones among them
+ * (as recovery's truncate_queues) */
+static int cq_cut_at(cl_log *c, cl_queue *q, int64_t end, cl_err *e)
+{
+    int64_t cut = q->max, clo, tag, dropped;
+    int32_t size;
+    while (cut > q->min) {
+        cl_queue_unit_locked(c, q, cut - 1, &clo, &size, &tag);
+        if (clo < end && size > 0)
+            break;
+        cut--;
+    }
+    if (cut == 0 && q->nfiles) /* min is 0 too: nothing of it is left */
+        return cq_drop(c, q, &dropped, e);
+    return cq_truncate(c, q, cut, &dropped, e);
+}
+
+/* mu held */
+static int truncate_locked(cl_log *c, int64_t off, cl_err *e)
+{
+    if (cl_check_read_offset_locked(c, off, 1, e)) /* CLOSED, < 0, below min, past max */
+        return -1;
+    if (off < c->max) { /* a record or a blank marker must start there */
+        mfile *s = seg_for(c, off), *f;
+        size_t rel = (size_t)(off - s->start), left = s->size - rel, frel;
+        uint32_t size;
+        int blank = left >= CL_BLANK_SIZE && ld32(s->base + rel + F_MAGIC) == CL_BLANK_MAGIC &&
+                    ld32(s->base + rel) == left;
+        if (!blank && cl_record_at_locked(c, off, &f, &frel, &size, e))
+            return -1;
+    }
+    int64_t end = off, old_max = c->max;
+    int rc = 0;
+    /* counted before any byte changes, with a full barrier: a reader copying without the lock that
+     * sees a changed byte then sees the new count (cl_copy_valid) */
+    atomic_fetch_add_explicit(&c->truncations, 1, memory_order_seq_cst);
+    atomic_thread_fence(memory_order_seq_cst);
+    for (size_t i = 0; i < c->nqueues; i++)
+        if (cq_cut_at(c, c->queues[i], end, e))
+            rc = -1;
+    /* segments: those starting at or past the end go (the oldest one stays while it holds min > 0) */
+    size_t keep = c->nsegs;
+    while (keep > 0 && c->segs[keep - 1]->start >= end)
+        keep--;
+    if (keep == 0 && end > 0 && c->nsegs)
+        keep = 1;
+    if (keep) {
+        mfile *s = c->segs[keep - 1];
+        int64_t seg_end = s->start + c->seg_size, hi = old_max < seg_end ? old_max : seg_end;
+        if (end < hi) { /* zeroed, so recovery can never bring the cut records back */
+            size_t lo = (size_t)(end - s->start), h = (size_t)(hi - s->start);
+            memset(s->base + lo, 0, h - lo);
+            s->touched = 1;
+            mark_dirty(c, s, lo, h);
+        }
+    }
+    if (c->nsegs > keep) {
+        while (c->nsegs > keep)
+            if (mf_delete(c->segs[--c->nsegs], e))
+                rc = -1;
+        note_dir(c, c->clog_dir);
+    }
+    c->max = end;
+    if (c->flushed > end)
+        c->flushed = end;
+    if (c->log_flushed > end)
+        c->log_flushed = end;
+    if (c->visible != CL_NO_LIMIT && c->visible > end)
+        c->visible = end; /* what is appended from now on is not committed */
+    c->pf_start = -1;
+    c->rd_file = NULL;
+    return rc;
+}
+
+int cl_truncate(cl_log *c, int64_t off, int64_t *end, cl_err *e)
+{
+    pthread_mutex_lock(&c->mu);
+    int rc = truncate_locked(c, off, e);
+    *end = c->max;
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+int64_t cl_queue_visible_max_locked(cl_log *c, cl_queue *q)
+{
+    int64_t visible = c->visible, clo, tag;
+    int32_t size;
+    if (visible == CL_NO_LIMIT || q->max <= q->min)
+        return q->max;
+    cl_queue_unit_locked(c, q, q->max - 1, &clo, &size, &tag);
+    if (clo < visible) /* the usual case: the whole queue is committed */
+        return q->max;
+    int64_t lo = q->min, hi = q->max - 1; /* the first invisible unit is in [lo, hi] */
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        cl_queue_unit_locked(c, q, mid, &clo, &size, &tag);
+        if (clo < visible)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* records examined per lock hold by cl_queues_in_range */
+#define QUEUES_CHUNK 4096
+
+typedef struct qset {
+    cl_queue **slots; /* open addressing, cap a power of two */
+    size_t cap, n;
+    cl_queue **order; /* insertion order */
+} qset;
+
+static int qset_add(qset *s, cl_queue *q)
+{
+    if ((s->n + 1) * 2 > s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 64;
+        cl_queue **slots = calloc(cap, sizeof *slots), **order = realloc(s->order, cap * sizeof *order);
+        if (!slots || !order) {
+            free(slots);
+            if (order)
+                s->order = order;
+            return -1;
+        }
+        for (size_t i = 0; i < s->n; i++) {
+            size_t k = ((uintptr_t)order[i] >> 4) * 0x9E3779B97F4A7C15ULL & (cap - 1);
+            while (slots[k])
+                k = (k + 1) & (cap - 1);
+            slots[k] = order[i];
+        }
+        free(s->slots);
+        s->slots = slots;
+        s->order = order;
+        s->cap = cap;
+    }
+    size_t k = ((uintptr_t)q >> 4) * 0x9E3779B97F4A7C15ULL & (s->cap - 1);
+    while (s->slots[k]) {
+        if (s->slots[k] == q)
+            return 0;
+        k = (k + 1) & (s->cap - 1);
+    }
+    s->slots[k] = q;
+    s->order[s->n++] = q;
+    return 0;
+}
+
+int cl_queues_in_range(cl_log *c, int64_t start, int64_t end, cl_queue ***out, size_t *nout, cl_err *e)
+{
+    qset set = {0};
+    int rc = 0;
+    *out = NULL;
+    *nout = 0;
+    pthread_mutex_lock(&c->mu);
+    if (c->closed)
+        rc = cl_fail(e, CL_CLOSED, "commit log is closed");
+    else if (start < 0)
+        rc = cl_fail(e, CL_INVALID_ARGUMENT, "start must be >= 0, got %lld", (ll)start);
+    else if (end < 0)
+        rc = cl_fail(e, CL_INVALID_ARGUMENT, "end must be >= 0, got %lld", (ll)end);
+    int64_t pos = start;
+    uint64_t truncations = cl_truncations(c);
+    while (!rc) {
+        int64_t min = cl_min_offset_locked(c), lim = end < c->max ? end : c->max;
+        if (pos < min) /* the start, or retention while the lock was let go */
+            pos = min;
+        for (int n = 0; pos < lim && n < QUEUES_CHUNK; n++) {
+            mfile *s = seg_for(c, pos);
+            size_t rel = (size_t)(pos - s->start), left = s->size - rel;
+            uint32_t total;
+            if (left >= CL_BLANK_SIZE && ld32(s->base + rel + F_MAGIC) == CL_BLANK_MAGIC &&
+                ld32(s->base + rel) == left) {
+                pos = s->start + c->seg_size;
+                continue;
+            }
+            if (cl_record_at_locked(c, pos, &s, &rel, &total, e)) {
+                rc = -1;
+                break;
+            }
+            const char *p = s->base + rel;
+            size_t tpos = CL_HEADER_SIZE + ld32(p + F_BODY_LEN);
+            size_t tlen = tpos < total ? (unsigned char)p[tpos] : 0;
+            cl_queue *q = tpos < total && tpos + 1 + tlen <= total
+                              ? cl_find_queue_locked(c, p + tpos + 1, tlen, (int32_t)ld32(p + F_QID))
+                              : NULL;
+            if (q && qset_add(&set, q)) {
+                rc = oom(e);
+                break;
+            }
+            cl_note_read_locked(c, s, rel, CL_HEADER_SIZE);
+            pos += total;
+        }
+        if (rc || pos >= lim)
+            break;
+        /* let appends and reads in between chunks */
+        pthread_mutex_unlock(&c->mu);
+        pthread_mutex_lock(&c->mu);
+        if (c->closed)
+            rc = cl_fail(e, CL_CLOSED, "commit log is closed");
+        else if (cl_truncations(c) != truncations)
+            break; /* the range was cut: its records are gone, later appends announce themselves */
+    }
+    pthread_mutex_unlock(&c->mu);
+    free(set.slots);
+    if (rc) {
+        free(set.order);
+        return -1;
+    }
+    *out = set.order;
+    *nout = set.n;
+    return 0;
+}
+
 /* ---------------------------------------------------- flush / close / open */
 
 typedef struct sync_item {
@@ -1795,11 +2033,13 @@ int cl_flush(cl_log *c, int64_t *flushed, cl_err *e)
     pthread_mutex_lock(&c->mu);
     int rc = c->closed ? cl_fail(e, CL_CLOSED, "commit log is closed") : take_dirty(c, &b, e);
     int64_t end = c->max;
+    uint64_t truncations = cl_truncations(c);
     pthread_mutex_unlock(&c->mu);
     if (!rc) {
         rc = sync_batch_run(&b, e);
         pthread_mutex_lock(&c->mu);
-        if (!rc && end > c->flushed)
+        /* a truncation meanwhile: end may name bytes that are gone or were rewritten since the snapshot */
+        if (!rc && end > c->flushed && truncations == cl_truncations(c))
             c->flushed = end;
         if (c->flushed > c->log_flushed)
             c->log_flushed = c->flushed;
@@ -1821,11 +2061,12 @@ int cl_flush_log(cl_log *c, int64_t *log_flushed, cl_err *e)
     pthread_mutex_lock(&c->mu);
     int rc = c->closed ? cl_fail(e, CL_CLOSED, "commit log is closed") : take_log_dirty(c, &b, e);
     int64_t end = c->max;
+    uint64_t truncations = cl_truncations(c);
     pthread_mutex_unlock(&c->mu);
     if (!rc) {
         rc = sync_batch_run(&b, e);
         pthread_mutex_lock(&c->mu);
-        if (!rc && end > c->log_flushed)
+        if (!rc && end > c->log_flushed && truncations == cl_truncations(c)) /* as cl_flush */
             c->log_flushed = end;
         *log_flushed = c->log_flushed;
         sync_batch_done(rc ? c : NULL, &b);
@@ -1894,6 +2135,7 @@ cl_log *cl_log_new(const char *root, int64_t seg_size, int64_t cq_units)
     c->seg_size = seg_size;
     c->cq_units = cq_units;
     c->pf_start = -1;
+    c->visible = CL_NO_LIMIT;
     c->cq_file_size = (size_t)cq_units * CL_UNIT_SIZE;
     c->root = strdup(root);
     c->clog_dir = path_join(root, "commitlog");

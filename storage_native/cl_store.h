@@ -142,8 +142,15 @@ typedef struct cl_log {
     int prefault_off;    /* MADV_POPULATE_WRITE unsupported here */
     int64_t pf_start;    /* segment whose pages are pre-faulted ... */
     size_t pf_end;       /* ... up to this position */
+    int64_t visible;     /* reads through the queues stop at a unit pointing at or past it; CL_NO_LIMIT: none */
+    /* cl_truncate calls, counted before it changes a byte (a seqlock's sequence): a flush, or a copy made
+     * after the lock was let go, that saw another count may hold bytes the truncation cut or rewrote */
+    _Atomic uint64_t truncations;
     cl_recovery rec;
 } cl_log;
+
+/* cl_log.visible when no visibility limit is set */
+#define CL_NO_LIMIT INT64_MAX
 
 /* One message to append; size is filled by cl_record_size. */
 typedef struct cl_msg {
@@ -213,6 +220,40 @@ int cl_read_replication_locked(cl_log *c, int64_t off, int64_t max_bytes, cl_ent
 int cl_append_replicated(cl_log *c, int64_t off, const char *data, size_t len, int64_t *end, cl_err *e);
 
 int cl_delete_segments_before_locked(cl_log *c, int64_t off, int64_t *deleted, cl_err *e);
+
+/* --------------------------------------------------------------- Raft
+ * The commit log as a Raft log: an uncommitted tail can be cut off, and the
+ * readers of the consume queues see only what lies below the commit index. */
+
+/* Takes mu itself (call without it, GIL released).  Cuts the log back to off,
+ * an entry boundary (a record, a blank marker) or max, at or above the
+ * minimum: max becomes off, every record from off on goes with its queue
+ * units, segments starting at or past off are deleted (the oldest one stays,
+ * zeroed, when off is its start and above 0), the written rest of the segment
+ * holding off is zeroed.  The kept bytes [min, off) do not change (a blank
+ * marker closing the segment before off stays).  A queue left without any unit
+ * from queue offset 0 loses its files (it is as if never written).  flushed,
+ * log_flushed and visible are lowered to off; *end = max afterwards.  A failure
+ * to delete a file is reported after the rest is done. */
+int cl_truncate(cl_log *c, int64_t off, int64_t *end, cl_err *e);
+/* c->truncations; read it with mu held, before letting go of the lock to copy */
+static inline uint64_t cl_truncations(cl_log *c) { return atomic_load_explicit(&c->truncations, memory_order_relaxed); }
+/* After a copy made without the lock from records located with mu held when cl_truncations gave seq: 1
+ * when no truncation began since (the copy holds what was located), 0 when the copy must be made again. */
+static inline int cl_copy_valid(cl_log *c, uint64_t seq)
+{
+    atomic_thread_fence(memory_order_acquire); /* the copy's loads before the count's */
+    return atomic_load_explicit(&c->truncations, memory_order_relaxed) == seq;
+}
+/* One past the last unit of q pointing below c->visible (q->max without a limit):
+ * what a consumer sees as the queue's max offset.  Units are in log order. */
+int64_t cl_queue_visible_max_locked(cl_log *c, cl_queue *q);
+/* Takes mu itself, a chunk of records at a time.  The queues of the records
+ * starting in [start, end) (clamped to [min, max]), in order of first
+ * appearance, each once: *out is malloc'ed (free it), the queues themselves
+ * live as long as the log.  The clamped start must be an entry boundary when
+ * it is below the clamped end; a truncation meanwhile ends the walk. */
+int cl_queues_in_range(cl_log *c, int64_t start, int64_t end, cl_queue ***out, size_t *nout, cl_err *e);
 void cl_note_io_locked(cl_log *c, uint64_t bytes);
 void cl_note_read_locked(cl_log *c, const mfile *f, size_t rel, size_t len);
 

@@ -71,6 +71,11 @@ _GET_MAX_EXAMINED = 16384
 _SIZE_MAGIC = struct.Struct("<II")
 _STORE_TS_AT = 68
 _TOPIC_LEN_MAX = MAX_TOPIC_BYTES
+#: ``CommitLog._visible`` when no visibility limit is set (cl_store.h CL_NO_LIMIT).
+_NO_LIMIT = (1 << 63) - 1
+#: Where a record header holds its queue id and its body length (layout.RECORD_HEADER).
+_QUEUE_ID_AT = 12
+_BODY_LEN_AT = 116
 
 
 def _now_ms() -> int:
@@ -721,6 +726,28 @@ class ConsumeQueue:
         with self._log._lock:
             return self._max
 
+    @property
+    def visible_max_offset(self) -> int:
+        """One past the last unit pointing below the log's ``visible_offset`` (``max_offset`` without a limit)."""
+        with self._log._lock:
+            return self._visible_max()
+
+    def _visible_max(self) -> int:
+        """cl_store.c cl_queue_visible_max_locked (lock held): the units are in log order."""
+        visible = self._log._visible
+        if visible == _NO_LIMIT or self._max <= self._min:
+            return self._max
+        if self._unit_or_zero(self._max - 1)[0] < visible:  # the usual case: all of it is committed
+            return self._max
+        lo, hi = self._min, self._max - 1  # the first invisible unit is in [lo, hi]
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._unit_or_zero(mid)[0] < visible:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
     # -- loading ------------------------------------------------------------
     def _load(self, log_min_offset: int) -> None:
         per_file = self._log._cq_units_per_file
@@ -781,6 +808,13 @@ class ConsumeQueue:
     def _unit(self, index: int) -> tuple[int, int, int]:
         f, pos = self._locate(index, create=False)
         return CQ_UNIT.unpack_from(f.mm, pos)
+
+    def _unit_or_zero(self, index: int) -> tuple[int, int, int]:
+        """``_unit``, a unit of a missing file reading as zeros (as cl_queue_unit_locked)."""
+        try:
+            return self._unit(index)
+        except KeyError:
+            return 0, 0, 0
 
     def _write(self, index: int, clog: int, size: int, tag_hash: int) -> None:
         f, pos = self._locate(index, create=True)
@@ -848,6 +882,33 @@ class ConsumeQueue:
         self._max = off
         return dropped
 
+    def _cut_at(self, end: int) -> None:
+        """A log truncation to ``end`` (cl_store.c cq_cut_at): the units pointing at or past it go, and empty
+        ones among them; a queue left without any unit from queue offset 0 is dropped."""
+        cut = self._max
+        while cut > self._min:
+            clog, size, _tag = self._unit_or_zero(cut - 1)
+            if clog < end and size > 0:
+                break
+            cut -= 1
+        if cut == 0 and self._files:
+            self._drop()
+        else:
+            self._truncate(cut)
+
+    def _drop(self) -> None:
+        """Every file and the directory (and the topic's, when empty) go: as if never written."""
+        for f in self._files:
+            self._dirty.discard(f)
+            f.delete()
+        self._files = []
+        self._min = self._max = 0
+        for directory in (self._dir, os.path.dirname(self._dir)):
+            try:
+                os.rmdir(directory)
+            except OSError:
+                break
+
     def _correct_min(self, log_min_offset: int) -> None:
         while self._min < self._max and self._unit(self._min)[0] < log_min_offset:
             self._min += 1
@@ -891,6 +952,7 @@ class CommitLog:
         self._segments: list[_MappedFile] = []
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._dirty_segments: set[_MappedFile] = set()
+        self._visible = _NO_LIMIT
         self._clog_dir = os.path.join(self._root, "commitlog")
         self._cq_dir = os.path.join(self._root, "consumequeue")
         try:
@@ -1291,6 +1353,93 @@ class CommitLog:
                 off += total
             return b"".join(parts)
 
+    # -- Raft ---------------------------------------------------------------------
+    def _entry_at(self, off: int) -> tuple[_MappedFile, int, int, bool]:
+        """(segment, position, size, is a blank marker) of the entry starting at ``off`` (< max);
+        OFFSET_ILLEGAL when none does."""
+        seg = self._segment_for(off)
+        rel = off - seg.start
+        left = self._segment_size - rel
+        if left >= BLANK_MARKER_SIZE and _SIZE_MAGIC.unpack_from(seg.mm, rel) == (left, BLANK_MAGIC):
+            return seg, rel, left, True
+        seg, rel, total = self._record_bounds(off)
+        return seg, rel, total, False
+
+    def truncate(self, offset: int) -> int:
+        """Cut the log back to the entry boundary ``offset``; returns the new ``max_offset`` (``offset``).
+        See ``_commitlog.pyi``."""
+        off = _int(offset)
+        with self._lock:
+            self._check_open()
+            off = self._check_read_offset(off, allow_max=True)
+            if off < self._max:
+                self._entry_at(off)  # a record or a blank marker must start there
+            old_max = self._max
+            for cq in self._queues.values():
+                cq._cut_at(off)
+            keep = len(self._segments)
+            while keep and self._segments[keep - 1].start >= off:
+                keep -= 1
+            if not keep and off > 0 and self._segments:
+                keep = 1  # the oldest segment stays, zeroed: it holds min_offset
+            if keep:
+                seg = self._segments[keep - 1]
+                hi = min(old_max, seg.start + self._segment_size)
+                if off < hi:  # zeroed, so recovery can never bring the cut records back
+                    seg.mm[off - seg.start:hi - seg.start] = bytes(hi - off)
+                    self._dirty_segments.add(seg)
+            while len(self._segments) > keep:
+                seg = self._segments.pop()
+                self._dirty_segments.discard(seg)
+                seg.delete()
+            self._max = off
+            self._flushed = min(self._flushed, off)
+            self._log_flushed = min(self._log_flushed, off)
+            if self._visible != _NO_LIMIT:
+                self._visible = min(self._visible, off)
+            return off
+
+    @property
+    def visible_offset(self) -> int | None:
+        """The visibility limit of the queue readers (``get``, ``read_packed``, ``visible_max_offset``), or None."""
+        with self._lock:
+            return None if self._visible == _NO_LIMIT else self._visible
+
+    def set_visible_offset(self, offset: int | None) -> None:
+        """Set (or with None remove) the visibility limit; see ``_commitlog.pyi``."""
+        value = _NO_LIMIT if offset is None else _bounded(offset, 64)
+        if value < 0:
+            raise _err(INVALID_ARGUMENT, f"visible offset must be >= 0, got {value}")
+        with self._lock:
+            self._check_open()
+            self._visible = value
+
+    def queues_in_range(self, start: int, end: int) -> list[tuple[str, int]]:
+        """(topic, queue_id) of the records starting in [start, end), in order of first appearance; see
+        ``_commitlog.pyi``."""
+        lo = _int(start)
+        hi = _int(end)
+        with self._lock:
+            self._check_open()
+            if lo < 0:
+                raise _err(INVALID_ARGUMENT, f"start must be >= 0, got {lo}")
+            if hi < 0:
+                raise _err(INVALID_ARGUMENT, f"end must be >= 0, got {hi}")
+            pos = max(lo, self._segments[0].start if self._segments else 0)
+            hi = min(hi, self._max)
+            seen: dict[tuple[str, int], None] = {}
+            while pos < hi:
+                seg, rel, total, blank = self._entry_at(pos)
+                if not blank:
+                    tpos = rel + RECORD_HEADER_SIZE + int.from_bytes(seg.mm[rel + _BODY_LEN_AT:rel + _BODY_LEN_AT + 4],
+                                                                     "little")
+                    topic = seg.mm[tpos + 1:tpos + 1 + seg.mm[tpos]].decode("utf-8", "surrogateescape")
+                    qid = int.from_bytes(seg.mm[rel + _QUEUE_ID_AT:rel + _QUEUE_ID_AT + 4], "little", signed=True)
+                    if (topic, qid) in self._queues:
+                        seen.setdefault((topic, qid))
+                pos += total
+            return list(seen)
+
     # -- reading ------------------------------------------------------------
     def read(self, offset: int) -> bytes:
         """The whole record starting at ``offset`` (a copy)."""
@@ -1388,12 +1537,15 @@ class CommitLog:
         if off < cq._min:
             raise _err(OFFSET_TOO_SMALL, f"queue offset {off} is below the minimum queue offset {cq._min}")
         min_offset = self._segments[0].start if self._segments else 0
+        visible = self._visible
         out: list[tuple[int, int, bytes]] = []
         used = 0
         end = min(cq._max, off + _GET_MAX_EXAMINED)
         index = off
         while index < end and len(out) < count:
             clog, size, tag = cq._unit(index)
+            if clog >= visible:  # not committed yet: the queue ends here for its readers
+                break
             if clog < min_offset or (tag_hashes is not None and tag not in tag_hashes):
                 index += 1
                 continue
@@ -1411,13 +1563,14 @@ class CommitLog:
         """The queue's index, or None when nothing was ever appended to it."""
         with self._lock:
             self._check_open()
-            return self._queues.get((topic, _int(queue_id)))
+            cq = self._queues.get((topic, _int(queue_id)))
+            return cq if cq is not None and cq._files else None  # one truncated away is no queue
 
     def queues(self) -> list[tuple[str, int]]:
         """Every (topic, queue_id) with a consume queue, sorted."""
         with self._lock:
             self._check_open()
-            return sorted(self._queues)
+            return sorted(key for key, cq in self._queues.items() if cq._files)
 
     def segments(self) -> list[tuple[int, str]]:
         """(start_offset, path) of every segment, oldest first."""

@@ -130,6 +130,12 @@ class MessageStore:
         self.clean_start: bool | None = None
         self.recovery: dict[str, int] = {}
         self._append_listeners: list[Callable[[AppendEvent], None]] = []
+        #: The commit index of a Raft group (set_visible_offset): consumer reads stop below it; None: no limit.
+        self._visible: int | None = None
+        #: A truncation happened since the limit was last set: the next set may lower it.
+        self._visible_rewind = False
+        self._visible_lock = threading.Lock()
+        self._truncate_lock = threading.Lock()
 
     # -- lifecycle ------------------------------------------------------------
     def start(self) -> MessageStore:
@@ -157,14 +163,18 @@ class MessageStore:
                         root, check_from, self.recovery)
         self.paths.abort.write_bytes(b"")
         write_checkpoint(self.paths.checkpoint, self._log.flushed_offset)
+        self._visible = None
         if self.config.background_services:
-            self._flusher = FlushService(self._log, self.config.flush_interval_ms, self._maybe_checkpoint,
-                                         group_commit=self.config.flush_mode is FlushMode.SYNC_FLUSH)
+            self._flusher = self._new_flusher(self._log)
             self._flusher.start()
             self._retention_thread = threading.Thread(target=self._retention_loop, name="sparkmq-retention",
                                                       daemon=True)
             self._retention_thread.start()
         return self
+
+    def _new_flusher(self, log_: CommitLog) -> FlushService:
+        return FlushService(log_, self.config.flush_interval_ms, self._maybe_checkpoint,
+                            group_commit=self.config.flush_mode is FlushMode.SYNC_FLUSH)
 
     def _open_log(self, check_from: int) -> CommitLog:
         cfg = self.config
@@ -222,9 +232,10 @@ class MessageStore:
         return self._log is not None
 
     def log_offsets(self) -> LogOffsets:
-        """The commit log's min, max and flushed offsets (SERVICE_NOT_AVAILABLE when not started)."""
+        """The commit log's min, max and flushed offsets, and the visibility limit (SERVICE_NOT_AVAILABLE when
+        not started)."""
         log_ = self.commit_log
-        return LogOffsets(log_.min_offset, log_.max_offset, log_.flushed_offset)
+        return LogOffsets(log_.min_offset, log_.max_offset, log_.flushed_offset, self._visible)
 
     def queues(self) -> list[tuple[str, int]]:
         """Every (topic, queue_id) that was ever written, sorted."""
@@ -241,17 +252,30 @@ class MessageStore:
             raise translate_store_error(exc) from None
 
     def read_queue_message(self, topic: str, queue_id: int, queue_offset: int) -> StoredMessage:
-        """The message at ``queue_offset`` of a queue (errors as :meth:`queue_unit` and :meth:`read_message`)."""
-        return self.read_message(self.queue_unit(topic, queue_id, queue_offset)[0])
+        """The message at ``queue_offset`` of a queue (errors as :meth:`queue_unit` and :meth:`read_message`).
+
+        A message at or past the visibility limit (:meth:`set_visible_offset`) is not there yet:
+        OFFSET_ILLEGAL, as past the queue's end.
+        """
+        clog_offset = self.queue_unit(topic, queue_id, queue_offset)[0]
+        visible = self._visible
+        if visible is not None and clog_offset >= visible:
+            raise SparkMQError(ErrorCode.OFFSET_ILLEGAL,
+                               f"queue offset {queue_offset} is at or past the maximum queue offset "
+                               f"{self.max_offset(topic, queue_id)}")
+        return self.read_message(clog_offset)
 
     def last_store_timestamp(self, topic: str, queue_id: int) -> int:
-        """Store time of a queue's newest retained message; 0 when it has none."""
+        """Store time of a queue's newest retained (and visible) message; 0 when it has none."""
         log_ = self.commit_log
         cq = log_.consume_queue(topic, queue_id)
-        if cq is None or cq.max_offset <= cq.min_offset:
+        if cq is None:
+            return 0
+        hi = cq.visible_max_offset
+        if hi <= cq.min_offset:
             return 0
         try:
-            return log_.store_timestamp_at(cq.unit(cq.max_offset - 1)[0])
+            return log_.store_timestamp_at(cq.unit(hi - 1)[0])
         except StoreError:  # retention removed it meanwhile
             return 0
 
@@ -277,6 +301,9 @@ class MessageStore:
     # ``log_flushed_offset`` (the log durable: what a SYNC_FLUSH send waits for).  The checkpoint
     # only ever gets the first: recovery scans the log from it and rewrites the queue units of
     # every record past it, which brings back the units a log-only sync left unsynced.
+    # A truncation (truncate_log) lowers the log's flushed_offset: a checkpoint is written with the lock
+    # held and never above the log's current flushed_offset, so a flush that finished before a truncation
+    # cannot name bytes the truncation removed.
     def _maybe_checkpoint(self, flushed: int) -> None:
         """The flush service's hook, run after each full flush with its ``flushed_offset``."""
         now = time.monotonic_ns() // 1_000_000
@@ -284,12 +311,14 @@ class MessageStore:
             if now - self._last_checkpoint_ms < self.config.checkpoint_interval_ms:
                 return
             self._last_checkpoint_ms = now
-            write_checkpoint(self.paths.checkpoint, flushed)
+            write_checkpoint(self.paths.checkpoint, min(flushed, self.commit_log.flushed_offset))
 
     def flush(self) -> int:
         """Sync the log and the queues now and move the checkpoint; returns the flushed offset."""
-        flushed = self.commit_log.flush()
+        log_ = self.commit_log
+        flushed = log_.flush()
         with self._checkpoint_lock:
+            flushed = min(flushed, log_.flushed_offset)
             write_checkpoint(self.paths.checkpoint, flushed)
         return flushed
 
@@ -536,6 +565,129 @@ class MessageStore:
             self._notify(AppendEvent(topic, queue_id, (), None, None, replicated=True))
         return end
 
+    # -- Raft (DLedger): the commit log is the Raft log ---------------------------------
+    # A Raft member appends its leader's records with append_replicated (a leader its own with put*), cuts
+    # an uncommitted tail a new leader does not have with truncate_log, and moves the commit index with
+    # set_visible_offset: consumers see only what lies below it.  Replication (read_replication,
+    # append_replicated), recovery and retention always see the whole log.
+    def truncate_log(self, offset: int) -> int:
+        """Cut the log back to ``offset`` (a deposed leader's or a follower's uncommitted tail); returns the new
+        max offset, ``offset`` itself.
+
+        ``offset`` must be an entry boundary of the log (a record's start, a segment-closing blank marker's
+        start, or the max offset) at or above its min offset; anything else raises OFFSET_ILLEGAL and changes
+        nothing.  Every record at and after ``offset`` goes: the max offset becomes ``offset``, the consume
+        queues lose the units of those records (each queue's max offset goes back, its next message gets the
+        queue offset after its last kept unit; a queue that keeps no message from queue offset 0 on disappears
+        from :meth:`queues`, its files with it),
+        later segment files are deleted and the rest of the segment holding ``offset`` is zeroed.  The kept
+        bytes do not change, so appending (or replicating) the new leader's records from ``offset`` gives
+        its log byte for byte.  A visibility limit above ``offset`` comes down to it, and the next
+        :meth:`set_visible_offset` may set any value.
+
+        Durable on return: the checkpoint is lowered first (a crash at any point recovers the old log or the
+        truncated one, never the cut records behind a checkpoint past the end), the log is flushed after, and
+        the flush service restarts from the new offsets (its waiters are answered by its last sync before).
+        Truncations are serialized; they are meant for a store whose only writer is the caller (a Raft
+        follower appends what its leader ships): a put running alongside may be answered on the old flushed
+        offset.
+        """
+        offset = _check_offset("offset", offset)
+        log_ = self.commit_log
+        with self._truncate_lock:
+            try:
+                if offset != log_.max_offset:
+                    log_.read_replication(offset, 1)  # the boundary check, before anything is written
+            except StoreError as exc:
+                raise translate_store_error(exc) from None
+            flusher = self._flusher
+            if flusher is not None:
+                flusher.stop()  # answers its waiters; a new one starts below from the lowered offsets
+            try:
+                with self._checkpoint_lock:
+                    before = read_checkpoint(self.paths.checkpoint)
+                    # a segment's start at or below the new end, a record boundary whatever happens next
+                    floor = min(max(offset // log_.segment_size * log_.segment_size, log_.min_offset),
+                                log_.max_offset)
+                    lowered = before is not None and before.flushed_offset > floor
+                    if lowered:
+                        write_checkpoint(self.paths.checkpoint, floor)
+                    try:
+                        with self._visible_lock:
+                            end = log_.truncate(offset)
+                            self._visible = log_.visible_offset
+                            self._visible_rewind = True
+                    except StoreError as exc:
+                        if lowered and exc.code != native_errors.IO_ERROR:  # refused: nothing changed
+                            write_checkpoint(self.paths.checkpoint, before.flushed_offset)
+                        raise translate_store_error(exc) from None
+                    try:
+                        flushed = log_.flush()  # the zeroed tail and the deleted files, before anyone is told
+                    except StoreError as exc:
+                        raise translate_store_error(exc) from None
+                    write_checkpoint(self.paths.checkpoint, min(flushed, log_.flushed_offset))
+            finally:
+                if flusher is not None:
+                    self._flusher = self._new_flusher(log_)
+                    self._flusher.start()
+        log.info("store %s truncated to %d", self.config.root, end)
+        return end
+
+    def set_visible_offset(self, offset: int | None) -> int | None:
+        """Set the commit index: consumer reads see only the records at commit-log offsets below ``offset``;
+        None removes the limit (the default, also after a restart: the limit is not persisted).  Returns
+        the limit in effect.
+
+        Limited: :meth:`get_messages`, :meth:`get_packed`, :meth:`get_arrow`, :meth:`get_messages_matching`
+        (a unit pointing at or past the limit ends the read, ``next_offset`` stays on it), :meth:`max_offset`
+        and the max offset of every ``GetResult`` (one past the last visible unit: NO_NEW_MSG there, long
+        polls keep waiting), :meth:`read_queue_message`, :meth:`read_message` (and by offsetMsgId),
+        :meth:`read_records`, :meth:`offset_by_time`, :meth:`last_store_timestamp`.  Not limited: the log's
+        offsets (:meth:`log_offsets`), :meth:`queue_unit`, replication, recovery, retention, and the
+        commit log object itself apart from its ``get``/``read_packed``.
+
+        While a limit is set it only grows: a lower ``offset`` is ignored (a late, stale update must not hide
+        committed records), except for the first one after :meth:`truncate_log` or after None.  It may lie
+        beyond the max offset (a follower that knows a commit index it has not received yet).  When the limit
+        moves from ``a`` to ``b``, :meth:`queues_in_range` ``(a, b)`` names the queues whose held pulls to wake.
+        """
+        if offset is not None:
+            offset = _check_offset("visible offset", offset)
+            if offset >= _NO_LIMIT:
+                raise SparkMQError(ErrorCode.OFFSET_ILLEGAL, f"visible offset must be below {_NO_LIMIT}, got {offset}")
+        log_ = self.commit_log
+        with self._visible_lock:
+            current = self._visible
+            if offset is not None and current is not None and offset < current and not self._visible_rewind:
+                return current
+            try:
+                log_.set_visible_offset(offset)
+            except StoreError as exc:
+                raise translate_store_error(exc) from None
+            self._visible = offset
+            self._visible_rewind = False
+            return offset
+
+    @property
+    def visible_offset(self) -> int | None:
+        """The commit index consumer reads stop at (:meth:`set_visible_offset`); None when there is no limit."""
+        return self._visible
+
+    def queues_in_range(self, start: int, end: int) -> list[tuple[str, int]]:
+        """(topic, queue_id) of every record starting in the log range [start, end), each once, in log order:
+        the queues whose max offset a move of the visibility limit from ``start`` to ``end`` raised.
+
+        The range is clamped to the log's [min offset, max offset]; [] when empty.  The clamped ``start``
+        must be an entry boundary (a record's start, a blank marker's, the max offset): else OFFSET_ILLEGAL,
+        as for negative offsets.  Walks record headers natively, a chunk per lock hold.
+        """
+        start = _check_offset("start", start)
+        end = _check_offset("end", end)
+        try:
+            return self.commit_log.queues_in_range(start, end)
+        except StoreError as exc:
+            raise translate_store_error(exc) from None
+
     @property
     def store_host(self) -> str:
         """The "ip:port" stamped on every record (the prefix of every offsetMsgId)."""
@@ -548,9 +700,10 @@ class MessageStore:
         return cq.min_offset if cq is not None else 0
 
     def max_offset(self, topic: str, queue_id: int) -> int:
-        """Queue offset the next message will get (0 for a queue never written)."""
+        """Queue offset the next message will get (0 for a queue never written), as consumers see it: under a
+        visibility limit (:meth:`set_visible_offset`) one past the last visible message."""
         cq = self.commit_log.consume_queue(topic, queue_id)
-        return cq.max_offset if cq is not None else 0
+        return cq.visible_max_offset if cq is not None else 0
 
     def _locate(self, topic: str, queue_id: int, offset: int,
                 max_count: int) -> tuple[CommitLog, Any, int] | GetResult:
@@ -566,7 +719,7 @@ class MessageStore:
         cq = log_.consume_queue(topic, queue_id)
         if cq is None:
             return GetResult(GetStatus.NO_MATCHED_QUEUE, 0, 0, 0)
-        lo, hi = cq.min_offset, cq.max_offset
+        lo, hi = cq.min_offset, cq.visible_max_offset
         if offset < lo:
             return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, hi)
         if offset == hi:
@@ -593,13 +746,13 @@ class MessageStore:
         except StoreError as exc:
             if exc.code == native_errors.OFFSET_TOO_SMALL:  # retention moved the queue meanwhile
                 lo = cq.min_offset
-                return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, cq.max_offset)
+                return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, cq.visible_max_offset)
             raise translate_store_error(exc) from None
         messages = [StoredMessage.from_decoded(decode_record(rec)) for _q, _c, rec in records]
         if wanted is not None:
             messages = [m for m in messages if m.tags in wanted]
         status = GetStatus.FOUND if messages else GetStatus.NO_MATCHED_MSG
-        return GetResult(status, next_offset, lo, cq.max_offset, messages)
+        return GetResult(status, next_offset, lo, cq.visible_max_offset, messages)
 
     def get_arrow(self, topic: str, queue_id: int, offset: int, max_count: int = 32, max_bytes: int = 0,
                   broker_name: str = "", *, decode: bool = True) -> tuple[GetResult, pa.RecordBatch]:
@@ -620,7 +773,7 @@ class MessageStore:
         except StoreError as exc:
             if exc.code == native_errors.OFFSET_TOO_SMALL:  # retention moved the queue meanwhile
                 lo = cq.min_offset
-                return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, cq.max_offset), empty
+                return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, cq.visible_max_offset), empty
             raise translate_store_error(exc) from None
         raw = [rec for _q, _c, rec in records]
         if decode:
@@ -628,7 +781,7 @@ class MessageStore:
         else:
             batch = pa.RecordBatch.from_arrays([records_array(raw)], schema=RECORDS_SCHEMA)
         status = GetStatus.FOUND if batch.num_rows else GetStatus.NO_MATCHED_MSG
-        return GetResult(status, next_offset, lo, cq.max_offset), batch
+        return GetResult(status, next_offset, lo, cq.visible_max_offset), batch
 
     def get_packed(self, topic: str, queue_id: int, offset: int, max_count: int = 32,
                    tags: Collection[str] | None = None, max_bytes: int = 0) -> PackedGetResult:
@@ -647,16 +800,24 @@ class MessageStore:
         except StoreError as exc:
             if exc.code == native_errors.OFFSET_TOO_SMALL:  # retention moved the queue meanwhile
                 lo = cq.min_offset
-                return PackedGetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, cq.max_offset)
+                return PackedGetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, cq.visible_max_offset)
             raise translate_store_error(exc) from None
         status = GetStatus.FOUND if count else GetStatus.NO_MATCHED_MSG
-        return PackedGetResult(status, next_offset, lo, cq.max_offset, count, data)
+        return PackedGetResult(status, next_offset, lo, cq.visible_max_offset, count, data)
 
     def read_records(self, commitlog_offsets: Iterable[int]) -> bytes:
-        """The stored records at these commit-log offsets, back to back (a filtered pull's answer)."""
+        """The stored records at these commit-log offsets, back to back (a filtered pull's answer); one at or past
+        the visibility limit raises OFFSET_ILLEGAL."""
         log_ = self.commit_log
+        visible = self._visible
+        offsets = list(commitlog_offsets) if visible is not None else commitlog_offsets
+        if visible is not None:
+            for offset in offsets:
+                if offset >= visible:
+                    raise SparkMQError(ErrorCode.OFFSET_ILLEGAL,
+                                       f"offset {offset} is at or past the visible offset {visible}")
         try:
-            return b"".join(log_.read(offset) for offset in commitlog_offsets)
+            return b"".join(log_.read(offset) for offset in offsets)
         except StoreError as exc:
             raise translate_store_error(exc) from None
 
@@ -682,7 +843,7 @@ class MessageStore:
         # Start small (a selective filter still finds max_count soon) and double: records read past the
         # last match of a pull are read again by the next one, so a fixed large batch wastes copies.
         step = max(64, 4 * max_count)
-        while len(found) < max_count and examined < max_examined and next_offset < cq.max_offset:
+        while len(found) < max_count and examined < max_examined and next_offset < cq.visible_max_offset:
             batch = min(step, _SCAN_BATCH, max_examined - examined)
             step *= 2
             try:
@@ -690,7 +851,7 @@ class MessageStore:
             except StoreError as exc:
                 if exc.code == native_errors.OFFSET_TOO_SMALL:  # retention moved the queue meanwhile
                     lo = cq.min_offset
-                    return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, cq.max_offset)
+                    return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, cq.visible_max_offset)
                 raise translate_store_error(exc) from None
             if after <= next_offset:
                 break
@@ -707,11 +868,16 @@ class MessageStore:
             examined += after - next_offset
             next_offset = after
         status = GetStatus.FOUND if found else GetStatus.NO_MATCHED_MSG
-        return GetResult(status, next_offset, lo, cq.max_offset, found)
+        return GetResult(status, next_offset, lo, cq.visible_max_offset, found)
 
     def read_message(self, commitlog_offset: int) -> StoredMessage:
-        """The message stored at ``commitlog_offset``; MESSAGE_NOT_FOUND when none starts there."""
+        """The message stored at ``commitlog_offset``; MESSAGE_NOT_FOUND when none starts there (or it is at or
+        past the visibility limit)."""
         offset = _check_offset("commitlog offset", commitlog_offset)
+        visible = self._visible
+        if visible is not None and offset >= visible:
+            raise SparkMQError(ErrorCode.MESSAGE_NOT_FOUND,
+                               f"offset {offset} is at or past the visible offset {visible}")
         try:
             return StoredMessage.from_decoded(decode_record(self.commit_log.read(offset)))
         except StoreError as exc:
@@ -729,12 +895,12 @@ class MessageStore:
         return self.read_message(decoded.commitlog_offset)
 
     def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
-        """First queue offset whose store time is >= ``timestamp_ms`` (max offset if none)."""
+        """First queue offset whose store time is >= ``timestamp_ms`` (max offset as :meth:`max_offset` if none)."""
         log_ = self.commit_log
         cq = log_.consume_queue(topic, queue_id)
         if cq is None:
             return 0
-        lo, hi = cq.min_offset, cq.max_offset
+        lo, hi = cq.min_offset, cq.visible_max_offset
         while lo < hi:  # invariant: every offset < lo is too early; hi is a candidate
             mid = (lo + hi) // 2
             try:
@@ -771,6 +937,8 @@ class MessageStore:
 
 _SIZE_MAGIC = struct.Struct("<II")
 _QUEUE_ID_AT = 12
+#: No offset reaches it (the native core's "no limit").
+_NO_LIMIT = (1 << 63) - 1
 
 
 def _replicated_queues(data: bytes | memoryview) -> list[tuple[str, int]]:

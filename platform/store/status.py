@@ -130,8 +130,11 @@ class AppendEvent:
 
 @dataclass(frozen=True, slots=True)
 class LogOffsets:
-    """The commit log's bounds: the oldest retained byte, the end, and how far it is flushed."""
+    """The commit log's bounds: the oldest retained byte, the end, and how far it is flushed; and the
+    visibility limit of consumer reads (a Raft group's commit index, ``MessageStore.set_visible_offset``)."""
 
     min_offset: int
     max_offset: int
     flushed_offset: int
+    #: Consumers see the records below it; None: no limit (the whole log).
+    visible_offset: int | None = None
