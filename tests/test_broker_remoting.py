@@ -199,8 +199,10 @@ def test_bad_requests_get_stable_codes_and_store_nothing(broker: dict[str, str])
 def test_the_name_server_routes_name_the_remoting_endpoint(broker: dict[str, str], module_procs: Any,
                                                            tmp_path: Path) -> None:
     namesrv = module_procs.started[0]
-    wait_until(lambda: httpx.get(f"{namesrv.url}/routes/Equal", timeout=5).status_code == 200, 10, "a route")
-    route = httpx.get(f"{namesrv.url}/routes/Equal", timeout=5).json()
+    # its own topic: under xdist the tests of this module may run on another worker's broker
+    httpx.post(f"{broker['url']}/topics/Routed/messages", json={"body": "a"}, timeout=5).raise_for_status()
+    wait_until(lambda: httpx.get(f"{namesrv.url}/routes/Routed", timeout=5).status_code == 200, 10, "a route")
+    route = httpx.get(f"{namesrv.url}/routes/Routed", timeout=5).json()
     assert route["broker_datas"][0]["remoting_addrs"] == {"0": broker["remoting"]}
 
 

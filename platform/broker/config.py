@@ -314,8 +314,13 @@ class BrokerConfig:
         return StoreConfig.from_mapping(settings, store_host=store_host)
 
     def bound_to(self, port: int) -> BrokerConfig:
-        """A copy for the port actually bound (what ``port=0`` turned into)."""
-        return replace(self, port=port)
+        """A copy for the port actually bound (what ``port=0`` turned into).
+
+        The ports derived from the HTTP port (remoting + 2, HA + 1) become free ports too when it was 0:
+        the neighbours of a port the OS picked may belong to anyone.
+        """
+        derived = {} if self.port else {name: 0 for name in ("remoting_port", "ha_port") if getattr(self, name) is None}
+        return replace(self, port=port, **derived)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly view (for ``GET /broker`` and logs)."""

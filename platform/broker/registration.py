@@ -155,8 +155,9 @@ class RegistrationService:
         """Stop the threads, then unregister from every name server in parallel; returns success by address."""
         for worker in self._workers:
             worker.stop()
-        for worker in self._workers:
-            worker.join(self._timeout_s + 1)
+        if self._started:  # a broker that failed to start never started its workers
+            for worker in self._workers:
+                worker.join(self._timeout_s + 1)
         results: dict[str, bool] = {}
         if not self._started:
             for worker in self._workers:
