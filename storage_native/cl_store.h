@@ -42,8 +42,9 @@
 #define CL_MAX_RESERVED_KEY 255
 /* Drop page-table entries of cold mappings after this many bytes of I/O. */
 #define CL_TRIM_EVERY ((uint64_t)64 << 20)
-/* Pre-fault the active segment this far ahead of the write head. */
-#define CL_PREFAULT_CHUNK ((size_t)4 << 20)
+/* Pre-fault the active segment this far ahead of the write head (one chunk costs the
+ * appending thread ~0.25 ms: small enough not to stall an event loop). */
+#define CL_PREFAULT_CHUNK ((size_t)256 << 10)
 
 /* record field offsets */
 enum {

@@ -976,3 +976,44 @@ def test_producer_heartbeats_a_broker_it_meets_at_once(producer: Producer, clust
     broker = cluster.brokers[BA if result.broker_name == "broker-a" else BB]
     wait_until(lambda: broker.heartbeats, 5, "a heartbeat", interval=0.02)
     assert broker.heartbeats[0]["producer_groups"] == ["pg"]
+
+
+def test_accumulator_groups_smaller_than_in_flight_wait_and_flush_sends_them() -> None:
+    """A lone message leaves at once; later ones leave once as many as are in flight, or when those are answered."""
+    import concurrent.futures
+
+    from sparkmq.platform.client.accumulator import Accumulator
+    from sparkmq.platform.common.message import Message
+
+    sent: list[tuple[int, concurrent.futures.Future[Any]]] = []
+
+    def start(msgs: list[Message]) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        sent.append((len(msgs), future))
+        return future
+
+    def answer(i: int) -> None:
+        size, future = sent[i]
+        future.set_result([None] * size)
+
+    def blocking(_msgs: Any) -> Any:
+        raise AssertionError("every batch goes through the starter")
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        acc = Accumulator(blocking, pool, starter=start, max_in_flight=4)
+        futures = [acc.add(Message("T", b"x"))]
+        assert [s for s, _ in sent] == [1]           # nothing in flight: at once
+        futures.append(acc.add(Message("T", b"x")))
+        assert [s for s, _ in sent] == [1, 1]        # as many as in flight (1)
+        futures += [acc.add(Message("T", b"x")) for _ in range(3)]
+        assert [s for s, _ in sent] == [1, 1, 2]     # 2 waited for 2 in flight; the third waits for 4
+        answer(0)
+        assert [s for s, _ in sent] == [1, 1, 2]     # 1 waiting < 3 in flight: still waits
+        answer(1)
+        answer(2)                                    # nothing in flight: it leaves
+        assert [s for s, _ in sent] == [1, 1, 2, 1]
+        futures += [acc.add(Message("T", b"x")) for _ in range(2)]
+        assert [s for s, _ in sent] == [1, 1, 2, 1, 1]  # 1 >= 1 in flight leaves; the next waits for 2
+        threading.Timer(0.05, lambda: [answer(i) for i in range(3, len(sent))]).start()
+        assert acc.flush(5)
+        assert all(f.done() and f.exception() is None for f in futures)

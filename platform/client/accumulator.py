@@ -2,9 +2,16 @@
 
 ``Producer.send_async`` hands each message to the :class:`Accumulator`; whenever a send slot is free a
 worker takes what waits for a topic (up to ``max_messages`` or ``max_bytes``) and sends it as one
-batch, so the simple API is fast.  There is no fixed delay by default: while the previous
-batches are in flight, new messages gather; when nothing is in flight a message leaves at once (a
+batch, so the simple API is fast.  There is no fixed delay by default: when nothing is in flight a
+message leaves at once; while batches are in flight, new messages gather until they are at least as
+many as the messages in flight (or a full batch), and at the latest leave when those are answered (a
 ``linger_s`` > 0 makes the sender wait that long for a batch to fill first).
+
+Why "as many as in flight": a caller that keeps a window of N sends open refills it a few messages at a
+time as answers come in.  Sending each refill as soon as a slot is free gives batches of one beside one
+batch of N - 3 (each small batch costs a request, and under SYNC_FLUSH a disk sync, like a big one); with
+the rule, batches double until two halves of the window alternate, so one half is stored and synced while
+the other travels, and a lone message (nothing in flight) still leaves at once.
 """
 from __future__ import annotations
 
@@ -77,6 +84,17 @@ class BatchedFuture(concurrent.futures.Future):  # type: ignore[type-arg]
             self._wait_finished(timeout)
         return self._exception
 
+    def outcome(self) -> tuple[SendResult | None, BaseException | None] | None:
+        """``(result, None)`` or ``(None, error)`` of a finished future without taking the shared lock (for its
+        done callbacks, which run after the batch was completed); None if it is not finished (cancelled)."""
+        if self._state != FINISHED:
+            return None
+        if self._exception is not None:
+            return None, self._exception
+        if self._result is None and self._batch is not None:
+            self._result = self._batch[self._index]
+        return self._result, None
+
 
 def complete_batch(futures: Sequence[BatchedFuture], condition: threading.Condition,
                    results: Sequence[SendResult] | None, error: BaseException | None) -> None:
@@ -140,6 +158,10 @@ class Accumulator:
         self._futures_cond = threading.Condition()
         self._queues: dict[str, collections.deque[_Pending]] = {}
         self._in_flight = 0
+        #: Messages in the batches in flight: a smaller group waits for more (see the module's doc).
+        self._in_flight_msgs = 0
+        #: flush() calls waiting: while any waits, what is queued leaves as soon as a slot is free.
+        self._flushing = 0
         self._idle = threading.Condition(self._lock)
         self._linger_timer: threading.Timer | None = None
 
@@ -157,9 +179,15 @@ class Accumulator:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every message added so far was sent (or failed); False at the timeout."""
-        self._dispatch(force=True)
-        with self._idle:
-            return self._idle.wait_for(lambda: self._in_flight == 0 and not self._pending(), timeout)
+        with self._lock:
+            self._flushing += 1
+        try:
+            self._dispatch(force=True)
+            with self._idle:
+                return self._idle.wait_for(lambda: self._in_flight == 0 and not self._pending(), timeout)
+        finally:
+            with self._lock:
+                self._flushing -= 1
 
     def close(self, timeout: float = 60.0) -> None:
         """Send what waits and wait for it (the producer shuts down)."""
@@ -176,10 +204,11 @@ class Accumulator:
             with self._lock:
                 if self._in_flight >= self.max_in_flight:
                     return
-                batch = self._take(force)
+                batch = self._take(force or self._flushing > 0)
                 if batch is None:
                     return
                 self._in_flight += 1
+                self._in_flight_msgs += len(batch)
             self._launch(batch)
 
     def _launch(self, batch: list[_Pending]) -> None:
@@ -202,12 +231,15 @@ class Accumulator:
 
     def _take(self, force: bool) -> list[_Pending] | None:
         """The next batch (lock held): up to max_messages / max_bytes of the topic whose oldest message waited
-        longest; None when nothing waits, or the linger asks to wait for more."""
+        longest; None when nothing waits, when fewer wait than are in flight (they leave with more, or when
+        those are answered), or when the linger asks to wait for more."""
         oldest: collections.deque[_Pending] | None = None
         for queue in self._queues.values():
             if queue and (oldest is None or queue[0].added < oldest[0].added):
                 oldest = queue
         if oldest is None:
+            return None
+        if not force and len(oldest) < min(self._in_flight_msgs, self.max_messages):
             return None
         if not force and self.linger_s > 0 and len(oldest) < self.max_messages:
             wait = oldest[0].added + self.linger_s - time.monotonic()
@@ -249,5 +281,6 @@ class Accumulator:
         complete_batch(batch, self._futures_cond, None if error else results, error)
         with self._idle:
             self._in_flight -= 1
+            self._in_flight_msgs -= len(batch)
             self._idle.notify_all()
         self._dispatch()

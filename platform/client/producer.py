@@ -46,7 +46,7 @@ from ..common.message import Message, SendResult, SendStatus, send_status
 from ..common.trace import TraceEvent
 from ..common.validation import validate_group, validate_topic
 from ..common.wire import SendRow, encode_body, send_rows_to_arrow, to_ipc
-from .accumulator import Accumulator
+from .accumulator import Accumulator, BatchedFuture
 from .allocation import MessageQueue
 from .broker_remoting import RemotingBrokerClient, decode_batch_answer
 from .config import ClientConfig
@@ -139,13 +139,14 @@ class _Prepared:
 class BatchSendResults(Sequence[SendResult]):
     """The results of a batch stored in one queue, built one by one when read (a batch answer comes packed)."""
 
-    __slots__ = ("_answer", "_ids", "_offsets", "_prefix")
+    __slots__ = ("_answer", "_ids", "_offsets", "_prefix", "_status")
 
     def __init__(self, answer: protocol.SendBatchResponse, msg_ids: Sequence[str], offsets: bytes) -> None:
         self._answer = answer
         self._ids = msg_ids
         self._offsets = memoryview(offsets).cast("q")
         self._prefix: str | None = None
+        self._status: SendStatus | None = None
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -154,18 +155,30 @@ class BatchSendResults(Sequence[SendResult]):
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         a = self._answer
-        if self._prefix is None:
+        if self._status is None:  # once per batch, not per message
             self._prefix = offset_msg_id_prefix(a.store_host)
+            self._status = send_status(a.status)
         i = range(len(self))[index]
         queue_offset = a.queue_offsets[i] if a.queue_offsets is not None else a.first_queue_offset + i
-        return SendResult(send_status(a.status), self._ids[i], f"{self._prefix}{self._offsets[i]:016X}", a.topic,
-                          a.broker_name, a.queue_id, queue_offset, a.store_timestamp, self._offsets[i])
+        offset = self._offsets[i]
+        return SendResult(self._status, self._ids[i], f"{self._prefix}{offset:016X}", a.topic,
+                          a.broker_name, a.queue_id, queue_offset, a.store_timestamp, offset)
 
     def __eq__(self, other: object) -> bool:
         return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
 
     def __repr__(self) -> str:
         return f"BatchSendResults({len(self)} messages on {self._answer.broker_name}/{self._answer.queue_id})"
+
+
+def _outcome(future: concurrent.futures.Future[SendResult]) -> tuple[SendResult | None, BaseException | None]:
+    """``(result, None)`` or ``(None, error)`` of a done future; a batched one is read without its lock."""
+    if type(future) is BatchedFuture:
+        outcome = future.outcome()
+        if outcome is not None:
+            return outcome
+    error = future.exception()
+    return (None if error else future.result()), error
 
 
 class Producer:
@@ -462,9 +475,9 @@ class Producer:
             future = self._executor.submit(self._send_prepared, prepared, timeout, sharding_key, queue_selector)
         if callback is not None:
             def done(f: concurrent.futures.Future[SendResult]) -> None:
-                error = f.exception()
+                result, error = _outcome(f)
                 try:
-                    callback(None if error else f.result(), error)
+                    callback(result, error)
                 except Exception:  # a failing callback must not disappear silently
                     log.exception("send callback failed")
             future.add_done_callback(done)
