@@ -100,6 +100,21 @@ class BrokerService:
         if self.server is not None:
             self.server.should_exit = True
 
+    async def _open_endpoints(self) -> None:
+        """Remoting, the DLedger member and the HA port, all on this loop (long polls, pushes and the futures of
+        sends waiting for a sync, a slave or a Raft commit resolve on it without a thread)."""
+        remoting_port = self.config.remoting_bind_port
+        if remoting_port is not None:
+            self.remoting = await BrokerRemoting(self.broker).start(self.config.host, remoting_port)
+            self.broker.remoting_addr = self.config.remoting_addr_for(self.remoting.port)
+        if self.broker.dledger is not None:
+            await self.broker.dledger.start()
+        ha_port = self.config.ha_bind_port
+        master = self.broker.replication_master
+        if master is not None and ha_port is not None:
+            await master.start(self.config.host, ha_port)
+            self.broker.ha_addr = self.config.remoting_addr_for(master.port)
+
     async def serve(self, log_level: str = "warning", on_ready: Callable[[str, int], None] = _announce,
                     handle_signals: bool = True,
                     on_remoting: Callable[[str], None] | None = _announce_remoting) -> bool:
@@ -113,29 +128,16 @@ class BrokerService:
         except BaseException:
             self.sock.close()
             raise
-        remoting_port = self.config.remoting_bind_port
-        if remoting_port is not None:
-            # Same loop as the HTTP app: long polls, pushes and the processors' futures share it.
-            try:
-                self.remoting = await BrokerRemoting(self.broker).start(self.config.host, remoting_port)
-            except BaseException:
-                await asyncio.to_thread(self.broker.shutdown)
-                self.sock.close()
-                raise
-            self.broker.remoting_addr = self.config.remoting_addr_for(self.remoting.port)
-        ha_port = self.config.ha_bind_port
-        master = self.broker.replication_master
-        if master is not None and ha_port is not None:
-            # The HA port shares the loop too: SYNC_MASTER sends' futures resolve on it without a thread.
-            try:
-                await master.start(self.config.host, ha_port)
-            except BaseException:
-                if self.remoting is not None:
-                    await self.remoting.stop(0)
-                await asyncio.to_thread(self.broker.shutdown)
-                self.sock.close()
-                raise
-            self.broker.ha_addr = self.config.remoting_addr_for(master.port)
+        try:
+            await self._open_endpoints()
+        except BaseException:
+            if self.remoting is not None:
+                await self.remoting.stop(0)
+            if self.broker.dledger is not None:
+                await self.broker.dledger.stop()
+            await asyncio.to_thread(self.broker.shutdown)
+            self.sock.close()
+            raise
         # What start-up built lives as long as the process: keep the collector from re-scanning it, which
         # otherwise stalls the serving loop for milliseconds at every full collection.
         gc.freeze()
@@ -174,6 +176,8 @@ class BrokerService:
                 await self.remoting.stop(_GRACEFUL_S)
             if self.broker.replication_master is not None:
                 await self.broker.replication_master.stop()
+            if self.broker.dledger is not None:
+                await self.broker.dledger.stop()
             # The lake's jobs read this broker: stop them before the store closes.
             await asyncio.to_thread(self._stop_lake)
             await asyncio.to_thread(self.broker.shutdown)

@@ -12,6 +12,7 @@ with a deadline.
 """
 from __future__ import annotations
 
+import base64
 import os
 import queue
 import signal
@@ -23,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 import sparkmq
 
@@ -199,3 +202,36 @@ def route_has(admin: Any, topic: str, queues: int) -> bool:
         return len(admin.topic_route(topic).read_queues) == queues
     except SparkMQError:
         return False
+
+
+def write_conf(path: Path, data_dir: Path, **broker: Any) -> Path:
+    """A broker config file: ``[broker]`` settings the CLI has no flag for."""
+    lines = ["[broker]", f'data_dir = "{data_dir}"']
+    for key, value in broker.items():
+        lines.append(f"{key} = {value!r}" if not isinstance(value, bool) else f"{key} = {str(value).lower()}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def url_of(broker: ServiceProcess | str) -> str:
+    """A broker's base URL (a process, or an ``http://`` URL already)."""
+    return broker if isinstance(broker, str) else broker.url
+
+
+def read_all(broker: ServiceProcess | str, topic: str, queues: int = 4) -> dict[str, bytes]:
+    """Every message of ``topic`` on ``broker``: msg_id -> body."""
+    found: dict[str, bytes] = {}
+    with httpx.Client(base_url=url_of(broker), timeout=10) as http:
+        for queue_id in range(queues):
+            offset = 0
+            while True:
+                answer = http.get(f"/topics/{topic}/queues/{queue_id}/messages",
+                                  params={"offset": offset, "max": 1024}).json()
+                if "messages" not in answer:
+                    break  # the topic is not (yet) on this broker
+                for m in answer["messages"]:
+                    found[m["msg_id"]] = base64.b64decode(m["body"])
+                if answer["next_offset"] == offset or not answer["messages"]:
+                    break
+                offset = answer["next_offset"]
+    return found

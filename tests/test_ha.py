@@ -6,7 +6,6 @@ readable from the slave while the master is down (SYNC_MASTER), and from both on
 """
 from __future__ import annotations
 
-import base64
 import os
 import signal
 import socket
@@ -19,7 +18,17 @@ from typing import Any
 import httpx
 import pytest
 
-from procs import BROKER, NAMESRV, ProcessHarness, ServiceProcess, fast_client_config, wait_until
+from procs import (
+    BROKER,
+    NAMESRV,
+    ProcessHarness,
+    ServiceProcess,
+    fast_client_config,
+    read_all,
+    url_of,
+    wait_until,
+    write_conf,
+)
 from sparkmq.platform.client import ConsumeStatus, Message, Producer, PushConsumer
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 from sparkmq.platform.common.message import SendStatus
@@ -31,15 +40,6 @@ TOPIC = "HaTopic"
 QUEUES = 4
 #: Kills per run in the suite (the slow-marked variant does twice as many; SPARKMQ_HA_KILLS changes both).
 KILLS = int(os.environ.get("SPARKMQ_HA_KILLS", "10"))
-
-
-def write_conf(path: Path, data_dir: Path, **broker: Any) -> Path:
-    """A broker config file: ``[broker]`` settings the CLI has no flag for."""
-    lines = ["[broker]", f'data_dir = "{data_dir}"']
-    for key, value in broker.items():
-        lines.append(f"{key} = {value!r}" if not isinstance(value, bool) else f"{key} = {str(value).lower()}")
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 class Pair:
@@ -71,30 +71,6 @@ class Pair:
     def restart_master(self) -> None:
         self.master = self.start_master()
         self.wait_in_sync()
-
-
-def url_of(broker: ServiceProcess | str) -> str:
-    """A broker's base URL (a process, or an ``http://`` URL already)."""
-    return broker if isinstance(broker, str) else broker.url
-
-
-def read_all(broker: ServiceProcess | str, topic: str = TOPIC, queues: int = QUEUES) -> dict[str, bytes]:
-    """Every message of ``topic`` on ``broker``: msg_id -> body."""
-    found: dict[str, bytes] = {}
-    with httpx.Client(base_url=url_of(broker), timeout=10) as http:
-        for queue_id in range(queues):
-            offset = 0
-            while True:
-                answer = http.get(f"/topics/{topic}/queues/{queue_id}/messages",
-                                  params={"offset": offset, "max": 1024}).json()
-                if "messages" not in answer:
-                    break  # the topic is not (yet) on this broker
-                for m in answer["messages"]:
-                    found[m["msg_id"]] = base64.b64decode(m["body"])
-                if answer["next_offset"] == offset or not answer["messages"]:
-                    break
-                offset = answer["next_offset"]
-    return found
 
 
 class SteadySender:
@@ -149,7 +125,7 @@ def create_topic(broker: ServiceProcess) -> None:
 
 
 def slave_has(pair: Pair, acked: dict[str, bytes]) -> bool:
-    found = read_all(pair.slave)
+    found = read_all(pair.slave, TOPIC)
     return all(found.get(msg_id) == body for msg_id, body in acked.items())
 
 
@@ -166,7 +142,7 @@ def test_sync_master_loses_nothing_acknowledged_across_master_kills(procs: Proce
             pair.master.kill9()
             acked = sender.acked_now()
             # While the master is down: everything acknowledged is on the slave already (sync double write).
-            on_slave = read_all(pair.slave)
+            on_slave = read_all(pair.slave, TOPIC)
             missing = {m for m, b in acked.items() if on_slave.get(m) != b}
             assert not missing, f"kill {kill}: {len(missing)} acknowledged messages not on the slave"
             pair.restart_master()
@@ -176,7 +152,7 @@ def test_sync_master_loses_nothing_acknowledged_across_master_kills(procs: Proce
     assert len(acked) >= 20 * kills
     pair.wait_in_sync()
     wait_until(lambda: pair.ha(pair.master)["max_bytes_behind"] == 0, 20, "the slave caught up")
-    on_master, on_slave = read_all(pair.master), read_all(pair.slave)
+    on_master, on_slave = read_all(pair.master, TOPIC), read_all(pair.slave, TOPIC)
     assert all(on_master.get(m) == b for m, b in acked.items())
     assert all(on_slave.get(m) == b for m, b in acked.items())
     assert on_master == on_slave  # the same log: the same messages under the same ids
@@ -198,7 +174,7 @@ def test_async_master_counts_what_the_slave_had_not_received(procs: ProcessHarne
             pair.master.kill9()
             acked = sender.acked_now()
             wait_until(lambda: TOPIC in read_all_topics(pair.slave), 15, "the topic on the slave")
-            on_slave = read_all(pair.slave)
+            on_slave = read_all(pair.slave, TOPIC)
             not_on_slave.append(sum(1 for m, b in acked.items() if on_slave.get(m) != b))
             pair.restart_master()
     finally:
@@ -207,7 +183,7 @@ def test_async_master_counts_what_the_slave_had_not_received(procs: ProcessHarne
     # kill -9 keeps the master's page cache: after it returns nothing acknowledged is missing anywhere.
     acked = sender.acked_now()
     wait_until(lambda: pair.ha(pair.master)["max_bytes_behind"] == 0, 20, "the slave caught up")
-    on_master, on_slave = read_all(pair.master), read_all(pair.slave)
+    on_master, on_slave = read_all(pair.master, TOPIC), read_all(pair.slave, TOPIC)
     assert all(on_master.get(m) == b for m, b in acked.items())
     assert on_master == on_slave
     # Under ASYNC_MASTER the master reports the lag; it is a count of bytes, never negative.
@@ -228,7 +204,7 @@ def test_sync_master_statuses_when_the_slave_pauses_or_dies(procs: ProcessHarnes
         finally:
             os.kill(pair.slave.proc.pid, signal.SIGCONT)
         # The message was kept on the master, and the slave gets it once it runs again.
-        wait_until(lambda: b"slave paused" in read_all(pair.slave).values(), 15, "the paused slave catching up")
+        wait_until(lambda: b"slave paused" in read_all(pair.slave, TOPIC).values(), 15, "the paused slave catching up")
         assert producer.send(Message(TOPIC, b"resumed")).status is SendStatus.SEND_OK
         pair.slave.kill9()
         wait_until(lambda: pair.ha(pair.master)["in_sync_slaves"] == 0, 10, "the master noticing")
@@ -236,7 +212,7 @@ def test_sync_master_statuses_when_the_slave_pauses_or_dies(procs: ProcessHarnes
         result = producer.send(Message(TOPIC, b"no slave"))
         assert result.status is SendStatus.SLAVE_NOT_AVAILABLE
         assert time.monotonic() - started < 0.4  # at once, not after the timeout
-        assert b"no slave" in read_all(pair.master).values()  # stored on the master all the same
+        assert b"no slave" in read_all(pair.master, TOPIC).values()  # stored on the master all the same
 
 
 def test_a_slave_refuses_writes_and_catches_up_after_a_restart(procs: ProcessHarness, tmp_path: Path) -> None:
@@ -255,8 +231,8 @@ def test_a_slave_refuses_writes_and_catches_up_after_a_restart(procs: ProcessHar
                              "--register-interval-s", "0.5", "--role", "SLAVE", "--broker-id", "1")
     pair.wait_in_sync()
     wait_until(lambda: pair.ha(pair.master)["max_bytes_behind"] == 0, 20, "the restarted slave catching up")
-    assert read_all(pair.master) == read_all(pair.slave)
-    assert len(read_all(pair.slave)) == 1200
+    assert read_all(pair.master, TOPIC) == read_all(pair.slave, TOPIC)
+    assert len(read_all(pair.slave, TOPIC)) == 1200
 
 
 def test_consumers_read_from_the_slave_while_the_master_is_down(procs: ProcessHarness, tmp_path: Path) -> None:
@@ -345,7 +321,7 @@ def test_bad_input_on_the_ha_port_is_refused_and_changes_nothing(procs: ProcessH
     assert after["max_offset"] == before["max_offset"]
     assert [s["broker_id"] for s in after["slaves"]] == [1]
     assert after["refused"]["BAD_HELLO"] == 2 and after["refused"]["WRONG_BROKER_NAME"] == 1
-    assert read_all(pair.master) == read_all(pair.slave)  # the real slave was never disturbed
+    assert read_all(pair.master, TOPIC) == read_all(pair.slave, TOPIC)  # the real slave was never disturbed
 
 
 def _drained_to_eof(sock: socket.socket) -> bool:
@@ -371,5 +347,5 @@ def test_the_embedded_platform_runs_a_master_and_its_slave(tmp_path: Path) -> No
             results = producer.send_batch([Message(TOPIC, f"dev-{i}".encode()) for i in range(50)])
         assert {r.status for r in results} == {SendStatus.SEND_OK}
         wait_until(lambda: TOPIC in read_all_topics(slave), 15, "the topic on the slave")
-        assert read_all(slave) == read_all(master)
-        assert len(read_all(slave)) == 50
+        assert read_all(slave, TOPIC) == read_all(master, TOPIC)
+        assert len(read_all(slave, TOPIC)) == 50

@@ -17,6 +17,7 @@ their progress), persists offsets and closes the store -- in that order.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import threading
@@ -25,6 +26,7 @@ from typing import Any
 
 from ..common.errors import ErrorCode, SparkMQError
 from ..ha import ReplicationMaster, ReplicationSlave
+from ..ha.dledger import DLedgerMember, RaftConfig
 from ..store import AppendEvent, MessageStore
 from .check_channel import CheckChannel
 from .client_manager import ClientManager
@@ -84,7 +86,16 @@ class Broker:
         self.ha_addr: str | None = None
         #: A slave's master, as the name servers answered its registration: (HTTP address, HA address).
         self._learned_master: tuple[str | None, str | None] = (None, None)
-        if config.role is BrokerRole.SLAVE:
+        #: A DLedger member (``dledger_enabled``): built in :meth:`start` over the opened store, joined by the
+        #: runner on its loop.  Its role decides this broker's: the leader is the master, the others slaves.
+        self.dledger: DLedgerMember | None = None
+        #: Role changes of a DLedger member are applied here, one at a time, off the loop.
+        self._role_worker: concurrent.futures.ThreadPoolExecutor | None = None
+        if config.dledger_enabled:
+            # Followers copy the leader's topic table and consumer offsets, as slaves do.
+            self.slave_sync = SlaveSynchronizer(self, config.ha_slave_sync_interval_s)
+            self._role_worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"dledger-role-{self.name}")
+        elif config.role is BrokerRole.SLAVE:
             self.replication_slave = ReplicationSlave(self.store, config.broker_name, config.broker_id,
                                                       self.master_ha_addr)
             self.slave_sync = SlaveSynchronizer(self, config.ha_slave_sync_interval_s)
@@ -109,7 +120,8 @@ class Broker:
         #: Trace events into RMQ_SYS_TRACE_TOPIC (buffered, written by its own thread), and their lookup.
         # A slave's log is its master's, byte for byte: it writes no trace messages of its own.
         self.tracer = TraceRecorder(self.send_processor.put_trace, config.broker_name,
-                                    enabled=config.trace_enabled and config.role is not BrokerRole.SLAVE)
+                                    enabled=config.trace_enabled and config.role is not BrokerRole.SLAVE
+                                    and not config.dledger_enabled)
         self.trace_lookup = TraceLookup(config.data_dir / "lake")
         self.add_component("trace", self.tracer.status)
         self._state_lock = threading.Lock()
@@ -124,7 +136,7 @@ class Broker:
         self.topics.add_listener(lambda _version: self.registration.trigger())
         self.clients.add_leave_listener(self.consumer_processor.on_clients_left)
         self.store.add_append_listener(self._on_append)
-        if self.replication_master is not None or self.replication_slave is not None:
+        if self.replication_master is not None or self.replication_slave is not None or config.dledger_enabled:
             # /health shows the replication state; a slave cut off from its master is "degraded", and
             # /metrics exports the lag (sparkmq_replication_*).
             self.add_component("replication", lambda: self.replication_status() or {}, self._replication_healthy)
@@ -160,6 +172,8 @@ class Broker:
         self.topics.load()
         self.store.start()
         try:
+            if self.config.dledger_enabled:
+                self.dledger = self._new_dledger_member()
             loaded = self.offsets.load()
             self.offsets.start()
             self.clients.start()
@@ -167,6 +181,8 @@ class Broker:
         except BaseException:
             self._stop_services()
             self.offsets.stop()
+            if self.dledger is not None:
+                self.dledger.close()
             self.store.shutdown()
             raise
         self._state = "running"
@@ -185,8 +201,8 @@ class Broker:
 
     def _build_services(self) -> None:
         cfg = self.config
-        if cfg.role is BrokerRole.SLAVE:
-            return  # a slave stores nothing of its own; its master delivers
+        if cfg.role is BrokerRole.SLAVE or (self.dledger is not None and not self.dledger.leads):
+            return  # a slave stores nothing of its own; its master delivers (a DLedger leader builds them)
         self.schedule = ScheduleService(self.store, self.levels_ms, cfg.progress_path("delay_offset"),
                                         self.send_processor.redeliver)
         self.timers = TimerService(self.store, cfg.progress_path("timer_progress"), self.send_processor.redeliver,
@@ -244,11 +260,15 @@ class Broker:
             self.slave_sync.stop()
         if self.replication_slave is not None:
             self.replication_slave.stop()
+        if self._role_worker is not None:
+            self._role_worker.shutdown(wait=True)
         self._stop_services()
         self.tracer.stop()  # writes the events still buffered while the store is open
         self.clients.stop()
         if not self.offsets.stop():
             log.error("shutdown: the final consumer offset persist failed (see above)")
+        if self.dledger is not None:
+            self.dledger.close()
         self.store.shutdown()
         with self._state_lock:
             self._state = "stopped"
@@ -277,10 +297,65 @@ class Broker:
 
     def _on_append(self, event: AppendEvent) -> None:
         """What every append sets off: held pulls of the queue wake, and the trace records the store."""
-        self.holds.notify_put(event.topic, event.queue_id)
+        if self.dledger is None:  # in a DLedger group records become readable when committed: see _on_commit
+            self.holds.notify_put(event.topic, event.queue_id)
         self.tracer.appended(event)
         if event.replicated and self.slave_sync is not None and self.topics.get(event.topic) is None:
             self.slave_sync.trigger()  # consumers of the slave need the topic's config, not in 10 s
+
+    # ================================================================== DLedger
+    def _new_dledger_member(self) -> DLedgerMember:
+        cfg = self.config
+        raft = RaftConfig(heartbeat_interval_s=cfg.dledger_heartbeat_ms / 1000.0,
+                          max_missed_heartbeats=cfg.dledger_max_missed_heartbeats,
+                          wait_for_ack_s=cfg.dledger_wait_for_ack_ms / 1000.0,
+                          preferred_leader=cfg.dledger_preferred_leader)
+        member = DLedgerMember(self.store, cfg.data_dir / "dledger", group=cfg.dledger_group or cfg.broker_name,
+                               self_id=cfg.dledger_self_id, members=cfg.dledger_members(), config=raft,
+                               host=cfg.host)
+        member.add_role_listener(self._on_dledger_role)
+        member.add_commit_listener(self._on_commit)
+        return member
+
+    @property
+    def broker_id(self) -> int:
+        """0 on a master; a slave's id (a DLedger member's changes with its role)."""
+        if self.dledger is not None:
+            return 0 if self.dledger.leads else self.dledger.follower_id()
+        return self.config.broker_id
+
+    @property
+    def is_master(self) -> bool:
+        """Whether this broker takes sends (a master, or the leader of its DLedger group)."""
+        if self.dledger is not None:
+            return self.dledger.leads
+        return self.config.role is not BrokerRole.SLAVE
+
+    def _on_commit(self, previous: int, commit: int) -> None:
+        """A DLedger commit made records readable: wake the held pulls of the queues it covered."""
+        for topic, queue_id in self.store.queues_in_range(previous, commit):
+            self.holds.notify_put(topic, queue_id)
+
+    def _on_dledger_role(self, leads: bool, term: int, leader_id: str | None) -> None:
+        """On the loop: the member's role changed; apply it off the loop (services start and stop slowly)."""
+        if leads:
+            self._learned_master = (None, None)  # a leader copies nothing from anyone
+        if self._role_worker is not None:
+            with contextlib.suppress(RuntimeError):  # shutting down
+                self._role_worker.submit(self._apply_dledger_role, leads)
+
+    def _apply_dledger_role(self, leads: bool) -> None:
+        if not self.running or self.dledger is None or leads != self.dledger.leads:
+            return  # stale: a later change is queued behind this one
+        if leads and not self._services():
+            self._build_services()
+            for service in self._services():
+                service.start()
+        elif not leads and self._services():
+            self._stop_services()
+            self.schedule = self.timers = self.transactions = None
+        log.info("broker %s: DLedger %s in term %d", self.name, "leader" if leads else "follower", self.dledger.term)
+        self.registration.trigger()  # the name servers learn the new master (or that this one is not) now
 
     # ================================================================== replication
     def master_ha_addr(self) -> str | None:
@@ -296,18 +371,24 @@ class Broker:
         return self._learned_master[0]
 
     def _on_registered(self, answer: dict[str, Any]) -> None:
-        if self.config.role is BrokerRole.SLAVE:
+        if not self.is_master:
             master, master_ha = answer.get("master_addr"), answer.get("master_ha_addr")
             if isinstance(master, str) or master is None:
                 self._learned_master = (master, master_ha if isinstance(master_ha, str) else None)
 
     def _replication_healthy(self) -> bool:
+        if self.dledger is not None:  # a group without a leader takes no sends
+            return not self.running or self.dledger.leader_id is not None
         slave = self.replication_slave
         return slave is None or not self.running or slave.connected
 
     def _replication_gauges(self) -> Iterator[tuple[str, dict[str, float]]]:
         status = self.replication_status() or {}
-        if self.replication_master is not None:
+        if self.dledger is not None:
+            yield self.name, {"leader": float(self.dledger.leads), "term": float(status.get("term", 0)),
+                              "commit_offset": float(status.get("commit_offset", 0)),
+                              "waiting_sends": float(status.get("waiting_sends", 0))}
+        elif self.replication_master is not None:
             yield self.name, {"in_sync_slaves": float(status.get("in_sync_slaves", 0)),
                               "max_bytes_behind": float(status.get("max_bytes_behind") or 0),
                               "waiting_sends": float(status.get("waiting_sends", 0))}
@@ -330,19 +411,26 @@ class Broker:
             return self.replication_master.status()
         if self.replication_slave is not None:
             return self.replication_slave.status()
+        if self.dledger is not None:
+            return self.dledger.status()
         return None
 
     # ================================================================== registration
     def registration_payload(self) -> dict[str, Any]:
         """The ``POST /brokers/register`` body: identity, data version and the whole topic table."""
         version, topics = self.topics.snapshot()
-        return {"cluster": self.config.cluster, "broker_name": self.name, "broker_id": self.config.broker_id,
-                "broker_addr": self.addr, "ha_addr": self.ha_addr, "remoting_addr": self.remoting_addr,
-                "data_version": version,
-                "topic_configs": {t: cfg.to_route_dict() for t, cfg in topics.items()}}
+        payload = {"cluster": self.config.cluster, "broker_name": self.name, "broker_id": self.broker_id,
+                   "broker_addr": self.addr, "ha_addr": self.ha_addr, "remoting_addr": self.remoting_addr,
+                   "data_version": version,
+                   "topic_configs": {t: cfg.to_route_dict() for t, cfg in topics.items()}}
+        if self.dledger is not None:
+            # The name servers keep the master of the highest term: a deposed leader that wakes up late
+            # cannot take the route back.
+            payload["epoch"] = self.dledger.term
+        return payload
 
     def _unregister_payload(self) -> dict[str, Any]:
-        return {"cluster": self.config.cluster, "broker_name": self.name, "broker_id": self.config.broker_id,
+        return {"cluster": self.config.cluster, "broker_name": self.name, "broker_id": self.broker_id,
                 "broker_addr": self.addr}
 
     def add_component(self, name: str, status: Callable[[], dict[str, Any]],

@@ -154,6 +154,23 @@ class BrokerConfig:
     ha_flush_slave_timeout_ms: int = 3000
     #: A slave copies its master's topic table and consumer offsets this often (RocketMQ: 10 s).
     ha_slave_sync_interval_s: float = 10.0
+    #: Be a member of a DLedger group (RocketMQ's enableDLegerCommitLog): the commit log is a Raft log, the
+    #: elected leader registers as master (id 0), the others as slaves; ``role``/``broker_id`` are ignored.
+    dledger_enabled: bool = False
+    #: The group's name (RocketMQ's dLegerGroup); None = the broker name.
+    dledger_group: str | None = None
+    #: This member's id among ``dledger_peers`` (dLegerSelfId).
+    dledger_self_id: str = "n0"
+    #: Every member, ``id-host:port`` joined by ``;`` (dLegerPeers): where each one's Raft port is reached.
+    #: This member listens on the port of its own entry.
+    dledger_peers: str = ""
+    #: The leader's heartbeat interval; a follower gives up on it after ``dledger_max_missed_heartbeats``.
+    dledger_heartbeat_ms: int = 2000
+    dledger_max_missed_heartbeats: int = 3
+    #: A send the group has not committed within this long answers FLUSH_SLAVE_TIMEOUT (maxWaitAckTimeMs).
+    dledger_wait_for_ack_ms: int = 2500
+    #: The member that should lead whenever it is healthy and caught up (preferredLeaderId); None = any.
+    dledger_preferred_leader: str | None = None
     #: Name servers to register with (every one of them).
     namesrv_addrs: tuple[str, ...] = ()
     #: Root of the broker's files (store, topic table, lake tables).
@@ -219,6 +236,15 @@ class BrokerConfig:
             _check_int("ha_port", self.ha_port, -1, 65535)
         if self.ha_master_addr is not None:
             _check_addr("ha_master_addr", self.ha_master_addr)
+        if self.dledger_enabled:
+            members = self.dledger_members()  # validates the peers and this member's place among them
+            if self.dledger_preferred_leader is not None and self.dledger_preferred_leader not in members:
+                raise ValueError(f"dledger_preferred_leader {self.dledger_preferred_leader!r} is not in dledger_peers")
+        if self.dledger_group is not None:
+            _check_name("dledger_group", self.dledger_group)
+        _check_int("dledger_heartbeat_ms", self.dledger_heartbeat_ms, 10, 600_000)
+        _check_int("dledger_max_missed_heartbeats", self.dledger_max_missed_heartbeats, 2, 100)
+        _check_int("dledger_wait_for_ack_ms", self.dledger_wait_for_ack_ms, 1, 3_600_000)
         _check_int("ha_in_sync_max_gap_bytes", self.ha_in_sync_max_gap_bytes, 0, 2**62)
         _check_int("ha_flush_slave_timeout_ms", self.ha_flush_slave_timeout_ms, 1, 3_600_000)
         _check_seconds("ha_slave_sync_interval_s", self.ha_slave_sync_interval_s)
@@ -236,7 +262,7 @@ class BrokerConfig:
         _check_int("default_topic_queue_nums", self.default_topic_queue_nums, 1, 1024)
         _check_int("pull_max_bytes", self.pull_max_bytes, 1, 2**31 - 1)
         _check_int("max_request_bytes", self.max_request_bytes, 1024, 2**31 - 1)
-        for name in ("auto_create_topic", "trace_enabled"):
+        for name in ("auto_create_topic", "trace_enabled", "dledger_enabled"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         store = dict(self.store)
@@ -267,7 +293,7 @@ class BrokerConfig:
     @property
     def ha_bind_port(self) -> int | None:
         """The port a master serves replication on (0 = a free one); None on a slave or with HA off."""
-        if self.role is BrokerRole.SLAVE:
+        if self.role is BrokerRole.SLAVE or self.dledger_enabled:  # a DLedger member replicates over Raft
             return None
         if self.ha_port is None:
             return 0 if self.port == 0 else self.port + 1
@@ -277,6 +303,25 @@ class BrokerConfig:
         """The remoting ``host:port`` clients are told, on the advertised host."""
         host = self.addr.rpartition(":")[0]
         return f"{host}:{bound_port}"
+
+    def dledger_members(self) -> dict[str, tuple[str, int]]:
+        """``dledger_peers`` parsed: member id -> (host, port); ValueError when malformed, with fewer than 3
+        members, or without ``dledger_self_id``."""
+        members: dict[str, tuple[str, int]] = {}
+        for item in (p.strip() for p in self.dledger_peers.split(";") if p.strip()):
+            member, sep, addr = item.partition("-")
+            if not sep or not member:
+                raise ValueError(f"dledger_peers entry {item!r} is not 'id-host:port'")
+            _check_addr(f"dledger_peers entry {member!r}", addr)
+            if member in members:
+                raise ValueError(f"dledger_peers names {member!r} twice")
+            host, _, port = addr.rpartition(":")
+            members[member] = (host.strip("[]"), int(port))
+        if len(members) < 3:
+            raise ValueError(f"a DLedger group has at least 3 members (dledger_peers: {self.dledger_peers!r})")
+        if self.dledger_self_id not in members:
+            raise ValueError(f"dledger_self_id {self.dledger_self_id!r} is not in dledger_peers {sorted(members)}")
+        return members
 
     @property
     def delay_levels_ms(self) -> tuple[int, ...]:

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.system_topics import (
+    DLEDGER_NOOP_TOPIC,
     SCHEDULE_TOPIC,
     TIMER_TOPIC,
     TRACE_TOPIC,
@@ -122,6 +123,7 @@ def _system_configs(default_queue_nums: int, auto_create: bool) -> list[TopicCon
         TopicConfig(TIMER_TOPIC, 1, 1),
         TopicConfig(TRANS_HALF_TOPIC, 1, 1),
         TopicConfig(TRANS_OP_HALF_TOPIC, 1, 1),
+        TopicConfig(DLEDGER_NOOP_TOPIC, 1, 1),
     ]
     if auto_create:
         # INHERIT marks it as the template; producers use its route for topics that do not exist yet.

@@ -76,6 +76,11 @@ QueueSelectorFn = Callable[[Sequence[MessageQueue], Message], MessageQueue]
 #: ``callback(result, error)`` of :meth:`Producer.send_async`: exactly one of them is None.
 SendCallback = Callable[[SendResult | None, BaseException | None], None]
 
+#: After a master failed, its route is asked for again at most this often, and a producer with no other
+#: broker to try waits this long before the next attempt.
+_REFRESH_GAP_S = 0.2
+_FAILOVER_PAUSE_S = 0.2
+
 #: Failures worth one more attempt on another broker.
 RETRYABLE_CODES = frozenset({
     ErrorCode.SERVICE_NOT_AVAILABLE, ErrorCode.INTERNAL_ERROR, ErrorCode.TOPIC_NOT_EXIST, ErrorCode.NO_PERMISSION,
@@ -208,6 +213,7 @@ class Producer:
         self._state_lock = threading.Lock()
         self._state = "created"
         self._met_addrs: set[str] = set()  # masters this producer has sent to (heartbeat them at once)
+        self._last_failover_refresh: dict[str, float] = {}  # topic -> when its route was last re-asked after a failure
         #: ``send`` trace events, posted in batches to the broker that stored each message.
         self._tracer = TraceDispatcher(self._brokers, f"producer-{group}") if config.trace_enabled else None
 
@@ -344,9 +350,10 @@ class Producer:
             mq = ordered_queue(route) if ordered_queue is not None else self._selector.select(route.write_queues,
                                                                                               last_broker)
             addr = route.master_addr(mq.broker_name)
-            if addr is None:  # a route refreshed between the two lines lost the master
+            if addr is None:  # no master now (a DLedger group electing one): ask again shortly
                 last_error = SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"{mq.broker_name} has no master")
                 last_broker = mq.broker_name
+                self._await_new_master(topic, route, deadline)
                 continue
             if addr not in self._met_addrs:
                 # A broker first met: tell it about this producer now, not at the next period.
@@ -362,6 +369,10 @@ class Producer:
                 if exc.code in BROKER_FAULT_CODES:
                     unreachable = isinstance(exc, RemotingError) and not exc.timed_out
                     self.fault.update(mq.broker_name, elapsed_ms, isolation=True, reachable=not unreachable)
+                    if exc.code is ErrorCode.SERVICE_NOT_AVAILABLE:
+                        # Down or no longer the master (a DLedger leader deposed): the name servers may
+                        # already name its successor, for this attempt's retry or the next send.
+                        self._await_new_master(topic, route, deadline if attempt + 1 < attempts else 0.0)
                 if exc.code in (ErrorCode.TOPIC_NOT_EXIST, ErrorCode.NO_PERMISSION, ErrorCode.QUEUE_ID_ILLEGAL):
                     self._refresh_route_quietly(topic)
                 log.info("send to %s (%s) failed, attempt %d of %d: %s", mq.key, addr, attempt + 1, attempts, exc)
@@ -372,6 +383,16 @@ class Producer:
         if last_error is not None:
             raise last_error
         raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"send to {topic!r} timed out after {budget:.3f} s")
+
+    def _await_new_master(self, topic: str, route: TopicRouteInfo, deadline: float) -> None:
+        """Before retrying where the master failed: refresh the route (at most every ``_REFRESH_GAP_S``) and,
+        when there is no other broker to try, pause a little so a failover can finish within the budget."""
+        now = time.monotonic()
+        if now - self._last_failover_refresh.get(topic, 0.0) >= _REFRESH_GAP_S:
+            self._last_failover_refresh[topic] = now
+            self._refresh_route_quietly(topic)
+        if len(route.broker_names) <= 1:
+            time.sleep(max(0.0, min(_FAILOVER_PAUSE_S, deadline - time.monotonic())))
 
     def _refresh_route_quietly(self, topic: str) -> None:
         try:

@@ -42,6 +42,7 @@ class ErrorCode(Enum):
     GROUP_NOT_EXIST = (22, 404, "the consumer group has no members and no committed offsets on this broker")
     REQUEST_CODE_NOT_SUPPORTED = (23, 400, "the remoting request code is unknown to this server")
     LAKE_NOT_AVAILABLE = (24, 503, "the answer needs the lake (the key index), and this broker runs none")
+    STALE_EPOCH = (25, 409, "a DLedger leader of an older term tried to register as master over a newer one")
 
     @property
     def remoting_code(self) -> int:

@@ -7,15 +7,21 @@ expiry scan -- calls :meth:`WaiterRegistry.notify` and every waiter of that key 
 waiter registers *first* and then re-checks its condition (``ready``), while a notifier
 changes the state first and then looks for waiters.  When nobody waits, a notify is one
 dictionary truth test.
+
+:class:`OffsetWaiters` holds callers waiting for a log offset to be acknowledged (by a slave, by a
+Raft majority), each answered once with a status.
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import heapq
+import itertools
 import threading
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
-__all__ = ["WaiterRegistry"]
+__all__ = ["OffsetWaiters", "WaiterRegistry"]
 
 K = TypeVar("K", bound=Hashable)
 #: A waiting coroutine: its loop, the thread running that loop, and the future it awaits.
@@ -113,3 +119,116 @@ class WaiterRegistry(Generic[K]):
             except RuntimeError:  # that loop is closed: its waiter is gone with it
                 pass
         return woken
+
+
+V = TypeVar("V")
+
+
+class _OffsetWaiter(Generic[V]):
+    """One caller waiting for an offset: resolved once, on whatever thread resolves it."""
+
+    __slots__ = ("resolve", "done")
+
+    def __init__(self, resolve: Callable[[V], None]) -> None:
+        self.resolve = resolve
+        self.done = False
+
+
+class OffsetWaiters(Generic[V]):
+    """Callers waiting until a log offset is reached (a slave holds it, a Raft majority committed it).
+
+    ``reached()`` says how far the log is acknowledged (None: nobody can acknowledge now).  A waiter gets
+    ``ok`` once :meth:`release` passes its offset, ``timed_out`` after ``timeout_s``, ``unavailable`` at
+    once when ``reached()`` is None, or what :meth:`fail_all` says.  Waits are a loop future
+    (:meth:`wait`: no thread per waiter) or a blocking call (:meth:`await_offset`); thread-safe.
+    """
+
+    def __init__(self, reached: Callable[[], int | None], timeout_s: float, *, ok: V, timed_out: V,
+                 unavailable: V) -> None:
+        self._reached = reached
+        self.timeout_s = timeout_s
+        self._ok, self._timed_out, self._unavailable = ok, timed_out, unavailable
+        self._lock = threading.Lock()
+        self._heap: list[tuple[int, int, _OffsetWaiter[V]]] = []  # (offset, serial, waiter)
+        self._serial = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def wait(self, offset: int, loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Future[V]:
+        """A loop future of the outcome for ``offset``."""
+        loop = loop if loop is not None else asyncio.get_running_loop()
+        fut: asyncio.Future[V] = loop.create_future()
+        loop_thread = threading.get_ident()
+
+        def resolve(value: V) -> None:
+            if threading.get_ident() == loop_thread:
+                if not fut.done():
+                    fut.set_result(value)
+            else:
+                loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(value))
+
+        self._add(offset, resolve, lambda w: loop.call_later(self.timeout_s, self._expire, w))
+        return fut
+
+    def await_offset(self, offset: int) -> V:
+        """:meth:`wait` for a thread: blocks up to ``timeout_s``."""
+        future: concurrent.futures.Future[V] = concurrent.futures.Future()
+
+        def resolve(value: V) -> None:
+            if not future.done():
+                future.set_result(value)
+
+        waiter = self._add(offset, resolve, None)
+        try:
+            return future.result(self.timeout_s)
+        except concurrent.futures.TimeoutError:
+            self._expire(waiter)
+            return future.result(1.0)
+
+    def _add(self, offset: int, resolve: Callable[[V], None],
+             arm: Callable[[_OffsetWaiter[V]], object] | None) -> _OffsetWaiter[V]:
+        waiter = _OffsetWaiter(resolve)
+        reached = self._reached()
+        if reached is None or reached >= offset:
+            waiter.done = True
+            resolve(self._unavailable if reached is None else self._ok)
+            return waiter
+        with self._lock:
+            heapq.heappush(self._heap, (offset, next(self._serial), waiter))
+        if arm is not None:
+            arm(waiter)
+        self.release(self._reached())  # the offset may have been reached between the check and the push
+        return waiter
+
+    def _expire(self, waiter: _OffsetWaiter[V]) -> None:
+        with self._lock:
+            if waiter.done:
+                return
+            waiter.done = True
+        waiter.resolve(self._timed_out)
+
+    def release(self, reached: int | None) -> None:
+        """Answer every waiter at or below ``reached``; every waiter ``unavailable`` when it is None."""
+        if not self._heap:
+            return
+        ready: list[_OffsetWaiter[V]] = []
+        with self._lock:
+            heap = self._heap
+            while heap and (reached is None or heap[0][0] <= reached):
+                waiter = heapq.heappop(heap)[2]
+                if not waiter.done:
+                    waiter.done = True
+                    ready.append(waiter)
+        value = self._ok if reached is not None else self._unavailable
+        for waiter in ready:
+            waiter.resolve(value)
+
+    def fail_all(self, value: V) -> None:
+        """Answer every waiter with ``value`` (the acknowledger went away)."""
+        with self._lock:
+            waiters, self._heap = self._heap, []
+        for _, _, waiter in waiters:
+            if not waiter.done:
+                waiter.done = True
+                waiter.resolve(value)

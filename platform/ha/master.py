@@ -12,19 +12,15 @@ once when no slave is in sync (RocketMQ's GroupTransferService).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import heapq
 import itertools
 import logging
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..common.errors import SparkMQError
 from ..common.message import SendStatus
-from ..common.waiters import WaiterRegistry
+from ..common.waiters import OffsetWaiters, WaiterRegistry
 from ..store import AppendEvent, MessageStore
 from .protocol import (
     HA_MAGIC,
@@ -77,16 +73,6 @@ class SlaveState:
                 "last_report_age_s": round(time.monotonic() - self.last_report, 3)}
 
 
-class _Waiter:
-    """A send waiting for a slave: resolved once with a SendStatus, on whatever thread resolves it."""
-
-    __slots__ = ("resolve", "done")
-
-    def __init__(self, resolve: Callable[[SendStatus], None]) -> None:
-        self.resolve = resolve
-        self.done = False
-
-
 class ReplicationMaster:
     """Serves the HA port of a master broker; thread-safe for the waits, loop-bound for serving."""
 
@@ -104,9 +90,10 @@ class ReplicationMaster:
         self._slaves: dict[int, SlaveState] = {}  # by connection serial
         self._serial = itertools.count(1)
         self._appends: WaiterRegistry[str] = WaiterRegistry()
-        self._lock = threading.Lock()
-        self._waiters: list[tuple[int, int, _Waiter]] = []  # heap of (end offset, serial, waiter)
-        self._waiter_serial = itertools.count()
+        #: SYNC_MASTER sends waiting for a slave to hold their end offset.
+        self._waiters: OffsetWaiters[SendStatus] = OffsetWaiters(
+            self.in_sync_offset, flush_slave_timeout_s, ok=SendStatus.SEND_OK,
+            timed_out=SendStatus.FLUSH_SLAVE_TIMEOUT, unavailable=SendStatus.SLAVE_NOT_AVAILABLE)
         self._tasks: set[asyncio.Task[None]] = set()
         #: Handshakes refused, by status name (bad input on the HA port is counted, never served).
         self.refused: dict[str, int] = {}
@@ -138,7 +125,7 @@ class ReplicationMaster:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
-        self._fail_waiters(SendStatus.SLAVE_NOT_AVAILABLE)
+        self._waiters.fail_all(SendStatus.SLAVE_NOT_AVAILABLE)
 
     # -- what sends ask -------------------------------------------------------------------------
     def in_sync_offset(self) -> int | None:
@@ -153,82 +140,11 @@ class ReplicationMaster:
     def wait_replicated(self, end_offset: int,
                         loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Future[SendStatus]:
         """A loop future of the send's status once a slave holds the log up to ``end_offset``."""
-        loop = loop if loop is not None else asyncio.get_running_loop()
-        fut: asyncio.Future[SendStatus] = loop.create_future()
-        loop_thread = threading.get_ident()
-
-        def resolve(status: SendStatus) -> None:
-            if threading.get_ident() == loop_thread:
-                if not fut.done():
-                    fut.set_result(status)
-            else:
-                loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(status))
-
-        self._wait(end_offset, resolve, lambda w: loop.call_later(self.flush_slave_timeout_s, self._expire, w))
-        return fut
+        return self._waiters.wait(end_offset, loop)
 
     def await_replicated(self, end_offset: int) -> SendStatus:
         """:meth:`wait_replicated` for a thread: blocks up to ``flush_slave_timeout_s``."""
-        future: concurrent.futures.Future[SendStatus] = concurrent.futures.Future()
-
-        def resolve(status: SendStatus) -> None:
-            if not future.done():
-                future.set_result(status)
-
-        waiter = self._wait(end_offset, resolve, None)
-        try:
-            return future.result(self.flush_slave_timeout_s)
-        except concurrent.futures.TimeoutError:
-            self._expire(waiter)
-            return future.result(1.0)
-
-    def _wait(self, end_offset: int, resolve: Callable[[SendStatus], None],
-              arm: Callable[[_Waiter], object] | None) -> _Waiter:
-        waiter = _Waiter(resolve)
-        acked = self.in_sync_offset()
-        if acked is None:
-            waiter.done = True
-            resolve(SendStatus.SLAVE_NOT_AVAILABLE)
-            return waiter
-        if acked >= end_offset:
-            waiter.done = True
-            resolve(SendStatus.SEND_OK)
-            return waiter
-        with self._lock:
-            heapq.heappush(self._waiters, (end_offset, next(self._waiter_serial), waiter))
-        if arm is not None:
-            arm(waiter)
-        # A report may have come between the check and the registration.
-        self._release(self.in_sync_offset())
-        return waiter
-
-    def _expire(self, waiter: _Waiter) -> None:
-        with self._lock:
-            if waiter.done:
-                return
-            waiter.done = True
-        waiter.resolve(SendStatus.FLUSH_SLAVE_TIMEOUT)
-
-    def _release(self, acked: int | None) -> None:
-        """Answer every waiter covered by ``acked``; all of them SLAVE_NOT_AVAILABLE when it is None."""
-        ready: list[tuple[_Waiter, SendStatus]] = []
-        with self._lock:
-            heap = self._waiters
-            while heap and (acked is None or heap[0][0] <= acked):
-                _, _, waiter = heapq.heappop(heap)
-                if not waiter.done:
-                    waiter.done = True
-                    ready.append((waiter, SendStatus.SEND_OK if acked is not None else SendStatus.SLAVE_NOT_AVAILABLE))
-        for waiter, status in ready:
-            waiter.resolve(status)
-
-    def _fail_waiters(self, status: SendStatus) -> None:
-        with self._lock:
-            waiters, self._waiters = self._waiters, []
-        for _, _, waiter in waiters:
-            if not waiter.done:
-                waiter.done = True
-                waiter.resolve(status)
+        return self._waiters.await_offset(end_offset)
 
     # -- status ---------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -275,7 +191,7 @@ class ReplicationMaster:
             if gone is not None:
                 log.info("%s: slave %d at %s disconnected", self.broker_name, gone.broker_id, addr)
                 if self.in_sync_offset() is None:
-                    self._release(None)  # nobody left to acknowledge the waiting sends
+                    self._waiters.release(None)  # nobody left to acknowledge the waiting sends
             writer.close()
             self._tasks.discard(task)
 
@@ -323,7 +239,7 @@ class ReplicationMaster:
                 slave.acked_offset = offset
                 slave.last_report = time.monotonic()
                 if self._waiters:
-                    self._release(self.in_sync_offset())
+                    self._waiters.release(self.in_sync_offset())
         except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
             return
 

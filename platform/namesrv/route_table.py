@@ -277,6 +277,8 @@ class _Live:
     last_update: float
     topic_configs: dict[str, TopicConfig]
     remoting_addr: str | None = None
+    #: A DLedger member's term (0 otherwise): a master is never displaced by one of a lower epoch.
+    epoch: int = 0
 
 
 @dataclass
@@ -313,13 +315,15 @@ class RouteTable:
     def register_broker(self, cluster: str, broker_name: str, broker_id: int, broker_addr: str,
                         ha_addr: str | None, data_version: int,
                         topic_configs: Mapping[str, TopicConfig] | None = None, *,
-                        remoting_addr: str | None = None, now: float | None = None) -> bool:
+                        remoting_addr: str | None = None, epoch: int = 0, now: float | None = None) -> bool:
         """Record a broker's heartbeat and, if its data version changed, its topics.
 
         Returns False when the registration was a plain heartbeat (same address, identity
         and data version: only the heartbeat time is refreshed), True otherwise. Every argument is
         validated before anything changes: a bad name or value raises INVALID_ARGUMENT,
-        a bad topic name TOPIC_ILLEGAL, and the table is left as it was.
+        a bad topic name TOPIC_ILLEGAL, and the table is left as it was.  ``epoch`` is a DLedger
+        member's term: registering as master (id 0) while another live address is master with a higher
+        epoch raises STALE_EPOCH (a deposed leader that woke up late) and changes nothing.
 
         Example::
 
@@ -340,6 +344,7 @@ class RouteTable:
             _check_addr("remoting address", remoting_addr)
         remoting = remoting_addr or None
         _check_int("data_version", data_version, 0)
+        _check_int("epoch", epoch, 0)
         configs = dict(topic_configs or {})
         for topic, topic_config in configs.items():
             validate_topic(topic)
@@ -349,21 +354,34 @@ class RouteTable:
 
         with self._lock:
             live = self._live.get(broker_addr)
-            same_identity = live is not None and (live.cluster, live.broker_name, live.broker_id, live.ha_addr,
-                                                  live.remoting_addr) == (cluster, broker_name, broker_id, ha, remoting)
+            same_identity = live is not None and (
+                live.cluster, live.broker_name, live.broker_id, live.ha_addr, live.remoting_addr, live.epoch,
+            ) == (cluster, broker_name, broker_id, ha, remoting, epoch)
             if same_identity and live is not None and live.data_version == data_version:
                 live.last_update = when  # a plain heartbeat
                 return False
 
             # New address, new identity or new data version: the registration is news.
+            if broker_id == MASTER_ID:
+                self._check_epoch(broker_name, broker_addr, epoch)
             self._place_address(cluster, broker_name, broker_id, broker_addr)
             self._live[broker_addr] = _Live(cluster, broker_name, broker_id, ha, data_version, when, configs,
-                                            remoting)
+                                            remoting, epoch)
             if broker_id == MASTER_ID:
                 self._replace_queue_datas(broker_name, configs)
             log.info("registered broker %s/%s id=%d at %s (data version %d, %d topics)",
                      cluster, broker_name, broker_id, broker_addr, data_version, len(configs))
             return True
+
+    def _check_epoch(self, broker_name: str, broker_addr: str, epoch: int) -> None:
+        # Caller holds the lock.
+        entry = self._brokers.get(broker_name)
+        current = entry.addrs.get(MASTER_ID) if entry is not None else None
+        holder = self._live.get(current) if current is not None and current != broker_addr else None
+        if holder is not None and holder.epoch > epoch:
+            raise SparkMQError(ErrorCode.STALE_EPOCH,
+                               f"{broker_addr} registers as master of {broker_name} in epoch {epoch}, but {current} "
+                               f"is its master in epoch {holder.epoch}")
 
     def _place_address(self, cluster: str, broker_name: str, broker_id: int, broker_addr: str) -> None:
         """Put ``broker_addr`` at (broker_name, broker_id) in the cluster and broker tables."""

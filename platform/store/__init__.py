@@ -3,6 +3,7 @@ from .config import FlushMode, StoreConfig
 from .message_store import MessageStore
 from .status import (
     AppendEvent,
+    AppendGate,
     AppendNote,
     GetResult,
     GetStatus,
@@ -19,6 +20,7 @@ __all__ = [
     "StoreConfig",
     "MessageStore",
     "AppendEvent",
+    "AppendGate",
     "AppendNote",
     "LogOffsets",
     "PackedGetResult",

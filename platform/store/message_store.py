@@ -17,7 +17,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -44,6 +44,7 @@ from .paths import StorePaths
 from .retention import RetentionDecision, RetentionPolicy
 from .status import (
     AppendEvent,
+    AppendGate,
     AppendNote,
     GetResult,
     GetStatus,
@@ -57,6 +58,7 @@ from .status import (
 __all__ = ["MessageStore", "translate_store_error", "raw_record_properties", "RawProperties", "records_to_arrow",
            "records_of", "stored_messages_of", "unpack_batch", "REPLICATION_BATCH_BYTES"]
 
+_T = TypeVar("_T")
 _EMPTY_RECORDS = pa.RecordBatch.from_pylist([], schema=RECORDS_SCHEMA)
 #: What a master ships per replication fetch by default (RocketMQ's HA transfers 32 KiB batches).
 REPLICATION_BATCH_BYTES = 32 * 1024
@@ -136,6 +138,8 @@ class MessageStore:
         self._visible_rewind = False
         self._visible_lock = threading.Lock()
         self._truncate_lock = threading.Lock()
+        #: Admits local appends and hears where each ended (a DLedger member); None: appends are free.
+        self._gate: AppendGate | None = None
 
     # -- lifecycle ------------------------------------------------------------
     def start(self) -> MessageStore:
@@ -374,6 +378,24 @@ class MessageStore:
                                f"the limit is {self.config.max_properties_size}")
         return bytes(body), raw_props, tag_hash(msg.tags), unique_id
 
+    def set_append_gate(self, gate: AppendGate | None) -> None:
+        """Route every local append through ``gate`` (see :class:`AppendGate`); None lifts it."""
+        self._gate = gate
+
+    def _gated(self, append: Callable[[], _T], end_of: Callable[[_T], int]) -> _T:
+        """Run a native append (its errors translated) inside the append gate, if there is one."""
+        gate = self._gate
+        try:
+            if gate is None:
+                return append()
+            with gate.lock:
+                token = gate.admit()
+                appended = append()
+                gate.appended(token, end_of(appended))
+                return appended
+        except StoreError as exc:
+            raise translate_store_error(exc) from None
+
     def put(self, msg: Message, queue_id: int, *, born_host: str | None = None,
             born_timestamp: int | None = None, reconsume_times: int = 0, sys_flag: int = 0,
             prepared_offset: int = 0, cq_tag_hash: int | None = None, note: AppendNote | None = None,
@@ -396,13 +418,12 @@ class MessageStore:
         if cq_tag_hash is not None:
             thash = cq_tag_hash
         born = born_timestamp if born_timestamp is not None else now_ms
-        try:
-            offset, queue_offset, store_ts = self.commit_log.append(
-                msg.topic, qid, body, props, thash, msg.flag, sys_flag, born, pack_host(born_host),
-                0, self._store_host, reconsume_times, prepared_offset)
-        except StoreError as exc:
-            raise translate_store_error(exc) from None
         size = _record_size(body, msg.topic, props)
+        offset, queue_offset, store_ts = self._gated(
+            lambda: self.commit_log.append(msg.topic, qid, body, props, thash, msg.flag, sys_flag, born,
+                                           pack_host(born_host), 0, self._store_host, reconsume_times,
+                                           prepared_offset),
+            lambda appended: appended[0] + size)
         offset_msg_id = encode_offset_msg_id(self.config.store_host, offset, self._id_prefix)
         stored = PutResult(PutStatus.PUT_OK, unique_id, offset_msg_id, msg.topic, qid, queue_offset, offset,
                            store_ts, size)
@@ -440,10 +461,9 @@ class MessageStore:
             items.append((body, props, thash, msg.flag, sys_flag, born, host, 0, 0))
             ids.append(unique_id)
             sizes.append(_record_size(body, topic, props))
-        try:
-            first, store_ts, offsets = self.commit_log.append_batch(topic, qid, items, 0, self._store_host)
-        except StoreError as exc:
-            raise translate_store_error(exc) from None
+        first, store_ts, offsets = self._gated(
+            lambda: self.commit_log.append_batch(topic, qid, items, 0, self._store_host),
+            lambda appended: appended[2][-1] + sizes[-1])
         host_text = self.config.store_host
         stored = [PutResult(PutStatus.PUT_OK, ids[i], encode_offset_msg_id(host_text, off, self._id_prefix), topic,
                             qid, first + i, off, store_ts, sizes[i]) for i, off in enumerate(offsets)]
@@ -467,13 +487,12 @@ class MessageStore:
         qid = self._check_queue(topic, queue_id)
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, f"a batch has at least one message, got count {count!r}")
-        try:
-            first, store_ts, end, offsets = self.commit_log.append_packed(
+        first, store_ts, end, offsets = self._gated(
+            lambda: self.commit_log.append_packed(
                 topic, qid, data, count, sys_flag=sys_flag, born_host=pack_host(born_host),
                 store_host=self._store_host, max_body=self.config.max_message_size,
-                max_properties=self.config.max_properties_size, reserved_keys=reserved_keys)
-        except StoreError as exc:
-            raise translate_store_error(exc) from None
+                max_properties=self.config.max_properties_size, reserved_keys=reserved_keys),
+            lambda appended: appended[2])
         result = PackedPutResult(PutStatus.PUT_OK, topic, qid, first, count, store_ts, end, offsets)
         self._notify(AppendEvent(topic, qid, (), None, None, note, result, data))
         if wait:

@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import enum
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ..common.message import Message, StoredMessage
 
 __all__ = ["PutStatus", "GetStatus", "PutResult", "PackedPutResult", "GetResult", "PackedGetResult", "AppendNote",
-           "AppendEvent", "LogOffsets"]
+           "AppendEvent", "AppendGate", "LogOffsets"]
 
 
 class PutStatus(enum.StrEnum):
@@ -138,3 +140,25 @@ class LogOffsets:
     flushed_offset: int
     #: Consumers see the records below it; None: no limit (the whole log).
     visible_offset: int | None = None
+
+
+class AppendGate(Protocol):
+    """Who may append to a store, and who is told where each append ended (a DLedger member's Raft log).
+
+    With a gate set (:meth:`MessageStore.set_append_gate`) every local append (``put``, ``put_batch``,
+    ``put_packed``) runs holding ``lock``: ``admit()`` first (it raises ``SparkMQError`` to refuse, and
+    returns a token), then the append, then ``appended(token, end_offset)``.  So appends are told in log
+    order, and whoever else takes ``lock`` (a follower's replicated append or truncation) never runs
+    beside one.
+    """
+
+    #: Held around admit, append and appended; re-entrant, so the gate may append while holding it.
+    lock: threading.RLock
+
+    def admit(self) -> int:
+        """Allow one append (a token, e.g. the Raft term it belongs to) or raise ``SparkMQError``."""
+        ...
+
+    def appended(self, token: int, end_offset: int) -> None:
+        """The admitted append ended at log offset ``end_offset``."""
+        ...

@@ -33,7 +33,6 @@ from ...common.validation import validate_group, validate_topic
 from ...namesrv.perm import is_writeable
 from ...store import AppendNote, FlushMode, PutResult, PutStatus
 from ..client_manager import MessageModel
-from ..config import BrokerRole
 from ..retry import DEFAULT_MAX_RECONSUME_TIMES, plan_send_back
 from ..schedule import ScheduleService
 from ..timer import TimerService
@@ -120,9 +119,10 @@ class SendProcessor(Processor):
 
     @property
     def send_may_block(self) -> bool:
-        """Whether a send waits for a disk sync (SYNC_FLUSH) or a slave (SYNC_MASTER), so callers should run
-        it off the event loop (or use the ``wait=False`` forms and :meth:`acknowledge`)."""
-        return self.store.config.flush_mode is FlushMode.SYNC_FLUSH or self._sync_master is not None
+        """Whether a send waits for a disk sync (SYNC_FLUSH), a slave (SYNC_MASTER) or a DLedger commit, so
+        callers should run it off the event loop (or use the ``wait=False`` forms and :meth:`acknowledge`)."""
+        return (self.store.config.flush_mode is FlushMode.SYNC_FLUSH or self._sync_master is not None
+                or self.broker.dledger is not None)
 
     @property
     def _sync_master(self) -> ReplicationMaster | None:
@@ -132,11 +132,16 @@ class SendProcessor(Processor):
     async def acknowledge(self, end_offset: int, loop: asyncio.AbstractEventLoop) -> SendStatus:
         """The status of a send stored with ``wait=False`` once it may be acknowledged, on the event loop
         (no thread per waiter): after a SYNC_FLUSH sync covers ``end_offset`` (else FLUSH_DISK_TIMEOUT), and
-        on a SYNC_MASTER after a slave holds it (else FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE)."""
+        on a SYNC_MASTER after a slave holds it (else FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE); in a DLedger
+        group once the group committed it (else FLUSH_SLAVE_TIMEOUT, or SERVICE_NOT_AVAILABLE raised when this
+        member lost the leadership first)."""
         status = self.send_status(await self.store.wait_durable(end_offset, loop))
         master = self._sync_master
+        dledger = self.broker.dledger
         if status is SendStatus.SEND_OK and master is not None:
             status = await master.wait_replicated(end_offset, loop)
+        elif status is SendStatus.SEND_OK and dledger is not None:
+            status = _raise_error(await dledger.wait_committed(end_offset, loop))
         return status
 
     def send(self, topic: str, message: OutgoingMessage, *, queue_id: int | None = None,
@@ -364,8 +369,10 @@ class SendProcessor(Processor):
     def prepare_send(self, topic: str, queue_id: int | None, sharding_key: str | None,
                       producer_group: str | None, born_timestamp: int | None) -> tuple[TopicConfig, int]:
         validate_topic(topic)
-        if self.config.role is BrokerRole.SLAVE:
-            raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"broker {self.name} is a slave; send to its master")
+        if not self.broker.is_master:
+            dledger = self.broker.dledger
+            raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, dledger.refusal() if dledger is not None
+                               else f"broker {self.name} is a slave; send to its master")
         if producer_group is not None:
             validate_group(producer_group)
         if born_timestamp is not None:
@@ -448,6 +455,9 @@ class SendProcessor(Processor):
         master = self._sync_master
         if master is not None and end_offset is not None:
             return master.await_replicated(end_offset)
+        dledger = self.broker.dledger
+        if dledger is not None and end_offset is not None:
+            return _raise_error(dledger.await_committed(end_offset))
         return SendStatus.SEND_OK
 
     def send_back(self, group: str, offset_msg_id: str, *, delay_level: int = 0, reason: str = "",
@@ -493,3 +503,8 @@ class SendProcessor(Processor):
                 "msg_id": result.msg_id, "offset_msg_id": result.offset_msg_id}  # type: ignore[attr-defined]
 
 
+def _raise_error(outcome: SendStatus | SparkMQError) -> SendStatus:
+    """A DLedger wait's outcome as a status, or raised when it is an error."""
+    if isinstance(outcome, SparkMQError):
+        raise outcome
+    return outcome

@@ -84,7 +84,8 @@ peer progress, votes       memory only            rebuilt by each new leader / e
 """
 from __future__ import annotations
 
-from .log import FileRaftLog, RaftLog
+from .log import EntryIndex, FileRaftLog, RaftLog
+from .member import DLedgerMember
 from .messages import MAX_FRAME_BYTES
 from .node import (
     DEFAULT_ELECTION_JITTER_S,
@@ -105,6 +106,7 @@ from .node import (
     is_noop_entry,
 )
 from .state import RaftState
+from .store_log import CommitLogRaftLog
 from .transport import RpcError
 
 __all__ = [
@@ -114,6 +116,9 @@ __all__ = [
     "DEFAULT_MAX_MISSED_HEARTBEATS",
     "DEFAULT_WAIT_FOR_ACK_S",
     "MAX_FRAME_BYTES",
+    "CommitLogRaftLog",
+    "DLedgerMember",
+    "EntryIndex",
     "FileRaftLog",
     "LeadershipLostError",
     "LeadershipTransferError",

@@ -40,7 +40,7 @@ from typing import Protocol, runtime_checkable
 
 from ...common.errors import ErrorCode, SparkMQError
 
-__all__ = ["DATA_FILE", "INDEX_FILE", "INDEX_RECORD", "FileRaftLog", "RaftLog"]
+__all__ = ["DATA_FILE", "INDEX_FILE", "INDEX_RECORD", "EntryIndex", "FileRaftLog", "RaftLog"]
 
 #: One index record: start, end, term, CRC-32 of the entry's data, CRC-32 of the preceding 28 bytes.
 INDEX_RECORD = struct.Struct("<qqqII")
@@ -95,6 +95,129 @@ class RaftLog(Protocol):
         ...
 
 
+class EntryIndex:
+    """Where each entry of a Raft log starts and ends and its term, in memory and in an index file.
+
+    The file holds one :data:`INDEX_RECORD` per entry (``start | end | term | data CRC | record CRC``).
+    Opening it keeps the longest prefix of records that are whole, contiguous (each starts where the
+    previous one ended, the first at 0), never empty and in non-decreasing term order; the rest is cut.
+    Not thread-safe: its owner serializes calls.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, fsync: bool) -> None:
+        self.path = Path(path)
+        self.fsync = fsync
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.terms: list[int] = []
+        #: The data CRC of each entry as recorded (0 when the log's records carry their own CRCs).
+        self.data_crcs: list[int] = []
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self._load()
+        except BaseException:
+            self.close()
+            raise
+
+    def _load(self) -> None:
+        index = _read_all(self._fd)
+        prev_end = prev_term = 0
+        for pos in range(0, len(index) - INDEX_RECORD.size + 1, INDEX_RECORD.size):
+            start, end, term, data_crc, record_crc = INDEX_RECORD.unpack_from(index, pos)
+            if (zlib.crc32(index[pos:pos + _RECORD_BODY]) != record_crc or start != prev_end or end <= start
+                    or term < prev_term):
+                break
+            self.starts.append(start)
+            self.ends.append(end)
+            self.terms.append(term)
+            self.data_crcs.append(data_crc)
+            prev_end, prev_term = end, term
+        if len(index) != len(self.ends) * INDEX_RECORD.size:
+            self.cut(len(self.ends))
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    @property
+    def end(self) -> int:
+        """Where the last entry ends (0 when there is none)."""
+        return self.ends[-1] if self.ends else 0
+
+    def last(self) -> tuple[int, int]:
+        """``(end offset, last term)``; ``(0, 0)`` when empty."""
+        if not self.ends:
+            return 0, 0
+        return self.ends[-1], self.terms[-1]
+
+    def add(self, start: int, end: int, term: int, data_crc: int = 0) -> None:
+        """Record the entry ``[start, end)`` of ``term``, after the last one (``ValueError`` otherwise)."""
+        if start != self.end or end <= start:
+            raise ValueError(f"entry {start}..{end} does not follow the log's end {self.end}")
+        last_term = self.terms[-1] if self.terms else 0
+        if term < last_term:
+            raise ValueError(f"term {term} below the last entry's term {last_term}")
+        body = struct.pack("<qqqI", start, end, term, data_crc)
+        _pwrite_all(self._fd, body + struct.pack("<I", zlib.crc32(body)), len(self.ends) * INDEX_RECORD.size)
+        if self.fsync:
+            os.fdatasync(self._fd)
+        self.starts.append(start)
+        self.ends.append(end)
+        self.terms.append(term)
+        self.data_crcs.append(data_crc)
+
+    def cut(self, keep: int) -> None:
+        """Keep the first ``keep`` entries only (file first, then memory)."""
+        os.ftruncate(self._fd, keep * INDEX_RECORD.size)
+        if self.fsync:
+            os.fsync(self._fd)
+        del self.starts[keep:], self.ends[keep:], self.terms[keep:], self.data_crcs[keep:]
+
+    def term_at(self, offset: int) -> int | None:
+        """The term of the entry ending at ``offset``; 0 at offset 0; None when no entry ends there."""
+        if offset == 0:
+            return 0
+        i = bisect.bisect_left(self.ends, offset)
+        if i < len(self.ends) and self.ends[i] == offset:
+            return self.terms[i]
+        return None
+
+    def entry_boundary(self, offset: int) -> int:
+        """The greatest entry end at or below ``offset`` (0 when none)."""
+        i = bisect.bisect_right(self.ends, offset)
+        return self.ends[i - 1] if i else 0
+
+    def span_from(self, offset: int, max_bytes: int) -> range:
+        """Indexes of the whole entries from boundary ``offset``: at least one below the end, then more while
+        the span stays within ``max_bytes``; empty at the end.  ``ValueError`` for a non-boundary offset."""
+        i = bisect.bisect_left(self.starts, offset)
+        if i == len(self.starts):
+            if offset != self.end:
+                raise ValueError(f"offset {offset} is beyond the log's end")
+            return range(i, i)
+        if self.starts[i] != offset:
+            raise ValueError(f"offset {offset} is not an entry boundary")
+        j = i + 1
+        while j < len(self.ends) and self.ends[j] - offset <= max_bytes:
+            j += 1
+        return range(i, j)
+
+    def keep_count(self, offset: int) -> int:
+        """How many entries end at or below ``offset`` (what a truncation to ``offset`` keeps)."""
+        return bisect.bisect_right(self.ends, offset)
+
+    def entries(self, start: int = 0, end: int | None = None) -> list[tuple[int, int, int]]:
+        """The ``(start, end, term)`` of every entry within ``[start, end)``."""
+        stop = len(self.ends) if end is None else bisect.bisect_right(self.ends, end)
+        first = bisect.bisect_left(self.starts, start)
+        return [(self.starts[k], self.ends[k], self.terms[k]) for k in range(first, stop)]
+
+
 class FileRaftLog:
     """A :class:`RaftLog` in two files (``raft.data``, ``raft.index``) under ``directory``.
 
@@ -106,172 +229,134 @@ class FileRaftLog:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
-        self._starts: list[int] = []
-        self._ends: list[int] = []
-        self._terms: list[int] = []
         self._data_fd = os.open(self.directory / DATA_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-        self._index_fd = os.open(self.directory / INDEX_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        self._index: EntryIndex | None = None
         #: Data bytes cut from a torn tail when the log was opened.
         self.recovered_cut_bytes = 0
         try:
+            self._index = EntryIndex(self.directory / INDEX_FILE, fsync=fsync)
             self._recover()
         except BaseException:
             self.close()
             raise
 
+    @property
+    def index(self) -> EntryIndex:
+        """The entries' positions and terms."""
+        assert self._index is not None
+        return self._index
+
     # -- open and close -------------------------------------------------------------------------
     def _recover(self) -> None:
         data_size = os.fstat(self._data_fd).st_size
-        index = _read_all(self._index_fd)
-        prev_end = prev_term = 0
-        count = 0
-        for pos in range(0, len(index) - INDEX_RECORD.size + 1, INDEX_RECORD.size):
-            start, end, term, data_crc, record_crc = INDEX_RECORD.unpack_from(index, pos)
-            if (zlib.crc32(index[pos:pos + _RECORD_BODY]) != record_crc or start != prev_end or end <= start
-                    or term < prev_term or end > data_size):
-                break
-            self._starts.append(start)
-            self._ends.append(end)
-            self._terms.append(term)
-            prev_end, prev_term = end, term
-            count += 1
-        # Data CRCs in one sequential pass: the first entry whose data does not match ends the log.
-        good = self._verify_data(index, count)
-        del self._starts[good:], self._ends[good:], self._terms[good:]
-        end = self._ends[-1] if self._ends else 0
-        if len(index) != good * INDEX_RECORD.size:
-            os.ftruncate(self._index_fd, good * INDEX_RECORD.size)
+        index = self.index
+        # Entries past the data, then the first whose data does not match its CRC, end the log.
+        good = index.keep_count(data_size)
+        good = self._verify_data(good)
+        if good != len(index):
+            index.cut(good)
+        end = index.end
         if data_size != end:
             self.recovered_cut_bytes = data_size - end
             os.ftruncate(self._data_fd, end)
-        if self.fsync and (len(index) != good * INDEX_RECORD.size or data_size != end):
-            os.fsync(self._index_fd)
-            os.fsync(self._data_fd)
+            if self.fsync:
+                os.fsync(self._data_fd)
 
-    def _verify_data(self, index: bytes, count: int) -> int:
-        """How many of the first ``count`` indexed entries have data matching their CRC."""
-        i = 0
+    def _verify_data(self, count: int) -> int:
+        """How many of the first ``count`` indexed entries have data matching their CRC (one sequential pass)."""
+        index = self.index
         chunk_start = 0
         chunk = b""
-        while i < count:
-            start, end = self._starts[i], self._ends[i]
+        for i in range(count):
+            start, end = index.starts[i], index.ends[i]
             if end > chunk_start + len(chunk):
                 chunk_start = start
                 chunk = os.pread(self._data_fd, max(_VERIFY_CHUNK, end - start), start)
-            data_crc = INDEX_RECORD.unpack_from(index, i * INDEX_RECORD.size)[3]
-            if zlib.crc32(chunk[start - chunk_start:end - chunk_start]) != data_crc:
+            if zlib.crc32(chunk[start - chunk_start:end - chunk_start]) != index.data_crcs[i]:
                 return i
-            i += 1
         return count
 
     def close(self) -> None:
         """Close both files (idempotent)."""
-        for name in ("_data_fd", "_index_fd"):
-            fd = getattr(self, name, -1)
-            if fd >= 0:
-                os.close(fd)
-                setattr(self, name, -1)
+        if self._index is not None:
+            self._index.close()
+        if self._data_fd >= 0:
+            os.close(self._data_fd)
+            self._data_fd = -1
 
     # -- RaftLog ---------------------------------------------------------------------------------
     def last(self) -> tuple[int, int]:
         """``(end offset, last term)``; ``(0, 0)`` when empty."""
-        if not self._ends:
-            return 0, 0
-        return self._ends[-1], self._terms[-1]
+        return self.index.last()
 
     def append(self, term: int, data: bytes) -> tuple[int, int]:
         """Append one entry at the end; ``(start, end)``."""
-        start = self._ends[-1] if self._ends else 0
+        start = self.index.end
         self._write(start, term, data)
         return start, start + len(data)
 
     def append_at(self, start: int, term: int, data: bytes) -> None:
         """Append one entry at ``start``, which must be the current end."""
-        end = self._ends[-1] if self._ends else 0
-        if start != end:
-            raise ValueError(f"append at {start}, but the log ends at {end}")
+        if start != self.index.end:
+            raise ValueError(f"append at {start}, but the log ends at {self.index.end}")
         self._write(start, term, data)
 
     def _write(self, start: int, term: int, data: bytes) -> None:
         if not data:
             raise ValueError("an entry cannot be empty (entries are named by where they end)")
-        last_term = self._terms[-1] if self._terms else 0
+        last_term = self.index.last()[1]
         if term < last_term:
             raise ValueError(f"term {term} below the last entry's term {last_term}")
-        end = start + len(data)
-        body = struct.pack("<qqqI", start, end, term, zlib.crc32(data))
-        record = body + struct.pack("<I", zlib.crc32(body))
         _pwrite_all(self._data_fd, data, start)
-        _pwrite_all(self._index_fd, record, len(self._ends) * INDEX_RECORD.size)
         if self.fsync:
             os.fdatasync(self._data_fd)
-            os.fdatasync(self._index_fd)
-        self._starts.append(start)
-        self._ends.append(end)
-        self._terms.append(term)
+        self.index.add(start, start + len(data), term, zlib.crc32(data))  # data first: see the module docstring
 
     def entries_from(self, offset: int, max_bytes: int) -> list[tuple[int, int, bytes]]:
         """Whole entries from boundary ``offset``: at least one below the end, at most ``max_bytes`` beyond it."""
-        i = bisect.bisect_left(self._starts, offset)
-        if i == len(self._starts):
-            if offset != (self._ends[-1] if self._ends else 0):
-                raise ValueError(f"offset {offset} is beyond the log's end")
+        index = self.index
+        span = index.span_from(offset, max_bytes)
+        if not span:
             return []
-        if self._starts[i] != offset:
-            raise ValueError(f"offset {offset} is not an entry boundary")
-        j = i + 1
-        while j < len(self._ends) and self._ends[j] - offset <= max_bytes:
-            j += 1
-        blob = os.pread(self._data_fd, self._ends[j - 1] - offset, offset)
-        return [(self._starts[k], self._terms[k], blob[self._starts[k] - offset:self._ends[k] - offset])
-                for k in range(i, j)]
+        blob = os.pread(self._data_fd, index.ends[span[-1]] - offset, offset)
+        return [(index.starts[k], index.terms[k], blob[index.starts[k] - offset:index.ends[k] - offset])
+                for k in span]
 
     def term_at(self, offset: int) -> int | None:
         """The term of the entry ending at ``offset``; 0 at offset 0; None when no entry ends there."""
-        if offset == 0:
-            return 0
-        i = bisect.bisect_left(self._ends, offset)
-        if i < len(self._ends) and self._ends[i] == offset:
-            return self._terms[i]
-        return None
+        return self.index.term_at(offset)
 
     def entry_boundary(self, offset: int) -> int:
         """The greatest entry end at or below ``offset`` (0 when none)."""
-        i = bisect.bisect_right(self._ends, offset)
-        return self._ends[i - 1] if i else 0
+        return self.index.entry_boundary(offset)
 
     def truncate(self, offset: int) -> None:
         """Drop every entry from boundary ``offset`` on (the index first: a crash in between leaves data to cut)."""
         if self.term_at(offset) is None:
             raise ValueError(f"truncate at {offset}: not an entry boundary of this log")
-        keep = bisect.bisect_right(self._ends, offset)
-        os.ftruncate(self._index_fd, keep * INDEX_RECORD.size)
+        self.index.cut(self.index.keep_count(offset))
         os.ftruncate(self._data_fd, offset)
         if self.fsync:
-            os.fsync(self._index_fd)
             os.fsync(self._data_fd)
-        del self._starts[keep:], self._ends[keep:], self._terms[keep:]
 
     # -- reading (tests, tools) -------------------------------------------------------------------
     def read(self, start: int, end: int) -> bytes:
         """The raw bytes ``[start, end)`` of the log (any offsets within it)."""
-        log_end = self._ends[-1] if self._ends else 0
+        log_end = self.index.end
         if not 0 <= start <= end <= log_end:
             raise SparkMQError(ErrorCode.OFFSET_ILLEGAL, f"range {start}..{end} outside the log 0..{log_end}")
         return os.pread(self._data_fd, end - start, start) if end > start else b""
 
     def entries(self, start: int = 0, end: int | None = None) -> list[tuple[int, int, int]]:
         """The ``(start, end, term)`` of every entry within ``[start, end)``."""
-        stop = len(self._ends) if end is None else bisect.bisect_right(self._ends, end)
-        first = bisect.bisect_left(self._starts, start)
-        return [(self._starts[k], self._ends[k], self._terms[k]) for k in range(first, stop)]
+        return self.index.entries(start, end)
 
     def __len__(self) -> int:
-        return len(self._ends)
+        return len(self.index)
 
     def __repr__(self) -> str:
         end, term = self.last()
-        return f"FileRaftLog({str(self.directory)!r}, entries={len(self._ends)}, end={end}, last_term={term})"
+        return f"FileRaftLog({str(self.directory)!r}, entries={len(self.index)}, end={end}, last_term={term})"
 
 
 def _read_all(fd: int) -> bytes:

@@ -442,6 +442,21 @@ class RaftNode:
         self._advance_commit()  # a group of one commits at once
         return proposal.future
 
+    @property
+    def accepting_proposals(self) -> bool:
+        """Whether :meth:`propose` (and a log's own appends, :meth:`log_grew`) would be accepted now."""
+        return self._role is Role.LEADER and not self._stopped and self._transfer_target is None
+
+    def log_grew(self) -> None:
+        """The log appended entries of this leader's term by itself (a store's local appends): replicate them.
+
+        On a node that does not lead (it stepped down since) this does nothing: those entries are an
+        uncommitted tail that the next leader keeps or cuts.
+        """
+        if self._role is Role.LEADER and not self._stopped:
+            self._wake_replicators()
+            self._advance_commit()  # a group of one commits at once
+
     def _expire(self, proposal: _Proposal) -> None:
         if not proposal.future.done():
             self.stats["proposals_timed_out"] += 1
