@@ -8,7 +8,12 @@ One line of figures each (1 KiB bodies, ASYNC_FLUSH):
   same into an ASYNC_MASTER, each with one slave, measured one after the other in this run;
 * ``ha.replication_lag_ms`` -- ASYNC_MASTER at a steady 50,000 msgs/s: for each acknowledged batch, the
   time until the slave holds it (the slave's max offset, polled every few ms): p50 / p99;
-* ``ha.dledger_ratio``, ``ha.failover_s`` -- DLedger groups (reported as not built until they exist).
+* ``ha.dledger_ratio`` -- the same batched produce into a 3-member DLedger group over a single master
+  (no slave), one after the other in this run;
+* ``ha.failover_s`` -- a 3-member DLedger group with the production timings (heartbeat 2 s, leader lost
+  after 3 missed beats) and one producer sending without pause: kill -9 of the leader to the first
+  acknowledged send that began after the kill, over 20 kills (the killed member restarts and catches up
+  before the next one): p50 / p99 / max.
 """
 from __future__ import annotations
 
@@ -16,6 +21,8 @@ import argparse
 import asyncio
 import os
 import re
+import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -26,7 +33,9 @@ from pathlib import Path
 
 import httpx
 
-from sparkmq.platform.client import AsyncProducer, ClientConfig, Message
+from sparkmq.platform.client import AsyncProducer, ClientConfig, Message, Producer
+from sparkmq.platform.common.errors import SparkMQError
+from sparkmq.platform.common.message import SendStatus
 
 BODY = os.urandom(1024)
 BATCH = 256
@@ -91,7 +100,86 @@ class Pair:
             service.stop()
 
 
-def produce_batched(pair: Pair, seconds: float) -> float:
+class DLedgerGroup:
+    """A name server and the 3 members n0..n2 of one DLedger group (broker-a) in ``root``; members restartable."""
+
+    MEMBERS = ("n0", "n1", "n2")
+
+    def __init__(self, root: Path, heartbeat_ms: int = 2000) -> None:
+        self.root = root
+        self.namesrv = Service("sparkmq.api.namesrv_main")
+        ports = {}
+        for member in self.MEMBERS:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                ports[member] = sock.getsockname()[1]
+        peers = ";".join(f"{m}-127.0.0.1:{p}" for m, p in ports.items())
+        for member in self.MEMBERS:
+            (root / f"{member}.toml").write_text(
+                f'[broker]\ndata_dir = "{root / member}"\ndledger_enabled = true\ndledger_self_id = "{member}"\n'
+                f'dledger_peers = "{peers}"\ndledger_heartbeat_ms = {heartbeat_ms}\n')
+        self.members: dict[str, Service] = {}
+        for member in self.MEMBERS:
+            self.start(member)
+        self.wait_leader()
+
+    def start(self, member: str) -> None:
+        self.members[member] = Service("sparkmq.api.broker_main", "--config", str(self.root / f"{member}.toml"),
+                                       "--namesrv", self.namesrv.addr, "--register-interval-s", "1",
+                                       "--segment-size", str(1 << 30))
+
+    def status(self, member: str) -> dict:
+        try:
+            return httpx.get(f"http://{self.members[member].addr}/broker/ha", timeout=2).json()
+        except httpx.HTTPError:
+            return {}
+
+    def leader(self, exclude: str | None = None) -> str | None:
+        for member in self.MEMBERS:
+            if member != exclude and self.members[member].proc.poll() is None \
+                    and self.status(member).get("role") == "LEADER":
+                return member
+        return None
+
+    def wait_leader(self, exclude: str | None = None, timeout: float = 60) -> str:
+        deadline = time.monotonic() + timeout
+        while (leader := self.leader(exclude)) is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError("no leader was elected")
+            time.sleep(0.05)
+        return leader
+
+    def caught_up(self, member: str) -> bool:
+        statuses = [self.status(m) for m in self.MEMBERS]
+        ends = {s.get("log_end") for s in statuses}
+        return self.status(member).get("role") == "FOLLOWER" and len(ends) == 1
+
+    def config(self) -> ClientConfig:
+        return ClientConfig(namesrv_addrs=self.namesrv.addr, trace_enabled=False)
+
+    def stop(self) -> None:
+        for service in (*self.members.values(), self.namesrv):
+            if service.proc.poll() is None:
+                service.stop()
+
+
+class Single:
+    """A name server and one master without a slave."""
+
+    def __init__(self, root: Path) -> None:
+        self.namesrv = Service("sparkmq.api.namesrv_main")
+        self.master = Service("sparkmq.api.broker_main", "--data-dir", str(root / "master"), "--namesrv",
+                              self.namesrv.addr, "--register-interval-s", "1", "--segment-size", str(1 << 30))
+
+    def config(self) -> ClientConfig:
+        return ClientConfig(namesrv_addrs=self.namesrv.addr, trace_enabled=False)
+
+    def stop(self) -> None:
+        for service in (self.master, self.namesrv):
+            service.stop()
+
+
+def produce_batched(pair: Pair | DLedgerGroup | Single, seconds: float) -> float:
     """Batches of 256, 4 in flight: msgs/s."""
     batch = [Message("HaBench", BODY) for _ in range(BATCH)]
 
@@ -123,6 +211,72 @@ def bench_sync_ratio(seconds: float) -> None:
                 pair.stop()
     line("ha.sync_master_ratio", ratio=rates["SYNC_MASTER"] / rates["ASYNC_MASTER"],
          sync_msgs_per_s=rates["SYNC_MASTER"], async_msgs_per_s=rates["ASYNC_MASTER"])
+
+
+def bench_dledger_ratio(seconds: float) -> None:
+    rates = {}
+    for kind in ("single", "dledger"):
+        with tempfile.TemporaryDirectory() as tmp:
+            setup: Single | DLedgerGroup = Single(Path(tmp)) if kind == "single" else DLedgerGroup(Path(tmp))
+            try:
+                rates[kind] = produce_batched(setup, seconds)
+            finally:
+                setup.stop()
+    line("ha.dledger_ratio", ratio=rates["dledger"] / rates["single"], dledger_msgs_per_s=rates["dledger"],
+         single_msgs_per_s=rates["single"])
+
+
+def bench_failover(kills: int) -> None:
+    """kill -9 of the leader to the first acknowledged send begun after it, ``kills`` times (production timings)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        group = DLedgerGroup(Path(tmp))
+        acks: list[tuple[float, float]] = []  # (send began, SEND_OK came)
+        stop = threading.Event()
+        producer = Producer("failover-bench", ClientConfig(namesrv_addrs=group.namesrv.addr, trace_enabled=False,
+                                                           retry_times=0, send_timeout_s=3.0)).start()
+
+        def send() -> None:
+            while not stop.is_set():
+                began = time.monotonic()
+                try:
+                    if producer.send(Message("FailoverBench", BODY)).status is SendStatus.SEND_OK:
+                        acks.append((began, time.monotonic()))
+                except SparkMQError:
+                    time.sleep(0.01)
+
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        delays: list[float] = []
+        try:
+            while not acks:
+                time.sleep(0.05)
+            for _ in range(kills):
+                leader = group.wait_leader()
+                seen = len(acks)
+                while len(acks) < seen + 10:  # sends flow through this leader first
+                    time.sleep(0.01)
+                killed_at = time.monotonic()
+                os.kill(group.members[leader].proc.pid, signal.SIGKILL)
+                group.members[leader].proc.wait()
+                deadline = killed_at + 120
+                while not (after := [done for began, done in list(acks) if began > killed_at]):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("no send was acknowledged within 120 s of a kill")
+                    time.sleep(0.01)
+                delays.append(min(after) - killed_at)
+                group.start(leader)
+                deadline = time.monotonic() + 120
+                while not group.caught_up(leader):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{leader} did not catch up after its restart")
+                    time.sleep(0.1)
+        finally:
+            stop.set()
+            sender.join(10)
+            producer.shutdown()
+            group.stop()
+    line("ha.failover_s", p50_s=statistics.median(delays), p99_s=pct(delays, 0.99), max_s=max(delays),
+         min_s=min(delays), kills=len(delays), acked=len(acks))
 
 
 def bench_replication_lag(seconds: float, rate: int = 50_000) -> None:
@@ -201,16 +355,15 @@ def main() -> None:
     only = {n.strip() for n in args.only.split(",") if n.strip()}
     seconds = 2.0 if args.quick else 8.0
     benches = [("sync_master_ratio", lambda: bench_sync_ratio(seconds)),
-               ("replication_lag_ms", lambda: bench_replication_lag(3.0 if args.quick else 15.0))]
+               ("replication_lag_ms", lambda: bench_replication_lag(3.0 if args.quick else 15.0)),
+               ("dledger_ratio", lambda: bench_dledger_ratio(seconds)),
+               ("failover_s", lambda: bench_failover(3 if args.quick else 20))]
     for name, run in benches:
         if not only or name in only:
             try:
                 run()
             except Exception as exc:  # one broken benchmark must not hide the others' figures
                 line(f"ha.{name}", error=repr(str(exc)[:160]))
-    for name in ("dledger_ratio", "failover_s"):
-        if not only or name in only:
-            line(f"ha.{name}", error="'DLedger groups are not built yet'")
 
 
 if __name__ == "__main__":

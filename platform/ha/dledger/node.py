@@ -85,6 +85,8 @@ DEFAULT_WAIT_FOR_ACK_S = 2.5
 DEFAULT_MAX_APPEND_BYTES = 1 << 20
 #: A new leader's no-op entry starts with this (then its term, 8 bytes little-endian).
 NOOP_PREFIX = b"\x00SMRAFT-NOOP\x00"
+#: AppendEntries with entries in flight to one follower at once.
+PIPELINE_DEPTH = 4
 #: A follower's retry hint walks back over at most this many entries of a conflicting term.
 _MAX_HINT_STEPS = 100_000
 
@@ -644,32 +646,59 @@ class RaftNode:
             progress.wake.set()
 
     async def _replicate(self, peer: str, term: int) -> None:
-        """Keep ``peer``'s log equal to the leader's: entries in batches, heartbeats when idle."""
+        """Keep ``peer``'s log equal to the leader's: entries in batches, heartbeats when idle.
+
+        Up to :data:`PIPELINE_DEPTH` AppendEntries with entries are in flight at once (the follower
+        answers them in order on one connection), so a batch does not wait a round trip for the one
+        before it.  ``next_offset`` moves ahead when a request is sent; a lost call sends again from the
+        oldest unanswered request, a refused one backs up (:meth:`_on_append_reply`).  Safety does not
+        depend on any of this: only a successful reply moves ``match_offset``.
+        """
         assert self._loop is not None
         progress = self._progress[peer]
         heartbeat = self.config.heartbeat_interval_s
-        while self._leads(term):
-            end = self.log.last()[0]
-            now = self._loop.time()
-            if not (progress.next_offset < end or progress.commit_sent < self._commit
-                    or now - progress.last_sent >= heartbeat):
+        inflight: collections.deque[tuple[AppendRequest, asyncio.Task[Reply]]] = collections.deque()
+        try:
+            while self._leads(term):
+                end = self.log.last()[0]
+                now = self._loop.time()
+                due = now - progress.last_sent >= heartbeat
+                more = progress.next_offset < end
+                if (more and len(inflight) < PIPELINE_DEPTH) or (
+                        not inflight and (due or progress.commit_sent < self._commit)):
+                    request = self._append_request(progress, term, end)
+                    progress.last_sent = now
+                    progress.commit_sent = request.commit
+                    progress.next_offset = request.prev_offset + sum(len(e.data) for e in request.entries)
+                    call = self._loop.create_task(self._transport.call(peer, request, self.config.rpc_timeout))
+                    inflight.append((request, call))
+                    continue
+                oldest = inflight[0][1] if inflight else None
                 progress.wake.clear()
+                waker = self._loop.create_task(progress.wake.wait())
+                waiting: set[asyncio.Future[Any]] = {waker} if oldest is None else {waker, oldest}
                 try:
-                    await asyncio.wait_for(progress.wake.wait(), heartbeat - (now - progress.last_sent))
-                except TimeoutError:
-                    pass
-                continue
-            request = self._append_request(progress, term, end)
-            progress.last_sent = self._loop.time()
-            progress.commit_sent = request.commit
-            try:
-                reply = await self._transport.call(peer, request, self.config.rpc_timeout)
-            except RpcError as exc:
-                progress.failures += 1
-                log.debug("%s/%s: append to %s failed: %s", self.group, self.node_id, peer, exc)
-                await asyncio.sleep(min(heartbeat, self.config.rpc_timeout))
-                continue
-            self._on_append_reply(peer, request, reply, term)
+                    await asyncio.wait(waiting, timeout=max(0.0, heartbeat - (now - progress.last_sent)),
+                                       return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waker.cancel()
+                while inflight and inflight[0][1].done():
+                    request, call = inflight.popleft()
+                    try:
+                        reply = call.result()
+                    except RpcError as exc:
+                        progress.failures += 1
+                        log.debug("%s/%s: append to %s failed: %s", self.group, self.node_id, peer, exc)
+                        for _, later in inflight:
+                            later.cancel()
+                        inflight.clear()
+                        progress.next_offset = request.prev_offset  # send again from the first unanswered
+                        await asyncio.sleep(min(heartbeat, self.config.rpc_timeout))
+                        break
+                    self._on_append_reply(peer, request, reply, term)
+        finally:
+            for _, call in inflight:
+                call.cancel()
 
     def _append_request(self, progress: PeerProgress, term: int, end: int) -> AppendRequest:
         prev = progress.next_offset
@@ -706,7 +735,7 @@ class RaftNode:
                 progress.match_offset = expected
                 self._advance_commit()
                 self._notify()
-            progress.next_offset = expected
+            progress.next_offset = max(progress.next_offset, expected)  # later requests may be in flight
         else:
             # Back up: below where this request started, at or below the follower's hint, on a boundary.
             back_to = min(reply.end, request.prev_offset - 1)
