@@ -311,3 +311,22 @@ def test_acknowledged_sends_survive_kills_pauses_and_partitions_of_the_leader(gr
     assert len(failovers) == EVENTS >= 10 or EVENTS < 10
     # Scaled timings (leader lost after 0.9 s): a failover is a few seconds, never the 30 s of a route refresh.
     assert delays[-1] < 10, failovers
+
+
+def test_a_topic_auto_created_just_before_the_leader_dies_stays_routable(group: Group, tmp_path: Path) -> None:
+    leader = group.wait_leader()
+    config = fast_client_config(group.namesrv.addr, tmp_path / "p", retry_times=0, send_timeout_s=3.0)
+    with Producer("raft-auto", config) as producer:
+        assert producer.send(Message("BornLate", b"first")).status is SendStatus.SEND_OK
+        group.brokers[leader].kill9()  # before any follower could copy the leader's topic table
+        new = group.wait_leader(exclude=(leader,))
+
+        def sent() -> bool:
+            try:
+                return producer.send(Message("BornLate", b"second")).status is SendStatus.SEND_OK
+            except SparkMQError:
+                return False
+        wait_until(sent, 30, f"a send to the topic through the new leader {new}")
+    route = httpx.get(f"{group.namesrv.url}/routes/BornLate", timeout=5).json()
+    assert route["broker_datas"][0]["broker_addrs"]["0"] == group.brokers[new].addr
+    assert sorted(read_all(group.brokers[new], "BornLate").values()) == [b"first", b"second"]

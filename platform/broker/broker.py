@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..common.errors import ErrorCode, SparkMQError
+from ..common.system_topics import DLQ_PREFIX, RETRY_PREFIX
 from ..ha import ReplicationMaster, ReplicationSlave
 from ..ha.dledger import DLedgerMember, RaftConfig
 from ..store import AppendEvent, MessageStore
@@ -48,7 +49,7 @@ from .registration import RegistrationService
 from .schedule import ScheduleService
 from .slave_sync import SlaveSynchronizer
 from .timer import TimerService
-from .topics import TopicConfigManager
+from .topics import TopicConfigManager, is_reserved_topic
 from .trace import TracedTransactionService, TraceLookup, TraceRecorder
 from .transaction import TransactionService
 
@@ -347,6 +348,8 @@ class Broker:
     def _apply_dledger_role(self, leads: bool) -> None:
         if not self.running or self.dledger is None or leads != self.dledger.leads:
             return  # stale: a later change is queued behind this one
+        if leads:
+            self._adopt_logged_topics()
         if leads and not self._services():
             self._build_services()
             for service in self._services():
@@ -356,6 +359,27 @@ class Broker:
             self.schedule = self.timers = self.transactions = None
         log.info("broker %s: DLedger %s in term %d", self.name, "leader" if leads else "follower", self.dledger.term)
         self.registration.trigger()  # the name servers learn the new master (or that this one is not) now
+
+    def _adopt_logged_topics(self) -> None:
+        """A new DLedger leader: every topic its log holds messages of is in its topic table, so it registers them.
+
+        Followers copy the leader's table every ``ha_slave_sync_interval_s`` (and at once for a topic they see
+        first in a replicated record), but a topic the old leader auto-created just before it died may not
+        have arrived: without this its route would vanish with the old leader.
+        """
+        queue_counts: dict[str, int] = {}
+        for topic, queue_id in self.store.queues():
+            queue_counts[topic] = max(queue_counts.get(topic, 0), queue_id + 1)
+        for topic, count in queue_counts.items():
+            if self.topics.get(topic) is not None:
+                continue
+            if is_reserved_topic(topic):
+                if topic.startswith((RETRY_PREFIX, DLQ_PREFIX)):
+                    self.topics.ensure_system_topic(topic, count)
+                continue
+            queues = max(count, self.config.default_topic_queue_nums)
+            self.topics.create_or_update(topic, queues, queues)
+            log.info("broker %s: topic %s found in the log, created with %d queues", self.name, topic, queues)
 
     # ================================================================== replication
     def master_ha_addr(self) -> str | None:
