@@ -40,6 +40,7 @@ from procs import (
 from sparkmq.platform.client import ConsumeStatus, Message, Producer, PushConsumer
 from sparkmq.platform.common.errors import SparkMQError
 from sparkmq.platform.common.message import SendStatus
+from sparkmq.platform.ha.dledger.messages import AppendReply, AppendRequest, Entry, Refusal, decode_reply, encode_frame
 
 pytestmark = pytest.mark.cluster
 
@@ -330,3 +331,47 @@ def test_a_topic_auto_created_just_before_the_leader_dies_stays_routable(group: 
     route = httpx.get(f"{group.namesrv.url}/routes/BornLate", timeout=5).json()
     assert route["broker_datas"][0]["broker_addrs"]["0"] == group.brokers[new].addr
     assert sorted(read_all(group.brokers[new], "BornLate").values()) == [b"first", b"second"]
+
+
+def _exchange(port: int, data: bytes) -> bytes:
+    """Send ``data`` to a member's Raft port; what it answers before closing (b"" for nothing)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(data)
+        chunks = []
+        try:
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        except (TimeoutError, ConnectionResetError):
+            pass
+        return b"".join(chunks)
+
+
+def test_bad_input_on_the_raft_port_is_refused_and_changes_nothing(group: Group, tmp_path: Path) -> None:
+    leader = group.wait_leader()
+    follower = next(m for m in MEMBERS if m != leader)
+    create_topic(group, leader)
+    config = fast_client_config(group.namesrv.addr, tmp_path / "p", retry_times=0)
+    with Producer("raft-bad-input", config) as producer:
+        assert producer.send(Message(TOPIC, b"before")).status is SendStatus.SEND_OK
+        wait_until(group.converged, 20, "the members converging")
+        before = {m: group.status(m) for m in MEMBERS}
+        term = before[leader]["term"]  # type: ignore[index]
+        port = group.raft_ports[follower]
+        assert _exchange(port, os.urandom(4096)) == b""  # garbage: closed unanswered
+        assert _exchange(port, b"RF\x01\x00\xff\xff\xff\x7f") == b""  # a frame longer than any allowed
+        wrong_group = AppendRequest("broker-z", leader, 1, term, 0, 0, 0, [])
+        stale = AppendRequest("broker-a", leader, 2, term - 1, 0, 0, 10**9, [Entry(term - 1, b"forged")])
+        stranger = AppendRequest("broker-a", "n9", 3, term + 5, 0, 0, 0, [Entry(term + 5, b"forged")])
+        for request, reason in ((wrong_group, "wrong group"), (stranger, "not a member")):
+            answer = decode_reply(_exchange(port, encode_frame(request))[8:])
+            assert isinstance(answer, Refusal) and answer.reason == reason
+        answer = decode_reply(_exchange(port, encode_frame(stale))[8:])
+        assert isinstance(answer, AppendReply) and not answer.success and answer.term == term  # a stale term
+        after = {m: group.status(m) for m in MEMBERS}
+        for member in MEMBERS:  # nothing stored, no term raised, the same leader
+            assert (after[member]["log_end"], after[member]["term"], after[member]["leader"]) == (  # type: ignore[index]
+                before[member]["log_end"], term, leader)  # type: ignore[index]
+        assert group.status(follower)["refused"] == {  # type: ignore[index]
+            "garbage frame": 2, "wrong group": 1, "not a member": 1}
+        assert producer.send(Message(TOPIC, b"after")).status is SendStatus.SEND_OK
+    assert sorted(read_all(group.brokers[follower], TOPIC, QUEUES).values()) == [b"after", b"before"]
