@@ -44,6 +44,7 @@ from ..platform.broker.processors import OutgoingMessage
 from ..platform.common import wire
 from ..platform.common.errors import ErrorCode, SparkMQError
 from ..platform.common.protocol import MAX_PULL_BATCH, PullResult
+from ..platform.ha.dledger import DLedgerMember, LeadershipTransferError
 from .errors import install_error_handlers, invalid_argument
 from .trace_routes import trace_router
 
@@ -57,6 +58,7 @@ __all__ = [
     "TopicBody",
     "CommitOffsetsBody",
     "LockBody",
+    "TransferLeadershipBody",
     "outgoing_from_json",
     "outgoing_from_arrow",
 ]
@@ -224,6 +226,12 @@ class LockBody(_Strict):
     queues: list[QueueBody]
 
 
+class TransferLeadershipBody(_Strict):
+    """``POST /broker/dledger/transfer``."""
+
+    to: str = Field(description="the member id (of dledger_peers) to hand the leadership to")
+
+
 # -- conversions ------------------------------------------------------------------------
 
 def outgoing_from_json(item: BatchMessageBody) -> OutgoingMessage:
@@ -280,6 +288,16 @@ def _broker(request: Request) -> Broker:
 
 
 BrokerDep = Annotated[Broker, Depends(_broker)]
+
+
+def _dledger(broker: BrokerDep) -> DLedgerMember:
+    if broker.dledger is None:
+        raise SparkMQError(ErrorCode.DLEDGER_NOT_ENABLED, f"broker {broker.name} at {broker.addr} is not a member "
+                                                          f"of a DLedger group (dledger_enabled is off)")
+    return broker.dledger
+
+
+DLedgerDep = Annotated[DLedgerMember, Depends(_dledger)]
 TopicPath = Annotated[str, Path(description="topic name (percent-encode % and |)")]
 
 _ARROW_BATCH_DOC = {
@@ -638,6 +656,37 @@ async def replication(broker: BrokerDep) -> dict[str, Any]:
 async def replication_sync(broker: BrokerDep) -> dict[str, Any]:
     """The topic table and every consumer offset: what a slave copies from its master every 10 s."""
     return broker.replication_snapshot()
+
+
+@broker_router.get("/broker/dledger", tags=["dledger"])
+async def dledger_status(member: DLedgerDep, broker: BrokerDep) -> dict[str, Any]:
+    """This DLedger member: role, term, leader, commit offset, log end, members (and a leader's view of each
+    peer), plus this broker's address and its master's (DLEDGER_NOT_ENABLED on a broker outside any group)."""
+    master = broker.addr if member.leads else broker.master_addr()
+    return {**member.status(), "broker_addr": broker.addr, "master_addr": master}
+
+
+@broker_router.post("/broker/dledger/transfer", tags=["dledger"])
+async def dledger_transfer(body: TransferLeadershipBody, member: DLedgerDep, broker: BrokerDep) -> dict[str, Any]:
+    """Hand the leadership to member ``to`` and answer once it leads: INVALID_ARGUMENT for an unknown member,
+    SERVICE_NOT_AVAILABLE naming the leader when this member does not lead, LEADERSHIP_TRANSFER_FAILED when
+    the transfer did not complete in time (this member may still lead, or no one yet)."""
+    if body.to not in member.member_ids:
+        raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"{body.to!r} is not a member of DLedger group "
+                                                       f"{member.group}; members: {member.member_ids}")
+    if not member.leads:
+        # Point the operator at the broker to ask instead (the node's own error names only Raft addresses).
+        where = f" (broker {broker.master_addr()})" if broker.master_addr() else ""
+        raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE,
+                           f"{member.self_id} does not lead DLedger group {member.group}; "
+                           f"the leader is {member.leader_id or 'not known'}{where}: ask it")
+    previous_term = member.term
+    try:
+        await member.transfer_leadership(body.to)  # on this loop: the member's own
+    except LeadershipTransferError as exc:
+        raise SparkMQError(ErrorCode.LEADERSHIP_TRANSFER_FAILED, exc.message) from None
+    return {"group": member.group, "from": member.self_id, "to": body.to, "leader": member.leader_id,
+            "previous_term": previous_term, "term": member.term}
 
 
 @broker_router.get("/health")

@@ -12,12 +12,16 @@ Every setting comes from one TOML file (``[namesrv]``, ``[broker]``, ``[store]``
 overrides; the broker always registers with the embedded name server.  With ``ha="async"`` or
 ``ha="sync"`` the broker is an ASYNC_MASTER or SYNC_MASTER and a slave of it (broker id 1, files
 under ``<data_dir>/slave``, free ports) runs in the same loop: master/slave replication to try in one
-command (``sparkmq dev --ha sync``).
+command (``sparkmq dev --ha sync``).  With ``ha="dledger"`` three brokers of one DLedger group (members n0,
+n1, n2, files under ``<data_dir>/<member>``, n0 on the broker port, the others and every Raft port free
+ones) run in the loop: whichever is elected registers as master (``sparkmq dev --ha dledger``), and
+:meth:`EmbeddedPlatform.stop_member` stops one while the others go on.
 """
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,11 +34,17 @@ from .broker_main import BrokerService
 from .namesrv_app import create_app as create_namesrv_app
 from .serving import Server, bind_socket, run_service, serve_app
 
-__all__ = ["EmbeddedPlatform"]
+__all__ = ["EmbeddedPlatform", "DLEDGER_MEMBERS"]
 
 _NAMESRV_KEYS = {"host", "port", "broker_expiry_s", "scan_interval_s"}
 #: Commit-log segment size of the embedded default (conf/single-node.toml says the same).
 EMBEDDED_SEGMENT_SIZE = 64 << 20
+#: The member ids of the embedded DLedger group (``ha="dledger"``).
+DLEDGER_MEMBERS = ("n0", "n1", "n2")
+#: The embedded group's heartbeat unless the settings give one: its members share a process and a loop,
+#: so a leader is elected in about 2 s instead of the 6 s the production default (2 s) takes.
+EMBEDDED_DLEDGER_HEARTBEAT_MS = 500
+_HA_MODES = (None, "async", "sync", "dledger")
 
 
 class EmbeddedPlatform:
@@ -45,9 +55,10 @@ class EmbeddedPlatform:
                  log_level: str = "warning", ha: str | None = None) -> None:
         """Settings as in the TOML tables; ValueError for unknown or bad ones.  The lake is off
         unless ``lake`` says ``enabled = true`` (``sparkmq dev`` turns it on).  ``ha``: None, "async"
-        or "sync" (a master of that kind and its slave)."""
-        if ha not in (None, "async", "sync"):
-            raise ValueError(f"ha must be async or sync, got {ha!r}")
+        or "sync" (a master of that kind and its slave), or "dledger" (a group of three; the lake, when on,
+        runs beside member n0)."""
+        if ha not in _HA_MODES:
+            raise ValueError(f"ha must be async, sync or dledger, got {ha!r}")
         self.ha = ha
         self.lake_settings = LakeSettings.from_mapping(lake)
         namesrv = dict(namesrv or {})
@@ -62,8 +73,15 @@ class EmbeddedPlatform:
         self.namesrv_addr = ""
         self.broker_addr = ""
         self.broker_service: BrokerService | None = None
-        #: The slave with ``ha`` set.
+        #: The slave with ``ha`` async or sync.
         self.slave_service: BrokerService | None = None
+        #: Every member of the group by id with ``ha="dledger"`` (n0 is :attr:`broker_service`).
+        self.member_services: dict[str, BrokerService] = {}
+        #: The embedded name server's table (read by :meth:`leader`).
+        self.route_table = RouteTable(self.namesrv_config)
+        self._tasks: dict[BrokerService, asyncio.Task[bool]] = {}
+        #: Members stopped on purpose (:meth:`stop_member`): their ending does not stop the platform.
+        self._released: set[BrokerService] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._namesrv_server: Server | None = None
@@ -102,20 +120,25 @@ class EmbeddedPlatform:
         host, port = namesrv_sock.getsockname()[:2]
         self.namesrv_addr = f"{host}:{port}"
         settings = {**self._broker_settings, "namesrv_addrs": [self.namesrv_addr]}
-        if self.ha is not None:
+        if self.ha in ("async", "sync"):
             settings["role"] = "SYNC_MASTER" if self.ha == "sync" else "ASYNC_MASTER"
-        config = BrokerConfig.from_mapping(settings, self._store_settings)
         try:
-            self.broker_service = BrokerService(config, self.lake_settings)
-            if self.ha is not None:
+            if self.ha == "dledger":
+                for member, cfg in self._member_configs(settings).items():
+                    self.member_services[member] = BrokerService(cfg, self.lake_settings if member == "n0" else None)
+                self.broker_service = self.member_services["n0"]
+            else:
+                config = BrokerConfig.from_mapping(settings, self._store_settings)
+                self.broker_service = BrokerService(config, self.lake_settings)
+            if self.ha in ("async", "sync"):
                 slave = BrokerConfig.from_mapping(
                     {**settings, "role": "SLAVE", "broker_id": 1, "port": 0, "remoting_port": 0,
                      "data_dir": str(config.data_dir / "slave")}, self._store_settings)
                 self.slave_service = BrokerService(slave)
         except BaseException:
             namesrv_sock.close()
-            if self.broker_service is not None:
-                self.broker_service.sock.close()
+            for service in self._brokers():
+                service.sock.close()
             raise
         self.broker_addr = self.broker_service.config.addr
         self._thread = threading.Thread(target=self._run, args=(namesrv_sock,), name="sparkmq-embedded",
@@ -128,6 +151,27 @@ class EmbeddedPlatform:
             raise self._error
         return self
 
+    def _member_configs(self, settings: Mapping[str, Any]) -> dict[str, BrokerConfig]:
+        """The three members' configs: one group (the broker name), Raft ports picked free now."""
+        base = BrokerConfig.from_mapping(settings, self._store_settings)
+        raft_ports = {member: _free_port(base.host) for member in DLEDGER_MEMBERS}
+        peers = ";".join(f"{member}-{base.host}:{port}" for member, port in raft_ports.items())
+        configs = {}
+        for member in DLEDGER_MEMBERS:
+            own = {"dledger_enabled": True, "dledger_self_id": member, "dledger_peers": peers,
+                   "data_dir": str(base.data_dir / member)}
+            if member != "n0":  # n0 answers on the broker port the caller chose; the others anywhere
+                own.update(port=0, remoting_port=0)
+            configs[member] = BrokerConfig.from_mapping(
+                {"dledger_heartbeat_ms": EMBEDDED_DLEDGER_HEARTBEAT_MS, **settings, **own}, self._store_settings)
+        return configs
+
+    def _brokers(self) -> list[BrokerService]:
+        """Every broker service built (the master or n0 first)."""
+        if self.member_services:
+            return list(self.member_services.values())
+        return [s for s in (self.broker_service, self.slave_service) if s is not None]
+
     def _run(self, namesrv_sock: Any) -> None:
         try:
             run_service(self._serve(namesrv_sock))
@@ -138,11 +182,8 @@ class EmbeddedPlatform:
 
     async def _serve(self, namesrv_sock: Any) -> None:
         self._loop = asyncio.get_running_loop()
-        service = self.broker_service
-        assert service is not None
-        started = {"namesrv": False, "broker": False}
-        if self.slave_service is not None:
-            started["slave"] = False
+        services = self._brokers()
+        started = {"namesrv": False, **{f"broker-{i}": False for i in range(len(services))}}
 
         def ready(kind: str) -> Any:
             def on_ready(_host: str, _port: int) -> None:
@@ -154,17 +195,20 @@ class EmbeddedPlatform:
         def keep_server(server: Server) -> None:
             self._namesrv_server = server
 
-        app = create_namesrv_app(RouteTable(self.namesrv_config), self.namesrv_config)
+        app = create_namesrv_app(self.route_table, self.namesrv_config)
         namesrv = asyncio.create_task(serve_app(app, namesrv_sock, ready("namesrv"), handle_signals=False,
                                                 log_level=self.log_level, server_ready=keep_server))
-        broker = asyncio.create_task(service.serve(log_level=self.log_level, on_ready=ready("broker"),
-                                                   handle_signals=False, on_remoting=None))
-        brokers = {broker}
-        if self.slave_service is not None:
-            brokers.add(asyncio.create_task(self.slave_service.serve(
-                log_level=self.log_level, on_ready=ready("slave"), handle_signals=False, on_remoting=None)))
-        done, _pending = await asyncio.wait({namesrv, *brokers}, return_when=asyncio.FIRST_COMPLETED)
-        # Any one stopping (asked to, or failed) stops the others: they are one platform.
+        self._tasks = {service: asyncio.create_task(service.serve(
+            log_level=self.log_level, on_ready=ready(f"broker-{i}"), handle_signals=False, on_remoting=None))
+            for i, service in enumerate(services)}
+        brokers = set(self._tasks.values())
+        pending: set[asyncio.Task[Any]] = {namesrv, *brokers}
+        while True:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            # A member stopped on purpose leaves the others running; any other one stopping (asked to, or
+            # failed) stops the rest: they are one platform.
+            if not pending or not all(self._was_released(task) for task in done):
+                break
         # The brokers go first, so they can still unregister from the name server.
         self._request_stop()
         await asyncio.gather(*brokers, return_exceptions=True)
@@ -175,10 +219,50 @@ class EmbeddedPlatform:
             if task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
 
+    def _was_released(self, task: asyncio.Task[Any]) -> bool:
+        """Whether ``task`` is the clean end of a member :meth:`stop_member` stopped."""
+        return any(t is task and s in self._released for s, t in self._tasks.items()) and task.exception() is None
+
     def _request_stop(self) -> None:
-        for service in (self.slave_service, self.broker_service):
-            if service is not None:
-                service.request_stop()
+        for service in reversed(self._brokers()):
+            service.request_stop()
+
+    def stop_member(self, member_id: str, timeout: float = 60.0) -> None:
+        """Stop one member of the DLedger group (``ha="dledger"``) as stopping its process would: it unregisters
+        and leaves; the others go on and elect a new leader if it led.  Returns once it stopped."""
+        service = self.member_services.get(member_id)
+        if service is None:
+            raise ValueError(f"no DLedger member {member_id!r}; members: {sorted(self.member_services)}")
+        if self._loop is None or not self.running:
+            raise RuntimeError("the embedded platform is not running")
+
+        async def stop() -> None:
+            self._released.add(service)
+            service.request_stop()
+            await asyncio.wait({self._tasks[service]})
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(timeout)
+
+    def leader(self) -> str | None:
+        """The member that leads its group and is the name server's master of the broker name (None: no such
+        member now, e.g. during an election or before the new leader registered)."""
+        for member_id, service in self.member_services.items():
+            member = service.broker.dledger
+            if service in self._released or member is None or not member.leads:
+                continue
+            routed = self.route_table.broker_data(service.config.broker_name)
+            if routed is not None and routed.master_addr == service.config.addr:
+                return member_id
+        return None
+
+    def wait_leader(self, timeout: float = 60.0) -> str:
+        """Wait until :meth:`leader` names a member and return it (TimeoutError after ``timeout`` s)."""
+        deadline = time.monotonic() + timeout
+        while (leader := self.leader()) is None:
+            if time.monotonic() > deadline or not self.running:
+                raise TimeoutError(f"no DLedger member led and was routed as master within {timeout} s")
+            time.sleep(0.05)
+        return leader
 
     def stop(self, timeout: float = 60.0) -> None:
         """Stop both services cleanly (the broker unregisters and persists offsets first)."""
@@ -198,6 +282,11 @@ class EmbeddedPlatform:
         return self.slave_service.config.addr if self.slave_service is not None else None
 
     @property
+    def member_addrs(self) -> dict[str, str]:
+        """Each DLedger member's broker address with ``ha="dledger"`` (empty otherwise)."""
+        return {member: service.config.addr for member, service in self.member_services.items()}
+
+    @property
     def running(self) -> bool:
         """Whether the services' thread is alive."""
         return self._thread is not None and self._thread.is_alive()
@@ -207,3 +296,9 @@ class EmbeddedPlatform:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _free_port(host: str) -> int:
+    """A port free on ``host`` now (a Raft member binds it a moment later)."""
+    with bind_socket(host, 0) as sock:
+        return int(sock.getsockname()[1])

@@ -138,3 +138,37 @@ def test_unknown_store_settings_are_refused():
         StoreConfig.from_mapping({"root": "x", "segmnet_size": 4096})
     with pytest.raises(ValueError, match="segment_size must be a multiple of 4096"):
         StoreConfig.from_mapping({"root": "x", "segment_size": 5000})
+
+
+def test_every_broker_file_under_conf_loads_and_the_dledger_groups_agree():
+    """Each shipped broker config loads with the broker's own loader; the DLedger files form two groups of
+    three whose members list the same peers, each naming itself, on ports no other file uses."""
+    from sparkmq.api.broker_main import load_config
+
+    configs = {path.relative_to(ROOT / "conf").as_posix(): load_config(path)
+               for path in sorted((ROOT / "conf").rglob("*.toml"))}
+    assert len(configs) >= 17  # single-node, two-masters (2), 2m-2s-async (4), 2m-2s-sync (4), dledger (6)
+    groups: dict[str, dict[str, object]] = {}
+    for name, config in configs.items():
+        if name.startswith("dledger/"):
+            assert config.dledger_enabled and config.dledger_group == config.broker_name, name
+            groups.setdefault(config.broker_name, {})[config.dledger_self_id] = config
+    assert sorted(groups) == ["broker-a", "broker-b"]
+    raft_ports = []
+    for broker_name, members in groups.items():
+        assert sorted(members) == ["n0", "n1", "n2"], broker_name
+        peers = {m.dledger_peers for m in members.values()}
+        assert len(peers) == 1, f"{broker_name}: the members disagree on dledger_peers: {peers}"
+        parsed = next(iter(members.values())).dledger_members()
+        assert sorted(parsed) == ["n0", "n1", "n2"]
+        raft_ports += [port for _host, port in parsed.values()]
+        assert len({m.store["segment_size"] for m in members.values()}) == 1
+    for member in ("n0", "n1", "n2"):
+        assert configs[f"dledger/broker-{member}.toml"].broker_name == "broker-a"
+        assert configs[f"dledger/broker-b-{member}.toml"].broker_name == "broker-b"
+    # No two DLedger brokers share a port (HTTP, remoting, Raft), and no other file uses one of theirs.
+    ports = {name: {config.port, config.remoting_bind_port} for name, config in configs.items()}
+    dledger_ports = [p for name, used in ports.items() if name.startswith("dledger/") for p in used] + raft_ports
+    assert len(dledger_ports) == len(set(dledger_ports))
+    others = {p for name, used in ports.items() if not name.startswith("dledger/") for p in used}
+    assert not others & set(dledger_ports)

@@ -250,9 +250,70 @@ def _replication_columns(admin_client: Any, addr: str) -> dict[str, Any]:
     if ha.get("role") == "SLAVE":
         return {"role": "SLAVE", "in_sync": "connected" if ha.get("connected") else "disconnected",
                 "bytes_behind": ha.get("bytes_behind")}
+    if "term" in ha:  # a DLedger member: its Raft role and term
+        return _dledger_columns(ha)
     slaves = ha.get("slaves")
     return {"role": ha.get("role"), "in_sync": "" if slaves is None else f"{ha.get('in_sync_slaves', 0)}/{len(slaves)}",
             "bytes_behind": ha.get("max_bytes_behind")}
+
+
+def _dledger_columns(status: dict[str, Any]) -> dict[str, Any]:
+    """A DLedger member in the cluster table: role and term; a leader's peers caught up to its commit offset and
+    the largest gap, a follower's leader."""
+    role = f"{status.get('role')} ({status.get('self_id')}, term {status.get('term')})"
+    peers = status.get("peers") or {}
+    if status.get("role") == "LEADER":
+        commit, end = status.get("commit_offset", 0), status.get("log_end", 0)
+        caught_up = sum(1 for p in peers.values() if p.get("match_offset", 0) >= commit)
+        behind = max((end - p.get("match_offset", 0) for p in peers.values()), default=0)
+        return {"role": role, "in_sync": f"{caught_up}/{len(peers)}", "bytes_behind": behind}
+    return {"role": role, "in_sync": f"follows {status.get('leader') or 'nobody'}", "bytes_behind": ""}
+
+
+# -- DLedger --------------------------------------------------------------------------------
+
+broker_option = click.option("--broker", "broker_addr", required=True, metavar="ADDR",
+                             help="the broker's HTTP address host:port (a member of the group)")
+
+
+@admin.group()
+def dledger() -> None:
+    """A broker's DLedger group: its members' state, leadership transfer."""
+
+
+@dledger.command("status")
+@broker_option
+@click.pass_context
+@stable_errors
+def dledger_status(ctx: click.Context, broker_addr: str) -> None:
+    """The DLedger member at ADDR: role, term, leader, commit offset (and a leader's view of each peer)."""
+    status = _admin(ctx).dledger_status(broker_addr)
+    if ctx.obj["json"]:
+        emit(status, True)
+        return
+    keys = ["group", "self_id", "role", "term", "leader", "master_addr", "commit_offset", "log_end",
+            "visible_offset", "waiting_sends", "transfer_target"]
+    emit_rows([{"key": k, "value": status.get(k)} for k in keys]
+              + [{"key": f"member {m}", "value": a} for m, a in (status.get("members") or {}).items()],
+              ["key", "value"], False, title=f"DLedger member at {broker_addr}")
+    peers = status.get("peers") or {}
+    if peers:
+        emit_rows([{"peer": p, **progress} for p, progress in sorted(peers.items())],
+                  ["peer", "match_offset", "next_offset", "failures", "last_ack_age_s"], False,
+                  title="replication to each peer")
+
+
+@dledger.command("transfer")
+@broker_option
+@click.option("--to", "to_id", required=True, metavar="ID", help="the member id to hand the leadership to (n1)")
+@click.pass_context
+@stable_errors
+def dledger_transfer(ctx: click.Context, broker_addr: str, to_id: str) -> None:
+    """Hand the leadership of the group led by ADDR to member ID; returns once ID leads."""
+    result = _admin(ctx).transfer_leadership(broker_addr, to_id)
+    emit(result, ctx.obj["json"], render=lambda r: console.print(
+        f"{r['leader']} leads DLedger group {r['group']} in term {r['term']} (was {r['from']}, term "
+        f"{r['previous_term']})"))
 
 
 @admin.group("lake")

@@ -99,6 +99,18 @@ def run_demo(namesrv_addr: str, messages: int) -> tuple[int, int, float]:
         return messages, len(wanted & received), elapsed
 
 
+def _print_dledger_group(platform: EmbeddedPlatform) -> None:
+    """The members of the embedded DLedger group, once one of them leads and is routed as master."""
+    leader = platform.wait_leader()
+    table = Table("member", "broker", "role", title="DLedger group")
+    for member, addr in platform.member_addrs.items():
+        table.add_row(member, f"http://{addr}", "LEADER (master)" if member == leader else "FOLLOWER (slave)")
+    console.print(table)
+    console.print(f"[bold]{leader}[/] leads; member state: GET /broker/dledger, hand over: "
+                  f"sparkmq admin --namesrv {platform.namesrv_addr} dledger transfer "
+                  f"--broker {platform.member_addrs[leader]} --to <member>")
+
+
 def _lake_running(platform: EmbeddedPlatform) -> bool:
     lake = platform.broker_service.lake if platform.broker_service is not None else None
     return lake is not None and lake.status()["state"] == "running"
@@ -116,8 +128,9 @@ def _lake_running(platform: EmbeddedPlatform) -> bool:
 @click.option("--exit-after-demo", is_flag=True, help="stop once the demo is done (scripts and tests)")
 @click.option("--lake/--no-lake", default=None,
               help="run the broker's lake (Spark + Delta tables); default: on, or the config's [lake] table")
-@click.option("--ha", type=click.Choice(["async", "sync"]), default=None,
-              help="run the broker as an ASYNC_MASTER or SYNC_MASTER with a slave beside it (docs/ha.md)")
+@click.option("--ha", type=click.Choice(["async", "sync", "dledger"]), default=None,
+              help="run the broker as an ASYNC_MASTER or SYNC_MASTER with a slave beside it, or as a DLedger "
+                   "group of three members n0, n1, n2 (docs/ha.md)")
 def dev(config_file: Path | None, data_dir: Path | None, namesrv_port: int | None, broker_port: int | None,
         messages: int, demo: bool, exit_after_demo: bool, lake: bool | None, ha: str | None) -> None:
     """Start the embedded platform (name server + broker + gateway + lake) and run the demo; Ctrl-C stops it."""
@@ -129,13 +142,19 @@ def dev(config_file: Path | None, data_dir: Path | None, namesrv_port: int | Non
                                           broker_port=broker_port, lake=lake, ha=ha)
     platform.start()
     remoting = f", remoting on [bold]{platform.remoting_addr}[/]" if platform.remoting_addr else ""
-    console.print(f"name server on [bold]http://{platform.namesrv_addr}[/], broker and gateway on "
-                  f"[bold]http://{platform.broker_addr}[/] (API docs at /docs){remoting}")
+    if platform.member_addrs:  # which member takes sends is known once one is elected: see the group table
+        console.print(f"name server on [bold]http://{platform.namesrv_addr}[/], a DLedger group of "
+                      f"{len(platform.member_addrs)} brokers (each with the gateway endpoints and API docs at /docs)")
+    else:
+        console.print(f"name server on [bold]http://{platform.namesrv_addr}[/], broker and gateway on "
+                      f"[bold]http://{platform.broker_addr}[/] (API docs at /docs){remoting}")
     if platform.slave_addr is not None:
         console.print(f"{'SYNC' if ha == 'sync' else 'ASYNC'}_MASTER with a slave on "
                       f"[bold]http://{platform.slave_addr}[/] (replication: GET /broker/ha)")
     failed = False
     try:
+        if platform.member_addrs:
+            _print_dledger_group(platform)
         if demo:
             sent, received, elapsed = run_demo(platform.namesrv_addr, messages)
             table = Table("topic", "sent", "received", "seconds", "msg/s", title="demo")

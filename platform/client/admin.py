@@ -35,6 +35,9 @@ __all__ = ["AdminClient", "QueueStats", "QueueLag", "GroupLag"]
 
 log = logging.getLogger("sparkmq.client")
 
+#: How long a leadership transfer request may take (the broker gives up after its election time).
+_TRANSFER_TIMEOUT_S = 60.0
+
 
 @dataclass(frozen=True, slots=True)
 class QueueStats:
@@ -112,6 +115,24 @@ class AdminClient:
     def replication(self, addr: str) -> dict[str, Any]:
         """The replication state of the broker at ``addr`` (``GET /broker/ha``)."""
         return self._brokers.get(addr).replication()
+
+    def dledger_status(self, addr: str) -> dict[str, Any]:
+        """The DLedger member of the broker at ``addr`` (``GET /broker/dledger``; DLEDGER_NOT_ENABLED if none)."""
+        return self._brokers.get(addr).dledger_status()
+
+    def transfer_leadership(self, addr: str, to_id: str) -> dict[str, Any]:
+        """Ask the DLedger leader at ``addr`` to hand the leadership to member ``to_id``; returns once ``to_id``
+        leads (``{"from", "to", "leader", "previous_term", "term"}``).
+
+        Errors: SERVICE_NOT_AVAILABLE naming the leader when ``addr`` does not lead, INVALID_ARGUMENT for an
+        unknown member, LEADERSHIP_TRANSFER_FAILED when it did not complete within the broker's transfer time.
+        Example::
+
+            admin.transfer_leadership("127.0.0.1:10911", "n1")
+        """
+        # The broker waits up to its election time (seconds with the 2 s default heartbeat): wait longer.
+        timeout = max(self.config.request_timeout_s, _TRANSFER_TIMEOUT_S)
+        return self._brokers.get(addr).dledger_transfer(to_id, timeout=timeout)
 
     def broker_info(self, addr: str) -> dict[str, Any]:
         """``GET /broker`` of one broker."""

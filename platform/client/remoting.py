@@ -510,6 +510,14 @@ class BrokerClient:
         """``GET /broker/ha``: the broker's replication state (a master's slaves, a slave's master)."""
         return self._get("/broker/ha")
 
+    def dledger_status(self) -> dict[str, Any]:
+        """``GET /broker/dledger``: the broker's DLedger member (role, term, leader, commit offset, ...)."""
+        return self._get("/broker/dledger")
+
+    def dledger_transfer(self, to_id: str, timeout: float | None = None) -> dict[str, Any]:
+        """``POST /broker/dledger/transfer``: hand the leadership to member ``to_id``; answers once it leads."""
+        return self._post("/broker/dledger/transfer", {"to": to_id}, timeout=timeout)
+
     def health(self, timeout: float | None = None) -> dict[str, Any]:
         """``GET /health``."""
         return self._get("/health", timeout=timeout)

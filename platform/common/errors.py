@@ -43,6 +43,9 @@ class ErrorCode(Enum):
     REQUEST_CODE_NOT_SUPPORTED = (23, 400, "the remoting request code is unknown to this server")
     LAKE_NOT_AVAILABLE = (24, 503, "the answer needs the lake (the key index), and this broker runs none")
     STALE_EPOCH = (25, 409, "a DLedger leader of an older term tried to register as master over a newer one")
+    DLEDGER_NOT_ENABLED = (26, 404, "the broker is not a member of a DLedger group (dledger_enabled is off)")
+    LEADERSHIP_TRANSFER_FAILED = (27, 409, "a DLedger leadership transfer did not complete in time "
+                                           "(target behind or unreachable, it did not win, or the lead was lost)")
 
     @property
     def remoting_code(self) -> int:
