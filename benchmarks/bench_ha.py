@@ -150,9 +150,11 @@ class DLedgerGroup:
         return leader
 
     def caught_up(self, member: str) -> bool:
-        statuses = [self.status(m) for m in self.MEMBERS]
-        ends = {s.get("log_end") for s in statuses}
-        return self.status(member).get("role") == "FOLLOWER" and len(ends) == 1
+        """``member`` follows and the leader has it within 1 MiB of its log's end (sends keep flowing)."""
+        leader = self.leader(exclude=member)
+        status = self.status(leader) if leader is not None else {}
+        peer = status.get("peers", {}).get(member)
+        return peer is not None and peer["match_offset"] > 0 and status["log_end"] - peer["match_offset"] < 1 << 20
 
     def config(self) -> ClientConfig:
         return ClientConfig(namesrv_addrs=self.namesrv.addr, trace_enabled=False)
