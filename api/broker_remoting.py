@@ -28,7 +28,8 @@ from ..platform.common import protocol as p
 from ..platform.common.errors import ErrorCode, SparkMQError
 from ..platform.common.message import SendStatus
 from ..platform.common.protocol import RequestCode
-from ..platform.remoting import Frame, RemotingServer, Reply, ServerConnection, unsupported_reply
+from ..platform.remoting import Deferred, Frame, RemotingServer, Reply, ServerConnection, unsupported_reply
+from ..platform.store import PutStatus
 from ..platform.store.message_store import unpack_batch
 
 __all__ = ["BrokerRemoting"]
@@ -62,7 +63,7 @@ def _peer_host(conn: ServerConnection) -> str | None:
     return conn.peer or None
 
 
-Handler = Callable[[ServerConnection, Frame], "Reply | Awaitable[Reply] | None"]
+Handler = Callable[[ServerConnection, Frame], "Reply | Awaitable[Reply] | Deferred | None"]
 
 
 class BrokerRemoting:
@@ -123,7 +124,7 @@ class BrokerRemoting:
         await self.server.stop(grace_s)
 
     # -- dispatch -------------------------------------------------------------------------
-    def handle(self, conn: ServerConnection, frame: Frame) -> Reply | Awaitable[Reply] | None:
+    def handle(self, conn: ServerConnection, frame: Frame) -> Reply | Awaitable[Reply] | Deferred | None:
         """Route one request to its handler (REQUEST_CODE_NOT_SUPPORTED for an unknown code)."""
         handler = self._handlers.get(frame.code)
         if handler is None:
@@ -131,7 +132,7 @@ class BrokerRemoting:
         return handler(conn, frame)
 
     # -- sends ----------------------------------------------------------------------------
-    def _send(self, conn: ServerConnection, frame: Frame) -> Reply | Awaitable[Reply]:
+    def _send(self, conn: ServerConnection, frame: Frame) -> Reply | Deferred | Awaitable[Reply]:
         req = decode_header(frame, p.SendRequest)
         message = OutgoingMessage(bytes(frame.body), req.tags, tuple(req.keys), dict(req.properties), req.msg_id)
         sending = self.broker.send_processor
@@ -146,18 +147,15 @@ class BrokerRemoting:
         if not sending.send_may_block:
             return reply
 
-        async def durable() -> Reply:
-            # SYNC_FLUSH / SYNC_MASTER: answer once a group-commit sync (and a slave) covers the message
-            # (loop futures, no thread).
-            status = await sending.acknowledge(end_offset, self._loop)
+        def answer(status: SendStatus) -> Reply:
             if status is SendStatus.SEND_OK:
                 return reply
             return _reply(p.SendResponse(str(status), result.msg_id, result.offset_msg_id,
                                          result.topic, result.broker_name, result.queue_id, result.queue_offset,
                                          result.store_timestamp))
-        return durable()
+        return self._when_acknowledged(end_offset, answer)
 
-    def _send_batch(self, conn: ServerConnection, frame: Frame) -> Reply | Awaitable[Reply]:
+    def _send_batch(self, conn: ServerConnection, frame: Frame) -> Reply | Deferred | Awaitable[Reply]:
         req = decode_header(frame, p.SendBatchRequest)
         sending = self.broker.send_processor
         if req.delay_level is not None or req.deliver_at_ms is not None or req.delay_ms is not None:
@@ -172,10 +170,26 @@ class BrokerRemoting:
                                      sharding_key=req.sharding_key, compressed=req.compressed,
                                      producer_group=req.producer_group, born_host=_peer_host(conn), wait=False)
 
-        async def durable() -> Reply:
-            status = await sending.acknowledge(result.end_offset, self._loop)
-            return _batch_reply(result, status if status is not SendStatus.SEND_OK else None)
-        return durable()
+        return self._when_acknowledged(
+            result.end_offset, lambda status: _batch_reply(result, None if status is SendStatus.SEND_OK else status))
+
+    def _when_acknowledged(self, end_offset: int,
+                           answer: Callable[[SendStatus], Reply]) -> Reply | Deferred | Awaitable[Reply]:
+        """``answer(status)`` of a send stored with ``wait=False``, once it may be acknowledged (SYNC_FLUSH,
+        SYNC_MASTER, DLedger; loop futures, no thread).  When the disk sync is all it waits for, the sync's
+        future answers from its done callback (no task, one loop pass less than awaiting it)."""
+        sending = self.broker.send_processor
+        loop = self._loop
+        assert loop is not None
+        disk = sending.disk_wait(end_offset, loop)
+        if disk is None:
+            async def acknowledged() -> Reply:
+                return answer(await sending.acknowledge(end_offset, loop))
+            return acknowledged()
+
+        def finish(synced: asyncio.Future[PutStatus]) -> Reply:
+            return answer(sending.send_status(synced.result()))
+        return finish(disk) if disk.done() else Deferred(disk, finish)
 
     def _send_delayed_batch(self, conn: ServerConnection, frame: Frame, req: p.SendBatchRequest) -> Awaitable[Reply]:
         # Each message parks on its own (schedule or timer topic): the Python path, not the packed one.

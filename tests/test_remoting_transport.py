@@ -33,6 +33,7 @@ from sparkmq.platform.common.protocol import (
 )
 from sparkmq.platform.remoting import (
     AsyncRemotingClient,
+    Deferred,
     Frame,
     FrameDecoder,
     LoopThread,
@@ -59,6 +60,7 @@ FAIL = 13      # raises SparkMQError(code named by the header)
 CRASH = 14     # raises a plain exception
 HANG = 15      # never answers
 ODD_CODE = 16  # answers a remoting number nobody knows
+DEFERRED = 17  # answers from a future's done callback (Deferred): its body, or the error the header names
 
 
 def frame_bytes(data: object) -> bytes:
@@ -95,6 +97,15 @@ def handler(conn: ServerConnection, frame: Frame):
         return asyncio.get_running_loop().create_future()
     if code == ODD_CODE:
         return Reply(999, encode_error_header("from the future"))
+    if code == DEFERRED:
+        future = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_later(0.01, future.set_result, bytes(frame.body))
+
+        def finish(done: asyncio.Future) -> Reply:
+            if frame.header:
+                raise SparkMQError(ErrorCode[msgspec.msgpack.decode(frame.header)], "deferred as asked")
+            return Reply(RESPONSE_SUCCESS, b"", done.result())
+        return Deferred(future, finish)
     return unsupported_reply(frame)
 
 
@@ -322,6 +333,24 @@ async def test_echo_errors_and_ping() -> None:
         assert conn.closed
         with pytest.raises(RemotingError):
             await conn.request(ECHO)
+
+
+@async_test
+async def test_deferred_answers_come_from_the_future_callback() -> None:
+    async with serving() as server:
+        conn = await RemotingConnection.connect(f"127.0.0.1:{server.port}")
+        try:
+            answers = await asyncio.gather(*(conn.request(DEFERRED, b"", b"%d" % i) for i in range(50)))
+            assert [bytes(r.body) for r in answers] == [b"%d" % i for i in range(50)]
+            with pytest.raises(SparkMQError) as info:
+                await conn.request(DEFERRED, msgspec.msgpack.encode("FLUSH_DISK_TIMEOUT"))
+            assert info.value.code is ErrorCode.FLUSH_DISK_TIMEOUT and info.value.message == "deferred as asked"
+            conn.oneway(DEFERRED, b"", b"nothing comes back")
+            assert bytes((await conn.request(DEFERRED, b"", b"still")).body) == b"still"
+            await wait_until(lambda: server.stats()["in_flight"] == 0)
+            assert all(c._inflight == 0 for c in server._conns)
+        finally:
+            await conn.close()
 
 
 @async_test

@@ -39,12 +39,13 @@ from .codec import (
 )
 from .loop import LoopThread, new_event_loop
 from .pool import AsyncRemotingClient, SyncRemotingClient
-from .server import Handler, RemotingServer, ServerConnection
+from .server import Deferred, Handler, RemotingServer, ServerConnection
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT_S",
     "DEFAULT_REQUEST_TIMEOUT_S",
     "AsyncRemotingClient",
+    "Deferred",
     "Frame",
     "FrameData",
     "FrameDecoder",

@@ -2,7 +2,8 @@
 
 It runs on the loop that calls :meth:`RemotingServer.start` (the broker shares uvicorn's).
 A handler answering synchronously is served without creating a task -- the hot path; an
-awaitable answer runs as a task.  PING is answered here; everything else is the handler's.
+awaitable answer runs as a task, a :class:`Deferred` one from its future's done callback.  PING is
+answered here; everything else is the handler's.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import itertools
 import logging
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.protocol import (
@@ -32,13 +33,22 @@ from .codec import (
     encode_frame,
 )
 
-__all__ = ["Handler", "RemotingServer", "ServerConnection"]
+__all__ = ["Deferred", "Handler", "RemotingServer", "ServerConnection"]
 
 log = logging.getLogger("sparkmq.remoting")
 
-#: ``handler(conn, frame)``: a :class:`Reply`, an awaitable of one, or None (no answer to a ONEWAY
-#: request, an empty success to any other).
-Handler = Callable[["ServerConnection", Frame], "Reply | Awaitable[Reply | None] | None"]
+
+class Deferred(NamedTuple):
+    """An answer that waits for an asyncio ``future`` of the server's loop without a task: once it is done,
+    ``finish(future)`` makes the :class:`Reply` (or raises as a handler would) in the future's done callback."""
+
+    future: asyncio.Future[Any]
+    finish: Callable[[asyncio.Future[Any]], Reply | None]
+
+
+#: ``handler(conn, frame)``: a :class:`Reply`, an awaitable of one, a :class:`Deferred` one, or None (no
+#: answer to a ONEWAY request, an empty success to any other).
+Handler = Callable[["ServerConnection", Frame], "Reply | Awaitable[Reply | None] | Deferred | None"]
 
 _PING = int(RequestCode.PING)
 _MASK32 = 0xFFFFFFFF
@@ -197,33 +207,56 @@ class ServerConnection(asyncio.Protocol):
 
     def _spawn(self, frame: Frame, awaitable: Any) -> None:
         self._inflight += 1
+        if type(awaitable) is Deferred:
+            finish = awaitable.finish
+            awaitable.future.add_done_callback(lambda f: self._answer_deferred(frame, finish, f))
+            self.server._track(awaitable.future)
+            return
         task = self._loop.create_task(self._answer_later(frame, awaitable))
         self.server._track(task)
 
     async def _answer_later(self, frame: Frame, awaitable: Awaitable[Reply | None]) -> None:
-        oneway = frame.flags & FLAG_ONEWAY
         try:
             reply = await awaitable
-        except SparkMQError as exc:
-            data = None if oneway else _error_frame(frame.opaque, exc.code, exc.message)
         except Exception as exc:
-            self.server._handler_failed(frame, exc)
-            data = None if oneway else _error_frame(frame.opaque, ErrorCode.INTERNAL_ERROR, _internal_message(exc))
-        else:
-            if oneway:
-                data = None
-            elif reply is None:
-                data = encode_frame(FLAG_RESPONSE, RESPONSE_SUCCESS, frame.opaque)
-            elif type(reply) is Reply:
-                data = encode_frame(FLAG_RESPONSE, reply.code, frame.opaque, reply.header, reply.body)
-            else:
-                exc = TypeError(f"handler answered {type(reply).__name__}, not Reply")
-                self.server._handler_failed(frame, exc)
-                data = _error_frame(frame.opaque, ErrorCode.INTERNAL_ERROR, _internal_message(exc))
-        finally:
+            self._answered(frame, None, exc)
+        except BaseException:  # cancelled (a stop past its grace): nothing to answer
             self._inflight -= 1
-        if data is not None:
-            self._queue_write(data)
+            raise
+        else:
+            self._answered(frame, reply, None)
+
+    def _answer_deferred(self, frame: Frame, finish: Callable[[asyncio.Future[Any]], Reply | None],
+                         future: asyncio.Future[Any]) -> None:
+        if future.cancelled():  # a stop past its grace: nothing to answer
+            self._inflight -= 1
+            return
+        try:
+            reply = finish(future)
+        except Exception as exc:
+            self._answered(frame, None, exc)
+        else:
+            self._answered(frame, reply, None)
+
+    def _answered(self, frame: Frame, reply: Any, error: Exception | None) -> None:
+        """Queue the answer to a request answered later: its reply, or the error its handler raised."""
+        self._inflight -= 1
+        if frame.flags & FLAG_ONEWAY:
+            if error is not None and not isinstance(error, SparkMQError):
+                self.server._handler_failed(frame, error)
+            return
+        if isinstance(error, SparkMQError):
+            data = _error_frame(frame.opaque, error.code, error.message)
+        elif error is None and reply is None:
+            data = encode_frame(FLAG_RESPONSE, RESPONSE_SUCCESS, frame.opaque)
+        elif error is None and type(reply) is Reply:
+            data = encode_frame(FLAG_RESPONSE, reply.code, frame.opaque, reply.header, reply.body)
+        else:
+            if error is None:
+                error = TypeError(f"handler answered {type(reply).__name__}, not Reply")
+            self.server._handler_failed(frame, error)
+            data = _error_frame(frame.opaque, ErrorCode.INTERNAL_ERROR, _internal_message(error))
+        self._queue_write(data)
 
     def _queue_write(self, data: FrameData) -> None:
         """Write on the next loop pass, together with everything else queued in this one."""
@@ -312,7 +345,8 @@ class RemotingServer:
         self._loop_thread_id: int | None = None
         self._server: asyncio.AbstractServer | None = None
         self._conns: set[ServerConnection] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        #: Answers not yet given: handler tasks and Deferred futures.
+        self._tasks: set[asyncio.Future[Any]] = set()
         self._stopping = False
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._all_closed: asyncio.Event | None = None
@@ -410,7 +444,7 @@ class RemotingServer:
         if not self._conns and self._all_closed is not None:
             self._all_closed.set()
 
-    def _track(self, task: asyncio.Task[None]) -> None:
+    def _track(self, task: asyncio.Future[Any]) -> None:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -144,6 +144,14 @@ class SendProcessor(Processor):
             status = _raise_error(await dledger.wait_committed(end_offset, loop))
         return status
 
+    def disk_wait(self, end_offset: int, loop: asyncio.AbstractEventLoop) -> asyncio.Future[PutStatus] | None:
+        """The store's sync future for ``end_offset`` when the disk is all an acknowledgement waits for (no
+        sync slave, no DLedger group), so its done callback may answer the send without a task (status by
+        :meth:`send_status`); None otherwise: await :meth:`acknowledge`."""
+        if self._sync_master is not None or self.broker.dledger is not None:
+            return None
+        return self.store.wait_durable(end_offset, loop)
+
     def send(self, topic: str, message: OutgoingMessage, *, queue_id: int | None = None,
              sharding_key: str | None = None, compressed: bool = False, producer_group: str | None = None,
              born_timestamp: int | None = None, born_host: str | None = None, delay_level: int | None = None,

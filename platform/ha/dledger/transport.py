@@ -45,6 +45,9 @@ log = logging.getLogger("sparkmq.ha.dledger")
 _M = TypeVar("_M")
 #: Opening a connection to a peer takes at most this long (within the call's own timeout).
 _CONNECT_TIMEOUT_S = 2.0
+#: Stream buffers sized for whole batches of entries (a 1 MiB AppendEntries arrives without the reader
+#: pausing and resuming its socket every 64 KiB, asyncio's default).
+_STREAM_LIMIT = 4 << 20
 
 
 class RpcError(ConnectionError):
@@ -67,7 +70,9 @@ class _PeerLink:
             if self.writer is not None and not self.writer.is_closing():
                 return self.writer
             host, port = self.transport.peers[self.peer_id]
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), _CONNECT_TIMEOUT_S)
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, limit=_STREAM_LIMIT),
+                                                    _CONNECT_TIMEOUT_S)
+            writer.transport.set_write_buffer_limits(high=_STREAM_LIMIT)
             self.writer = writer
             self.reader_task = asyncio.create_task(self._read_replies(reader, writer),
                                                    name=f"raft-{self.transport.node_id}-to-{self.peer_id}")
@@ -134,7 +139,7 @@ class RaftTransport:
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self, host: str, port: int) -> None:
         """Listen on ``host:port`` (0 = a free port)."""
-        self._server = await asyncio.start_server(self._serve, host, port)
+        self._server = await asyncio.start_server(self._serve, host, port, limit=_STREAM_LIMIT)
 
     @property
     def address(self) -> tuple[str, int]:
