@@ -29,7 +29,6 @@ from ..platform.common.errors import ErrorCode, SparkMQError
 from ..platform.common.message import SendStatus
 from ..platform.common.protocol import RequestCode
 from ..platform.remoting import Deferred, Frame, RemotingServer, Reply, ServerConnection, unsupported_reply
-from ..platform.store import PutStatus
 from ..platform.store.message_store import unpack_batch
 
 __all__ = ["BrokerRemoting"]
@@ -176,20 +175,22 @@ class BrokerRemoting:
     def _when_acknowledged(self, end_offset: int,
                            answer: Callable[[SendStatus], Reply]) -> Reply | Deferred | Awaitable[Reply]:
         """``answer(status)`` of a send stored with ``wait=False``, once it may be acknowledged (SYNC_FLUSH,
-        SYNC_MASTER, DLedger; loop futures, no thread).  When the disk sync is all it waits for, the sync's
-        future answers from its done callback (no task, one loop pass less than awaiting it)."""
+        SYNC_MASTER, DLedger; loop futures, no thread).  When one future is all it waits for (the disk sync,
+        or the DLedger commit), that future answers from its done callback (no task, one loop pass less
+        than awaiting it)."""
         sending = self.broker.send_processor
         loop = self._loop
         assert loop is not None
-        disk = sending.disk_wait(end_offset, loop)
-        if disk is None:
+        waiting = sending.acknowledgement(end_offset, loop)
+        if waiting is None:
             async def acknowledged() -> Reply:
                 return answer(await sending.acknowledge(end_offset, loop))
             return acknowledged()
+        future, status_of = waiting
 
-        def finish(synced: asyncio.Future[PutStatus]) -> Reply:
-            return answer(sending.send_status(synced.result()))
-        return finish(disk) if disk.done() else Deferred(disk, finish)
+        def finish(done: asyncio.Future[Any]) -> Reply:
+            return answer(status_of(done))
+        return finish(future) if future.done() else Deferred(future, finish)
 
     def _send_delayed_batch(self, conn: ServerConnection, frame: Frame, req: p.SendBatchRequest) -> Awaitable[Reply]:
         # Each message parks on its own (schedule or timer topic): the Python path, not the packed one.

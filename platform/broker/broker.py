@@ -333,9 +333,14 @@ class Broker:
         return self.config.role is not BrokerRole.SLAVE
 
     def _on_commit(self, previous: int, commit: int) -> None:
-        """A DLedger commit made records readable: wake the held pulls of the queues it covered."""
+        """A DLedger commit made records readable: wake the held pulls of the queues it covered; a follower
+        that meets a topic it does not know yet copies the leader's topics now (its consumers need them)."""
+        unknown = False
         for topic, queue_id in self.store.queues_in_range(previous, commit):
             self.holds.notify_put(topic, queue_id)
+            unknown = unknown or self.topics.get(topic) is None
+        if unknown and self.slave_sync is not None and not self.is_master:
+            self.slave_sync.trigger()
 
     def _on_dledger_role(self, leads: bool, term: int, leader_id: str | None) -> None:
         """On the loop: the member's role changed; apply it off the loop (services start and stop slowly)."""

@@ -562,7 +562,7 @@ class MessageStore:
         except StoreError as exc:
             raise translate_store_error(exc) from None
 
-    def append_replicated(self, offset: int, data: bytes | memoryview) -> int:
+    def append_replicated(self, offset: int, data: bytes | memoryview, *, notify: bool = True) -> int:
         """The slave's side: append ``data`` (what the master's :meth:`read_replication` returned for
         ``offset``) at ``offset``, which must be this log's max offset; returns the new max offset.
 
@@ -572,14 +572,18 @@ class MessageStore:
         queue offset disagrees with it (the slave should report its max offset and fetch again);
         STORE_CORRUPT: a record of ``data`` is damaged or cut short.  Then the append listeners get one
         event per queue written, ``AppendEvent(topic, queue_id, (), None, None, replicated=True)``, so
-        held pulls of the slave wake; no note, so the trace records nothing.  Durability follows the
-        flush service as for any append (:meth:`await_durable` with the returned offset to wait).
+        held pulls of the slave wake; no note, so the trace records nothing.  ``notify=False`` skips those
+        events (a DLedger follower: its records become readable at commit, and it learns their queues then
+        with :meth:`queues_in_range`, in C, rather than walking every record here in Python).  Durability
+        follows the flush service as for any append (:meth:`await_durable` with the returned offset to wait).
         """
         offset = _check_offset("offset", offset)
         try:
             end = self.commit_log.append_replicated(offset, data)
         except StoreError as exc:
             raise translate_store_error(exc) from None
+        if not notify:
+            return end
         for topic, queue_id in _replicated_queues(data):
             self._notify(AppendEvent(topic, queue_id, (), None, None, replicated=True))
         return end

@@ -7,7 +7,7 @@ import logging
 import re
 import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -144,13 +144,21 @@ class SendProcessor(Processor):
             status = _raise_error(await dledger.wait_committed(end_offset, loop))
         return status
 
-    def disk_wait(self, end_offset: int, loop: asyncio.AbstractEventLoop) -> asyncio.Future[PutStatus] | None:
-        """The store's sync future for ``end_offset`` when the disk is all an acknowledgement waits for (no
-        sync slave, no DLedger group), so its done callback may answer the send without a task (status by
-        :meth:`send_status`); None otherwise: await :meth:`acknowledge`."""
-        if self._sync_master is not None or self.broker.dledger is not None:
+    def acknowledgement(self, end_offset: int, loop: asyncio.AbstractEventLoop
+                        ) -> tuple[asyncio.Future[Any], Callable[[asyncio.Future[Any]], SendStatus]] | None:
+        """The one loop future a send stored with ``wait=False`` waits for, and how its done future reads as
+        the send's status (raising SERVICE_NOT_AVAILABLE like :meth:`acknowledge`), so its done callback may
+        answer without a task: the SYNC_FLUSH sync, or the DLedger commit of an ASYNC_FLUSH member.  None
+        when the acknowledgement waits for more than one thing (a sync slave; DLedger under SYNC_FLUSH):
+        await :meth:`acknowledge` then."""
+        if self._sync_master is not None:
             return None
-        return self.store.wait_durable(end_offset, loop)
+        dledger = self.broker.dledger
+        if dledger is None:
+            return self.store.wait_durable(end_offset, loop), lambda synced: self.send_status(synced.result())
+        if self.store.config.flush_mode is FlushMode.SYNC_FLUSH:
+            return None
+        return dledger.wait_committed(end_offset, loop), lambda committed: _raise_error(committed.result())
 
     def send(self, topic: str, message: OutgoingMessage, *, queue_id: int | None = None,
              sharding_key: str | None = None, compressed: bool = False, producer_group: str | None = None,

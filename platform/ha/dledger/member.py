@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,7 @@ class DLedgerMember:
             raise
         self._members = dict(members)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
         self._wake_pending = False
         self._committed = 0
         self._role_listeners: list[RoleChange] = []
@@ -82,6 +84,7 @@ class DLedgerMember:
     async def start(self) -> DLedgerMember:
         """Hide everything not known committed, then join the group (listen, wait for a leader or be elected)."""
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         # The commit index is not persisted: nothing is visible until a leader says what is committed.
         self.store.set_visible_offset(0)
         self.log.on_local_append = self._local_append
@@ -168,16 +171,24 @@ class DLedgerMember:
         return self._committed if self.node.role is Role.LEADER else None
 
     def _local_append(self) -> None:
-        """A local append (any thread): wake the node once per loop pass, however many appends came."""
+        """A local append (any thread): wake the node once per loop pass, however many appends came.
+
+        Not from inside the append itself (the store is mid-put): first thing in the next loop pass,
+        ahead of the I/O that pass reads (on the loop's own thread, without waking it through its pipe).
+        """
         if self._wake_pending:
             return
         self._wake_pending = True
         loop = self._loop
-        if loop is not None:
-            try:
+        if loop is None:
+            return
+        try:
+            if threading.get_ident() == self._loop_thread:
+                loop.call_soon(self._wake_node)
+            else:
                 loop.call_soon_threadsafe(self._wake_node)
-            except RuntimeError:  # the loop closed: the member is stopping
-                pass
+        except RuntimeError:  # the loop closed: the member is stopping
+            pass
 
     def _wake_node(self) -> None:
         self._wake_pending = False

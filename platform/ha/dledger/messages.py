@@ -49,6 +49,7 @@ __all__ = [
     "decode_reply",
     "decode_request",
     "encode_frame",
+    "frame_parts",
 ]
 
 FRAME_MAGIC = b"RF"
@@ -137,8 +138,14 @@ _reply_decoder = msgspec.msgpack.Decoder(Reply)
 
 def encode_frame(message: Request | Reply) -> bytes:
     """One frame (header and body) carrying ``message``."""
+    return b"".join(frame_parts(message))
+
+
+def frame_parts(message: Request | Reply) -> tuple[bytes, bytes]:
+    """The frame carrying ``message`` as (header, body), to write with ``writelines``: an AppendEntries body
+    is up to a MiB, and joining the two would copy it once more."""
     body = _encoder.encode(message)
-    return FRAME_HEADER.pack(FRAME_MAGIC, FRAME_VERSION, len(body)) + body
+    return FRAME_HEADER.pack(FRAME_MAGIC, FRAME_VERSION, len(body)), body
 
 
 def decode_request(body: bytes) -> Request:

@@ -15,8 +15,9 @@ Roles and timers (every timing is a :class:`RaftConfig` field; defaults are Rock
 * CANDIDATE: term+1, votes for itself (persisted first), asks for votes; a majority makes it LEADER,
   a higher term makes it a FOLLOWER, nothing within ``heartbeat_interval_s`` + jitter starts a new round.
 * LEADER: appends a no-op entry of its term (so entries of earlier terms commit with it), streams
-  AppendEntries to each peer (one RPC in flight per peer, batches of at most ``max_append_bytes``,
-  an empty one as heartbeat every ``heartbeat_interval_s``), and advances the commit offset to the
+  AppendEntries to each peer (up to :data:`PIPELINE_DEPTH` RPCs in flight per peer, sent in the step
+  that appended, batches of at most ``max_append_bytes``, an empty one as heartbeat every
+  ``heartbeat_interval_s``), and advances the commit offset to the
   highest offset held by a majority whose entry is of its own term.  With ``check_quorum`` it steps
   down when a majority has not answered within the leader-lost time.
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import enum
 import logging
 import random
@@ -47,6 +49,7 @@ from .messages import (
     TimeoutNowRequest,
     VoteReply,
     VoteRequest,
+    frame_parts,
 )
 from .state import RaftState
 from .transport import RaftTransport, RpcError
@@ -221,6 +224,11 @@ class PeerProgress:
     last_ack: float = float("-inf")
     #: Calls that failed (no connection, no reply in time).
     failures: int = 0
+    #: AppendEntries sent and not answered yet, oldest first (the follower answers in order).
+    inflight: collections.deque[AppendRequest] = field(default_factory=collections.deque)
+    #: Loop time before which nothing is sent after a failed call (0: no back-off).
+    retry_at: float = 0.0
+    #: Set to make the peer's replicator task look again (a back-off to schedule, a transfer).
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -281,6 +289,9 @@ class RaftNode:
         self._round = 0  # elections (pre-vote and real) started; replies to older rounds are ignored
         self._votes: set[str] = set()
         self._progress: dict[str, PeerProgress] = {}
+        #: The last AppendEntries built, by (term, prev offset, log end, commit): the next follower in step
+        #: gets the same one (see :meth:`_send_append`).
+        self._shared_append: tuple[tuple[int, int, int, int], AppendRequest, tuple[bytes, bytes]] | None = None
         self._proposals: collections.deque[_Proposal] = collections.deque()
         self._transfer_target: str | None = None
         self._next_preferred_try = 0.0
@@ -617,6 +628,7 @@ class RaftNode:
                 task.cancel()
         self._leader_tasks.clear()
         self._progress = {}
+        self._shared_append = None
 
     def _become_leader(self) -> None:
         assert self._loop is not None
@@ -642,63 +654,95 @@ class RaftNode:
         return self._role is Role.LEADER and self.term == term and not self._stopped
 
     def _wake_replicators(self) -> None:
-        for progress in self._progress.values():
+        for peer in self._progress:
+            self._pump(peer)
+
+    def _pump(self, peer: str) -> None:
+        """Send ``peer`` what it lacks now: entries up to :data:`PIPELINE_DEPTH` requests in flight, or a
+        commit-only append when it has not been told the commit offset and nothing is in flight.
+
+        Called in the very step that makes something to send (a local append, a reply, a commit), so an
+        entry leaves for the followers without waiting for a task to be scheduled: on a busy loop every
+        pass between an append and its replication is another batch's append time.
+        """
+        progress = self._progress.get(peer)
+        if progress is None or not self._leads(self.term) or progress.retry_at:
+            return
+        assert self._loop is not None
+        end = self.log.last()[0]
+        term = self.term
+        inflight = progress.inflight
+        while (progress.next_offset < end and len(inflight) < PIPELINE_DEPTH) or (
+                not inflight and progress.commit_sent < self._commit):
+            self._send_append(peer, progress, term, end)
+
+    def _send_append(self, peer: str, progress: PeerProgress, term: int, end: int) -> None:
+        assert self._loop is not None
+        # Followers in step get the same request in the same step: read, slice and encode it once for all.
+        # (RPC ids are matched per connection, so one id serves every follower.)
+        key = (term, progress.next_offset, end, self._commit)
+        shared = self._shared_append
+        if shared is not None and shared[0] == key:
+            request, frame = shared[1], shared[2]
+        else:
+            request = self._append_request(progress, term, end)
+            frame = frame_parts(request)
+            self._shared_append = (key, request, frame) if request.prev_offset == key[1] else None
+        progress.last_sent = self._loop.time()
+        progress.commit_sent = request.commit
+        progress.next_offset = request.prev_offset + sum(len(e.data) for e in request.entries)
+        progress.inflight.append(request)
+        self._transport.send(peer, request, self.config.rpc_timeout,
+                             lambda reply, error: self._on_append_done(peer, progress, term, request, reply, error),
+                             frame)
+
+    def _on_append_done(self, peer: str, progress: PeerProgress, term: int, request: AppendRequest,
+                        reply: Reply | None, error: RpcError | None) -> None:
+        """A sent AppendEntries came back (or failed); then send what the outcome allows."""
+        if self._progress.get(peer) is not progress or not self._leads(term) or request not in progress.inflight:
+            return  # another term's, or already given up on with an earlier failure
+        assert self._loop is not None
+        if error is not None:
+            progress.failures += 1
+            log.debug("%s/%s: append to %s failed: %s", self.group, self.node_id, peer, error)
+            # Everything in flight is moot (the connection was dropped): send again from the oldest unanswered.
+            progress.next_offset = progress.inflight[0].prev_offset
+            progress.inflight.clear()
+            progress.retry_at = self._loop.time() + min(self.config.heartbeat_interval_s, self.config.rpc_timeout)
             progress.wake.set()
+            return
+        progress.inflight.remove(request)
+        assert reply is not None
+        self._on_append_reply(peer, request, reply, term)
+        self._pump(peer)
 
     async def _replicate(self, peer: str, term: int) -> None:
-        """Keep ``peer``'s log equal to the leader's: entries in batches, heartbeats when idle.
+        """Keep ``peer``'s log equal to the leader's: what :meth:`_pump` sends as soon as there is something,
+        heartbeats when idle, and the back-off after a failed call.
 
         Up to :data:`PIPELINE_DEPTH` AppendEntries with entries are in flight at once (the follower
         answers them in order on one connection), so a batch does not wait a round trip for the one
-        before it.  ``next_offset`` moves ahead when a request is sent; a lost call sends again from the
-        oldest unanswered request, a refused one backs up (:meth:`_on_append_reply`).  Safety does not
-        depend on any of this: only a successful reply moves ``match_offset``.
+        before it.  ``next_offset`` moves ahead when a request is sent; a failed call sends again from the
+        oldest unanswered request after a pause, a refused one backs up (:meth:`_on_append_reply`).
+        Safety does not depend on any of this: only a successful reply moves ``match_offset``.
         """
         assert self._loop is not None
         progress = self._progress[peer]
         heartbeat = self.config.heartbeat_interval_s
-        inflight: collections.deque[tuple[AppendRequest, asyncio.Task[Reply]]] = collections.deque()
-        try:
-            while self._leads(term):
-                end = self.log.last()[0]
-                now = self._loop.time()
-                due = now - progress.last_sent >= heartbeat
-                more = progress.next_offset < end
-                if (more and len(inflight) < PIPELINE_DEPTH) or (
-                        not inflight and (due or progress.commit_sent < self._commit)):
-                    request = self._append_request(progress, term, end)
-                    progress.last_sent = now
-                    progress.commit_sent = request.commit
-                    progress.next_offset = request.prev_offset + sum(len(e.data) for e in request.entries)
-                    call = self._loop.create_task(self._transport.call(peer, request, self.config.rpc_timeout))
-                    inflight.append((request, call))
+        self._pump(peer)
+        while self._leads(term):
+            now = self._loop.time()
+            if progress.retry_at:
+                if now < progress.retry_at:
+                    await asyncio.sleep(progress.retry_at - now)
                     continue
-                oldest = inflight[0][1] if inflight else None
-                progress.wake.clear()
-                waker = self._loop.create_task(progress.wake.wait())
-                waiting: set[asyncio.Future[Any]] = {waker} if oldest is None else {waker, oldest}
-                try:
-                    await asyncio.wait(waiting, timeout=max(0.0, heartbeat - (now - progress.last_sent)),
-                                       return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    waker.cancel()
-                while inflight and inflight[0][1].done():
-                    request, call = inflight.popleft()
-                    try:
-                        reply = call.result()
-                    except RpcError as exc:
-                        progress.failures += 1
-                        log.debug("%s/%s: append to %s failed: %s", self.group, self.node_id, peer, exc)
-                        for _, later in inflight:
-                            later.cancel()
-                        inflight.clear()
-                        progress.next_offset = request.prev_offset  # send again from the first unanswered
-                        await asyncio.sleep(min(heartbeat, self.config.rpc_timeout))
-                        break
-                    self._on_append_reply(peer, request, reply, term)
-        finally:
-            for _, call in inflight:
-                call.cancel()
+                progress.retry_at = 0.0
+                self._pump(peer)
+            if not progress.inflight and now - progress.last_sent >= heartbeat:
+                self._send_append(peer, progress, term, self.log.last()[0])
+            progress.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(progress.wake.wait(), max(0.001, heartbeat - (now - progress.last_sent)))
 
     def _append_request(self, progress: PeerProgress, term: int, end: int) -> AppendRequest:
         prev = progress.next_offset
@@ -830,7 +874,7 @@ class RaftNode:
         self._transfer_target = to_id
         self.stats["transfers"] += 1
         try:
-            self._progress[to_id].wake.set()
+            self._pump(to_id)
             caught_up = await self._wait_until(
                 lambda: not self._leads(term) or self._progress[to_id].match_offset >= self.log.last()[0], deadline)
             if not self._leads(term):

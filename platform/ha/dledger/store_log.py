@@ -153,7 +153,7 @@ class CommitLogRaftLog:
         with self.lock:
             if start != self.index.end:
                 raise ValueError(f"append at {start}, but the log ends at {self.index.end}")
-            end = self.store.append_replicated(start, data)
+            end = self.store.append_replicated(start, data, notify=False)  # the commit tells, see DLedgerMember
             self.index.add(start, end, term)
 
     def entries_from(self, offset: int, max_bytes: int) -> list[tuple[int, int, bytes]]:

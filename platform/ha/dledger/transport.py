@@ -35,7 +35,7 @@ from .messages import (
     Request,
     decode_reply,
     decode_request,
-    encode_frame,
+    frame_parts,
 )
 
 __all__ = ["RaftTransport", "RpcError"]
@@ -54,6 +54,10 @@ class RpcError(ConnectionError):
     """A call to a peer failed: no connection, connection lost, or no reply in time."""
 
 
+#: ``callback(reply, None)`` or ``callback(None, error)``: how a sent request's outcome is told.
+ReplyCallback = Callable[["Reply | None", "RpcError | None"], None]
+
+
 class _PeerLink:
     """The connection this node opened to one peer, and the calls waiting on it."""
 
@@ -62,7 +66,8 @@ class _PeerLink:
         self.peer_id = peer_id
         self.writer: asyncio.StreamWriter | None = None
         self.reader_task: asyncio.Task[None] | None = None
-        self.pending: dict[int, asyncio.Future[Reply]] = {}
+        #: What waits for each reply by RPC id: called with (reply, None) or (None, the error).
+        self.pending: dict[int, ReplyCallback] = {}
         self.lock = asyncio.Lock()
 
     async def connected(self) -> asyncio.StreamWriter:
@@ -91,9 +96,9 @@ class _PeerLink:
                     why = f"reply from {reply.sender!r} of group {reply.group!r}"
                     self.transport._count("reply from a stranger")
                     return
-                fut = self.pending.pop(reply.rpc_id, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(reply)
+                waiting = self.pending.pop(reply.rpc_id, None)
+                if waiting is not None:
+                    waiting(reply, None)  # at once, not a loop pass later: the leader's commit waits on it
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
             why = type(exc).__name__
         finally:
@@ -108,9 +113,31 @@ class _PeerLink:
         if writer is self.writer:
             self.writer = None
             pending, self.pending = self.pending, {}
-            for fut in pending.values():
-                if not fut.done():
-                    fut.set_exception(RpcError(f"connection to {self.peer_id} lost: {why}"))
+            error = RpcError(f"connection to {self.peer_id} lost: {why}")
+            loop = asyncio.get_running_loop()
+            for waiting in pending.values():  # in the order they were sent; never inside the caller's own step
+                loop.call_soon(waiting, None, error)
+
+    def write(self, writer: asyncio.StreamWriter, request: Request, timeout: float, on_reply: ReplyCallback,
+              frame: tuple[bytes, bytes] | None = None) -> None:
+        """Write ``request`` (already encoded as ``frame``, if given) now and have ``on_reply`` called with its
+        reply (or the error) within ``timeout``."""
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(timeout, self._timed_out, writer, request.rpc_id, timeout)
+
+        def answered(reply: Reply | None, error: RpcError | None) -> None:
+            timer.cancel()
+            on_reply(reply, error)
+        self.pending[request.rpc_id] = answered
+        try:
+            writer.writelines(frame if frame is not None else frame_parts(request))
+        except (RuntimeError, OSError) as exc:  # the transport closed under us
+            self.drop(writer, type(exc).__name__)
+
+    def _timed_out(self, writer: asyncio.StreamWriter, rpc_id: int, timeout: float) -> None:
+        if rpc_id in self.pending and writer is self.writer:
+            # A silent peer: start over on a new connection rather than queue behind what it never read.
+            self.drop(writer, f"no reply within {timeout:.3f} s")
 
 
 class RaftTransport:
@@ -132,6 +159,8 @@ class RaftTransport:
         self._server: asyncio.AbstractServer | None = None
         self._inbound: set[asyncio.StreamWriter] = set()
         self._rpc_ids = itertools.count(1)
+        #: Sends waiting for a connection to open.
+        self._connecting: set[asyncio.Task[None]] = set()
         self._closed = False
         #: Connections or requests refused, by reason.
         self.refused: dict[str, int] = {}
@@ -162,7 +191,9 @@ class RaftTransport:
             self._server.close()
         for writer in list(self._inbound):
             writer.transport.abort()
-        tasks = []
+        tasks = list(self._connecting)
+        for task in tasks:
+            task.cancel()
         for link in self._links.values():
             link.drop(None, "transport closed")
             if link.reader_task is not None:
@@ -181,32 +212,59 @@ class RaftTransport:
 
     async def call(self, peer_id: str, request: Request, timeout: float) -> Reply:
         """Send ``request`` to ``peer_id`` and wait for its reply; :class:`RpcError` when none comes in time."""
-        if self._closed:
-            raise RpcError("transport closed")
-        link = self._links[peer_id]
+        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+
+        def settle(reply: Reply | None, error: RpcError | None) -> None:
+            if fut.done():
+                return
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(reply)  # type: ignore[arg-type]
+        self.send(peer_id, request, timeout, settle)
+        return await fut
+
+    def send(self, peer_id: str, request: Request, timeout: float, on_reply: ReplyCallback,
+             frame: tuple[bytes, bytes] | None = None) -> None:
+        """Send ``request`` to ``peer_id`` and call ``on_reply(reply, None)``, or ``on_reply(None, error)``
+        (an :class:`RpcError`: no connection, connection lost, no reply within ``timeout``).  ``frame``: the
+        request already encoded (:func:`~.messages.frame_parts`), when the same one goes to several peers.
+
+        On an open connection the frame is written in this call and the reply handled as soon as it is
+        read (no task, no loop pass between): the leader's replication latency is these hops.  Errors are
+        always reported from a later loop step, never from inside this call.
+        """
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Reply] = loop.create_future()
-        writer: asyncio.StreamWriter | None = None
+        if self._closed:
+            loop.call_soon(on_reply, None, RpcError("transport closed"))
+            return
+        link = self._links[peer_id]
+        writer = link.writer
+        if writer is not None and not writer.is_closing():
+            link.write(writer, request, timeout, on_reply, frame)
+            return
+        task = loop.create_task(self._connect_and_send(link, request, timeout, on_reply))
+        self._connecting.add(task)
+        task.add_done_callback(self._connecting.discard)
+
+    async def _connect_and_send(self, link: _PeerLink, request: Request, timeout: float,
+                                on_reply: ReplyCallback) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout_at(deadline):
                 writer = await link.connected()
-                link.pending[request.rpc_id] = fut
-                writer.write(encode_frame(request))
-                await writer.drain()
-                return await fut
-        except TimeoutError:
-            # A silent peer: start over on a new connection rather than queue behind what it never read.
-            if writer is not None:
-                link.drop(writer, "timeout")
-            raise RpcError(f"no reply from {peer_id} within {timeout:.3f} s") from None
-        except OSError as exc:
-            if writer is not None:
-                link.drop(writer, type(exc).__name__)
-            if isinstance(exc, RpcError):
-                raise
-            raise RpcError(f"cannot reach {peer_id} at {self.peers[peer_id]}: {exc}") from None
-        finally:
-            link.pending.pop(request.rpc_id, None)
+        except (TimeoutError, OSError) as exc:
+            why = f"no connection within {timeout:.3f} s" if isinstance(exc, TimeoutError) else str(exc)
+            on_reply(None, RpcError(f"cannot reach {link.peer_id} at {self.peers[link.peer_id]}: {why}"))
+            return
+        except asyncio.CancelledError:  # the transport is closing
+            on_reply(None, RpcError("transport closed"))
+            raise
+        if self._closed:
+            on_reply(None, RpcError("transport closed"))
+            return
+        link.write(writer, request, max(0.0, deadline - loop.time()), on_reply)  # one timeout covers both
 
     # -- serving --------------------------------------------------------------------------------
     def _count(self, reason: str) -> None:
@@ -263,7 +321,7 @@ async def _send(writer: asyncio.StreamWriter, message: Reply) -> bool:
     if writer.is_closing():
         return False
     try:
-        writer.write(encode_frame(message))
+        writer.writelines(frame_parts(message))
     except RuntimeError:  # uvloop raises this for a transport closed under us
         return False
     await writer.drain()
