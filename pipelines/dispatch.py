@@ -47,6 +47,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from sparkmq.platform.common.system_topics import (
+    POP_REVIVE_TOPIC,
     SCHEDULE_TOPIC,
     TIMER_TOPIC,
     TRACE_TOPIC,
@@ -91,7 +92,8 @@ log = logging.getLogger(__name__)
 
 #: Topics whose messages are the broker's bookkeeping; they reach the lake via their real topic
 #: (and the trace topic through the trace job, into message_trace).
-_NOT_DISPATCHED = (SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRACE_TOPIC, "TBW102")
+_NOT_DISPATCHED = (SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRACE_TOPIC, POP_REVIVE_TOPIC,
+                   "TBW102")
 #: Every topic except those (the source's includeSystemTopics lets %RETRY% and %DLQ% through).
 DISPATCH_PATTERN = "(?!(?:" + "|".join(re.escape(t) for t in _NOT_DISPATCHED) + ")$).+"
 

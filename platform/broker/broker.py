@@ -45,6 +45,7 @@ from .processors import (
     SendProcessor,
     TransactionProcessor,
 )
+from .processors.pop import PopProcessor
 from .registration import RegistrationService
 from .schedule import ScheduleService
 from .slave_sync import SlaveSynchronizer
@@ -108,6 +109,8 @@ class Broker:
         self._state = "new"
         #: ``host:port`` of this broker's remoting endpoint, set by the runner once it listens (routes carry it).
         self.remoting_addr: str | None = None
+        #: ``host:port`` of this broker's RocketMQ 5 gRPC endpoint, set by the runner once it listens (routes carry it).
+        self.grpc_addr: str | None = None
         self._components: dict[str, tuple[Callable[[], dict[str, Any]], Callable[[], bool]]] = {}
         #: The lake's index and messages tables (written by the dispatch job), read with delta-rs.
         self.lake_index = LakeIndex(config.data_dir / "lake")
@@ -118,6 +121,8 @@ class Broker:
         self.admin_processor = AdminProcessor(self)
         self.transaction_processor = TransactionProcessor(self)
         self.query_processor = QueryProcessor(self)
+        #: POP consumption (RocketMQ 5 receive / ack / invisible time); its state is rebuilt in start().
+        self.pop_processor = PopProcessor(self)
         #: Trace events into RMQ_SYS_TRACE_TOPIC (buffered, written by its own thread), and their lookup.
         # A slave's log is its master's, byte for byte: it writes no trace messages of its own.
         self.tracer = TraceRecorder(self.send_processor.put_trace, config.broker_name,
@@ -179,6 +184,7 @@ class Broker:
             self.offsets.start()
             self.clients.start()
             self._build_services()
+            self.pop_processor.start()
         except BaseException:
             self._stop_services()
             self.offsets.stop()
@@ -243,6 +249,7 @@ class Broker:
         self.holds.close()
         self.clients.release_waiters()
         self.checks.close()
+        self.pop_processor.release_waiters()
 
     def shutdown(self) -> None:
         """Stop in order: accepting, in-flight work, registration (unregister), client scan, offsets, store."""
@@ -264,6 +271,7 @@ class Broker:
         if self._role_worker is not None:
             self._role_worker.shutdown(wait=True)
         self._stop_services()
+        self.pop_processor.stop()  # its snapshot, before the store closes
         self.tracer.stop()  # writes the events still buffered while the store is open
         self.clients.stop()
         if not self.offsets.stop():
@@ -450,7 +458,7 @@ class Broker:
         version, topics = self.topics.snapshot()
         payload = {"cluster": self.config.cluster, "broker_name": self.name, "broker_id": self.broker_id,
                    "broker_addr": self.addr, "ha_addr": self.ha_addr, "remoting_addr": self.remoting_addr,
-                   "data_version": version,
+                   "grpc_addr": self.grpc_addr, "data_version": version,
                    "topic_configs": {t: cfg.to_route_dict() for t, cfg in topics.items()}}
         if self.dledger is not None:
             # The name servers keep the master of the highest term: a deposed leader that wakes up late

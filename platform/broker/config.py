@@ -30,7 +30,7 @@ from typing import Any
 from ..store.config import StoreConfig
 from .schedule import parse_delay_levels
 
-__all__ = ["BrokerRole", "BrokerConfig", "DEFAULT_PORT", "parse_namesrv_addrs"]
+__all__ = ["BrokerRole", "BrokerConfig", "DEFAULT_PORT", "DEFAULT_GRPC_PORT", "parse_namesrv_addrs"]
 
 log = logging.getLogger("sparkmq.broker")
 
@@ -38,6 +38,8 @@ log = logging.getLogger("sparkmq.broker")
 MAX_DELAY_LEVELS = 18
 #: RocketMQ's broker port.
 DEFAULT_PORT = 10911
+#: The gRPC port ``sparkmq dev`` serves by default (RocketMQ 5's proxy port).
+DEFAULT_GRPC_PORT = 8081
 
 _NAME = re.compile(r"^[%|a-zA-Z0-9_.-]{1,127}$")
 _ADDR = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$")
@@ -143,6 +145,9 @@ class BrokerConfig:
     #: Port of the binary remoting endpoint (docs/remoting.md); None = HTTP port + 2 (port + 1 is HA's),
     #: or a free port when ``port`` is 0; 0 = a free port; -1 = serve no remoting.
     remoting_port: int | None = None
+    #: Port of the RocketMQ 5 gRPC endpoint (``apache.rocketmq.v2.MessagingService``, what the official clients
+    #: speak; RocketMQ's proxy uses 8081); None or -1 = serve none; 0 = a free port.
+    grpc_port: int | None = None
     #: Port of the replication (HA) endpoint a master serves its slaves on; None = HTTP port + 1 (a free
     #: port when ``port`` is 0); 0 = a free port; -1 = none.  Slaves do not listen.
     ha_port: int | None = None
@@ -213,6 +218,9 @@ class BrokerConfig:
     #: Record trace events (store, deliver, retry, DLQ, transaction; clients' send/consume via POST /trace)
     #: into RMQ_SYS_TRACE_TOPIC.  Off: nothing is written there.
     trace_enabled: bool = True
+    #: The shortest invisible time a POP receive or ChangeInvisibleDuration may ask for (ms).  RocketMQ's is
+    #: 10 s (``POP_MIN_INVISIBLE_MS``); lower it for tests that watch redeliveries.  The maximum is 12 h.
+    pop_min_invisible_ms: int = 10_000
     #: ``[store]`` settings (fields of StoreConfig except root/store_host, which the broker derives).
     store: Mapping[str, Any] = field(default_factory=dict)
 
@@ -230,6 +238,8 @@ class BrokerConfig:
         _check_int("port", self.port, 0, 65535)
         if self.remoting_port is not None:
             _check_int("remoting_port", self.remoting_port, -1, 65535)
+        if self.grpc_port is not None:
+            _check_int("grpc_port", self.grpc_port, -1, 65535)
         if self.advertised_addr is not None:
             _check_addr("advertised_addr", self.advertised_addr)
         if self.ha_port is not None:
@@ -259,6 +269,7 @@ class BrokerConfig:
             raise ValueError(f"message_delay_level has {len(levels)} levels; at most {MAX_DELAY_LEVELS} "
                              f"(the schedule topic's queue count)")
         _check_int("long_polling_max_ms", self.long_polling_max_ms, 0, 3_600_000)
+        _check_int("pop_min_invisible_ms", self.pop_min_invisible_ms, 1, 12 * 3600 * 1000)
         _check_int("default_topic_queue_nums", self.default_topic_queue_nums, 1, 1024)
         _check_int("pull_max_bytes", self.pull_max_bytes, 1, 2**31 - 1)
         _check_int("max_request_bytes", self.max_request_bytes, 1024, 2**31 - 1)
@@ -289,6 +300,11 @@ class BrokerConfig:
         if self.remoting_port is None:
             return 0 if self.port == 0 else self.port + 2
         return None if self.remoting_port < 0 else self.remoting_port
+
+    @property
+    def grpc_bind_port(self) -> int | None:
+        """The port to serve gRPC on (0 = a free one), None when gRPC is off."""
+        return None if self.grpc_port is None or self.grpc_port < 0 else self.grpc_port
 
     @property
     def ha_bind_port(self) -> int | None:

@@ -46,6 +46,9 @@ class ErrorCode(Enum):
     DLEDGER_NOT_ENABLED = (26, 404, "the broker is not a member of a DLedger group (dledger_enabled is off)")
     LEADERSHIP_TRANSFER_FAILED = (27, 409, "a DLedger leadership transfer did not complete in time "
                                            "(target behind or unreachable, it did not win, or the lead was lost)")
+    INVALID_RECEIPT_HANDLE = (28, 400, "the POP receipt handle is malformed, of another group or topic, stale "
+                                       "(acked, redelivered or renewed since) or past its invisible time")
+    INVISIBLE_TIME_ILLEGAL = (29, 400, "a POP invisible time is outside the allowed range")
 
     @property
     def remoting_code(self) -> int:

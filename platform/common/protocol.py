@@ -544,3 +544,120 @@ class PostTraceResponse(Header):
     accepted: int
     dropped: int = 0
     enabled: bool = True
+
+
+# ================================================================================================
+# POP consumption (RocketMQ 5 server-side consumption): the broker core's typed request and results.
+# The POP processor (platform/broker/processors/pop.py) takes these; the gRPC adapter maps
+# ReceiveMessage / AckMessage / ChangeInvisibleDuration / ForwardMessageToDeadLetterQueue onto them.
+# ================================================================================================
+
+from .message import StoredMessage  # noqa: E402  (the POP section's own import; message.py never imports this)
+
+#: Most messages one POP receive hands out (RocketMQ's PopMessageProcessor refuses more than 32).
+MAX_POP_BATCH = 32
+#: RocketMQ's invisible-time bounds: 10 s .. 12 h.  A broker may lower the minimum with its config
+#: key ``pop_min_invisible_ms`` (tests need short invisible times); the maximum is fixed.
+POP_MIN_INVISIBLE_MS = 10_000
+POP_MAX_INVISIBLE_MS = 12 * 3600 * 1000
+#: Longest a POP receive may be held waiting for a message (a gRPC client asks for up to 30 s).
+POP_MAX_LONG_POLL_MS = 60_000
+#: Delivery attempts before a POP message goes to ``%DLQ%<group>``: RocketMQ's max reconsume times (16) + 1.
+POP_DEFAULT_MAX_ATTEMPTS = 17
+
+
+@dataclass(frozen=True, slots=True)
+class PopRequest:
+    """One POP receive of ``group`` on ``topic``; validated by ``PopProcessor.receive``.
+
+    Example::
+
+        >>> PopRequest("g1", "Orders", max_messages=16, invisible_ms=30_000, long_poll_ms=20_000).fifo
+        False
+    """
+
+    group: str
+    topic: str
+    #: 1..MAX_POP_BATCH.
+    max_messages: int = MAX_POP_BATCH
+    #: How long handed-out messages stay invisible to other receives of the group (see POP_MIN_INVISIBLE_MS).
+    invisible_ms: int = 60_000
+    #: Hold the receive up to this long (0..POP_MAX_LONG_POLL_MS) while nothing is deliverable.
+    long_poll_ms: int = 0
+    #: ``TAG`` (``expression`` is "a || b", "*" or None = every message) or ``SQL92``; as a pull filters.
+    filter_type: ExpressionType = ExpressionType.TAG
+    expression: str | None = None
+    #: The receiving client (trace events name it).
+    client_id: str | None = None
+    #: FIFO: per queue, nothing more is delivered while an earlier message of it is unacked.
+    #: A topic configured as ordered (its ``order`` flag) is always FIFO too.
+    fifo: bool = False
+    #: Receive from this read queue only; None = every read queue of the topic on this broker.
+    queue_id: int | None = None
+    #: Attempts before dead-lettering (1..1000); None = POP_DEFAULT_MAX_ATTEMPTS.  A gRPC adapter passes the
+    #: backoff policy's max_attempts it told the client.  Kept with each delivery, so a timeout after a
+    #: restart still knows it.
+    max_attempts: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PoppedMessage:
+    """One message a POP receive handed out."""
+
+    #: The message as stored (the type pulls answer), at its own topic, queue and offset.
+    message: StoredMessage
+    #: Opaque; ack / change_invisible / forward_to_dlq name the delivery with it.  Any later delivery,
+    #: renewal or settlement of the message makes it stale.
+    receipt_handle: str
+    #: 1 on the first delivery to the group, +1 on each redelivery after the invisible time passed.
+    delivery_attempt: int
+    #: Epoch ms when the message becomes deliverable again unless acked first.
+    invisible_until_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class PopQueueLag:
+    """One queue's POP backlog for a group."""
+
+    queue_id: int
+    #: The queue's max offset (one past the last message).
+    broker_offset: int
+    #: Everything below this is settled (acked, filtered out or dead-lettered): the group's committed offset.
+    consumer_offset: int
+    #: Handed out and not settled (invisible now, or waiting for redelivery).
+    in_flight: int
+    #: Stored and never handed out to the group yet.
+    not_received: int
+
+    @property
+    def lag(self) -> int:
+        """Unsettled messages: in flight + not yet received."""
+        return self.in_flight + self.not_received
+
+
+@dataclass(frozen=True, slots=True)
+class PopLag:
+    """A group's POP backlog on a topic: per queue and in total."""
+
+    group: str
+    topic: str
+    queues: list[PopQueueLag]
+
+    @property
+    def in_flight(self) -> int:
+        """Handed out and not settled, over every queue."""
+        return sum(q.in_flight for q in self.queues)
+
+    @property
+    def not_received(self) -> int:
+        """Never handed out yet, over every queue."""
+        return sum(q.not_received for q in self.queues)
+
+    @property
+    def total(self) -> int:
+        """The real lag: in flight + not yet received (RocketMQ's dashboard shows -1 for POP groups)."""
+        return self.in_flight + self.not_received
+
+
+__all__ += ["MAX_POP_BATCH", "POP_MIN_INVISIBLE_MS", "POP_MAX_INVISIBLE_MS", "POP_MAX_LONG_POLL_MS",
+            "POP_DEFAULT_MAX_ATTEMPTS", "PopRequest", "PoppedMessage", "PopQueueLag", "PopLag"]

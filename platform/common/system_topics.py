@@ -6,6 +6,7 @@ from __future__ import annotations
 
 __all__ = [
     "SCHEDULE_TOPIC", "TIMER_TOPIC", "TRACE_TOPIC", "TRANS_HALF_TOPIC", "TRANS_OP_HALF_TOPIC", "DLEDGER_NOOP_TOPIC",
+    "POP_REVIVE_TOPIC",
     "RETRY_PREFIX", "DLQ_PREFIX", "SYSTEM_TOPICS", "retry_topic", "dlq_topic", "is_system_topic",
     "PROPERTY_DELAY_LEVEL", "PROPERTY_REAL_TOPIC", "PROPERTY_REAL_QUEUE_ID", "PROPERTY_TIMER_DELIVER_MS",
     "PROPERTY_TIMER_DELAY_SEC", "PROPERTY_RETRY_TOPIC", "PROPERTY_ORIGIN_MSG_ID", "PROPERTY_RECONSUME_TIME",
@@ -26,11 +27,13 @@ TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
 #: A new DLedger leader's no-op entry: one record here (no consumer subscribes), committing what earlier
 #: leaders left with it.
 DLEDGER_NOOP_TOPIC = "RMQ_SYS_DLEDGER_NOOP"
+#: POP consumption's records (deliveries in flight, acks), replayed on start (RocketMQ's REVIVE topic).
+POP_REVIVE_TOPIC = "rmq_sys_REVIVE_LOG"
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
 
 SYSTEM_TOPICS = frozenset({SCHEDULE_TOPIC, TIMER_TOPIC, TRACE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC,
-                           DLEDGER_NOOP_TOPIC})
+                           DLEDGER_NOOP_TOPIC, POP_REVIVE_TOPIC})
 
 PROPERTY_DELAY_LEVEL = "DELAY"
 PROPERTY_REAL_TOPIC = "REAL_TOPIC"
