@@ -21,6 +21,7 @@ import sys
 import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
 
@@ -30,6 +31,9 @@ from ..platform.broker.config import DEFAULT_PORT, BrokerConfig
 from .broker_app import create_app
 from .broker_remoting import BrokerRemoting
 from .serving import Server, bind_socket, run_service
+
+if TYPE_CHECKING:
+    from .grpc import GrpcServer
 
 __all__ = ["main", "serve", "BrokerService", "bind_socket", "load_config", "load_lake_settings"]
 
@@ -45,6 +49,10 @@ def _announce(host: str, port: int) -> None:
 
 def _announce_remoting(addr: str) -> None:
     print(f"broker remoting on {addr}", flush=True)
+
+
+def _announce_grpc(addr: str) -> None:
+    print(f"broker grpc on {addr}", flush=True)
 
 
 class BrokerService:
@@ -75,6 +83,7 @@ class BrokerService:
         self.lake_settings = lake or LakeSettings()
         self.lake: LakeService | None = None
         self.remoting: BrokerRemoting | None = None
+        self.grpc: GrpcServer | None = None
 
     def _start_lake(self) -> None:
         if not self.lake_settings.enabled:
@@ -107,6 +116,11 @@ class BrokerService:
         if remoting_port is not None:
             self.remoting = await BrokerRemoting(self.broker).start(self.config.host, remoting_port)
             self.broker.remoting_addr = self.config.remoting_addr_for(self.remoting.port)
+        grpc_port = self.config.grpc_bind_port
+        if grpc_port is not None:
+            from .grpc import GrpcServer  # grpc and the protocol modules load only for brokers that serve it
+            self.grpc = await GrpcServer(self.broker).start(self.config.host, grpc_port)
+            self.broker.grpc_addr = self.config.remoting_addr_for(self.grpc.port)
         if self.broker.dledger is not None:
             await self.broker.dledger.start()
         ha_port = self.config.ha_bind_port
@@ -117,7 +131,8 @@ class BrokerService:
 
     async def serve(self, log_level: str = "warning", on_ready: Callable[[str, int], None] = _announce,
                     handle_signals: bool = True,
-                    on_remoting: Callable[[str], None] | None = _announce_remoting) -> bool:
+                    on_remoting: Callable[[str], None] | None = _announce_remoting,
+                    on_grpc: Callable[[str], None] | None = _announce_grpc) -> bool:
         """Start the broker, serve until stopped, shut the broker down; returns whether it served.
 
         ``on_ready(host, port)`` is called once connections are accepted.  With
@@ -133,6 +148,8 @@ class BrokerService:
         except BaseException:
             if self.remoting is not None:
                 await self.remoting.stop(0)
+            if self.grpc is not None:
+                await self.grpc.stop(0)
             if self.broker.dledger is not None:
                 await self.broker.dledger.stop()
             await asyncio.to_thread(self.broker.shutdown)
@@ -158,6 +175,8 @@ class BrokerService:
                 on_ready(self.config.host, self.config.port)
                 if on_remoting is not None and self.broker.remoting_addr is not None:
                     on_remoting(self.broker.remoting_addr)  # after the ready line scripts wait for
+                if on_grpc is not None and self.broker.grpc_addr is not None:
+                    on_grpc(self.broker.grpc_addr)
                 self._start_lake()
             while not server.should_exit:
                 await asyncio.sleep(0.05)
@@ -174,6 +193,8 @@ class BrokerService:
             self.broker.begin_shutdown()
             if self.remoting is not None:
                 await self.remoting.stop(_GRACEFUL_S)
+            if self.grpc is not None:
+                await self.grpc.stop(_GRACEFUL_S)
             if self.broker.replication_master is not None:
                 await self.broker.replication_master.stop()
             if self.broker.dledger is not None:
@@ -231,6 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     add("--role", choices=["ASYNC_MASTER", "SYNC_MASTER", "SLAVE"], help="replication role")
     add("--advertised-addr", help="host:port told to clients and name servers (default: the bound address)")
     add("--remoting-port", type=int, help="binary remoting port, 0 = any free one, -1 = none (default: port + 2)")
+    add("--grpc-port", type=int, help="RocketMQ 5 gRPC port (the official clients), 0 = any free one, "
+                                      "-1 = none (default: none; RocketMQ's proxy uses 8081)")
     add("--ha-port", type=int, help="a master's replication port, 0 = any free one, -1 = none (default: port + 1)")
     add("--ha-master-addr", help="a slave's master HA endpoint host:port (default: learned from the name servers)")
     add("--register-interval-s", type=float, help="register with the name servers this often (default 30)")

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..pipelines.lake_service import LakeSettings
-from ..platform.broker.config import BrokerConfig
+from ..platform.broker.config import DEFAULT_GRPC_PORT, DEFAULT_PORT, BrokerConfig
 from ..platform.namesrv import NameServerConfig, RouteTable
 from .broker_main import BrokerService
 from .namesrv_app import create_app as create_namesrv_app
@@ -120,6 +120,8 @@ class EmbeddedPlatform:
         host, port = namesrv_sock.getsockname()[:2]
         self.namesrv_addr = f"{host}:{port}"
         settings = {**self._broker_settings, "namesrv_addrs": [self.namesrv_addr]}
+        # The official RocketMQ 5 clients' endpoint, served by default: 8081 beside the default ports, else a free one.
+        settings.setdefault("grpc_port", DEFAULT_GRPC_PORT if settings.get("port", DEFAULT_PORT) else 0)
         if self.ha in ("async", "sync"):
             settings["role"] = "SYNC_MASTER" if self.ha == "sync" else "ASYNC_MASTER"
         try:
@@ -132,7 +134,7 @@ class EmbeddedPlatform:
                 self.broker_service = BrokerService(config, self.lake_settings)
             if self.ha in ("async", "sync"):
                 slave = BrokerConfig.from_mapping(
-                    {**settings, "role": "SLAVE", "broker_id": 1, "port": 0, "remoting_port": 0,
+                    {**settings, "role": "SLAVE", "broker_id": 1, "port": 0, "remoting_port": 0, "grpc_port": -1,
                      "data_dir": str(config.data_dir / "slave")}, self._store_settings)
                 self.slave_service = BrokerService(slave)
         except BaseException:
@@ -161,7 +163,7 @@ class EmbeddedPlatform:
             own = {"dledger_enabled": True, "dledger_self_id": member, "dledger_peers": peers,
                    "data_dir": str(base.data_dir / member)}
             if member != "n0":  # n0 answers on the broker port the caller chose; the others anywhere
-                own.update(port=0, remoting_port=0)
+                own.update(port=0, remoting_port=0, grpc_port=0)
             configs[member] = BrokerConfig.from_mapping(
                 {"dledger_heartbeat_ms": EMBEDDED_DLEDGER_HEARTBEAT_MS, **settings, **own}, self._store_settings)
         return configs
@@ -199,7 +201,8 @@ class EmbeddedPlatform:
         namesrv = asyncio.create_task(serve_app(app, namesrv_sock, ready("namesrv"), handle_signals=False,
                                                 log_level=self.log_level, server_ready=keep_server))
         self._tasks = {service: asyncio.create_task(service.serve(
-            log_level=self.log_level, on_ready=ready(f"broker-{i}"), handle_signals=False, on_remoting=None))
+            log_level=self.log_level, on_ready=ready(f"broker-{i}"), handle_signals=False, on_remoting=None,
+            on_grpc=None))
             for i, service in enumerate(services)}
         brokers = set(self._tasks.values())
         pending: set[asyncio.Task[Any]] = {namesrv, *brokers}
@@ -275,6 +278,11 @@ class EmbeddedPlatform:
     def remoting_addr(self) -> str | None:
         """The broker's remoting endpoint (``host:port``), once it serves one."""
         return self.broker_service.broker.remoting_addr if self.broker_service is not None else None
+
+    @property
+    def grpc_addr(self) -> str | None:
+        """The broker's RocketMQ 5 gRPC endpoint (``host:port``), once it serves one."""
+        return self.broker_service.broker.grpc_addr if self.broker_service is not None else None
 
     @property
     def slave_addr(self) -> str | None:

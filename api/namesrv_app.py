@@ -48,6 +48,7 @@ class RegisterBrokerRequest(BaseModel):
     broker_addr: str = Field(description="host:port clients connect to")
     ha_addr: str | None = Field(default=None, description="host:port slaves replicate from")
     remoting_addr: str | None = Field(default=None, description="host:port of the broker's binary remoting endpoint")
+    grpc_addr: str | None = Field(default=None, description="host:port of the broker's RocketMQ 5 gRPC endpoint")
     data_version: int = Field(description="bumped by the broker whenever its topic configs change")
     topic_configs: dict[str, TopicConfigBody] = Field(default_factory=dict)
     epoch: int = Field(default=0, description="a DLedger member's term: an older epoch cannot displace a master")
@@ -84,7 +85,7 @@ async def register_broker(body: RegisterBrokerRequest, table: RouteTableDep) -> 
     configs = {topic: TopicConfig(**cfg.model_dump()) for topic, cfg in body.topic_configs.items()}
     changed = table.register_broker(body.cluster, body.broker_name, body.broker_id, body.broker_addr,
                                     body.ha_addr, body.data_version, configs, remoting_addr=body.remoting_addr,
-                                    epoch=body.epoch)
+                                    epoch=body.epoch, grpc_addr=body.grpc_addr)
     data = table.broker_data(body.broker_name)
     master = data.master_addr if data else None
     return {"changed": changed, "master_addr": master,

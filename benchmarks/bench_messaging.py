@@ -71,7 +71,7 @@ class Platform:
                     "--namesrv-port", "0", "--broker-port", "0"]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                      env=dict(os.environ, COLUMNS="300"))
-        banner = self.proc.stdout.readline()  # type: ignore[union-attr]
+        banner = self.banner = self.proc.stdout.readline()  # type: ignore[union-attr]
         match = re.search(r"name server on http://(\S+?),", banner)
         if match is None:
             self.stop()

@@ -69,7 +69,7 @@ def test_register_and_route(table: RouteTable) -> None:
         "queue_datas": [{"broker_name": "broker-a", "read_queue_nums": 4, "write_queue_nums": 4, "perm": 6,
                          "topic_sys_flag": 0}],
         "broker_datas": [{"cluster": CLUSTER, "broker_name": "broker-a", "broker_addrs": {"0": A_ADDR},
-                          "ha_addrs": {"0": A_HA}, "remoting_addrs": {"0": "127.0.0.1:10913"}}],
+                          "ha_addrs": {"0": A_HA}, "remoting_addrs": {"0": "127.0.0.1:10913"}, "grpc_addrs": {}}],
     }
     assert table.topic_list() == ["TopicA", "TopicRO"]
     assert table.topic_route("Nobody") is None
@@ -281,7 +281,7 @@ def test_two_name_servers_route_and_expire_a_silent_broker(procs: ProcessHarness
     assert routes[0].json() == routes[1].json() == {
         "queue_datas": [{"broker_name": "broker-a", **topic}],
         "broker_datas": [{"cluster": CLUSTER, "broker_name": "broker-a", "broker_addrs": {"0": A_ADDR},
-                          "ha_addrs": {}, "remoting_addrs": {}}],
+                          "ha_addrs": {}, "remoting_addrs": {}, "grpc_addrs": {}}],
     }
     # Heartbeats (same data version) keep broker-a alive past the expiry ...
     until = time.monotonic() + expiry * 1.25

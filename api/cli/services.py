@@ -142,6 +142,8 @@ def dev(config_file: Path | None, data_dir: Path | None, namesrv_port: int | Non
                                           broker_port=broker_port, lake=lake, ha=ha)
     platform.start()
     remoting = f", remoting on [bold]{platform.remoting_addr}[/]" if platform.remoting_addr else ""
+    if platform.grpc_addr:
+        remoting += f", RocketMQ 5 gRPC on [bold]{platform.grpc_addr}[/]"
     if platform.member_addrs:  # which member takes sends is known once one is elected: see the group table
         console.print(f"name server on [bold]http://{platform.namesrv_addr}[/], a DLedger group of "
                       f"{len(platform.member_addrs)} brokers (each with the gateway endpoints and API docs at /docs)")

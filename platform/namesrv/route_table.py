@@ -174,6 +174,8 @@ class BrokerData:
     ha_addrs: dict[int, str] = field(default_factory=dict)
     #: The binary remoting endpoint of each broker id (docs/remoting.md), where the broker serves one.
     remoting_addrs: dict[int, str] = field(default_factory=dict)
+    #: The RocketMQ 5 gRPC endpoint (``apache.rocketmq.v2.MessagingService``) of each broker id that serves one.
+    grpc_addrs: dict[int, str] = field(default_factory=dict)
 
     @property
     def master_addr(self) -> str | None:
@@ -191,7 +193,8 @@ class BrokerData:
         return {"cluster": self.cluster, "broker_name": self.broker_name,
                 "broker_addrs": {str(i): a for i, a in sorted(self.broker_addrs.items())},
                 "ha_addrs": {str(i): a for i, a in sorted(self.ha_addrs.items())},
-                "remoting_addrs": {str(i): a for i, a in sorted(self.remoting_addrs.items())}}
+                "remoting_addrs": {str(i): a for i, a in sorted(self.remoting_addrs.items())},
+                "grpc_addrs": {str(i): a for i, a in sorted(self.grpc_addrs.items())}}
 
 
 @dataclass(frozen=True)
@@ -223,11 +226,13 @@ class BrokerLiveInfo:
     last_heartbeat_age_s: float
     topic_count: int
     remoting_addr: str | None = None
+    grpc_addr: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
         return {"broker_addr": self.broker_addr, "cluster": self.cluster, "broker_name": self.broker_name,
                 "broker_id": self.broker_id, "ha_addr": self.ha_addr, "remoting_addr": self.remoting_addr,
+                "grpc_addr": self.grpc_addr,
                 "data_version": self.data_version,
                 "last_heartbeat_age_s": round(self.last_heartbeat_age_s, 3), "topic_count": self.topic_count}
 
@@ -279,6 +284,7 @@ class _Live:
     remoting_addr: str | None = None
     #: A DLedger member's term (0 otherwise): a master is never displaced by one of a lower epoch.
     epoch: int = 0
+    grpc_addr: str | None = None
 
 
 @dataclass
@@ -315,7 +321,8 @@ class RouteTable:
     def register_broker(self, cluster: str, broker_name: str, broker_id: int, broker_addr: str,
                         ha_addr: str | None, data_version: int,
                         topic_configs: Mapping[str, TopicConfig] | None = None, *,
-                        remoting_addr: str | None = None, epoch: int = 0, now: float | None = None) -> bool:
+                        remoting_addr: str | None = None, epoch: int = 0, now: float | None = None,
+                        grpc_addr: str | None = None) -> bool:
         """Record a broker's heartbeat and, if its data version changed, its topics.
 
         Returns False when the registration was a plain heartbeat (same address, identity
@@ -343,6 +350,9 @@ class RouteTable:
         if remoting_addr is not None and remoting_addr != "":
             _check_addr("remoting address", remoting_addr)
         remoting = remoting_addr or None
+        if grpc_addr is not None and grpc_addr != "":
+            _check_addr("gRPC address", grpc_addr)
+        grpc = grpc_addr or None
         _check_int("data_version", data_version, 0)
         _check_int("epoch", epoch, 0)
         configs = dict(topic_configs or {})
@@ -356,7 +366,7 @@ class RouteTable:
             live = self._live.get(broker_addr)
             same_identity = live is not None and (
                 live.cluster, live.broker_name, live.broker_id, live.ha_addr, live.remoting_addr, live.epoch,
-            ) == (cluster, broker_name, broker_id, ha, remoting, epoch)
+                live.grpc_addr) == (cluster, broker_name, broker_id, ha, remoting, epoch, grpc)
             if same_identity and live is not None and live.data_version == data_version:
                 live.last_update = when  # a plain heartbeat
                 return False
@@ -366,7 +376,7 @@ class RouteTable:
                 self._check_epoch(broker_name, broker_addr, epoch)
             self._place_address(cluster, broker_name, broker_id, broker_addr)
             self._live[broker_addr] = _Live(cluster, broker_name, broker_id, ha, data_version, when, configs,
-                                            remoting, epoch)
+                                            remoting, epoch, grpc)
             if broker_id == MASTER_ID:
                 self._replace_queue_datas(broker_name, configs)
             log.info("registered broker %s/%s id=%d at %s (data version %d, %d topics)",
@@ -535,7 +545,8 @@ class RouteTable:
         ha = {i: live.ha_addr for i, a in addrs.items() if (live := self._live.get(a)) and live.ha_addr}
         remoting = {i: live.remoting_addr for i, a in addrs.items()
                     if (live := self._live.get(a)) and live.remoting_addr}
-        return BrokerData(entry.cluster, broker_name, addrs, ha, remoting)
+        grpc = {i: live.grpc_addr for i, a in addrs.items() if (live := self._live.get(a)) and live.grpc_addr}
+        return BrokerData(entry.cluster, broker_name, addrs, ha, remoting, grpc)
 
     def broker_data(self, broker_name: str) -> BrokerData | None:
         """The addresses of one broker name (None if unknown); slaves use it to find their master."""
@@ -549,7 +560,8 @@ class RouteTable:
             clusters = {c: sorted(names) for c, names in sorted(self._clusters.items())}
             brokers = {n: self._broker_data(n) for n in sorted(self._brokers)}
             live = {a: BrokerLiveInfo(a, v.cluster, v.broker_name, v.broker_id, v.ha_addr, v.data_version,
-                                      max(0.0, when - v.last_update), len(v.topic_configs), v.remoting_addr)
+                                      max(0.0, when - v.last_update), len(v.topic_configs), v.remoting_addr,
+                                      v.grpc_addr)
                     for a, v in sorted(self._live.items())}
         return ClusterInfo(clusters, brokers, live)
 

@@ -1,0 +1,393 @@
+"""The RocketMQ 5 gRPC endpoint, driven by the official ``rocketmq-python-client`` (not a hand-written one)
+against 2 brokers and 2 name servers in their own processes.
+
+Every interval is shortened (registration 0.5 s, first transaction check-back after 1 s, POP invisible
+times down to 1 s) so the cases finish in seconds; the code paths are the production ones.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+
+from procs import ProcessHarness, ServiceProcess, wait_until
+from sparkmq.platform.client.admin import AdminClient
+from sparkmq.platform.client.config import ClientConfig
+from sparkmq.platform.client.producer import Producer as SparkProducer
+from sparkmq.platform.common.message import Message as SparkMessage
+from sparkmq.platform.common.wire import ReceivedMessage, received_from_json
+
+rocketmq = pytest.importorskip("rocketmq")
+from rocketmq import (  # noqa: E402  (after the skip: the official client is a test dependency)
+    ClientConfiguration,
+    Credentials,
+    FilterExpression,
+    Message,
+    Producer,
+    SimpleConsumer,
+    TransactionChecker,
+    TransactionResolution,
+)
+from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc  # noqa: E402
+
+pytestmark = pytest.mark.cluster
+
+QUEUES = 2
+INTERVAL_S = 0.5
+
+
+@dataclass
+class GrpcCluster:
+    """Two name servers, two brokers serving gRPC, and the topics every test may use."""
+
+    procs: ProcessHarness
+    tmp: Path
+    namesrvs: list[ServiceProcess]
+    brokers: list[ServiceProcess]
+    grpc_addrs: dict[str, str]
+
+    @property
+    def namesrv_addrs(self) -> str:
+        return ";".join(ns.addr for ns in self.namesrvs)
+
+    def client_config(self) -> ClientConfig:
+        return ClientConfig(namesrv_addrs=self.namesrv_addrs, route_refresh_interval_s=INTERVAL_S,
+                            heartbeat_interval_s=INTERVAL_S, request_timeout_s=3.0,
+                            offset_store_dir=str(self.tmp / "local-offsets"))
+
+    def endpoint(self, broker: str = "broker-a") -> str:
+        return self.grpc_addrs[broker]
+
+    def configuration(self, namespace: str = "") -> ClientConfiguration:
+        """The official client's configuration: one broker's gRPC endpoint (routes name the others)."""
+        return ClientConfiguration(self.endpoint(), Credentials(), namespace=namespace, request_timeout=5)
+
+    def create_topic(self, topic: str) -> None:
+        admin = AdminClient(self.client_config())
+        try:
+            admin.create_topic(topic, read_queue_nums=QUEUES, write_queue_nums=QUEUES)
+        finally:
+            admin.close()
+        for ns in self.namesrvs:
+            wait_until(lambda ns=ns: _route_brokers(ns, topic) == 2, 20, f"the route of {topic}")
+
+
+def _route_brokers(ns: ServiceProcess, topic: str) -> int:
+    answer = httpx.get(f"{ns.url}/routes/{topic}", timeout=5)
+    if answer.status_code != 200:
+        return 0
+    return sum(1 for b in answer.json()["broker_datas"] if b.get("grpc_addrs", {}).get("0"))
+
+
+@pytest.fixture(scope="module")
+def cluster(module_procs: ProcessHarness, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrpcCluster]:
+    tmp = tmp_path_factory.mktemp("grpc")
+    conf = tmp / "broker.toml"  # POP invisible times down to 1 s (RocketMQ's minimum is 10 s)
+    conf.write_text("[broker]\npop_min_invisible_ms = 1000\n")
+    namesrvs = module_procs.start_many([("namesrv", "sparkmq.api.namesrv_main", ["--scan-interval-s", "0.5"])] * 2)
+    addrs = ";".join(ns.addr for ns in namesrvs)
+    specs = [("broker", "sparkmq.api.broker_main",
+              ["--config", str(conf), "--data-dir", str(tmp / name), "--broker-name", name, "--namesrv", addrs,
+               "--grpc-port", "0",
+               "--register-interval-s", str(INTERVAL_S), "--transaction-check-first-s", "1",
+               "--transaction-check-interval-s", "1", "--long-polling-max-ms", "5000"])
+             for name in ("broker-a", "broker-b")]
+    brokers = module_procs.start_many(specs)
+    grpc_addrs: dict[str, str] = {}
+
+    def registered() -> bool:
+        live = httpx.get(f"{namesrvs[0].url}/cluster", timeout=5).json()["live_brokers"]
+        for info in live.values():
+            if info.get("grpc_addr"):
+                grpc_addrs[info["broker_name"]] = info["grpc_addr"]
+        return len(grpc_addrs) == 2
+    wait_until(registered, 20, "both brokers registered with their gRPC endpoints")
+    yield GrpcCluster(module_procs, tmp, namesrvs, brokers, grpc_addrs)
+
+
+def _topic(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def _message(topic: str, body: bytes, *, tag: str | None = None, keys: tuple[str, ...] = (),
+             properties: dict[str, str] | None = None) -> Message:
+    msg = Message()
+    msg.topic = topic
+    msg.body = body
+    if tag:
+        msg.tag = tag
+    if keys:
+        msg.keys = keys[0]
+    for k, v in (properties or {}).items():
+        msg.add_property(k, v)
+    return msg
+
+
+@contextlib.contextmanager
+def _producer(cluster: GrpcCluster, topic: str, checker: TransactionChecker | None = None,
+              namespace: str = "") -> Iterator[Producer]:
+    """The official client's producer of ``topic``, started, shut down after."""
+    producer = Producer(cluster.configuration(namespace), (topic,), checker)
+    producer.startup()
+    try:
+        yield producer
+    finally:
+        producer.shutdown()
+
+
+def _read_all(cluster: GrpcCluster, topic: str, expected: int, timeout: float = 20.0) -> list[ReceivedMessage]:
+    """Every message of ``topic`` on both brokers (sparkmq's own pull API), once ``expected`` are there."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = []
+        for broker in cluster.brokers:
+            with httpx.Client(base_url=broker.url, timeout=10) as http:
+                for queue_id in range(QUEUES):
+                    answer = http.get(f"/topics/{topic}/queues/{queue_id}/messages",
+                                      params={"offset": 0, "max": 1024}).json()
+                    got += [received_from_json(m) for m in answer.get("messages", ())]
+        if len(got) >= expected or time.monotonic() > deadline:
+            return got
+        time.sleep(0.2)
+
+
+# -- producers --------------------------------------------------------------------------------------
+def test_normal_messages_reach_both_brokers_and_look_the_same_to_sparkmq(cluster: GrpcCluster) -> None:
+    topic = _topic("grpc-normal")
+    cluster.create_topic(topic)
+    sent = {}
+    with _producer(cluster, topic) as producer:
+        for i in range(20):
+            receipt = producer.send(_message(topic, b"body-%d" % i, tag="TagA", keys=(f"k-{i}",),
+                                             properties={"color": "red", "n": str(i)}))
+            sent[receipt.message_id] = i
+    assert len(sent) == 20
+    got = _read_all(cluster, topic, 20)
+    by_id = {m.msg_id: m for m in got}
+    assert set(by_id) == set(sent), "every sent id is stored exactly once"
+    assert len({m.broker_name for m in got}) == 2, "both brokers took sends"
+    for msg_id, i in sent.items():
+        m = by_id[msg_id]
+        assert m.body == b"body-%d" % i and m.tags == "TagA" and m.keys == (f"k-{i}",)
+        assert m.properties["color"] == "red" and m.properties["n"] == str(i)
+
+
+def test_fifo_messages_of_a_group_share_one_queue_in_order(cluster: GrpcCluster) -> None:
+    topic = _topic("grpc-fifo")
+    cluster.create_topic(topic)
+    with _producer(cluster, topic) as producer:
+        for group in ("g1", "g2", "g3"):
+            for i in range(5):
+                msg = _message(topic, f"{group}-{i}".encode())
+                msg.message_group = group
+                producer.send(msg)
+    got = _read_all(cluster, topic, 15)
+    assert len(got) == 15
+    for group in ("g1", "g2", "g3"):
+        mine = [m for m in got if m.properties.get("SHARDING_KEY") == group]
+        assert len({(m.broker_name, m.queue_id) for m in mine}) == 1, "one group, one queue"
+        assert [m.body for m in sorted(mine, key=lambda m: m.queue_offset)] == [f"{group}-{i}".encode()
+                                                                              for i in range(5)]
+
+
+def test_delay_message_is_delivered_at_its_time(cluster: GrpcCluster) -> None:
+    topic = _topic("grpc-delay")
+    cluster.create_topic(topic)
+    with _producer(cluster, topic) as producer:
+        msg = _message(topic, b"later")
+        msg.delivery_timestamp = int(time.time()) + 3
+        receipt = producer.send(msg)
+    assert _read_all(cluster, topic, 0) == [], "parked until its time"
+    got = _read_all(cluster, topic, 1)
+    assert [m.msg_id for m in got] == [receipt.message_id]
+    assert got[0].body == b"later"
+
+
+class _Checker(TransactionChecker):
+    def __init__(self) -> None:
+        self.checked: list[str] = []
+
+    def check(self, message: Message) -> TransactionResolution:
+        self.checked.append(message.message_id)
+        return TransactionResolution.COMMIT
+
+
+def test_transactions_commit_rollback_and_check_back(cluster: GrpcCluster) -> None:
+    topic = _topic("grpc-tx")
+    cluster.create_topic(topic)
+    checker = _Checker()
+    with _producer(cluster, topic, checker) as producer:
+        committed = producer.begin_transaction()
+        c_receipt = producer.send(_message(topic, b"commit-me"), committed)
+        committed.commit()
+        rolled = producer.begin_transaction()
+        producer.send(_message(topic, b"roll-me-back"), rolled)
+        rolled.rollback()
+        unknown = producer.begin_transaction()
+        u_receipt = producer.send(_message(topic, b"ask-me"), unknown)  # neither: the broker checks back
+        wait_until(lambda: u_receipt.message_id in checker.checked, 20, "the check-back reached the producer")
+        got = _read_all(cluster, topic, 2)
+    assert sorted(m.body for m in got) == [b"ask-me", b"commit-me"]
+    assert {m.msg_id for m in got} == {c_receipt.message_id, u_receipt.message_id}
+
+
+def test_sparkmq_sent_message_looks_the_same_over_grpc(cluster: GrpcCluster) -> None:
+    topic = _topic("grpc-cross")
+    cluster.create_topic(topic)
+    with SparkProducer("cross-producers", cluster.client_config()) as producer:
+        sent = producer.send(SparkMessage(topic, b"from-sparkmq", tags="T1", keys=("key-1",),
+                                          properties={"origin": "remoting"}))
+    consumer = SimpleConsumer(cluster.configuration(), _topic("cross-group"), {topic: FilterExpression()},
+                              await_duration=3)
+    consumer.startup()
+    try:
+        got = []
+        deadline = time.monotonic() + 20
+        while not got and time.monotonic() < deadline:
+            got = consumer.receive(16, 15) or []
+        assert len(got) == 1
+        m = got[0]
+        assert (m.body, m.tag, m.keys, m.properties.get("origin")) == (b"from-sparkmq", "T1", {"key-1"}, "remoting")
+        assert m.message_id == sent.msg_id and m.delivery_attempt == 1
+        consumer.ack(m)
+    finally:
+        consumer.shutdown()
+
+
+# -- bad input --------------------------------------------------------------------------------------
+def _stub(cluster: GrpcCluster) -> tuple[grpc.Channel, service_pb2_grpc.MessagingServiceStub]:
+    channel = grpc.insecure_channel(cluster.endpoint())
+    return channel, service_pb2_grpc.MessagingServiceStub(channel)
+
+
+_META = (("x-mq-client-id", "bad-input-client"),)
+
+
+def _send_request(topic: str, body: bytes, **sp: object) -> service_pb2.SendMessageRequest:
+    msg = definition_pb2.Message(topic=definition_pb2.Resource(name=topic), body=body)
+    msg.system_properties.message_id = uuid.uuid4().hex.upper()
+    msg.system_properties.message_type = sp.pop("message_type", definition_pb2.MessageType.NORMAL)
+    for k, v in sp.items():
+        setattr(msg.system_properties, k, v)
+    return service_pb2.SendMessageRequest(messages=[msg])
+
+
+def test_bad_input_gets_clear_codes_stores_nothing_and_the_server_keeps_serving(cluster: GrpcCluster) -> None:
+    topic = _topic("grpc-bad")
+    cluster.create_topic(topic)
+    channel, stub = _stub(cluster)
+    Code = definition_pb2.Code
+    try:
+        raw = channel.unary_unary("/apache.rocketmq.v2.MessagingService/SendMessage")
+        answer = service_pb2.SendMessageResponse.FromString(raw(b"\xff\xff\xff\xff", metadata=_META))
+        assert answer.status.code == Code.BAD_REQUEST and "malformed" in answer.status.message
+        route = stub.QueryRoute(service_pb2.QueryRouteRequest(topic=definition_pb2.Resource(name="no-such-topic")),
+                                metadata=_META)
+        assert route.status.code == Code.TOPIC_NOT_FOUND
+        wrong = stub.SendMessage(_send_request(topic, b"x", message_type=definition_pb2.MessageType.FIFO),
+                                 metadata=_META)
+        assert wrong.status.code == Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE
+        big = stub.SendMessage(_send_request(topic, b"x" * (4 * 1024 * 1024 + 1)), metadata=_META)
+        assert big.status.code == Code.MESSAGE_BODY_TOO_LARGE
+        empty = stub.SendMessage(_send_request(topic, b""), metadata=_META)
+        assert empty.status.code == Code.MESSAGE_BODY_EMPTY
+        reserved = _send_request(topic, b"x")
+        reserved.messages[0].user_properties["UNIQ_KEY"] = "mine"
+        assert stub.SendMessage(reserved, metadata=_META).status.code == Code.ILLEGAL_MESSAGE_PROPERTY_KEY
+        assert _read_all(cluster, topic, 0) == []
+        ok = stub.SendMessage(_send_request(topic, b"fine"), metadata=_META)
+        assert ok.status.code == Code.OK and len(ok.entries) == 1
+        assert [m.body for m in _read_all(cluster, topic, 1)] == [b"fine"]
+    finally:
+        channel.close()
+
+
+def test_settings_handshake_is_answered_like_the_proxy(cluster: GrpcCluster) -> None:
+    channel, stub = _stub(cluster)
+    try:
+        settings = definition_pb2.Settings(client_type=definition_pb2.ClientType.PRODUCER)
+        settings.publishing.topics.add(name="any")
+        calls = stub.Telemetry(iter([service_pb2.TelemetryCommand(settings=settings)]), metadata=_META)
+        answer = next(calls)
+        calls.cancel()
+        assert answer.status.code == definition_pb2.Code.OK
+        policy = answer.settings.backoff_policy
+        assert policy.WhichOneof("strategy") == "exponential_backoff" and policy.max_attempts > 0
+        assert answer.settings.publishing.max_body_size == 4 * 1024 * 1024
+    finally:
+        channel.close()
+
+
+def test_received_message_carries_receipt_handle_attempt_and_md5(cluster: GrpcCluster) -> None:
+    topic = _topic("grpc-receive")
+    cluster.create_topic(topic)
+    channel, stub = _stub(cluster)
+    try:
+        assert stub.SendMessage(_send_request(topic, b"digest-me"), metadata=_META).status.code == 20000
+        group = definition_pb2.Resource(name=_topic("raw-group"))
+        queue = definition_pb2.MessageQueue(topic=definition_pb2.Resource(name=topic), id=0)
+        request = service_pb2.ReceiveMessageRequest(group=group, message_queue=queue, batch_size=32)
+        request.invisible_duration.seconds = 30
+        request.long_polling_timeout.seconds = 1
+        messages = []
+        deadline = time.monotonic() + 10
+        while not messages and time.monotonic() < deadline:
+            for endpoint in cluster.grpc_addrs.values():
+                with grpc.insecure_channel(endpoint) as ch:
+                    responses = list(service_pb2_grpc.MessagingServiceStub(ch).ReceiveMessage(request, metadata=_META))
+                messages += [r.message for r in responses if r.HasField("message")]
+        assert len(messages) == 1
+        sp = messages[0].system_properties
+        assert sp.receipt_handle and sp.delivery_attempt == 1 and sp.message_id
+        assert sp.body_digest.checksum == hashlib.md5(b"digest-me").hexdigest().upper()
+    finally:
+        channel.close()
+
+
+def _receive_until(consumer: SimpleConsumer, count: int, invisible_s: int, timeout: float = 20.0) -> list[Message]:
+    got: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < deadline:
+        got += consumer.receive(32, invisible_s) or []
+    return got
+
+
+def test_simple_consumer_ack_change_invisible_and_redelivery(cluster: GrpcCluster) -> None:
+    topic = _topic("grpc-simple")
+    cluster.create_topic(topic)
+    with _producer(cluster, topic) as producer:
+        sent = {producer.send(_message(topic, b"m-%d" % i)).message_id for i in range(4)}
+    consumer = SimpleConsumer(cluster.configuration(), _topic("simple-group"), {topic: FilterExpression()},
+                              await_duration=1)
+    consumer.startup()
+    try:
+        first = _receive_until(consumer, 4, invisible_s=2)
+        assert {m.message_id for m in first} == sent and {m.delivery_attempt for m in first} == {1}
+        acked, kept, dropped = first[:2], first[2], first[3]
+        for m in acked:
+            consumer.ack(m)
+        consumer.change_invisible_duration(kept, 30)  # still being worked on: stays hidden
+        again = _receive_until(consumer, 1, invisible_s=30, timeout=15)
+        assert [(m.message_id, m.delivery_attempt) for m in again] == [(dropped.message_id, 2)]
+        consumer.ack(again[0])
+        consumer.ack(kept)  # with the handle the change answered
+        time.sleep(2.5)
+        assert _receive_until(consumer, 1, invisible_s=2, timeout=3) == [], "nothing acked comes back"
+    finally:
+        consumer.shutdown()
+
+
+def test_namespace_prefixes_topics(cluster: GrpcCluster) -> None:
+    topic = _topic("grpc-ns")
+    cluster.create_topic(f"tenant1%{topic}")
+    with _producer(cluster, topic, namespace="tenant1") as producer:
+        receipt = producer.send(_message(topic, b"namespaced"))
+    assert [m.msg_id for m in _read_all(cluster, f"tenant1%{topic}", 1)] == [receipt.message_id]
