@@ -741,8 +741,11 @@ class RaftNode:
             if not progress.inflight and now - progress.last_sent >= heartbeat:
                 self._send_append(peer, progress, term, self.log.last()[0])
             progress.wake.clear()
+            # With appends in flight their replies (or their failure, which sets wake) come first: no heartbeat
+            # is due then, so wait a whole interval rather than spin on an overdue one.
+            wait = heartbeat if progress.inflight else max(0.001, heartbeat - (now - progress.last_sent))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(progress.wake.wait(), max(0.001, heartbeat - (now - progress.last_sent)))
+                await asyncio.wait_for(progress.wake.wait(), wait)
 
     def _append_request(self, progress: PeerProgress, term: int, end: int) -> AppendRequest:
         prev = progress.next_offset
