@@ -16,6 +16,9 @@ IMPL_NAMES = sorted(IMPLS)
 
 # Child processes (crash tests) must import the same sparkmq.
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
+# The official RocketMQ client runs gRPC in this process, and the shared SparkSession's JVM is launched
+# with a real fork (PySpark's preexec_fn): gRPC's fork handlers could hang it.  Children inherit this too.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 
 @pytest.fixture(params=IMPL_NAMES)

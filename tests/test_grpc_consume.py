@@ -457,7 +457,9 @@ def test_grpc_sent_message_is_found_by_key_and_traced(lake_broker: tuple[Service
     finally:
         consumer.shutdown()
     found = wait_until(lambda: http.get("/query/messages", params={"topic": topic, "key": "key-find-me"})
-                       .json().get("messages"), 120, "the key in the lake's index")
+                       .json().get("messages"), 120,
+                       lambda: f"the key in the lake's index; lake: {http.get('/health').json().get('lake')}; "
+                               f"broker log: {broker.log()[-3000:]}")
     assert [(f["msg_id"], f["topic"]) for f in found] == [(msg_id, topic)]
     by_id = wait_until(lambda: http.get("/query/messages", params={"msg_id": msg_id}).json().get("messages"), 30,
                        "the id in the lake's index")

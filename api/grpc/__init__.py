@@ -8,6 +8,14 @@ processors, so the official RocketMQ 5 clients (Java, Go, Python, ...) use a spa
 - :mod:`.clients` -- Telemetry sessions, the settings handshake, check-backs pushed to producers.
 - :mod:`.renewals` -- auto-renewed receipt handles of push consumers.
 """
-from .server import GrpcServer
+import os
+
+# gRPC's fork handlers (on by default in grpcio) run on every fork() of this process.  The broker forks
+# only to exec (PySpark launches the lake's JVM with a preexec_fn, which forces a real fork), and with the
+# server's threads busy those handlers can hang the parent in Popen or the child before exec: the lake
+# then never starts.  Nothing here needs gRPC in a forked child, so turn them off before grpc loads.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+from .server import GrpcServer  # noqa: E402
 
 __all__ = ["GrpcServer"]
