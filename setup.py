@@ -9,8 +9,9 @@ setup(
                 "storage_native/_commitlog.c",
                 "storage_native/cl_store.c",
                 "storage_native/crc32.c",
+                "storage_native/v2_codec.c",
             ],
-            depends=["storage_native/cl_store.h", "storage_native/crc32.h"],
+            depends=["storage_native/cl_store.h", "storage_native/crc32.h", "storage_native/v2_codec.h"],
             extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-pthread"],
             extra_link_args=["-pthread"],
         )

@@ -15,7 +15,8 @@ from . import layout
 from .errors import StoreError
 
 __all__ = ["CommitLog", "ConsumeQueue", "decode_record", "decode_batch", "encode_batch", "decode_records",
-           "StoreError", "IMPL", "implementations", "layout"]
+           "v2_send_summary", "pack_v2_send", "encode_v2_send_response", "StoreError", "IMPL", "implementations",
+           "layout"]
 
 #: Environment variable that selects the implementation: "native" (default) or "python".
 IMPL_ENV = "SPARKMQ_STORE_IMPL"
@@ -55,3 +56,8 @@ decode_record = _module.decode_record
 decode_batch = _module.decode_batch
 encode_batch = _module.encode_batch
 decode_records = _module.decode_records
+#: RocketMQ 5 SendMessage codecs (the gRPC endpoint's hot path); C only: None with the twin, whose
+#: callers then take their per-message path.
+v2_send_summary = getattr(_module, "v2_send_summary", None)
+pack_v2_send = getattr(_module, "pack_v2_send", None)
+encode_v2_send_response = getattr(_module, "encode_v2_send_response", None)

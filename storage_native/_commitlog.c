@@ -24,6 +24,7 @@
 
 #include "cl_store.h"
 #include "crc32.h"
+#include "v2_codec.h"
 
 /* Copies larger than this are done with the GIL released. */
 #define BIG_COPY (256 * 1024)
@@ -2668,6 +2669,16 @@ static PyMethodDef module_methods[] = {
     {"decode_records", (PyCFunction)(void (*)(void))mod_decode_records, METH_FASTCALL | METH_KEYWORDS,
      "decode_records(data, broker_name, factory, inflate)\n--\n\n"
      "factory(...) of every record of concatenated stored records (a pull's packed records)."},
+    {"v2_send_summary", v2_send_summary, METH_O,
+     "v2_send_summary(request)\n--\n\nA serialized v2 SendMessageRequest's message count and its first "
+     "message's born timestamp (ms, or None); (0, None) when it does not parse."},
+    {"pack_v2_send", v2_pack_send, METH_VARARGS,
+     "pack_v2_send(request, max_body, reserved, id_prefix, month_start_ms, counter, born_timestamp)\n--\n\n"
+     "A serialized v2 SendMessageRequest of plain NORMAL messages of one topic as encode_batch packs them: "
+     "(topic, namespace, data, msg_ids, next_counter); (None, counter) for anything else."},
+    {"encode_v2_send_response", v2_encode_send_response, METH_VARARGS,
+     "encode_v2_send_response(code, message, msg_ids, first_offset)\n--\n\n"
+     "A serialized v2 SendMessageResponse: one status, one entry per id with consecutive queue offsets."},
     {"_crc32", (PyCFunction)(void (*)(void))mod_crc32, METH_FASTCALL | METH_KEYWORDS,
      "_crc32(data, value=0)\n--\n\nThe store's CRC-32 (equal to zlib.crc32); for tests."},
     {NULL, NULL, 0, NULL}};

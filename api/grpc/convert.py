@@ -38,11 +38,11 @@ from ...platform.common.errors import ErrorCode, SparkMQError
 from ...platform.common.ids import UniqueIdGenerator
 from ...platform.common.message import KEY_SEPARATOR, PROPERTY_UNIQUE_ID, StoredMessage
 from ...platform.common.sysflag import COMPRESSED
-from ...storage_native import StoreError, encode_batch
+from ...storage_native import StoreError, encode_batch, pack_v2_send, v2_send_summary
 from ._pb import Code, MessageType, definition
 
 __all__ = ["ProtocolError", "status_ok", "status_of", "code_of", "wrap", "unwrap", "to_outgoing", "SendPlan",
-           "PackedSend", "pack_plain",
+           "PackedSend", "pack_plain", "pack_request",
            "to_v2_message", "check_to_v2_message", "endpoints_of", "millis_of", "duration_ms", "timestamp_of",
            "duration_of", "SYSTEM_PROPERTIES", "ALL_MESSAGE_TYPES"]
 
@@ -316,6 +316,33 @@ def pack_plain(messages: Sequence[definition.Message], namespace: str, max_body:
             wire, prefix, month, counter, born))
     except (StoreError, OverflowError):  # the per-message path refuses it with the v2 code and message
         return None
+    return PackedSend(wrap(namespace or resource_ns, name), data, msg_ids)
+
+
+#: The reserved property names as pack_v2_send takes them (NUL-separated UTF-8).
+_RESERVED_NAMES = b"\0".join(sorted(name.encode() for name in SYSTEM_PROPERTIES))
+
+
+def pack_request(raw: bytes, namespace: str, max_body: int, ids: UniqueIdGenerator) -> PackedSend | None:
+    """:func:`pack_plain` straight from a serialized SendMessageRequest, in C (no protobuf objects at all).
+
+    None when the C extension is not in use, for a single message (its trace is a per-message ``store``
+    record), and for anything :func:`pack_plain` would not take or that C leaves to it (non-ASCII keys, a
+    repeated property name, a malformed request): the caller then parses the request and goes on as before.
+    """
+    if pack_v2_send is None or v2_send_summary is None:
+        return None
+    count, born = v2_send_summary(raw)
+    if count < 2:
+        return None
+    born = born or int(time.time() * 1000)
+    if born < 0:
+        return None
+    packed = ids.with_state(born, lambda prefix, month, counter: pack_v2_send(
+        raw, max_body, _RESERVED_NAMES, prefix, month, counter, born))
+    if packed[0] is None:
+        return None
+    name, resource_ns, data, msg_ids, _ = packed
     return PackedSend(wrap(namespace or resource_ns, name), data, msg_ids)
 
 

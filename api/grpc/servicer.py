@@ -25,6 +25,7 @@ from ...platform.common.errors import SparkMQError
 from ...platform.common.ids import UniqueIdGenerator
 from ...platform.common.message import SendStatus
 from ...platform.common.protocol import MAX_POP_BATCH, POP_MAX_LONG_POLL_MS, ExpressionType, PopRequest
+from ...storage_native import encode_v2_send_response
 from ._pb import SERVICE_NAME, Code, MessageType, definition, service
 from .clients import ClientRegistry, GrpcClient
 from .convert import (
@@ -33,6 +34,7 @@ from .convert import (
     SendPlan,
     duration_ms,
     pack_plain,
+    pack_request,
     status_of,
     status_ok,
     timestamp_of,
@@ -91,7 +93,8 @@ class MessagingService:
         unary: dict[str, tuple[Callable[..., Awaitable[Proto]], type[Proto], type[Proto]]] = {
             "QueryRoute": (self.query_route, service.QueryRouteRequest, service.QueryRouteResponse),
             "Heartbeat": (self.heartbeat, service.HeartbeatRequest, service.HeartbeatResponse),
-            "SendMessage": (self.send_message, service.SendMessageRequest, service.SendMessageResponse),
+            # Parsed here, not by _unary: plain batches are packed from the request's bytes (pack_request).
+            "SendMessage": (self.send_message_bytes, bytes, service.SendMessageResponse),
             "QueryAssignment": (self.query_assignment, service.QueryAssignmentRequest,
                                 service.QueryAssignmentResponse),
             "AckMessage": (self.ack_message, service.AckMessageRequest, service.AckMessageResponse),
@@ -188,6 +191,14 @@ class MessagingService:
             self.clients.detach(client, outbox)
 
     # -- sends -------------------------------------------------------------------------------
+    async def send_message_bytes(self, raw: bytes, call: Call) -> service.SendMessageResponse | bytes:
+        """SendMessage from its serialized request: a batch of plain NORMAL messages is packed and answered in
+        C (the answer then is the serialized response); anything else is parsed and taken by :meth:`send_message`."""
+        packed = pack_request(raw, call.namespace, self.broker.store.config.max_message_size, self._ids)
+        if packed is not None:
+            return await self._send_packed(packed, call, serialized=True)
+        return await self.send_message(_parse(raw, service.SendMessageRequest), call)
+
     async def send_message(self, req: service.SendMessageRequest, call: Call) -> service.SendMessageResponse:
         """Store every message (all are checked first: one bad message stores none); one entry per message."""
         if not req.messages:
@@ -214,8 +225,11 @@ class MessagingService:
         status = entries[0].status if len(codes) == 1 else _status_entry(Code.MULTIPLE_RESULTS, "multiple results")
         return service.SendMessageResponse(status=status, entries=entries)
 
-    async def _send_packed(self, packed: PackedSend, call: Call) -> service.SendMessageResponse:
-        """Plain NORMAL messages in one packed append (remoting's SEND_BATCH path); one status for all."""
+    async def _send_packed(self, packed: PackedSend, call: Call,
+                           serialized: bool = False) -> service.SendMessageResponse | bytes:
+        """Plain NORMAL messages in one packed append (remoting's SEND_BATCH path); one status for all.
+
+        ``serialized``: a stored batch is answered with the response's bytes, written in C."""
         sending = self.broker.send_processor
         may_block = sending.send_may_block
         try:
@@ -231,6 +245,8 @@ class MessagingService:
                 service.SendResultEntry(status=status, message_id=msg_id) for msg_id in packed.msg_ids])
         status = _send_status(sent)
         first = result.first_queue_offset
+        if serialized and encode_v2_send_response is not None:
+            return encode_v2_send_response(status.code, status.message, packed.msg_ids, first)
         response = service.SendMessageResponse(status=status)
         add = response.entries.add  # in place: half the cost of building entries then copying them in
         for i, msg_id in enumerate(packed.msg_ids):
@@ -408,11 +424,14 @@ def _send_status(status: SendStatus) -> definition.Status:
     return status_ok() if code is None else _status_entry(code, f"stored, but {status}")
 
 
-def _serialize(message: Proto) -> bytes:
-    return message.SerializeToString()
+def _serialize(message: Proto | bytes) -> bytes:
+    # A handler may answer with bytes it serialized itself (SendMessage's packed path).
+    return message if isinstance(message, bytes) else message.SerializeToString()
 
 
 def _parse(raw: bytes, kind: type[Proto]) -> Proto:
+    if kind is bytes:  # the handler parses the request itself
+        return raw
     try:
         return kind.FromString(raw)
     except DecodeError as exc:
