@@ -9,11 +9,16 @@ driven with the generated stubs directly (requests serialized once, several call
 * ``grpc.receive_ack`` -- ReceiveMessage batches of 32 + one AckMessage per batch, 4 in flight, draining a
   backlog: msgs/s;
 * ``grpc.send_p99_ms`` -- one message at a time, one caller: p99 (and p50) ms.
+
+And, for scale, ``grpc.receive_ack_ceiling``: the same receive/ack client against a bare ``grpc.aio`` server
+in a child process that answers from bytes serialized once (no broker, no work): what grpcio itself moves on
+this machine, one stream message per delivered message as the protocol has it.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import os
 import re
 import tempfile
@@ -94,7 +99,8 @@ async def bench_send_batch(channel: grpc.aio.Channel, topic: str, seconds: float
     return sent + BATCH
 
 
-async def bench_receive_ack(channel: grpc.aio.Channel, topic: str, backlog: int) -> None:
+async def bench_receive_ack(channel: grpc.aio.Channel, topic: str, backlog: int,
+                            name: str = "grpc.receive_ack") -> None:
     receive = channel.unary_stream(_SERVICE + "ReceiveMessage",
                                    response_deserializer=service_pb2.ReceiveMessageResponse.FromString)
     ack = channel.unary_unary(_SERVICE + "AckMessage",
@@ -129,7 +135,7 @@ async def bench_receive_ack(channel: grpc.aio.Channel, topic: str, backlog: int)
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(RECEIVE_IN_FLIGHT)))
     elapsed = time.perf_counter() - started
-    line("grpc.receive_ack", msgs_per_s=done / elapsed, batch=32, in_flight=RECEIVE_IN_FLIGHT, messages=done,
+    line(name, msgs_per_s=done / elapsed, batch=32, in_flight=RECEIVE_IN_FLIGHT, messages=done,
          backlog=backlog)
 
 
@@ -147,12 +153,61 @@ async def bench_send_p99(channel: grpc.aio.Channel, topic: str, count: int) -> N
     line("grpc.send_p99_ms", p99_ms=pct(latencies, 0.99), p50_ms=pct(latencies, 0.5), sends=count)
 
 
-#: What ``--only`` may name (default: all three, in this order).
-BENCHES = ("send_batch", "receive_ack", "send_p99")
+def _bare_server(ready: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    """A grpc.aio server answering ReceiveMessage and AckMessage from bytes serialized once (a child process)."""
+    stream = [service_pb2.ReceiveMessageResponse(status=definition_pb2.Status(code=definition_pb2.Code.OK))]
+    for i in range(32):
+        response = service_pb2.ReceiveMessageResponse()
+        response.message.topic.name = "Ceiling"
+        response.message.body = BODY
+        sp = response.message.system_properties
+        sp.message_id, sp.receipt_handle = f"{i:032X}", f"handle-{i:074d}"
+        sp.born_timestamp.FromMilliseconds(int(time.time() * 1000))
+        stream.append(response)
+    answers = [r.SerializeToString() for r in stream]
+    ack = service_pb2.AckMessageResponse(status=definition_pb2.Status(code=definition_pb2.Code.OK)).SerializeToString()
+
+    async def receive(request: bytes, context: grpc.aio.ServicerContext) -> object:
+        for answer in answers:
+            yield answer
+
+    async def acknowledge(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return ack
+
+    async def serve() -> None:
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("apache.rocketmq.v2.MessagingService", {
+            "ReceiveMessage": grpc.unary_stream_rpc_method_handler(receive),
+            "AckMessage": grpc.unary_unary_rpc_method_handler(acknowledge)}),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        ready.put(port)
+        await server.wait_for_termination()
+
+    asyncio.run(serve())
+
+
+async def bench_receive_ceiling(messages: int) -> None:
+    ready: multiprocessing.Queue = multiprocessing.get_context("spawn").Queue()  # type: ignore[type-arg]
+    child = multiprocessing.get_context("spawn").Process(target=_bare_server, args=(ready,), daemon=True)
+    child.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{ready.get(timeout=60)}") as channel:
+            await bench_receive_ack(channel, "Ceiling", messages, name="grpc.receive_ack_ceiling")
+    finally:
+        child.kill()
+        child.join()
+
+
+#: What ``--only`` may name (default: all, in this order).
+BENCHES = ("send_batch", "receive_ack", "send_p99", "receive_ack_ceiling")
 
 
 async def run(addr: str, quick: bool, only: str | None = None) -> None:
     options = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
+    if only == "receive_ack_ceiling":
+        await bench_receive_ceiling(30_000 if quick else 200_000)
+        return
     async with grpc.aio.insecure_channel(addr, options=options) as channel:
         topic = f"BenchGrpc{uuid.uuid4().hex[:6]}"
         if only in (None, "send_batch", "receive_ack"):
@@ -161,6 +216,8 @@ async def run(addr: str, quick: bool, only: str | None = None) -> None:
             await bench_receive_ack(channel, topic, min(sent, 30_000 if quick else 200_000))
         if only in (None, "send_p99"):
             await bench_send_p99(channel, f"{topic}Single", 500 if quick else 5000)
+    if only is None:  # after the broker's figures, so they run alone
+        await bench_receive_ceiling(30_000 if quick else 200_000)
 
 
 def main() -> None:
@@ -168,6 +225,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="short runs (a smoke test of the figures)")
     parser.add_argument("--only", choices=BENCHES, help="one benchmark (receive_ack sends its backlog first)")
     args = parser.parse_args()
+    if args.only == "receive_ack_ceiling":  # no broker
+        asyncio.run(run("", args.quick, args.only))
+        return
     with tempfile.TemporaryDirectory(prefix="sparkmq-bench-grpc-") as data_dir:
         platform = Platform(data_dir)
         # The broker's pid, for a profiler (py-spy record -p PID) attached while it runs.

@@ -339,7 +339,8 @@ class MessagingService:
         group, topic = _group(req.group, call), _topic(req.topic, call)
         handles = [self.renewals.settle(group, topic, e.receipt_handle) for e in req.entries]
         pop = self.broker.pop_processor
-        outcomes = await anyio.to_thread.run_sync(lambda: pop.ack_batch(group, topic, handles))
+        outcomes = (await anyio.to_thread.run_sync(lambda: pop.ack_batch(group, topic, handles)) if pop.may_block
+                    else pop.ack_batch(group, topic, handles))
         entries = [service.AckMessageResultEntry(message_id=e.message_id, receipt_handle=e.receipt_handle,
                                                  status=status_ok() if err is None else status_of(err))
                    for e, err in zip(req.entries, outcomes, strict=True)]

@@ -50,7 +50,7 @@ from ...common.trace import TraceEvent
 from ...common.validation import validate_group
 from ...common.waiters import WaiterRegistry
 from ...namesrv.perm import is_readable
-from ...store import AppendEvent
+from ...store import AppendEvent, FlushMode
 from ..background import PeriodicService
 from ..pop_state import (
     REVIVE_TOPIC,
@@ -241,7 +241,8 @@ class PopProcessor(Processor):
         plan = self._plan(request)
         deadline = time.monotonic() + request.long_poll_ms / 1000.0
         while True:
-            popped = await anyio.to_thread.run_sync(self._receive_once, plan)
+            popped = (await anyio.to_thread.run_sync(self._receive_once, plan) if self.may_block
+                      else self._receive_once(plan))
             remaining = deadline - time.monotonic()
             if popped or remaining <= 0 or not self._active:
                 return popped
@@ -567,6 +568,13 @@ class PopProcessor(Processor):
         return PopLag(group, topic, queues)
 
     # ================================================================== helpers
+    @property
+    def may_block(self) -> bool:
+        """Whether receive and settle calls wait for the disk (SYNC_FLUSH), so callers on an event loop should
+        run them in a worker thread; otherwise they only take short locks and run inline (a thread hop costs
+        more than a whole batch's bookkeeping)."""
+        return self.store.config.flush_mode is FlushMode.SYNC_FLUSH
+
     def _require_serving(self) -> None:
         if not self._active or not self.running:
             why = "it is not a master" if self.running and not self.broker.is_master else "it is not running"
