@@ -14,13 +14,18 @@ everything else runs in.
 from __future__ import annotations
 
 import argparse
+import base64
+import dataclasses
 import hashlib
+import io
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import NoReturn
 
@@ -135,7 +140,106 @@ def setup(force: bool = False) -> None:
         say("dependencies up to date")
     build_native(force=force)
     build_class_archive(force=force)
+    vendor_web_assets(force=force)
+    ensure_chromium()
     say("setup complete")
+
+
+# -- web assets and the test browser ---------------------------------------------------------
+#: Where the console and the services' /docs pages find the bundled JavaScript (package data, git-ignored).
+VENDOR_DIR = ROOT / "api" / "console" / "static" / "vendor"
+NPM_REGISTRY = "https://registry.npmjs.org"
+
+
+@dataclasses.dataclass(frozen=True)
+class NpmAsset:
+    """One npm package pinned by version and by the registry's sha512 integrity, and the files taken from it."""
+
+    name: str
+    version: str
+    integrity: str  # "sha512-<base64>", as the registry's dist.integrity; checked before anything is unpacked
+    files: tuple[str, ...]  # paths inside the tarball's package/ directory
+
+    @property
+    def target(self) -> Path:
+        return VENDOR_DIR / self.name
+
+
+#: The console's chart library and Swagger UI; bump a version together with its integrity.
+NPM_ASSETS = (
+    NpmAsset("uplot", "1.6.32",
+             "sha512-KIMVnG68zvu5XXUbC4LQEPnhwOxBuLyW1AHtpm6IKTXImkbLgkMy+jabjLgSLMasNuGGzQm/ep3tOkyTxpiQIw==",
+             ("dist/uPlot.iife.min.js", "dist/uPlot.min.css", "LICENSE")),
+    NpmAsset("swagger-ui-dist", "5.35.0",
+             "sha512-U06rpMtW9V3XPGOBeamTUSr0Z09jMX4IJuANpE/EZbAhw0G8CgwrzU4YmXkn/h0wCDNsXdGarTNNHC3sU8yVUQ==",
+             ("swagger-ui-bundle.js", "swagger-ui.css", "favicon-32x32.png", "LICENSE")),
+)
+
+
+def _vendored(asset: NpmAsset) -> bool:
+    stamp = asset.target / ".version"
+    return stamp.exists() and stamp.read_text().strip() == asset.version and all(
+        (asset.target / Path(f).name).exists() for f in asset.files)
+
+
+def vendor_web_assets(force: bool = False) -> None:
+    """Download the pinned npm packages (registry tarballs, stdlib only: npm need not be installed), check their
+    sha512 against the pinned integrity, and copy the files the console and /docs serve into VENDOR_DIR."""
+    for asset in NPM_ASSETS:
+        if _vendored(asset) and not force:
+            say(f"web asset {asset.name} {asset.version} present")
+            continue
+        url = f"{NPM_REGISTRY}/{asset.name}/-/{asset.name.rsplit('/', 1)[-1]}-{asset.version}.tgz"
+        say(f"downloading {asset.name} {asset.version} from the npm registry")
+        try:
+            with urllib.request.urlopen(url, timeout=120) as response:
+                data = response.read()
+        except OSError as exc:
+            fail(f"could not download {url}: {exc}; the console and /docs need it (network to registry.npmjs.org)")
+        algo, _, expected = asset.integrity.partition("-")
+        actual = base64.b64encode(hashlib.new(algo, data).digest()).decode()
+        if actual != expected:
+            fail(f"{asset.name} {asset.version}: {algo} of the download is {actual}, pinned {expected}; not unpacked")
+        staging = asset.target.with_name(asset.target.name + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
+            for name in asset.files:
+                member = archive.extractfile(f"package/{name}")
+                if member is None:
+                    fail(f"{asset.name} {asset.version} has no file {name}")
+                (staging / Path(name).name).write_bytes(member.read())
+        (staging / ".version").write_text(asset.version + "\n")
+        shutil.rmtree(asset.target, ignore_errors=True)
+        staging.rename(asset.target)
+    say(f"web assets in {VENDOR_DIR.relative_to(ROOT)}")
+
+
+def ensure_chromium() -> None:
+    """Install Debian's chromium for the console's browser tests when it is missing and apt can be used
+    (as root, or through passwordless sudo); otherwise say so: those tests then skip with the reason."""
+    if shutil.which("chromium"):
+        say("chromium found (browser tests)")
+        return
+    if not shutil.which("apt-get"):
+        say("chromium not found and no apt-get: the console's browser tests will skip")
+        return
+    if os.geteuid() == 0:
+        prefix: list[str] = []
+    elif shutil.which("sudo") and subprocess.run(["sudo", "-n", "true"], stdin=subprocess.DEVNULL,
+                                                 capture_output=True).returncode == 0:
+        prefix = ["sudo", "-n"]
+    else:
+        say("chromium not found and apt needs root: `sudo apt-get install -y chromium` for the browser tests")
+        return
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive", "CI": "true"}
+    say("installing chromium with apt-get (browser tests; a few minutes once)")
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium", "fonts-liberation"]
+    for cmd in (["apt-get", "update", "-q"], install):
+        result = subprocess.run(prefix + cmd, env=env, stdin=subprocess.DEVNULL)
+        if result.returncode != 0:
+            say(f"`{' '.join(cmd)}` failed ({result.returncode}): the console's browser tests will skip")
+            return
 
 
 def build_class_archive(force: bool = False) -> None:

@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from ..platform.broker.broker import Broker
 from ..platform.broker.client_manager import (
@@ -43,9 +43,34 @@ from ..platform.broker.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..platform.broker.processors import OutgoingMessage
 from ..platform.common import wire
 from ..platform.common.errors import ErrorCode, SparkMQError
-from ..platform.common.protocol import MAX_PULL_BATCH, PullResult
+from ..platform.common.protocol import PullResult
 from ..platform.ha.dledger import DLedgerMember, LeadershipTransferError
+from .acl import acl_router, broker_guard, http_access
+from .console.docs import install_docs
 from .errors import install_error_handlers, invalid_argument
+from .params import (
+    ClientId,
+    DelayLevel,
+    DelayMs,
+    DlqMax,
+    EpochMs,
+    FilterType,
+    GroupName,
+    MsgId,
+    NonEmpty,
+    NonNegative,
+    Offset,
+    Perm,
+    PullMax,
+    QueryMax,
+    QueueCount,
+    QueueId,
+    SysFlag,
+    TopicName,
+    TransactionAction,
+    WaitMs,
+    coded,
+)
 from .trace_routes import trace_router
 
 __all__ = [
@@ -53,6 +78,7 @@ __all__ = [
     "SendMessageBody",
     "BatchMessageBody",
     "BatchSendBody",
+    "BATCH_SEND_OPENAPI",
     "HeartbeatBody",
     "UnregisterClientBody",
     "TopicBody",
@@ -67,16 +93,14 @@ log = logging.getLogger("sparkmq.broker")
 
 #: A batch larger than this is decoded and stored in the threadpool, not on the event loop.
 _INLINE_BATCH_BYTES = 256 * 1024
-#: The longest a ``/consumers/{group}/changes`` poll may be held.
-_MAX_CHANGE_WAIT_MS = 300_000
 
 T = TypeVar("T")
 
 
 # -- request bodies ---------------------------------------------------------------------
 # Strict: a JSON "5" is not a queue id, and unknown fields are typos, not extensions.
-# Names and ranges are checked once, by the Broker, so HTTP and in-process callers get the
-# same codes; the models only check the shape.
+# Names and ranges are checked by the Broker for every protocol; the models declare the same limits
+# (api/params.py) so the OpenAPI schema states them, and a broken one answers the Broker's code.
 
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
@@ -90,35 +114,39 @@ _Lenient = Annotated[E, Field(strict=False)]
 class BatchMessageBody(_Strict):
     """One message of a JSON batch send."""
 
-    body: str = Field(description="the body as text in body_encoding")
+    # Not empty: declared here, enforced by the send processor (MESSAGE_ILLEGAL naming the message of a batch).
+    body: str = Field(description="the body as text in body_encoding (not empty)", json_schema_extra={"minLength": 1})
     body_encoding: Literal["utf8", "base64"] = "utf8"
     tags: str | None = None
     keys: list[str] | None = None
     properties: dict[str, str] | None = None
-    msg_id: str | None = Field(default=None, description="the producer's unique id (UNIQ_KEY); null = made here")
+    msg_id: MsgId | None = Field(default=None, description="the producer's unique id (UNIQ_KEY); null = made here")
 
 
 class SendMessageBody(BatchMessageBody):
     """``POST /topics/{topic}/messages``: one message and how to route it (and, optionally, when)."""
 
-    queue_id: int | None = Field(default=None, description="a write queue; null = hash of sharding_key or round-robin")
-    sharding_key: str | None = None
+    queue_id: QueueId | None = Field(default=None,
+                                     description="a write queue; null = hash of sharding_key or round-robin")
+    sharding_key: NonEmpty | None = None
     compressed: bool = Field(default=False, description="the body is zlib-compressed by the producer")
-    producer_group: str | None = None
-    born_timestamp: int | None = Field(default=None, description="epoch ms; null = now")
+    producer_group: GroupName | None = None
+    born_timestamp: EpochMs | None = Field(default=None, description="epoch ms; null = now")
     born_host: str | None = Field(default=None, description="ip:port; null = the HTTP peer")
-    delay_level: int | None = Field(default=None, description="1..levels: park until the level's delay passed")
-    deliver_at_ms: int | None = Field(default=None, description="timer message: deliver at this epoch ms")
-    delay_ms: int | None = Field(default=None, description="timer message: deliver after this many ms")
+    delay_level: DelayLevel | None = Field(default=None, description="1..levels: park until the level's delay passed")
+    deliver_at_ms: EpochMs | None = Field(default=None, description="timer message: deliver at this epoch ms")
+    delay_ms: DelayMs | None = Field(default=None, description="timer message: deliver after this many ms")
 
 
 class SendBackBody(_Strict):
     """``POST /consumers/{group}/send-back``: a message the group failed to consume."""
 
     offset_msg_id: str
-    delay_level: int = Field(default=0, description="0 = level 3 + reconsume count, > 0 = that level, -1 = DLQ now")
+    delay_level: Annotated[int, Field(ge=-1, le=2**31 - 1), coded(ErrorCode.INVALID_ARGUMENT, "delay_level >= -1")] \
+        = Field(default=0, description="0 = level 3 + reconsume count, > 0 = that level, -1 = DLQ now")
     reason: str = ""
-    max_reconsume_times: int = 16
+    max_reconsume_times: Annotated[int, Field(ge=0, le=10_000),
+                                   coded(ErrorCode.INVALID_ARGUMENT, "max_reconsume_times is in 0..10000")] = 16
 
 
 class RedriveBody(_Strict):
@@ -126,36 +154,39 @@ class RedriveBody(_Strict):
 
     msg_ids: list[str] = Field(default_factory=list)
     all: bool = False
-    topic: str | None = None
+    topic: TopicName | None = None
     tags: str | None = None
 
 
 class EndTransactionBody(_Strict):
     """``POST /transactions/{transaction_id}``."""
 
-    producer_group: str
-    action: str = Field(description="COMMIT, ROLLBACK or UNKNOWN")
+    producer_group: GroupName
+    action: TransactionAction
     from_check: bool = False
 
 
 class ResetOffsetsBody(_Strict):
     """``POST /consumers/{group}/offsets/reset``: by ``timestamp`` or to exact ``offsets`` ({queue id: offset})."""
 
-    topic: str
-    timestamp: int | None = None
-    offsets: dict[str, int] | None = None
+    topic: TopicName
+    timestamp: EpochMs | None = None
+    offsets: dict[Annotated[str, StringConstraints(pattern="^[0-9]{1,4}$"),
+                            coded(ErrorCode.QUEUE_ID_ILLEGAL, "offsets keys are queue ids")],
+                  Offset] | None = Field(default=None, json_schema_extra={"additionalProperties": False})
 
 
 class BatchSendBody(_Strict):
     """``POST /topics/{topic}/batch`` as JSON."""
 
-    messages: list[BatchMessageBody]
+    messages: Annotated[list[BatchMessageBody], Field(min_length=1),
+                        coded(ErrorCode.MESSAGE_ILLEGAL, "the batch is empty")]
 
 
 class SubscriptionBody(_Strict):
     """One subscription of a consumer."""
 
-    topic: str
+    topic: TopicName
     expression: str = "*"
     type: _Lenient[ExpressionType] = ExpressionType.TAG
 
@@ -163,7 +194,7 @@ class SubscriptionBody(_Strict):
 class ConsumerBody(_Strict):
     """One consumer group of a heartbeat."""
 
-    group: str
+    group: GroupName
     consume_type: _Lenient[ConsumeType] = ConsumeType.PUSH
     message_model: _Lenient[MessageModel] = MessageModel.CLUSTERING
     consume_from_where: _Lenient[ConsumeFromWhere] = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
@@ -173,36 +204,36 @@ class ConsumerBody(_Strict):
 class HeartbeatBody(_Strict):
     """``POST /clients/heartbeat``."""
 
-    client_id: str
-    producer_groups: list[str] = Field(default_factory=list)
+    client_id: ClientId
+    producer_groups: list[GroupName] = Field(default_factory=list)
     consumers: list[ConsumerBody] = Field(default_factory=list)
 
 
 class UnregisterClientBody(_Strict):
     """``POST /clients/unregister``."""
 
-    client_id: str
-    producer_groups: list[str] = Field(default_factory=list)
-    consumer_groups: list[str] = Field(default_factory=list)
+    client_id: ClientId
+    producer_groups: list[GroupName] = Field(default_factory=list)
+    consumer_groups: list[GroupName] = Field(default_factory=list)
 
 
 class TopicBody(_Strict):
     """``POST /topics``: create or update a topic."""
 
-    topic: str
-    read_queue_nums: int = 16
-    write_queue_nums: int = 16
-    perm: int = Field(default=6, description="READ=4 | WRITE=2 | INHERIT=1 (6 = read+write)")
+    topic: TopicName
+    read_queue_nums: QueueCount = 16
+    write_queue_nums: QueueCount = 16
+    perm: Perm = Field(default=6, description="READ=4 | WRITE=2 | INHERIT=1 (6 = read+write)")
     order: bool = False
-    topic_sys_flag: int = 0
+    topic_sys_flag: SysFlag = 0
 
 
 class OffsetEntry(_Strict):
     """One committed offset."""
 
-    topic: str
-    queue_id: int
-    offset: int
+    topic: TopicName
+    queue_id: QueueId
+    offset: Offset
 
 
 class CommitOffsetsBody(_Strict):
@@ -214,15 +245,15 @@ class CommitOffsetsBody(_Strict):
 class QueueBody(_Strict):
     """One (topic, queue)."""
 
-    topic: str
-    queue_id: int
+    topic: TopicName
+    queue_id: QueueId
 
 
 class LockBody(_Strict):
     """``POST /locks/lock`` and ``/locks/unlock``."""
 
-    group: str
-    client_id: str
+    group: GroupName
+    client_id: ClientId
     queues: list[QueueBody]
 
 
@@ -298,13 +329,32 @@ def _dledger(broker: BrokerDep) -> DLedgerMember:
 
 
 DLedgerDep = Annotated[DLedgerMember, Depends(_dledger)]
-TopicPath = Annotated[str, Path(description="topic name (percent-encode % and |)")]
+TopicPath = Annotated[TopicName, Path(description="topic name (percent-encode % and |)")]
+GroupPath = Annotated[GroupName, Path(description="consumer group name (percent-encode % and |)")]
+QueuePath = Annotated[QueueId, Path(description="a queue of the topic (0-based)")]
 
-_ARROW_BATCH_DOC = {
+def _inline_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """``model``'s JSON schema with its ``$defs`` put in place: a request body declared by hand (the batch
+    route parses its body itself) cannot point into the app's components, which hold only FastAPI's models."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return inline(defs[ref.removeprefix("#/$defs/")])
+            return {k: inline(v) for k, v in node.items()}
+        return [inline(v) for v in node] if isinstance(node, list) else node
+    return inline(schema)
+
+
+#: The request body of ``POST /topics/{topic}/batch`` (the broker's and the gateway's), for the OpenAPI schema.
+BATCH_SEND_OPENAPI = {
     "requestBody": {
         "required": True,
         "content": {
-            "application/json": {"schema": {"$ref": "#/components/schemas/BatchSendBody"}},
+            "application/json": {"schema": _inline_schema(BatchSendBody)},
             wire.ARROW_STREAM: {"schema": {"type": "string", "format": "binary",
                                            "description": "Arrow IPC stream of SEND_SCHEMA "
                                                           "(body binary, tags, keys, properties map)"}},
@@ -355,12 +405,13 @@ async def send_half(topic: TopicPath, body: SendMessageBody, request: Request, b
     return JSONResponse(await _maybe_threaded(not broker.send_processor.send_may_block, send))
 
 
-@send_router.post("/topics/{topic}/batch", openapi_extra=_ARROW_BATCH_DOC)
+@send_router.post("/topics/{topic}/batch", openapi_extra=BATCH_SEND_OPENAPI)
 async def send_batch(topic: TopicPath, request: Request, broker: BrokerDep,
-                     queue_id: Annotated[int | None, Query(description="a write queue; else hash/round-robin")] = None,
-                     sharding_key: str | None = None, producer_group: str | None = None,
-                     compressed: bool = False, delay_level: int | None = None, deliver_at_ms: int | None = None,
-                     delay_ms: int | None = None) -> JSONResponse:
+                     queue_id: Annotated[QueueId | None, Query(description="a write queue; else hash/round-robin")
+                                         ] = None,
+                     sharding_key: NonEmpty | None = None, producer_group: GroupName | None = None,
+                     compressed: bool = False, delay_level: DelayLevel | None = None,
+                     deliver_at_ms: EpochMs | None = None, delay_ms: DelayMs | None = None) -> JSONResponse:
     """Store many messages in one queue (consecutive offsets), JSON or Arrow; one bad message rejects all."""
     limit = broker.config.max_request_bytes
     declared = request.headers.get("content-length")
@@ -393,17 +444,20 @@ async def send_batch(topic: TopicPath, request: Request, broker: BrokerDep,
 @pull_router.get("/topics/{topic}/queues/{queue_id}/messages",
                  responses={200: {"content": {wire.ARROW_STREAM: {}},
                                   "description": "JSON, or Arrow (PULL_SCHEMA) with X-Pull-* headers"}})
-async def pull_messages(topic: TopicPath, queue_id: int, request: Request, broker: BrokerDep,
-                        offset: int = 0,
-                        max_count: Annotated[int, Query(alias="max", description=f"1..{MAX_PULL_BATCH}")] = 32,
+async def pull_messages(topic: TopicPath, queue_id: QueuePath, request: Request, broker: BrokerDep,
+                        offset: Offset = 0,
+                        max_count: Annotated[PullMax, Query(alias="max")] = 32,
                         tags: Annotated[str | None, Query(description="'*' or 'A || B'")] = None,
-                        wait_ms: Annotated[int, Query(description="long polling, capped by the broker")] = 0,
-                        group: str | None = None, commit_offset: int | None = None,
-                        client_id: str | None = None,
-                        filter_type: Annotated[str, Query(description="TAG (tags) or SQL92 (expression)")] = "TAG",
+                        wait_ms: Annotated[WaitMs, Query(description="long polling: held up to this, capped by "
+                                                                    "the broker's long_polling_max_ms")] = 0,
+                        group: GroupName | None = None, commit_offset: Offset | None = None,
+                        client_id: ClientId | None = None,
+                        filter_type: Annotated[FilterType, Query(description="TAG (tags) or SQL92 (expression)")
+                                               ] = "TAG",
                         expression: Annotated[str | None, Query(description="SQL92 over properties")] = None,
-                        form: Annotated[str, Query(description="Arrow answers without a filter or group: rows "
-                                                               "(PULL_SCHEMA) or records (stored records)")] = "rows",
+                        form: Annotated[Literal["rows", "records"],
+                                        Query(description="Arrow answers without a filter or group: rows "
+                                                          "(PULL_SCHEMA) or records (stored records)")] = "rows",
                         ) -> Response:
     """Read messages of one queue from ``offset``; long-polls up to ``wait_ms`` when nothing new matches."""
     if form not in ("rows", "records"):
@@ -434,8 +488,8 @@ async def pull_messages(topic: TopicPath, queue_id: int, request: Request, broke
 
 
 @pull_router.get("/topics/{topic}/queues/{queue_id}/offsets")
-async def queue_offsets(topic: TopicPath, queue_id: int, broker: BrokerDep,
-                        timestamp: Annotated[int | None, Query(description="epoch ms")] = None) -> dict[str, int]:
+async def queue_offsets(topic: TopicPath, queue_id: QueuePath, broker: BrokerDep,
+                        timestamp: Annotated[EpochMs | None, Query(description="epoch ms")] = None) -> dict[str, int]:
     """The queue's min and max offsets, and the first offset stored at or after ``timestamp``."""
     return broker.pull_processor.queue_offsets(topic, queue_id, timestamp)
 
@@ -496,15 +550,16 @@ async def consumer_groups(broker: BrokerDep) -> dict[str, list[str]]:
 
 
 @clients_router.get("/consumers/{group}")
-async def consumer_group(group: str, broker: BrokerDep) -> dict[str, Any]:
+async def consumer_group(group: GroupPath, broker: BrokerDep) -> dict[str, Any]:
     """A group's version, members and settings (version 0 and no members when nobody joined)."""
     return broker.consumer_processor.group_info(group).to_dict()
 
 
 @clients_router.get("/consumers/{group}/changes")
-async def consumer_group_changes(group: str, broker: BrokerDep,
-                                 version: Annotated[int, Query(ge=0, description="the version the caller knows")] = 0,
-                                 wait_ms: Annotated[int, Query(ge=0, le=_MAX_CHANGE_WAIT_MS)] = 20_000,
+async def consumer_group_changes(group: GroupPath, broker: BrokerDep,
+                                 version: Annotated[NonNegative, Query(description="the version the caller knows")
+                                                    ] = 0,
+                                 wait_ms: WaitMs = 20_000,
                                  ) -> dict[str, Any]:
     """Long poll: answers when the group's membership version differs from ``version``, or at ``wait_ms``."""
     current, members = await broker.consumer_processor.wait_group_change(group, version, wait_ms)
@@ -512,27 +567,27 @@ async def consumer_group_changes(group: str, broker: BrokerDep,
 
 
 @offsets_router.post("/consumers/{group}/offsets")
-async def commit_offsets(group: str, body: CommitOffsetsBody, broker: BrokerDep) -> dict[str, int]:
+async def commit_offsets(group: GroupPath, body: CommitOffsetsBody, broker: BrokerDep) -> dict[str, int]:
     """Commit offsets of a group, all or nothing."""
     entries = [(e.topic, e.queue_id, e.offset) for e in body.offsets]
     return {"committed": broker.consumer_processor.commit_offsets(group, entries)}
 
 
 @offsets_router.get("/consumers/{group}/offsets")
-async def query_offsets(group: str, broker: BrokerDep, topic: str | None = None) -> dict[str, Any]:
+async def query_offsets(group: GroupPath, broker: BrokerDep, topic: TopicName | None = None) -> dict[str, Any]:
     """The group's committed offsets: ``{topic: {queue_id: offset}}``."""
     offsets = broker.consumer_processor.query_offsets(group, topic)
     return {"group": group, "offsets": {t: {str(q): o for q, o in qs.items()} for t, qs in offsets.items()}}
 
 
 @offsets_router.get("/consumers/{group}/offsets/{topic}/{queue_id}")
-async def query_offset(group: str, topic: TopicPath, queue_id: int, broker: BrokerDep) -> dict[str, int]:
+async def query_offset(group: GroupPath, topic: TopicPath, queue_id: QueuePath, broker: BrokerDep) -> dict[str, int]:
     """One committed offset (-1 when never committed)."""
     return {"offset": broker.consumer_processor.query_offset(group, topic, queue_id)}
 
 
 @offsets_router.get("/consumers/{group}/lag")
-def consumer_lag(group: str, broker: BrokerDep, topic: str | None = None) -> dict[str, Any]:
+def consumer_lag(group: GroupPath, broker: BrokerDep, topic: TopicName | None = None) -> dict[str, Any]:
     """Per read queue: the broker's max offset, the group's offset and the difference."""
     return broker.consumer_processor.lag(group, topic)
 
@@ -557,35 +612,35 @@ features_router = APIRouter(tags=["features"])
 
 
 @features_router.delete("/timers/{msg_id}")
-def recall_timer(msg_id: str, broker: BrokerDep) -> dict[str, Any]:
+def recall_timer(msg_id: Annotated[MsgId, Path()], broker: BrokerDep) -> dict[str, Any]:
     """Recall a pending timer message; ``recalled`` is false when it fired, was recalled or is unknown."""
     return {"msg_id": msg_id, "recalled": broker.send_processor.recall_timer(msg_id)}
 
 
 @features_router.post("/consumers/{group}/send-back")
-def send_back(group: str, body: SendBackBody, broker: BrokerDep) -> dict[str, Any]:
+def send_back(group: GroupPath, body: SendBackBody, broker: BrokerDep) -> dict[str, Any]:
     """A failed message: retry through ``%RETRY%<group>`` or, past the max reconsume times, dead-letter it."""
     return broker.send_processor.send_back(group, body.offset_msg_id, delay_level=body.delay_level, reason=body.reason,
                             max_reconsume_times=body.max_reconsume_times)
 
 
 @features_router.get("/dlq/{group}")
-def dlq_messages(group: str, broker: BrokerDep, offset: int = 0,
-                 max_count: Annotated[int, Query(alias="max", description=f"1..{MAX_PULL_BATCH}")] = 32,
+def dlq_messages(group: GroupPath, broker: BrokerDep, offset: Offset = 0,
+                 max_count: Annotated[DlqMax, Query(alias="max")] = 32,
                  ) -> JSONResponse:
     """The group's dead letters from ``offset`` (as in a pull) plus ``next_offset``."""
     return JSONResponse(_pull_json(broker.admin_processor.dlq_messages(group, offset, max_count), broker.name))
 
 
 @features_router.post("/dlq/{group}/redrive")
-def redrive(group: str, body: RedriveBody, broker: BrokerDep) -> dict[str, Any]:
+def redrive(group: GroupPath, body: RedriveBody, broker: BrokerDep) -> dict[str, Any]:
     """Send DLQ messages back to their original topics (one by id, or all matching); the DLQ keeps its copies."""
     return broker.admin_processor.redrive(group, body.msg_ids, all_messages=body.all, topic=body.topic, tags=body.tags)
 
 
 @features_router.get("/transactions/checks")
-async def transaction_checks(broker: BrokerDep, producer_group: str, client_id: str | None = None,
-                             wait_ms: Annotated[int, Query(ge=0, le=_MAX_CHANGE_WAIT_MS)] = 0) -> dict[str, Any]:
+async def transaction_checks(broker: BrokerDep, producer_group: GroupName, client_id: ClientId | None = None,
+                             wait_ms: WaitMs = 0) -> dict[str, Any]:
     """Long poll: check-backs due for the producer group (each to one poller), or [] at ``wait_ms``."""
     checks = await broker.transaction_processor.poll_checks(producer_group, client_id, wait_ms)
     for check in checks:
@@ -601,7 +656,7 @@ def end_transaction(transaction_id: str, body: EndTransactionBody, broker: Broke
 
 
 @features_router.post("/consumers/{group}/offsets/reset")
-def reset_offsets(group: str, body: ResetOffsetsBody, broker: BrokerDep) -> dict[str, Any]:
+def reset_offsets(group: GroupPath, body: ResetOffsetsBody, broker: BrokerDep) -> dict[str, Any]:
     """Move a group's offsets on a topic by timestamp or to exact offsets; its version moves so consumers re-read."""
     offsets = None
     if body.offsets is not None:
@@ -620,10 +675,11 @@ def message_by_id(offset_msg_id: str, broker: BrokerDep) -> JSONResponse:
 
 
 @broker_router.get("/query/messages", tags=["pull"])
-def query_messages(broker: BrokerDep, msg_id: str | None = None, topic: str | None = None, key: str | None = None,
-                   begin: Annotated[int | None, Query(description="store time from, epoch ms")] = None,
-                   end: Annotated[int | None, Query(description="store time until (exclusive), epoch ms")] = None,
-                   max_hits: Annotated[int, Query(alias="max")] = 32) -> dict[str, Any]:
+def query_messages(broker: BrokerDep, msg_id: str | None = None, topic: TopicName | None = None,
+                   key: str | None = None,
+                   begin: Annotated[EpochMs | None, Query(description="store time from, epoch ms")] = None,
+                   end: Annotated[EpochMs | None, Query(description="store time until (exclusive), epoch ms")] = None,
+                   max_hits: Annotated[QueryMax, Query(alias="max")] = 32) -> dict[str, Any]:
     """Messages found through the lake's index (``message_keys``): by msg_id, by topic + key, or by
     topic + store-time range; newest first, at most ``max`` (64).  Findable once dispatched (seconds)."""
     found = broker.query_processor.query_messages(topic=topic, key=key, msg_id=msg_id, begin_ms=begin, end_ms=end,
@@ -713,13 +769,17 @@ def create_app(broker: Broker) -> FastAPI:
         >>> "/topics/{topic}/messages" in app.openapi()["paths"]
         True
     """
-    app = FastAPI(title="sparkmq broker", version="0.1.0",
+    # With ACL on, every route is authenticated and authorized before it runs (api/acl.py, docs/security.md).
+    app = FastAPI(title="sparkmq broker", version="0.1.0", docs_url=None, redoc_url=None,
                   description="Send, pull, topics, consumer groups, offsets, queue locks, metrics "
-                              "(docs/http-api.md).")
+                              "(docs/http-api.md).", dependencies=[Depends(http_access)])
     app.state.broker = broker
+    app.state.guard = broker_guard(broker)
     for router in (send_router, pull_router, topics_router, clients_router, features_router, offsets_router,
                    locks_router, broker_router):
         app.include_router(router)
     app.include_router(trace_router)
+    app.include_router(acl_router)
+    install_docs(app)
     install_error_handlers(app, log)
     return app

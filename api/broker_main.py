@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import sys
@@ -30,7 +31,7 @@ from ..platform.broker.broker import Broker
 from ..platform.broker.config import DEFAULT_PORT, BrokerConfig
 from .broker_app import create_app
 from .broker_remoting import BrokerRemoting
-from .serving import Server, bind_socket, run_service
+from .serving import Server, bind_socket, http_options, run_service
 
 if TYPE_CHECKING:
     from .grpc import GrpcServer
@@ -43,8 +44,8 @@ log = logging.getLogger("sparkmq.broker")
 _GRACEFUL_S = 10.0
 
 
-def _announce(host: str, port: int) -> None:
-    print(f"broker listening on http://{host}:{port}", flush=True)
+def _announce(host: str, port: int, scheme: str = "http") -> None:
+    print(f"broker listening on {scheme}://{host}:{port}", flush=True)
 
 
 def _announce_remoting(addr: str) -> None:
@@ -114,7 +115,10 @@ class BrokerService:
         sends waiting for a sync, a slave or a Raft commit resolve on it without a thread)."""
         remoting_port = self.config.remoting_bind_port
         if remoting_port is not None:
-            self.remoting = await BrokerRemoting(self.broker).start(self.config.host, remoting_port)
+            remoting = BrokerRemoting(self.broker)
+            remoting.server.tls = self.config.tls
+            remoting.server.limits = self.config.limits
+            self.remoting = await remoting.start(self.config.host, remoting_port)
             self.broker.remoting_addr = self.config.remoting_addr_for(self.remoting.port)
         grpc_port = self.config.grpc_bind_port
         if grpc_port is not None:
@@ -126,7 +130,7 @@ class BrokerService:
         ha_port = self.config.ha_bind_port
         master = self.broker.replication_master
         if master is not None and ha_port is not None:
-            await master.start(self.config.host, ha_port)
+            await master.start(self.config.host, ha_port, tls=self.config.tls)
             self.broker.ha_addr = self.config.remoting_addr_for(master.port)
 
     async def serve(self, log_level: str = "warning", on_ready: Callable[[str, int], None] = _announce,
@@ -138,6 +142,8 @@ class BrokerService:
         ``on_ready(host, port)`` is called once connections are accepted.  With
         ``handle_signals`` SIGTERM/SIGINT stop it; otherwise only :meth:`request_stop` does.
         """
+        if on_ready is _announce and self.config.tls.enabled:
+            on_ready = functools.partial(_announce, scheme="https")  # the ready line names the real scheme
         try:
             await asyncio.to_thread(self.broker.start, False)
         except BaseException:
@@ -159,7 +165,8 @@ class BrokerService:
         # otherwise stalls the serving loop for milliseconds at every full collection.
         gc.freeze()
         config = uvicorn.Config(self.app, log_level=log_level, lifespan="off", access_log=False,
-                                timeout_graceful_shutdown=_GRACEFUL_S)
+                                timeout_graceful_shutdown=_GRACEFUL_S,
+                                **http_options(self.config.tls, self.config.limits))
         server = self.server = Server(config, handle_signals)
         if self._stop_requested:
             server.should_exit = True
@@ -275,6 +282,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="record no trace events (RMQ_SYS_TRACE_TOPIC stays empty); default: on")
     add("--lake", dest="lake_enabled", action=argparse.BooleanOptionalAction, default=None,
         help="run the lake (SparkSession + dispatch job into data_dir/lake); default: the [lake] table, else off")
+    add("--tls-cert-file", help="PEM certificate chain: every port serves TLS (docs/security-tls.md)")
+    add("--tls-key-file", help="PEM private key of --tls-cert-file")
+    add("--tls-ca-file", help="PEM CAs trusted for name servers, the master and DLedger peers (default: the system's)")
+    add("--tls-required", action="store_const", const=True,
+        help="refuse plaintext on every port (default: the binary ports also take plaintext)")
     add("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     args = vars(parser.parse_args(argv))
     log_level = args.pop("log_level")

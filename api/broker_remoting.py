@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 import anyio.to_thread
 import msgspec
 
+from ..platform.auth import Action, Need, Resource
+from ..platform.auth.signing import REMOTING_MARKER, split_remoting
 from ..platform.broker.broker import Broker
 from ..platform.broker.client_manager import ConsumerData, Subscription
 from ..platform.broker.processors import OutgoingMessage
@@ -30,6 +32,7 @@ from ..platform.common.message import SendStatus
 from ..platform.common.protocol import RequestCode
 from ..platform.remoting import Deferred, Frame, RemotingServer, Reply, ServerConnection, unsupported_reply
 from ..platform.store.message_store import unpack_batch
+from .acl import broker_guard
 
 __all__ = ["BrokerRemoting"]
 
@@ -50,7 +53,7 @@ def decode_header(frame: Frame, kind: type[H]) -> H:
         decoder = _decoders[kind] = msgspec.msgpack.Decoder(kind)
     try:
         return decoder.decode(frame.header)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError) as exc:  # msgspec: bad UTF-8 -> the last
         raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"bad {kind.__name__} header: {exc}") from None
 
 
@@ -84,6 +87,7 @@ class BrokerRemoting:
         #: client id -> the connection its last heartbeat came on (where its notices go).
         self._bound: dict[str, ServerConnection] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._guard = broker_guard(broker)
         self._handlers: dict[int, Handler] = {
             RequestCode.SEND_MESSAGE: self._send,
             RequestCode.SEND_BATCH: self._send_batch,
@@ -124,11 +128,29 @@ class BrokerRemoting:
 
     # -- dispatch -------------------------------------------------------------------------
     def handle(self, conn: ServerConnection, frame: Frame) -> Reply | Awaitable[Reply] | Deferred | None:
-        """Route one request to its handler (REQUEST_CODE_NOT_SUPPORTED for an unknown code)."""
+        """Route one request to its handler (REQUEST_CODE_NOT_SUPPORTED for an unknown code); with ACL on,
+        only once its signature and the ACL allow it (AUTHENTICATION_FAILED / NO_PERMISSION otherwise)."""
         handler = self._handlers.get(frame.code)
         if handler is None:
             return unsupported_reply(frame)
+        if self._guard.enabled:
+            self._authorize(conn, frame)
+        elif len(frame.header) and frame.header[0] == REMOTING_MARKER:  # signed, but ACL is off: just strip it
+            try:
+                frame.header = split_remoting(frame.code, frame.header, frame.body)[1]
+            except SparkMQError as exc:
+                raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"bad header: {exc.message}") from None
         return handler(conn, frame)
+
+    def _authorize(self, conn: ServerConnection, frame: Frame) -> None:
+        """Verify the frame's credential block, strip it from the header, and check what the request needs."""
+        guard = self._guard
+        principal, frame.header = guard.authenticate_remoting(frame.code, frame.header, frame.body, conn.peer)
+        if principal.super_user:
+            return
+        needs_of = _REMOTING_NEEDS.get(frame.code)
+        if needs_of is not None:  # None: any signed user (POST_TRACE)
+            guard.authorize(principal, needs_of(frame), conn.peer, f"remoting {RequestCode(frame.code).name}")
 
     # -- sends ----------------------------------------------------------------------------
     def _send(self, conn: ServerConnection, frame: Frame) -> Reply | Deferred | Awaitable[Reply]:
@@ -367,6 +389,65 @@ class BrokerRemoting:
         for check in self.broker.checks.take(producer_group):
             conns[hash(check.transaction_id) % len(conns)].push(RequestCode.CHECK_TRANSACTION_STATE,
                                                                 _encode(_check_notice(check)))
+
+
+# -- what each request code needs with ACL on (docs/security.md) ------------------------------------------
+def _sub_topic(topic: str) -> Need:
+    return (Action.SUB, Resource.topic(topic))
+
+
+def _sub_group(group: str) -> Need:
+    return (Action.SUB, Resource.group(group))
+
+
+def _pub_needs(frame: Frame, kind: type[p.SendRequest] | type[p.SendBatchRequest]) -> list[Need]:
+    return [(Action.PUB, Resource.topic(decode_header(frame, kind).topic))]
+
+
+def _pull_needs(frame: Frame) -> list[Need]:
+    req = decode_header(frame, p.PullRequest)
+    return [_sub_topic(req.topic)] + ([_sub_group(req.group)] if req.group else [])
+
+
+def _heartbeat_needs(frame: Frame) -> list[Need]:
+    req = decode_header(frame, p.HeartbeatRequest)
+    return [n for c in req.consumers for n in [_sub_group(c.group)] + [_sub_topic(s.topic) for s in c.subscriptions]]
+
+
+def _commit_needs(frame: Frame) -> list[Need]:
+    req = decode_header(frame, p.CommitOffsetsRequest)
+    return [_sub_group(req.group)] + [_sub_topic(e.topic) for e in req.offsets]
+
+
+def _lock_needs(frame: Frame) -> list[Need]:
+    req = decode_header(frame, p.LockRequest)
+    return [_sub_group(req.group)] + [_sub_topic(q.topic) for q in req.queues]
+
+
+def _query_offset_needs(frame: Frame) -> list[Need]:
+    req = decode_header(frame, p.QueryOffsetRequest)
+    return [_sub_group(req.group), _sub_topic(req.topic)]
+
+
+#: Request code -> the (action, resource) pairs it needs; a code absent here (POST_TRACE) needs a signed user.
+_REMOTING_NEEDS: dict[int, Callable[[Frame], list[Need]]] = {
+    RequestCode.SEND_MESSAGE: lambda f: _pub_needs(f, p.SendRequest),
+    RequestCode.SEND_HALF: lambda f: _pub_needs(f, p.SendRequest),
+    RequestCode.SEND_BATCH: lambda f: _pub_needs(f, p.SendBatchRequest),
+    RequestCode.END_TRANSACTION: lambda f: [(Action.PUB, Resource.group(
+        decode_header(f, p.EndTransactionRequest).producer_group))],
+    RequestCode.PULL_MESSAGE: _pull_needs,
+    RequestCode.QUEUE_OFFSETS: lambda f: [_sub_topic(decode_header(f, p.QueueOffsetsRequest).topic)],
+    RequestCode.HEARTBEAT: _heartbeat_needs,
+    RequestCode.UNREGISTER_CLIENT: lambda f: [_sub_group(g) for g in
+                                              decode_header(f, p.UnregisterRequest).consumer_groups],
+    RequestCode.COMMIT_OFFSETS: _commit_needs,
+    RequestCode.QUERY_OFFSET: _query_offset_needs,
+    RequestCode.GROUP_INFO: lambda f: [_sub_group(decode_header(f, p.GroupInfoRequest).group)],
+    RequestCode.LOCK_QUEUES: _lock_needs,
+    RequestCode.UNLOCK_QUEUES: _lock_needs,
+    RequestCode.SEND_BACK: lambda f: [_sub_group(decode_header(f, p.SendBackRequest).group)],
+}
 
 
 def _check_notice(check: CheckRequest) -> p.TransactionCheckNotice:

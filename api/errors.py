@@ -2,23 +2,36 @@
 
 Every error is ``{"code": CODE, "message": ...}`` with the code's HTTP status
 (:class:`~sparkmq.platform.common.errors.ErrorCode`); a request whose shape is wrong
-(missing field, wrong type, malformed JSON) is ``INVALID_ARGUMENT``; anything
-unexpected is ``INTERNAL_ERROR`` (and logged).  Apps call :func:`install_error_handlers`.
+(missing field, wrong type, malformed JSON) is ``INVALID_ARGUMENT``, and a value that breaks a constraint
+declared in the schema answers the code its type names (``api/params.py``: TOPIC_ILLEGAL for a bad topic, ...);
+anything unexpected is ``INTERNAL_ERROR`` (and logged).  Apps call :func:`install_error_handlers`, which also
+documents these answers in the app's OpenAPI schema (an ``Error`` body on every operation's error statuses,
+in place of FastAPI's 422, which no sparkmq app answers).
 """
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
 
 from ..platform.common.errors import ErrorCode, SparkMQError
 
-__all__ = ["error_response", "validation_message", "invalid_argument", "install_error_handlers"]
+__all__ = ["ErrorBody", "error_response", "validation_code", "validation_message", "invalid_argument",
+           "install_error_handlers", "document_errors"]
+
+
+class ErrorBody(BaseModel):
+    """What every error answers."""
+
+    code: str
+    message: str
 
 
 def error_response(code: ErrorCode, message: str) -> JSONResponse:
@@ -43,9 +56,52 @@ def validation_message(errors: Iterable[Mapping[str, Any]]) -> str:
     return "; ".join(parts) or "invalid request"
 
 
+def validation_code(errors: Iterable[Mapping[str, Any]]) -> ErrorCode:
+    """The code of validation errors: the first one typed with a code's name (a constraint of
+    ``api/params.py``), else INVALID_ARGUMENT (a missing field, a wrong type, malformed JSON)."""
+    for err in errors:
+        code = ErrorCode.__members__.get(str(err.get("type")))
+        if code is not None:
+            return code
+    return ErrorCode.INVALID_ARGUMENT
+
+
 def invalid_argument(exc: ValidationError) -> SparkMQError:
-    """INVALID_ARGUMENT for a pydantic error raised while parsing a body by hand."""
-    return SparkMQError(ErrorCode.INVALID_ARGUMENT, validation_message(exc.errors()))
+    """The error (INVALID_ARGUMENT, or a constraint's code) for a pydantic error raised while parsing a body by hand."""
+    errors = exc.errors()
+    return SparkMQError(validation_code(errors), validation_message(errors))
+
+
+def document_errors(app: FastAPI) -> None:
+    """Declare in ``app``'s OpenAPI schema the error answers of every operation: each HTTP status an
+    :class:`ErrorCode` maps to, with the codes it carries and the ``Error`` body (FastAPI's 422 removed)."""
+    by_status: dict[int, list[str]] = {}
+    for code in ErrorCode:
+        by_status.setdefault(code.http_status, []).append(code.name)
+    answers = {str(status): {"description": "error: " + ", ".join(names),
+                             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+               for status, names in sorted(by_status.items())}
+    generate: Callable[[], dict[str, Any]] = app.openapi
+    done: list[dict[str, Any]] = []
+
+    def openapi() -> dict[str, Any]:
+        schema = generate()
+        if done and done[0] is schema:
+            return schema
+        for item in schema.get("paths", {}).values():
+            for operation in item.values():
+                responses = operation.setdefault("responses", {})
+                responses.pop("422", None)
+                for status, answer in answers.items():
+                    responses.setdefault(status, answer)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components["Error"] = ErrorBody.model_json_schema()
+        for unused in ("HTTPValidationError", "ValidationError"):
+            components.pop(unused, None)
+        done[:] = [schema]
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def install_error_handlers(app: FastAPI, log: logging.Logger) -> None:
@@ -57,7 +113,16 @@ def install_error_handlers(app: FastAPI, log: logging.Logger) -> None:
 
     async def request_validation_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        return error_response(ErrorCode.INVALID_ARGUMENT, validation_message(exc.errors()))
+        errors = exc.errors()
+        return error_response(validation_code(errors), validation_message(errors))
+
+    async def http_error(request: Request, exc: Exception) -> Any:
+        # FastAPI's own 400 (a body it cannot parse: not UTF-8, a broken form) is a shape error like any other;
+        # other statuses (an unknown path, a wrong method) keep FastAPI's answer.
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 400:
+            return error_response(ErrorCode.INVALID_ARGUMENT, str(exc.detail))
+        return await http_exception_handler(request, exc)
 
     async def unexpected_error(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error", exc_info=exc)
@@ -65,4 +130,6 @@ def install_error_handlers(app: FastAPI, log: logging.Logger) -> None:
 
     app.add_exception_handler(SparkMQError, sparkmq_error)
     app.add_exception_handler(RequestValidationError, request_validation_error)
+    app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(Exception, unexpected_error)
+    document_errors(app)

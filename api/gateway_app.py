@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 
@@ -25,8 +25,10 @@ from ..platform.client.producer import Producer, SendResult
 from ..platform.common import wire
 from ..platform.common.errors import ErrorCode, SparkMQError
 from ..platform.common.message import PROPERTY_UNIQUE_ID, Message
-from .broker_app import BatchSendBody, SendMessageBody, outgoing_from_arrow, outgoing_from_json
+from .broker_app import BATCH_SEND_OPENAPI, BatchSendBody, SendMessageBody, outgoing_from_arrow, outgoing_from_json
+from .console.docs import install_docs
 from .errors import install_error_handlers, invalid_argument
+from .params import NonEmpty, QueueId, TopicName
 
 __all__ = ["create_app", "GATEWAY_PRODUCER_GROUP"]
 
@@ -44,6 +46,7 @@ def _producer(request: Request) -> Producer:
 
 ProducerDep = Annotated[Producer, Depends(_producer)]
 router = APIRouter(tags=["send"])
+_TopicPath = Annotated[TopicName, Path(description="topic name (percent-encode % and |)")]
 
 
 def _message(topic: str, item: OutgoingMessage) -> Message:
@@ -66,7 +69,7 @@ def _no_queue_id(queue_id: int | None) -> None:
 
 
 @router.post("/topics/{topic}/messages")
-async def send_message(topic: str, body: SendMessageBody, producer: ProducerDep) -> dict[str, Any]:
+async def send_message(topic: _TopicPath, body: SendMessageBody, producer: ProducerDep) -> dict[str, Any]:
     """Send one message to some broker serving ``topic``; answers where it was stored."""
     _no_queue_id(body.queue_id)
     message = _message(topic, outgoing_from_json(body))
@@ -74,10 +77,10 @@ async def send_message(topic: str, body: SendMessageBody, producer: ProducerDep)
     return _result(result)
 
 
-@router.post("/topics/{topic}/batch")
-async def send_batch(topic: str, request: Request, producer: ProducerDep,
-                     queue_id: Annotated[int | None, Query(description="not allowed: the gateway picks")] = None,
-                     sharding_key: str | None = None) -> dict[str, Any]:
+@router.post("/topics/{topic}/batch", openapi_extra=BATCH_SEND_OPENAPI)
+async def send_batch(topic: _TopicPath, request: Request, producer: ProducerDep,
+                     queue_id: Annotated[QueueId | None, Query(description="not allowed: the gateway picks")] = None,
+                     sharding_key: NonEmpty | None = None) -> dict[str, Any]:
     """Send many messages of one topic to one queue of some broker (JSON or Arrow, as the broker accepts)."""
     _no_queue_id(queue_id)
     raw = await request.body()
@@ -101,7 +104,7 @@ async def send_batch(topic: str, request: Request, producer: ProducerDep,
 
 
 @router.get("/routes/{topic}", tags=["routes"])
-async def route(topic: str, producer: ProducerDep) -> dict[str, Any]:
+async def route(topic: _TopicPath, producer: ProducerDep) -> dict[str, Any]:
     """The write queues the gateway sends ``topic`` to (from the name servers)."""
     info = await run_in_threadpool(producer.route, topic)
     return {"topic": topic, "write_queues": [{"broker_name": q.broker_name, "queue_id": q.queue_id}
@@ -125,9 +128,10 @@ def create_app(producer: Producer) -> FastAPI:
         finally:
             await run_in_threadpool(producer.shutdown)
 
-    app = FastAPI(title="sparkmq gateway", version="0.1.0", lifespan=lifespan,
+    app = FastAPI(title="sparkmq gateway", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Sends routed over the name servers' routes; same requests as a broker's send API.")
     app.state.producer = producer
     app.include_router(router)
+    install_docs(app)
     install_error_handlers(app, log)
     return app

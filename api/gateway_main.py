@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 from ..platform.client.config import ClientConfig
 from ..platform.client.producer import Producer
+from ..platform.common.tls import TlsSettings
 from .gateway_app import GATEWAY_PRODUCER_GROUP, create_app
 from .serving import announcer, bind_socket, run_service, serve_app
 
@@ -23,11 +24,18 @@ _ANNOUNCE = announcer("gateway")
 
 async def serve(namesrv_addrs: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
                 group: str = GATEWAY_PRODUCER_GROUP, log_level: str = "warning",
-                on_ready: Callable[[str, int], None] = _ANNOUNCE, **client_settings: object) -> bool:
-    """Serve a gateway routing over ``namesrv_addrs`` until stopped; returns whether it started."""
+                on_ready: Callable[[str, int], None] = _ANNOUNCE, tls: TlsSettings | None = None,
+                **client_settings: object) -> bool:
+    """Serve a gateway routing over ``namesrv_addrs`` until stopped; returns whether it started.
+
+    ``tls``: serve HTTPS with its certificate, and reach the cluster over TLS when it connects (its CA)."""
+    if tls is not None and tls.connects:
+        client_settings = {"tls": True, "tls_ca_file": tls.ca_file, **client_settings}
+    if tls is not None and tls.enabled and on_ready is _ANNOUNCE:
+        on_ready = announcer("gateway", "https")  # the ready line names the real scheme
     config = ClientConfig(namesrv_addrs=namesrv_addrs, **client_settings)  # type: ignore[arg-type]
     app = create_app(Producer(group, config))
-    return await serve_app(app, bind_socket(host, port), on_ready, log_level=log_level)
+    return await serve_app(app, bind_socket(host, port), on_ready, log_level=log_level, tls=tls)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -38,12 +46,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port, 0 = any free one (default %(default)s)")
     parser.add_argument("--group", default=GATEWAY_PRODUCER_GROUP, help="producer group of the gateway's sends")
     parser.add_argument("--send-timeout-s", type=float, default=None, help="bound on one send with its retries")
+    parser.add_argument("--tls-cert-file", help="PEM certificate chain: serve HTTPS only (docs/security-tls.md)")
+    parser.add_argument("--tls-key-file", help="PEM private key of --tls-cert-file")
+    parser.add_argument("--tls-ca-file", help="PEM CAs trusted for the cluster's servers (default: the system's)")
+    parser.add_argument("--tls-connect", action=argparse.BooleanOptionalAction, default=None,
+                        help="reach name servers and brokers over TLS (default: when serving TLS)")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     args = parser.parse_args(argv)
     settings = {} if args.send_timeout_s is None else {"send_timeout_s": args.send_timeout_s}
     try:
+        tls = TlsSettings(args.tls_cert_file, args.tls_key_file, args.tls_ca_file, connect=args.tls_connect)
         started = run_service(serve(args.namesrv, args.host, args.port, group=args.group, log_level=args.log_level,
-                                    **settings))
+                                    tls=tls, **settings))
     except KeyboardInterrupt:
         return 0
     except ValueError as exc:

@@ -10,14 +10,16 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..platform.common.errors import ErrorCode, SparkMQError
 from ..platform.namesrv import NameServerConfig, RouteTable, TopicConfig
+from .console.docs import install_docs
 from .errors import install_error_handlers
+from .params import BrokerName, ClusterName, HostPort, NamesrvQueueCount, NonNegative, Perm, SysFlag, TopicName
 
 __all__ = ["create_app", "RegisterBrokerRequest", "UnregisterBrokerRequest", "TopicConfigBody"]
 
@@ -25,43 +27,49 @@ log = logging.getLogger("sparkmq.namesrv")
 
 
 # -- request bodies ---------------------------------------------------------------------
-# Strict: a JSON "5" or 5.0 is not a broker id. Ranges and names are checked once, by the
-# route table, so HTTP and in-process callers get the same codes and messages.
+# Strict: a JSON "5" or 5.0 is not a broker id. Ranges and names are checked by the route table for
+# every caller; the models declare the same limits (api/params.py) so the OpenAPI schema states them.
+
+#: An optional address: null or "" means none (brokers without that endpoint).
+_OptionalAddr = HostPort | Literal[""] | None
 
 class TopicConfigBody(BaseModel):
     """One topic's config as a broker announces it."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
-    read_queue_nums: int
-    write_queue_nums: int
-    perm: int = Field(description="READ=4 | WRITE=2 | INHERIT=1 (6 = read+write)")
-    topic_sys_flag: int = 0
+    read_queue_nums: NamesrvQueueCount
+    write_queue_nums: NamesrvQueueCount
+    perm: Perm = Field(description="READ=4 | WRITE=2 | INHERIT=1 (6 = read+write)")
+    topic_sys_flag: SysFlag = 0
 
 
 class RegisterBrokerRequest(BaseModel):
     """A broker's periodic registration (its heartbeat to this name server)."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
-    cluster: str
-    broker_name: str
-    broker_id: int = Field(description="0 = master, > 0 = slave")
-    broker_addr: str = Field(description="host:port clients connect to")
-    ha_addr: str | None = Field(default=None, description="host:port slaves replicate from")
-    remoting_addr: str | None = Field(default=None, description="host:port of the broker's binary remoting endpoint")
-    grpc_addr: str | None = Field(default=None, description="host:port of the broker's RocketMQ 5 gRPC endpoint")
-    data_version: int = Field(description="bumped by the broker whenever its topic configs change")
-    topic_configs: dict[str, TopicConfigBody] = Field(default_factory=dict)
-    epoch: int = Field(default=0, description="a DLedger member's term: an older epoch cannot displace a master")
+    cluster: ClusterName
+    broker_name: BrokerName
+    broker_id: NonNegative = Field(description="0 = master, > 0 = slave")
+    broker_addr: HostPort = Field(description="host:port clients connect to")
+    ha_addr: _OptionalAddr = Field(default=None, description="host:port slaves replicate from")
+    remoting_addr: _OptionalAddr = Field(default=None,
+                                         description="host:port of the broker's binary remoting endpoint")
+    grpc_addr: _OptionalAddr = Field(default=None, description="host:port of the broker's RocketMQ 5 gRPC endpoint")
+    data_version: NonNegative = Field(description="bumped by the broker whenever its topic configs change")
+    topic_configs: dict[TopicName, TopicConfigBody] = Field(default_factory=dict,
+                                                            json_schema_extra={"additionalProperties": False})
+    epoch: NonNegative = Field(default=0, description="a DLedger member's term: an older epoch cannot displace a "
+                                                      "master")
 
 
 class UnregisterBrokerRequest(BaseModel):
     """A broker leaving on shutdown."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
-    cluster: str
-    broker_name: str
-    broker_id: int
-    broker_addr: str
+    cluster: ClusterName
+    broker_name: BrokerName
+    broker_id: NonNegative
+    broker_addr: HostPort
 
 
 # -- dependencies -----------------------------------------------------------------------
@@ -99,7 +107,7 @@ async def unregister_broker(body: UnregisterBrokerRequest, table: RouteTableDep)
 
 
 @routes_router.get("/routes/{topic}", tags=["routes"])
-async def topic_route(topic: str, table: RouteTableDep) -> dict[str, Any]:
+async def topic_route(topic: Annotated[TopicName, Path()], table: RouteTableDep) -> dict[str, Any]:
     """The topic's route: queue data per broker name and those brokers' addresses (404 TOPIC_NOT_EXIST)."""
     route = table.topic_route(topic)
     if route is None:
@@ -114,8 +122,8 @@ async def topic_list(table: RouteTableDep) -> dict[str, list[str]]:
 
 
 @routes_router.delete("/topics/{topic}", tags=["topics"])
-async def delete_topic(topic: str, table: RouteTableDep,
-                       cluster: Annotated[str | None, Query(description="only this cluster's brokers")] = None,
+async def delete_topic(topic: Annotated[TopicName, Path()], table: RouteTableDep,
+                       cluster: Annotated[ClusterName | None, Query(description="only this cluster's brokers")] = None,
                        ) -> dict[str, Any]:
     """Forget a topic's routes (brokers re-add it when their data version changes); idempotent."""
     return {"topic": topic, "deleted": table.delete_topic(topic, cluster)}
@@ -166,11 +174,12 @@ def create_app(route_table: RouteTable, config: NameServerConfig) -> FastAPI:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    app = FastAPI(title="sparkmq name server", version="0.1.0", lifespan=lifespan,
+    app = FastAPI(title="sparkmq name server", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Broker registration and expiry, topic routes, cluster view.")
     app.state.route_table = route_table
     app.state.config = config
     app.include_router(brokers_router)
     app.include_router(routes_router)
+    install_docs(app)
     install_error_handlers(app, log)
     return app

@@ -18,6 +18,7 @@ __all__ = ["main", "serve"]
 
 
 _ANNOUNCE = announcer("namesrv")
+_ANNOUNCE_TLS = announcer("namesrv", "https")
 
 
 async def serve(config: NameServerConfig, log_level: str = "warning",
@@ -29,8 +30,10 @@ async def serve(config: NameServerConfig, log_level: str = "warning",
     stops it through the server ``server_ready`` hands over.
     """
     app = create_app(RouteTable(config), config)
+    if on_ready is _ANNOUNCE and config.tls.enabled:
+        on_ready = _ANNOUNCE_TLS  # the ready line names the real scheme
     return await serve_app(app, bind_socket(config.host, config.port), on_ready, handle_signals=handle_signals,
-                           log_level=log_level, server_ready=server_ready)
+                           log_level=log_level, server_ready=server_ready, tls=config.tls)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -42,11 +45,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="drop a broker silent this long (default %(default)s)")
     parser.add_argument("--scan-interval-s", type=float, default=DEFAULT_SCAN_INTERVAL_S,
                         help="look for silent brokers this often (default %(default)s)")
+    parser.add_argument("--tls-cert-file", help="PEM certificate chain: serve HTTPS only (docs/security-tls.md)")
+    parser.add_argument("--tls-key-file", help="PEM private key of --tls-cert-file")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     args = parser.parse_args(argv)
     try:
         config = NameServerConfig(host=args.host, port=args.port, broker_expiry_s=args.broker_expiry_s,
-                                  scan_interval_s=args.scan_interval_s)
+                                  scan_interval_s=args.scan_interval_s, tls_cert_file=args.tls_cert_file,
+                                  tls_key_file=args.tls_key_file)
     except ValueError as exc:
         parser.error(str(exc))
     try:

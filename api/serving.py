@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import socket
 import threading
@@ -20,9 +21,11 @@ from typing import Any, TypeVar
 import uvicorn
 from fastapi import FastAPI
 
+from ..platform.common.limits import ConnectionLimits, PerAddressCounter, RefusalLog
+from ..platform.common.tls import TlsSettings
 from ..platform.remoting import new_event_loop
 
-__all__ = ["Server", "bind_socket", "serve_app", "announcer", "run_service"]
+__all__ = ["Server", "bind_socket", "serve_app", "announcer", "run_service", "http_options"]
 
 T = TypeVar("T")
 
@@ -53,11 +56,83 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def announcer(kind: str) -> Callable[[str, int], None]:
+def announcer(kind: str, scheme: str = "http") -> Callable[[str, int], None]:
     """``on_ready`` that prints ``<kind> listening on http://HOST:PORT`` (what tests and scripts wait for)."""
     def announce(host: str, port: int) -> None:
-        print(f"{kind} listening on http://{host}:{port}", flush=True)
+        print(f"{kind} listening on {scheme}://{host}:{port}", flush=True)
     return announce
+
+
+def http_options(tls: TlsSettings | None, limits: ConnectionLimits | None = None) -> dict[str, Any]:
+    """``uvicorn.Config`` keywords every sparkmq HTTP port gets: TLS from ``tls`` (an HTTP port with a
+    certificate serves TLS only: uvicorn cannot tell TLS from plaintext on one port) and ``limits``
+    (connections per address, a deadline for each request's head, keep-alive and concurrency caps)."""
+    limits = limits or ConnectionLimits()
+    options: dict[str, Any] = {"http": guarded_http_protocol(limits), "timeout_keep_alive": limits.http_keep_alive_s,
+                               "limit_concurrency": limits.http_max_concurrency}
+    if tls is not None and tls.enabled:
+        options.update(ssl_certfile=str(tls.cert_file), ssl_keyfile=str(tls.key_file))
+    return options
+
+
+_http_log = logging.getLogger("sparkmq.http")
+
+
+def guarded_http_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol with what uvicorn lacks: at most ``limits.max_connections_per_ip``
+    connections per source address (more are closed at once, logged once a minute per address), and a
+    request head that has not arrived within ``limits.http_header_timeout_s`` closes the connection (uvicorn
+    has no header timeout: a client trickling header bytes would hold its connection for ever)."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: PLC0415  # uvicorn[standard]
+
+    per_ip = PerAddressCounter(limits.max_connections_per_ip)  # one per port: each serve builds its own class
+    refusals = RefusalLog(_http_log, "http")
+    head_timeout_s = limits.http_header_timeout_s
+
+    class GuardedHttpToolsProtocol(HttpToolsProtocol):
+        _ip: str | None = None
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            ip = self.client[0] if self.client else "?"
+            if not per_ip.admit(ip):
+                refusals.refused_one(ip, f"{per_ip[ip]} connections open (max_connections_per_ip)")
+                transport.abort()
+                return
+            self._ip = ip
+            self._arm_head_timer()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            if self._head_timer is None:  # the next request on a kept-alive connection: its head has a deadline
+                self._arm_head_timer()
+
+        def on_headers_complete(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+            super().on_headers_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+            if self._ip is not None:
+                per_ip.release(self._ip)
+                self._ip = None
+            super().connection_lost(exc)
+
+        def _arm_head_timer(self) -> None:
+            self._head_timer = self.loop.call_later(head_timeout_s, self._head_too_slow)
+
+        def _head_too_slow(self) -> None:
+            self._head_timer = None
+            if not self.transport.is_closing():
+                _http_log.debug("closing %s: no complete request head within %.1f s", self.client, head_timeout_s)
+                self.transport.close()
+
+    return GuardedHttpToolsProtocol
 
 
 class Server(uvicorn.Server):
@@ -87,13 +162,15 @@ class Server(uvicorn.Server):
 
 async def serve_app(app: FastAPI, sock: socket.socket, on_ready: Callable[[str, int], None], *,
                     handle_signals: bool = True, log_level: str = "warning", lifespan: str = "on",
-                    server_ready: Callable[[Server], None] | None = None) -> bool:
+                    server_ready: Callable[[Server], None] | None = None, tls: TlsSettings | None = None,
+                    limits: ConnectionLimits | None = None) -> bool:
     """Serve ``app`` on ``sock`` until stopped; returns whether it ever accepted connections.
 
     ``server_ready(server)`` gets the server as soon as it exists (set ``should_exit`` on it to stop).
+    With ``tls`` (a certificate configured) the port serves HTTPS only.
     """
     config = uvicorn.Config(app, log_level=log_level, lifespan=lifespan, access_log=False,
-                            timeout_graceful_shutdown=10)
+                            timeout_graceful_shutdown=10, **http_options(tls, limits))
     server = Server(config, handle_signals)
     if server_ready is not None:
         server_ready(server)

@@ -62,13 +62,13 @@ class Platform:
 
     def __init__(self, data_dir: str, *, sync_flush: bool = False) -> None:
         args = [sys.executable, "-m", "sparkmq.api.cli", "dev", "--no-demo", "--no-lake", "--data-dir", data_dir,
-                "--namesrv-port", "0", "--broker-port", "0"]
+                "--namesrv-port", "0", "--broker-port", "0", "--console-port", "-1"]  # no console sampling
         if sync_flush:
             conf = Path(data_dir) / "sync.toml"
             conf.write_text(f'[broker]\ndata_dir = "{data_dir}"\n[store]\nflush_mode = "SYNC_FLUSH"\n'
                             'segment_size = 1073741824\n')
             args = [sys.executable, "-m", "sparkmq.api.cli", "dev", "--no-demo", "--no-lake", "--config", str(conf),
-                    "--namesrv-port", "0", "--broker-port", "0"]
+                    "--namesrv-port", "0", "--broker-port", "0", "--console-port", "-1"]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                      env=dict(os.environ, COLUMNS="300"))
         banner = self.banner = self.proc.stdout.readline()  # type: ignore[union-attr]

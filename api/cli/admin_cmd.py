@@ -10,6 +10,7 @@ import dataclasses
 import datetime
 import functools
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -37,7 +38,14 @@ json_option = click.option("--json", "as_json", is_flag=True, help="print JSON")
 
 
 def _client_config(namesrv: str) -> ClientConfig:
-    return ClientConfig(namesrv_addrs=namesrv)
+    # Brokers with ACL on want signed requests: the caller's keys come from the environment, never argv.
+    access_key, secret_key = os.environ.get("SPARKMQ_ACCESS_KEY"), os.environ.get("SPARKMQ_SECRET_KEY")
+    if not (access_key and secret_key):
+        return ClientConfig(namesrv_addrs=namesrv)
+    try:
+        return ClientConfig(namesrv_addrs=namesrv, access_key=access_key, secret_key=secret_key)
+    except ValueError as exc:
+        raise click.UsageError(f"SPARKMQ_ACCESS_KEY / SPARKMQ_SECRET_KEY: {exc}") from None
 
 
 def stable_errors(fn: F) -> F:
@@ -160,6 +168,114 @@ def topic_stats(ctx: click.Context, name: str) -> None:
 def topic_delete(ctx: click.Context, name: str, cluster: str | None) -> None:
     """Delete a topic from the brokers and the name servers."""
     emit(_admin(ctx).delete_topic(name, cluster=cluster), ctx.obj["json"])
+
+
+# -- users and ACLs (docs/security.md) ---------------------------------------------------------
+
+@admin.group()
+def user() -> None:
+    """Create, list, delete ACL users (super users only while ACL is on; keys: SPARKMQ_ACCESS_KEY/SECRET_KEY)."""
+
+
+@user.command("create")
+@click.argument("access_key")
+@click.option("--secret", prompt=True, hide_input=True, envvar="SPARKMQ_NEW_USER_SECRET",
+              help="the new user's secret key (prompted for, or env SPARKMQ_NEW_USER_SECRET; never printed)")
+@click.option("--super-user", is_flag=True, help="the user may do anything, ACL administration included")
+@click.option("--update", is_flag=True, help="change an existing user's secret and flag")
+@click.option("--cluster", default=None, help="only the masters of this cluster (default: all)")
+@click.pass_context
+@stable_errors
+def user_create(ctx: click.Context, access_key: str, secret: str, super_user: bool, update: bool,
+                cluster: str | None) -> None:
+    """Create a user on every master broker."""
+    answers = _admin(ctx).create_user(access_key, secret, super_user=super_user, update=update, cluster=cluster)
+    emit_rows([{"broker": addr, **u} for addr, u in answers.items()], ["broker", "access_key", "super_user"],
+              ctx.obj["json"], title=f"user {access_key}")
+
+
+@user.command("list")
+@click.option("--cluster", default=None)
+@click.pass_context
+@stable_errors
+def user_list(ctx: click.Context, cluster: str | None) -> None:
+    """Every user of every master (secrets are never shown)."""
+    rows = [{"broker": addr, **u} for addr, users in _admin(ctx).list_users(cluster).items() for u in users]
+    emit_rows(rows, ["broker", "access_key", "super_user"], ctx.obj["json"], title="users")
+
+
+@user.command("delete")
+@click.argument("access_key")
+@click.option("--cluster", default=None)
+@click.pass_context
+@stable_errors
+def user_delete(ctx: click.Context, access_key: str, cluster: str | None) -> None:
+    """Delete a user and its policy on every master."""
+    answers = _admin(ctx).delete_user(access_key, cluster)
+    emit_rows([{"broker": addr, **a} for addr, a in answers.items()], ["broker", "access_key", "deleted"],
+              ctx.obj["json"])
+
+
+@admin.group()
+def acl() -> None:
+    """Create, list, delete policy entries: allow/deny actions on resources from addresses."""
+
+
+def _acl_rows(answers: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for addr, policies in answers.items():
+        for policy in policies if isinstance(policies, list) else [policies]:
+            for e in policy.get("entries") or ():
+                rows.append({"broker": addr, "subject": policy["subject"], "resource": e["resource"],
+                             "actions": ",".join(e["actions"]), "decision": e["decision"],
+                             "source_ips": ",".join(e["source_ips"]) or "*"})
+    return rows
+
+
+_ACL_COLUMNS = ["broker", "subject", "resource", "actions", "decision", "source_ips"]
+
+
+@acl.command("create")
+@click.argument("subject")
+@click.option("--resource", required=True, help="'*', 'Cluster', 'Topic:<name>', 'Group:<name>'; final '*' = prefix")
+@click.option("--actions", required=True, help="Pub,Sub,Create,Update,Delete,Get,List (or All, Admin)")
+@click.option("--decision", type=click.Choice(["Allow", "Deny"], case_sensitive=False), default="Allow",
+              show_default=True)
+@click.option("--source-ip", "source_ips", multiple=True, help="a CIDR the entry applies from (repeat; default any)")
+@click.option("--cluster", default=None)
+@click.pass_context
+@stable_errors
+def acl_create(ctx: click.Context, subject: str, resource: str, actions: str, decision: str,
+               source_ips: tuple[str, ...], cluster: str | None) -> None:
+    """Add (or replace, for the same resource) one entry of a user's policy on every master."""
+    entry = {"resource": resource, "actions": [a.strip() for a in actions.split(",") if a.strip()],
+             "decision": decision.capitalize(), "source_ips": list(source_ips)}
+    emit_rows(_acl_rows(_admin(ctx).put_policy(subject, [entry], cluster)), _ACL_COLUMNS, ctx.obj["json"],
+              title=f"policy of {subject}")
+
+
+@acl.command("list")
+@click.argument("subject", required=False)
+@click.option("--cluster", default=None)
+@click.pass_context
+@stable_errors
+def acl_list(ctx: click.Context, subject: str | None, cluster: str | None) -> None:
+    """Every policy entry (or one user's) of every master."""
+    emit_rows(_acl_rows(_admin(ctx).list_policies(subject, cluster)), _ACL_COLUMNS, ctx.obj["json"],
+              title="policies")
+
+
+@acl.command("delete")
+@click.argument("subject")
+@click.option("--resource", default=None, help="only this resource's entry (default: every entry)")
+@click.option("--cluster", default=None)
+@click.pass_context
+@stable_errors
+def acl_delete(ctx: click.Context, subject: str, resource: str | None, cluster: str | None) -> None:
+    """Remove a user's entry for a resource, or all its entries, on every master."""
+    answers = _admin(ctx).delete_policy(subject, resource, cluster)
+    emit_rows([{"broker": addr, **a} for addr, a in answers.items()], ["broker", "subject", "removed"],
+              ctx.obj["json"])
 
 
 # -- groups -------------------------------------------------------------------------------

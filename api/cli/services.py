@@ -22,6 +22,8 @@ from ...platform.client.push_consumer import ConsumeStatus, PushConsumer
 from ...platform.common.message import Message
 from ...platform.common.wire import ReceivedMessage
 from .. import broker_main, gateway_main, namesrv_main
+from ..console.main import DEFAULT_PORT as CONSOLE_PORT
+from ..console.main import ConsoleThread
 from ..embedded import EmbeddedPlatform
 from .output import console
 
@@ -116,6 +118,19 @@ def _lake_running(platform: EmbeddedPlatform) -> bool:
     return lake is not None and lake.status()["state"] == "running"
 
 
+def _start_console(namesrv_addr: str, port: int) -> ConsoleThread | None:
+    """The web console on ``port`` (a free one when that is taken), None with port -1."""
+    if port < 0:
+        return None
+    web = ConsoleThread(namesrv_addr, port=port)
+    try:
+        web.start()
+    except OSError:  # the default port is taken (a second dev platform): any free one will do
+        web = ConsoleThread(namesrv_addr, port=0)
+        web.start()
+    return web
+
+
 @click.command()
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="TOML with [namesrv], [broker], [store] tables (see conf/single-node.toml)")
@@ -131,8 +146,11 @@ def _lake_running(platform: EmbeddedPlatform) -> bool:
 @click.option("--ha", type=click.Choice(["async", "sync", "dledger"]), default=None,
               help="run the broker as an ASYNC_MASTER or SYNC_MASTER with a slave beside it, or as a DLedger "
                    "group of three members n0, n1, n2 (docs/ha.md)")
+@click.option("--console-port", type=int, default=CONSOLE_PORT, show_default=True,
+              help="the web console's port (0 = any free one, -1 = no console)")
 def dev(config_file: Path | None, data_dir: Path | None, namesrv_port: int | None, broker_port: int | None,
-        messages: int, demo: bool, exit_after_demo: bool, lake: bool | None, ha: str | None) -> None:
+        messages: int, demo: bool, exit_after_demo: bool, lake: bool | None, ha: str | None,
+        console_port: int) -> None:
     """Start the embedded platform (name server + broker + gateway + lake) and run the demo; Ctrl-C stops it."""
     if data_dir is None and config_file is None:
         data_dir = Path("var/dev")
@@ -141,6 +159,11 @@ def dev(config_file: Path | None, data_dir: Path | None, namesrv_port: int | Non
     platform = EmbeddedPlatform.from_toml(config_file, data_dir=data_dir, namesrv_port=namesrv_port,
                                           broker_port=broker_port, lake=lake, ha=ha)
     platform.start()
+    try:
+        web = _start_console(platform.namesrv_addr, console_port)
+    except BaseException:
+        platform.stop()
+        raise
     remoting = f", remoting on [bold]{platform.remoting_addr}[/]" if platform.remoting_addr else ""
     if platform.grpc_addr:
         remoting += f", RocketMQ 5 gRPC on [bold]{platform.grpc_addr}[/]"
@@ -150,6 +173,8 @@ def dev(config_file: Path | None, data_dir: Path | None, namesrv_port: int | Non
     else:
         console.print(f"name server on [bold]http://{platform.namesrv_addr}[/], broker and gateway on "
                       f"[bold]http://{platform.broker_addr}[/] (API docs at /docs){remoting}")
+    if web is not None:
+        console.print(f"web console on [bold]{web.url}[/]")
     if platform.slave_addr is not None:
         console.print(f"{'SYNC' if ha == 'sync' else 'ASYNC'}_MASTER with a slave on "
                       f"[bold]http://{platform.slave_addr}[/] (replication: GET /broker/ha)")
@@ -178,6 +203,8 @@ def dev(config_file: Path | None, data_dir: Path | None, namesrv_port: int | Non
                                   f"  sparkmq sql --lake-root {lake_root} "
                                   "\"SELECT topic, count(*) AS n FROM messages GROUP BY topic\"")
     finally:
+        if web is not None:
+            web.stop()
         platform.stop()
     if failed:
         sys.exit(1)

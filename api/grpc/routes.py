@@ -10,10 +10,13 @@ import logging
 import time
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
 from ...platform.common.errors import ErrorCode, SparkMQError
+from ...platform.common.tls import TlsSettings
+from ...platform.common.validation import validate_topic
 from ...platform.namesrv.perm import is_readable, is_writeable
 from ._pb import definition
 from .convert import ALL_MESSAGE_TYPES, endpoints_of, unwrap
@@ -38,9 +41,12 @@ def _permission(readable: bool, writeable: bool) -> int:
 class RouteResolver:
     """Topic routes from the name servers (the first that answers), as v2 message queues."""
 
-    def __init__(self, namesrv_addrs: Sequence[str], timeout_s: float = 3.0) -> None:
+    def __init__(self, namesrv_addrs: Sequence[str], timeout_s: float = 3.0, tls: TlsSettings | None = None) -> None:
+        """``tls``: the name servers are called over HTTPS when ``tls.connects`` (verified against its CA)."""
         self.namesrv_addrs = tuple(namesrv_addrs)
-        self._http = httpx.AsyncClient(timeout=timeout_s)
+        tls = tls or TlsSettings()
+        self._scheme = tls.scheme
+        self._http = httpx.AsyncClient(timeout=timeout_s, verify=tls.client_context_if_connecting() or True)
         self._cache: dict[str, tuple[float, dict[str, Any]]] = {}
 
     async def close(self) -> None:
@@ -48,13 +54,15 @@ class RouteResolver:
         await self._http.aclose()
 
     async def _route(self, topic: str) -> dict[str, Any]:
+        # A legal name only (TOPIC_ILLEGAL, not a URL that breaks or points elsewhere), escaped: % and | are legal.
+        validate_topic(topic)
         cached = self._cache.get(topic)
         if cached is not None and time.monotonic() - cached[0] < _ROUTE_TTL_S:
             return cached[1]
         not_found = False
         for addr in self.namesrv_addrs:
             try:
-                answer = await self._http.get(f"http://{addr}/routes/{topic}")
+                answer = await self._http.get(f"{self._scheme}://{addr}/routes/{quote(topic, safe='')}")
             except httpx.HTTPError as exc:
                 log.debug("name server %s: %s", addr, exc)
                 continue

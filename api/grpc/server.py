@@ -21,7 +21,8 @@ _MAX_MESSAGE_BYTES = 320 << 20
 
 
 class GrpcServer:
-    """Serves ``apache.rocketmq.v2.MessagingService`` for one broker on its own port.
+    """Serves ``apache.rocketmq.v2.MessagingService`` for one broker on its own port (TLS when the broker has a
+    certificate: the official clients' ``tls_enable``).
 
     Example (inside the serving loop)::
 
@@ -34,7 +35,7 @@ class GrpcServer:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.clients = ClientRegistry(broker, max_body_size=broker.store.config.max_message_size)
-        self.routes = RouteResolver(broker.config.namesrv_addrs)
+        self.routes = RouteResolver(broker.config.namesrv_addrs, tls=broker.config.tls)
         self.renewals = Renewals(broker)
         self.service = MessagingService(broker, self.clients, self.routes, self.renewals)
         self._server: grpc.aio.Server | None = None
@@ -50,7 +51,12 @@ class GrpcServer:
                    ("grpc.so_reuseport", 0)]  # a taken port must fail, not be shared
         server = grpc.aio.server(options=options)
         server.add_generic_rpc_handlers((self.service.handler(),))
-        bound = server.add_insecure_port(f"{host}:{port}")
+        tls = self.broker.config.tls
+        if tls.enabled:  # gRPC cannot share a port between TLS and plaintext: with a certificate, TLS only
+            credentials = grpc.ssl_server_credentials([tls.key_pair()])
+            bound = server.add_secure_port(f"{host}:{port}", credentials)
+        else:
+            bound = server.add_insecure_port(f"{host}:{port}")
         if bound == 0:
             raise OSError(f"cannot listen for gRPC on {host}:{port}")
         await server.start()

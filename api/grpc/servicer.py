@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio.to_thread
@@ -19,6 +19,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as Proto
 
+from ...platform.auth import Action, Need, Resource
 from ...platform.broker.broker import Broker
 from ...platform.broker.transaction import COMMIT, ROLLBACK
 from ...platform.common.errors import SparkMQError
@@ -26,6 +27,7 @@ from ...platform.common.ids import UniqueIdGenerator
 from ...platform.common.message import SendStatus
 from ...platform.common.protocol import MAX_POP_BATCH, POP_MAX_LONG_POLL_MS, ExpressionType, PopRequest
 from ...storage_native import encode_v2_send_response
+from ..acl import broker_guard
 from ._pb import SERVICE_NAME, Code, MessageType, definition, service
 from .clients import ClientRegistry, GrpcClient
 from .convert import (
@@ -63,13 +65,16 @@ class Call:
     client_id: str
     namespace: str
     peer: str
+    #: Every text header (the ``authorization`` signature and its ``x-mq-date-time`` among them).
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def of(cls, context: grpc.aio.ServicerContext) -> Call:
         headers = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
         peer = context.peer() or ""
         # "ipv4:127.0.0.1:5000" / "ipv6:[::1]:5000" -> the address part.
-        return cls(headers.get("x-mq-client-id", ""), headers.get("x-mq-namespace", ""), peer.partition(":")[2])
+        return cls(headers.get("x-mq-client-id", ""), headers.get("x-mq-namespace", ""), peer.partition(":")[2],
+                   headers)
 
 
 def _status_entry(code: int, message: str = "OK") -> definition.Status:
@@ -86,6 +91,7 @@ class MessagingService:
         self.renewals = renewals
         #: Ids of packed messages sent without one (the producer's own ids are kept).
         self._ids = UniqueIdGenerator()
+        self._guard = broker_guard(broker)
 
     # -- registration ------------------------------------------------------------------------
     def handler(self) -> grpc.GenericRpcHandler:
@@ -113,16 +119,52 @@ class MessagingService:
                                      service.SyncLiteSubscriptionResponse),
         }
         methods: dict[str, grpc.RpcMethodHandler] = {
-            name: grpc.unary_unary_rpc_method_handler(_unary(fn, req, resp), response_serializer=_serialize)
+            name: grpc.unary_unary_rpc_method_handler(_unary(self._guarded(name, fn), req, resp),
+                                                      response_serializer=_serialize)
             for name, (fn, req, resp) in unary.items()}
         methods["ReceiveMessage"] = grpc.unary_stream_rpc_method_handler(
-            _streamed(self.receive_message, service.ReceiveMessageRequest, service.ReceiveMessageResponse),
+            _streamed(self._guarded_stream("ReceiveMessage", self.receive_message), service.ReceiveMessageRequest,
+                      service.ReceiveMessageResponse),
             response_serializer=_serialize)
         methods["PullMessage"] = grpc.unary_stream_rpc_method_handler(
             _streamed(self.pull_message, service.PullMessageRequest, service.PullMessageResponse),
             response_serializer=_serialize)
         methods["Telemetry"] = grpc.stream_stream_rpc_method_handler(self.telemetry, response_serializer=_serialize)
         return grpc.method_handlers_generic_handler(SERVICE_NAME, methods)
+
+    # -- access control (ACL on: docs/security.md) -------------------------------------------------------
+    def _check(self, rpc: str, req: Any, call: Call) -> None:
+        """Verify the call's ``MQv2-HMAC-SHA1`` signature and that its user may do what the RPC does."""
+        guard = self._guard
+        try:
+            principal = guard.authenticate_grpc(call.headers, call.peer, rpc)
+        except SparkMQError as exc:
+            raise ProtocolError(Code.UNAUTHORIZED, exc.message) from None
+        needs_of = _GRPC_NEEDS.get(rpc)
+        if needs_of is not None and not principal.super_user:
+            # QueryRoute serves producers and consumers alike: Pub or Sub on the topic will do.
+            guard.authorize(principal, needs_of(req, call), call.peer, f"grpc {rpc}", any_of=rpc == "QueryRoute")
+
+    def _guarded(self, rpc: str, fn: Callable[[Any, Call], Awaitable[Proto]]
+                 ) -> Callable[[Any, Call], Awaitable[Proto]]:
+        if not self._guard.enabled:
+            return fn
+
+        async def guarded(req: Any, call: Call) -> Proto:
+            self._check(rpc, req, call)
+            return await fn(req, call)
+        return guarded
+
+    def _guarded_stream(self, rpc: str, fn: Callable[[Any, Call], AsyncIterator[Proto]]
+                        ) -> Callable[[Any, Call], AsyncIterator[Proto]]:
+        if not self._guard.enabled:
+            return fn
+
+        async def guarded(req: Any, call: Call) -> AsyncIterator[Proto]:
+            self._check(rpc, req, call)
+            async for response in fn(req, call):
+                yield response
+        return guarded
 
     def _client(self, call: Call) -> GrpcClient:
         if not call.client_id:
@@ -162,6 +204,12 @@ class MessagingService:
         if not call.client_id:
             yield service.TelemetryCommand(status=_status_entry(Code.CLIENT_ID_REQUIRED, "x-mq-client-id missing"))
             return
+        if self._guard.enabled:
+            try:
+                self._check("Telemetry", None, call)
+            except ProtocolError as exc:
+                yield service.TelemetryCommand(status=_status_entry(exc.code, exc.message))
+                return
         client = self.clients.get(call.client_id, call.namespace)
         outbox = self.clients.attach(client)
 
@@ -418,6 +466,41 @@ def _group(resource: definition.Resource, call: Call) -> str:
     if not resource.name:
         raise ProtocolError(Code.ILLEGAL_CONSUMER_GROUP, "no consumer group named")
     return wrap(call.namespace or resource.resource_namespace, resource.name)
+
+
+def _sub(topic: definition.Resource, group: definition.Resource, call: Call) -> list[Need]:
+    return [(Action.SUB, Resource.topic(_topic(topic, call))), (Action.SUB, Resource.group(_group(group, call)))]
+
+
+def _send_needs(req: service.SendMessageRequest | bytes, call: Call) -> list[Need]:
+    if isinstance(req, bytes):  # SendMessage handlers may take the request's bytes: parse them to see the topics
+        req = _parse(req, service.SendMessageRequest)
+    topics = {_topic(m.topic, call) for m in req.messages}
+    return [(Action.PUB, Resource.topic(t)) for t in sorted(topics)]
+
+
+def _optional_group(req: Any, call: Call) -> list[Need]:
+    has_group = req.HasField("group") and req.group.name
+    return [(Action.SUB, Resource.group(_group(req.group, call)))] if has_group else []
+
+
+#: RPC -> the (action, resource) pairs it needs; an RPC absent here needs a signed user only.
+_GRPC_NEEDS: dict[str, Callable[[Any, Call], list[Need]]] = {
+    "QueryRoute": lambda r, c: [(Action.PUB, Resource.topic(_topic(r.topic, c))),
+                                (Action.SUB, Resource.topic(_topic(r.topic, c)))],
+    "Heartbeat": _optional_group,
+    "NotifyClientTermination": _optional_group,
+    "SendMessage": _send_needs,
+    "EndTransaction": lambda r, c: [(Action.PUB, Resource.topic(_topic(r.topic, c)))],
+    "QueryAssignment": lambda r, c: _sub(r.topic, r.group, c),
+    "ReceiveMessage": lambda r, c: _sub(r.message_queue.topic, r.group, c),
+    "AckMessage": lambda r, c: _sub(r.topic, r.group, c),
+    "ChangeInvisibleDuration": lambda r, c: _sub(r.topic, r.group, c),
+    "ForwardMessageToDeadLetterQueue": lambda r, c: _sub(r.topic, r.group, c),
+    "UpdateOffset": lambda r, c: _sub(r.message_queue.topic, r.group, c),
+    "GetOffset": lambda r, c: _sub(r.message_queue.topic, r.group, c),
+    "QueryOffset": lambda r, c: [(Action.SUB, Resource.topic(_topic(r.message_queue.topic, c)))],
+}
 
 
 def _send_status(status: SendStatus) -> definition.Status:

@@ -79,7 +79,8 @@ class Broker:
         self.metrics = BrokerMetrics(self._scrape_commitlog_max, self._scrape_queue_max, self._scrape_group_lag)
         self.registration = RegistrationService(config.namesrv_addrs, self.registration_payload,
                                                 self._unregister_payload, config.register_interval_s,
-                                                config.register_timeout_s, on_answer=self._on_registered)
+                                                config.register_timeout_s, on_answer=self._on_registered,
+                                                tls=config.tls)
         #: Replication: a master serves its slaves (the runner opens the HA port on its loop), a slave follows.
         self.replication_master: ReplicationMaster | None = None
         self.replication_slave: ReplicationSlave | None = None
@@ -99,7 +100,7 @@ class Broker:
             self._role_worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"dledger-role-{self.name}")
         elif config.role is BrokerRole.SLAVE:
             self.replication_slave = ReplicationSlave(self.store, config.broker_name, config.broker_id,
-                                                      self.master_ha_addr)
+                                                      self.master_ha_addr, tls=config.tls)
             self.slave_sync = SlaveSynchronizer(self, config.ha_slave_sync_interval_s)
         else:
             self.replication_master = ReplicationMaster(
@@ -321,7 +322,7 @@ class Broker:
                           preferred_leader=cfg.dledger_preferred_leader)
         member = DLedgerMember(self.store, cfg.data_dir / "dledger", group=cfg.dledger_group or cfg.broker_name,
                                self_id=cfg.dledger_self_id, members=cfg.dledger_members(), config=raft,
-                               host=cfg.host)
+                               host=cfg.host, tls=cfg.tls)
         member.add_role_listener(self._on_dledger_role)
         member.add_commit_listener(self._on_commit)
         return member

@@ -27,6 +27,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from ..auth.model import check_acl_settings
+from ..common.limits import ConnectionLimits
+from ..common.tls import TlsSettings
 from ..store.config import StoreConfig
 from .schedule import parse_delay_levels
 
@@ -205,6 +208,27 @@ class BrokerConfig:
     pull_max_bytes: int = 16 << 20
     #: A request body (one batch send) may be at most this large.
     max_request_bytes: int = 64 << 20
+    #: TLS (docs/security-tls.md): PEM certificate chain and key every port serves with (HTTP, remoting, gRPC,
+    #: HA, DLedger); unset = plaintext.
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    #: PEM CAs trusted for the servers this broker connects to (name servers, its master, DLedger peers);
+    #: unset = the system's trust store.
+    tls_ca_file: str | None = None
+    #: Refuse plaintext on every port (RocketMQ's "enforcing"); off, the binary ports take TLS and plaintext.
+    tls_required: bool = False
+    #: Connect to name servers, the master and peers over TLS; unset = when this broker serves TLS.
+    tls_connect: bool | None = None
+    #: Check that those servers' certificates name the address connected to.
+    tls_check_hostname: bool = True
+    #: Limits (docs/security-tls.md, platform/common/limits.py): open connections per source IP on the remoting
+    #: and HTTP ports, requests in flight per remoting connection (beyond it the connection is not read), and
+    #: HTTP: a request head's deadline, the keep-alive idle timeout, connections + requests served at once.
+    max_connections_per_ip: int = ConnectionLimits.max_connections_per_ip
+    max_inflight_per_connection: int = ConnectionLimits.max_inflight_per_connection
+    http_header_timeout_s: float = ConnectionLimits.http_header_timeout_s
+    http_keep_alive_s: float = ConnectionLimits.http_keep_alive_s
+    http_max_concurrency: int = ConnectionLimits.http_max_concurrency
     #: Delay levels (space-separated, ``ms``/``s``/``m``/``h``/``d``); level L parks in schedule queue L-1.
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
     #: A timer message may be due at most this far ahead (RocketMQ: 3 days).
@@ -221,6 +245,14 @@ class BrokerConfig:
     #: The shortest invisible time a POP receive or ChangeInvisibleDuration may ask for (ms).  RocketMQ's is
     #: 10 s (``POP_MIN_INVISIBLE_MS``); lower it for tests that watch redeliveries.  The maximum is 12 h.
     pop_min_invisible_ms: int = 10_000
+    #: Authentication and access control on every entry point (docs/security.md): requests must be signed by a
+    #: user whose policies allow them.  Off (the default, and ``sparkmq dev``): anyone may do anything.
+    acl_enabled: bool = False
+    #: The bootstrap super user (both keys or neither): lets an operator create the first users and policies.
+    acl_super_user_access_key: str | None = None
+    acl_super_user_secret_key: str | None = field(default=None, repr=False)
+    #: A signed request is refused when its timestamp is further than this from the broker's clock (seconds).
+    acl_clock_skew_s: float = 300.0
     #: ``[store]`` settings (fields of StoreConfig except root/store_host, which the broker derives).
     store: Mapping[str, Any] = field(default_factory=dict)
 
@@ -273,7 +305,16 @@ class BrokerConfig:
         _check_int("default_topic_queue_nums", self.default_topic_queue_nums, 1, 1024)
         _check_int("pull_max_bytes", self.pull_max_bytes, 1, 2**31 - 1)
         _check_int("max_request_bytes", self.max_request_bytes, 1024, 2**31 - 1)
-        for name in ("auto_create_topic", "trace_enabled", "dledger_enabled"):
+        for name in ("tls_cert_file", "tls_key_file", "tls_ca_file"):
+            if isinstance(getattr(self, name), Path):
+                object.__setattr__(self, name, str(getattr(self, name)))
+        object.__setattr__(self, "_tls", TlsSettings.from_prefixed(self))  # validates the files now
+        object.__setattr__(self, "_limits", ConnectionLimits(  # validates the limits now
+            self.max_connections_per_ip, self.max_inflight_per_connection, self.http_header_timeout_s,
+            self.http_keep_alive_s, self.http_max_concurrency))
+        check_acl_settings(self.acl_super_user_access_key, self.acl_super_user_secret_key)
+        _check_seconds("acl_clock_skew_s", self.acl_clock_skew_s)
+        for name in ("auto_create_topic", "trace_enabled", "dledger_enabled", "acl_enabled"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         store = dict(self.store)
@@ -293,6 +334,16 @@ class BrokerConfig:
         if host in ("0.0.0.0", "::", ""):
             host = _local_ip()
         return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+
+    @property
+    def tls(self) -> TlsSettings:
+        """The ``tls_*`` settings as one object (what listeners and outgoing connections take)."""
+        return self._tls  # type: ignore[attr-defined, no-any-return]  # set in __post_init__
+
+    @property
+    def limits(self) -> ConnectionLimits:
+        """The connection limits of this broker's ports."""
+        return self._limits  # type: ignore[attr-defined, no-any-return]  # set in __post_init__
 
     @property
     def remoting_bind_port(self) -> int | None:
@@ -389,6 +440,8 @@ class BrokerConfig:
         out["data_dir"] = str(self.data_dir)
         out["namesrv_addrs"] = list(self.namesrv_addrs)
         out["role"] = str(self.role)
+        if out.get("acl_super_user_secret_key"):
+            out["acl_super_user_secret_key"] = "***"  # never shown
         out["store"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in self.store.items()}
         return out
 

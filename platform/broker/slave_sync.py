@@ -31,7 +31,9 @@ class SlaveSynchronizer:
     def __init__(self, broker: Broker, interval_s: float, timeout_s: float = 3.0) -> None:
         self.broker = broker
         self.interval_s = interval_s
-        self._client = httpx.Client(timeout=timeout_s)
+        tls = broker.config.tls  # the master's HTTP port: HTTPS when the cluster speaks TLS
+        self._scheme = tls.scheme
+        self._client = httpx.Client(timeout=timeout_s, verify=tls.client_context_if_connecting() or True)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -75,7 +77,7 @@ class SlaveSynchronizer:
 
     def sync_once(self, master: str) -> None:
         """Copy the master's topic table and offsets now (raises on a failed read; applies nothing then)."""
-        response = self._client.get(f"http://{master}/broker/ha/sync")
+        response = self._client.get(f"{self._scheme}://{master}/broker/ha/sync")
         response.raise_for_status()
         snapshot: dict[str, Any] = response.json()
         self._apply_topics(snapshot.get("topics", {}))

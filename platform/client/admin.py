@@ -78,8 +78,10 @@ class AdminClient:
     def __init__(self, config: ClientConfig, *, transport: httpx.BaseTransport | None = None) -> None:
         """``transport`` replaces the network for every request (tests pass ``httpx.MockTransport``)."""
         self.config = config
-        self._namesrv = NameServerClient(config.namesrv_addrs, config.request_timeout_s, transport=transport)
-        self._brokers = BrokerClientPool(config.request_timeout_s, transport=transport)
+        self._namesrv = NameServerClient(config.namesrv_addrs, config.request_timeout_s, transport=transport,
+                                         credentials=config.credentials, tls=config.tls_settings)
+        self._brokers = BrokerClientPool(config.request_timeout_s, transport=transport, credentials=config.credentials,
+                                         tls=config.tls_settings)
 
     def close(self) -> None:
         """Close every connection."""
@@ -259,6 +261,50 @@ class AdminClient:
             out.extend(QueueStats(topic, name, int(q["queue_id"]), int(q["min_offset"]), int(q["max_offset"]),
                                   int(q.get("last_store_timestamp") or 0)) for q in stats.get("queues") or ())
         return sorted(out, key=lambda s: (s.broker_name, s.queue_id))
+
+    # -- access control (docs/security.md) -------------------------------------------------------------
+    def _on_targets(self, what: str, cluster: str | None, fn: Any) -> dict[str, Any]:
+        """``fn(broker client)`` on every master of ``cluster``; the first failure is raised after all were tried."""
+        out: dict[str, Any] = {}
+        error: SparkMQError | None = None
+        for addr in self._targets(cluster, None):
+            try:
+                out[addr] = fn(self._brokers.get(addr))
+            except SparkMQError as exc:
+                log.warning("%s on %s failed: %s", what, addr, exc)
+                error = error or exc
+        if error is not None:
+            raise error
+        return out
+
+    def create_user(self, access_key: str, secret_key: str, *, super_user: bool = False, update: bool = False,
+                    cluster: str | None = None) -> dict[str, Any]:
+        """Create (or with ``update`` change) a user on every master; the user (no secret) by broker address."""
+        return self._on_targets(f"creating user {access_key}", cluster, lambda b: b.acl_create_user(
+            access_key, secret_key, super_user=super_user, update=update))
+
+    def list_users(self, cluster: str | None = None) -> dict[str, list[dict[str, Any]]]:
+        """Each master's users (access key, super-user flag), by broker address."""
+        return self._on_targets("listing users", cluster, lambda b: b.acl_users())
+
+    def delete_user(self, access_key: str, cluster: str | None = None) -> dict[str, Any]:
+        """Delete a user and its policy on every master; ``{"access_key", "deleted"}`` by broker address."""
+        return self._on_targets(f"deleting user {access_key}", cluster, lambda b: b.acl_delete_user(access_key))
+
+    def put_policy(self, subject: str, entries: Sequence[Mapping[str, Any]],
+                   cluster: str | None = None) -> dict[str, Any]:
+        """Add policy entries for ``subject`` on every master; the whole policy by broker address."""
+        return self._on_targets(f"updating the policy of {subject}", cluster,
+                                lambda b: b.acl_put_policy(subject, entries))
+
+    def list_policies(self, subject: str | None = None, cluster: str | None = None) -> dict[str, Any]:
+        """Each master's policies (or ``subject``'s), by broker address."""
+        return self._on_targets("listing policies", cluster, lambda b: b.acl_policies(subject))
+
+    def delete_policy(self, subject: str, resource: str | None = None, cluster: str | None = None) -> dict[str, Any]:
+        """Remove ``subject``'s entry for ``resource`` (all when None) on every master."""
+        return self._on_targets(f"deleting the policy of {subject}", cluster,
+                                lambda b: b.acl_delete_policy(subject, resource))
 
     # -- groups --------------------------------------------------------------------------------------
     def _each_master(self, fn: Any) -> dict[str, Any]:

@@ -61,7 +61,7 @@ from ..common.validation import validate_group, validate_topic
 from ..common.wire import ReceivedMessage
 from ..remoting import AsyncRemotingClient, Frame, RemotingError, Response
 from .allocation import DEFAULT_STRATEGY, AllocateStrategy, MessageQueue
-from .broker_remoting import decode_answer, decode_pulled
+from .broker_remoting import decode_answer, decode_pulled, header_encoder
 from .config import DEFAULT_CONSUME_TIMESTAMP_BACK_S, ClientConfig
 from .endpoints import remoting_endpoint
 from .fault import LatencyFaultTolerance, QueueSelector
@@ -101,9 +101,11 @@ class _AsyncClient:
                                                            f"transport={config.transport!r} is not supported")
         self.config = config
         self.client_id = config.new_client_id()
-        self._namesrv = NameServerClient(config.namesrv_addrs, config.request_timeout_s)
+        self._namesrv = NameServerClient(config.namesrv_addrs, config.request_timeout_s,
+                                         credentials=config.credentials, tls=config.tls_settings)
         self._routes = TopicRouteCache(self._namesrv, miss_retry_s=config.route_miss_retry_s)
         self._remoting: AsyncRemotingClient | None = None
+        self._header = header_encoder(config.credentials)  # signs requests for brokers with ACL on
         self._tasks: set[asyncio.Task[Any]] = set()
         self._no_endpoint_warned: set[str] = set()
         self._state = "created"
@@ -113,7 +115,8 @@ class _AsyncClient:
         if self._state != "created":
             raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"{self._what()} is {self._state}")
         self._state = "starting"
-        self._remoting = AsyncRemotingClient(request_timeout_s=self.config.request_timeout_s, on_push=on_push)
+        self._remoting = AsyncRemotingClient(request_timeout_s=self.config.request_timeout_s, on_push=on_push,
+                                             ssl_context=self.config.tls_settings.client_context_if_connecting())
 
     def _what(self) -> str:
         return f"{type(self).__name__} {self.group}"
@@ -177,7 +180,8 @@ class _AsyncClient:
                        timeout: float | None = None) -> Response:
         """One request to the broker at HTTP address ``addr``, on its remoting connection."""
         assert self._remoting is not None
-        return await self._remoting.request(self._endpoint(addr), code, _encode(header), body, timeout)
+        return await self._remoting.request(self._endpoint(addr), code, self._header(code, header, body), body,
+                                            timeout)
 
     def _cached_addrs(self, topics: Sequence[str], *, masters_only: bool = False) -> list[str]:
         addrs: set[str] = set()

@@ -22,16 +22,18 @@ from typing import Any, TypeVar
 import msgspec
 
 from ...storage_native import decode_records
+from ..auth.signing import Credentials, Signer
 from ..common import protocol as p
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.message import SendResult, send_status
 from ..common.protocol import PullResult, RequestCode, pull_status
+from ..common.tls import TlsSettings
 from ..common.wire import ReceivedMessage, decode_body, encode_body, inflate
 from ..remoting import AsyncRemotingClient, Frame, Response, SyncRemotingClient
 from .remoting import BrokerClient
 
 __all__ = ["decode_answer", "RemotingBrokerClient", "AsyncRemotingBrokers", "AsyncBrokerRouter", "decode_pulled",
-           "offset_msg_ids",
+           "offset_msg_ids", "header_encoder",
            "on_offset_reset", "forget_offset_reset"]
 
 H = TypeVar("H", bound=p.Header)
@@ -49,6 +51,15 @@ def decode_answer(data: bytes | memoryview, kind: type[H]) -> H:
         return decoder.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"the broker's {kind.__name__} is malformed: {exc}") from None
+
+
+def header_encoder(credentials: Credentials | None) -> Callable[[int, p.Header, bytes | memoryview], bytes]:
+    """``encode(code, header, body)`` -> the frame's header bytes: msgpack, signed with ``credentials`` when given
+    (the credential block in front, docs/security.md)."""
+    if credentials is None:
+        return lambda code, header, body: _encode(header)
+    signer = Signer(credentials)
+    return lambda code, header, body: signer.remoting_header(code, _encode(header), body)
 
 
 def _inflate_compressed(body: bytes) -> bytes:
@@ -176,11 +187,15 @@ class RemotingBrokerClient:
     Methods not listed here go to an HTTP :class:`BrokerClient` of ``addr`` (admin calls).
     """
 
-    def __init__(self, addr: str, remoting_addr: str, timeout_s: float, transport: SyncRemotingClient) -> None:
+    def __init__(self, addr: str, remoting_addr: str, timeout_s: float, transport: SyncRemotingClient, *,
+                 credentials: Credentials | None = None) -> None:
+        """``credentials`` sign every request (brokers with ACL on), the HTTP fallback's too."""
         self.addr = addr
         self.remoting_addr = remoting_addr
         self._timeout = timeout_s
         self._remoting = transport
+        self._credentials = credentials
+        self._header = header_encoder(credentials)
         self._http: BrokerClient | None = None
         self._http_lock = threading.Lock()
 
@@ -193,20 +208,21 @@ class RemotingBrokerClient:
     def _http_client(self) -> BrokerClient:
         with self._http_lock:
             if self._http is None:
-                self._http = BrokerClient(self.addr, self._timeout)
+                self._http = BrokerClient(self.addr, self._timeout, credentials=self._credentials)
             return self._http
 
     def request(self, code: RequestCode, header: p.Header, body: bytes | memoryview = b"",
                 timeout: float | None = None) -> Response:
         """One request on the broker's connection (RemotingError on a transport failure)."""
-        return self._remoting.request(self.remoting_addr, code, _encode(header), body,
+        return self._remoting.request(self.remoting_addr, code, self._header(code, header, body), body,
                                       timeout if timeout is not None else self._timeout)
 
     # -- typed hot paths --------------------------------------------------------------------
     def send_message(self, req: p.SendRequest, body: bytes, timeout: float | None = None) -> SendResult:
         """SEND_MESSAGE: one message, written and answered on the calling thread (a synchronous send
         waits for its answer anyway: the shared connection's loop thread would only add two hand-offs)."""
-        answer = self._remoting.request_direct(self.remoting_addr, RequestCode.SEND_MESSAGE, _encode(req), body,
+        answer = self._remoting.request_direct(self.remoting_addr, RequestCode.SEND_MESSAGE,
+                                               self._header(RequestCode.SEND_MESSAGE, req, body), body,
                                                timeout if timeout is not None else self._timeout)
         return _send_result(decode_answer(answer.header, p.SendResponse))
 
@@ -218,7 +234,8 @@ class RemotingBrokerClient:
     def send_packed_future(self, req: p.SendBatchRequest, data: bytes,
                            timeout: float | None = None) -> concurrent.futures.Future[Response]:
         """SEND_BATCH without blocking: a future of the raw answer (decode with :func:`decode_batch_answer`)."""
-        return self._remoting.request_future(self.remoting_addr, RequestCode.SEND_BATCH, _encode(req), data,
+        return self._remoting.request_future(self.remoting_addr, RequestCode.SEND_BATCH,
+                                             self._header(RequestCode.SEND_BATCH, req, data), data,
                                              timeout if timeout is not None else self._timeout)
 
     def pull_request(self, req: p.PullRequest, broker_name: str, timeout: float | None = None) -> PullResult:
@@ -345,14 +362,17 @@ class AsyncRemotingBrokers:
     :meth:`group_changes` wait at once (no long poll per group).
     """
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, *, credentials: Credentials | None = None,
+                 tls: TlsSettings | None = None) -> None:
         self._timeout = timeout_s
-        self._client = AsyncRemotingClient(on_push=_on_push)
+        self._client = AsyncRemotingClient(
+            on_push=_on_push, ssl_context=tls.client_context_if_connecting() if tls is not None else None)
+        self._header = header_encoder(credentials)
 
     async def request(self, remoting_addr: str, code: RequestCode, header: p.Header, body: bytes = b"",
                       timeout: float | None = None) -> Response:
         """One request on the broker's connection."""
-        return await self._client.request(remoting_addr, code, _encode(header), body,
+        return await self._client.request(remoting_addr, code, self._header(code, header, body), body,
                                           timeout if timeout is not None else self._timeout)
 
     async def pull(self, remoting_addr: str, req: p.PullRequest, broker_name: str, timeout: float) -> PullResult:
@@ -392,20 +412,22 @@ class AsyncRemotingBrokers:
         await self._client.close()
 
 
-def sync_transport(timeout_s: float) -> SyncRemotingClient:
-    """A threaded remoting client whose pushes reach this module's inbox."""
-    return SyncRemotingClient(request_timeout_s=timeout_s, on_push=_on_push)
+def sync_transport(timeout_s: float, tls: TlsSettings | None = None) -> SyncRemotingClient:
+    """A threaded remoting client whose pushes reach this module's inbox (TLS when ``tls`` connects)."""
+    ctx = tls.client_context_if_connecting() if tls is not None else None
+    return SyncRemotingClient(request_timeout_s=timeout_s, on_push=_on_push, ssl_context=ctx)
 
 
 class AsyncBrokerRouter:
     """The consumers' per-broker async calls (``pull``, ``group_changes``), over remoting where the route names a
     broker's endpoint (and the config allows it), else over HTTP; same signatures as ``AsyncBrokerClient``."""
 
-    def __init__(self, timeout_s: float, *, remoting: bool = True) -> None:
+    def __init__(self, timeout_s: float, *, remoting: bool = True, credentials: Credentials | None = None,
+                 tls: TlsSettings | None = None) -> None:
         from .remoting import AsyncBrokerClient  # noqa: PLC0415  # the HTTP side, only built when needed
 
-        self._http = AsyncBrokerClient()
-        self._remoting = AsyncRemotingBrokers(timeout_s) if remoting else None
+        self._http = AsyncBrokerClient(credentials=credentials, tls=tls)
+        self._remoting = AsyncRemotingBrokers(timeout_s, credentials=credentials, tls=tls) if remoting else None
 
     def _endpoint(self, addr: str) -> str | None:
         from .endpoints import remoting_endpoint  # noqa: PLC0415

@@ -20,6 +20,10 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..auth.signing import Credentials
+from ..common.protocol import MAX_LONG_POLL_MS
+from ..common.tls import TlsSettings
+
 __all__ = [
     "ClientConfig",
     "default_client_id",
@@ -179,6 +183,20 @@ class ClientConfig:
     #: Producers post ``send`` and push consumers ``consume`` trace events (batched, ``POST /trace``).
     trace_enabled: bool = True
 
+    # -- TLS (docs/security-tls.md) ------------------------------------------------------------
+    #: Reach name servers and brokers over TLS (HTTPS and TLS remoting); needed when they require it.
+    tls: bool = False
+    #: PEM CAs trusted to sign the servers' certificates (the cluster's CA); None = the system's trust store.
+    tls_ca_file: str | Path | None = None
+    #: Check that a server's certificate names the host or IP address connected to.
+    tls_check_hostname: bool = True
+
+    # -- credentials (brokers with ACL on, docs/security.md) ---------------------------------
+    #: The access key every request is signed with; None (with ``secret_key``) = requests go unsigned.
+    access_key: str | None = None
+    #: Its secret key; never printed (not in ``repr``).
+    secret_key: str | None = field(default=None, repr=False)
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "namesrv_addrs", _normalise_addrs(self.namesrv_addrs))
         if not self.namesrv_addrs:
@@ -206,8 +224,10 @@ class ClientConfig:
         for name in ("max_message_size", "async_send_threads", "pull_batch_size", "flow_control_max_messages",
                      "flow_control_max_bytes", "max_offset_span", "consume_threads", "consume_batch_size"):
             _count(name, getattr(self, name))
-        _count("long_poll_wait_ms", self.long_poll_wait_ms, 0)
-        _count("change_wait_ms", self.change_wait_ms, 0)
+        for name in ("long_poll_wait_ms", "change_wait_ms"):
+            _count(name, getattr(self, name), 0)
+            if getattr(self, name) > MAX_LONG_POLL_MS:  # the broker refuses longer holds
+                raise ValueError(f"{name} must be at most {MAX_LONG_POLL_MS}, got {getattr(self, name)!r}")
         if not isinstance(self.trace_enabled, bool):
             raise ValueError(f"trace_enabled must be true or false, got {self.trace_enabled!r}")
         if self.transport not in ("remoting", "http"):
@@ -217,6 +237,20 @@ class ClientConfig:
         if self.consume_timestamp_ms is not None:
             _count("consume_timestamp_ms", self.consume_timestamp_ms, 0)
         object.__setattr__(self, "offset_store_dir", Path(self.offset_store_dir))
+        if not isinstance(self.tls, bool):
+            raise ValueError(f"tls must be true or false, got {self.tls!r}")
+        # Built (and the CA file checked) now, not at the first connection.
+        object.__setattr__(self, "_tls", TlsSettings(ca_file=self.tls_ca_file, connect=self.tls,
+                                                     check_hostname=self.tls_check_hostname))
+        if (self.access_key is None) != (self.secret_key is None):
+            raise ValueError("access_key and secret_key go together: set both or neither")
+        if self.access_key is not None:
+            Credentials(self.access_key, self.secret_key)  # type: ignore[arg-type]  # validates both
+
+    @property
+    def tls_settings(self) -> TlsSettings:
+        """The TLS of every connection this client opens (plaintext unless :attr:`tls`)."""
+        return self._tls  # type: ignore[attr-defined, no-any-return]  # set in __post_init__
 
     @property
     def pull_timeout_s(self) -> float:
@@ -227,6 +261,13 @@ class ClientConfig:
     def change_timeout_s(self) -> float:
         """Client-side timeout of one membership long poll."""
         return self.change_wait_ms / 1000 + self.long_poll_margin_s
+
+    @property
+    def credentials(self) -> Credentials | None:
+        """The credentials requests are signed with (None = unsigned)."""
+        if self.access_key is None or self.secret_key is None:
+            return None
+        return Credentials(self.access_key, self.secret_key)
 
     def new_client_id(self) -> str:
         """The id a new client object uses: :attr:`client_id` when set, else a fresh :func:`default_client_id`."""

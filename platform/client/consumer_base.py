@@ -78,9 +78,11 @@ class ConsumerBase(ABC):
         self.message_model = parse_message_model(message_model)
         self.consume_from_where = parse_consume_from_where(consume_from_where)
         self._subscriptions: dict[str, Subscription] = {}
-        self._namesrv = NameServerClient(config.namesrv_addrs, config.request_timeout_s)
+        self._namesrv = NameServerClient(config.namesrv_addrs, config.request_timeout_s,
+                                         credentials=config.credentials, tls=config.tls_settings)
         self._routes = TopicRouteCache(self._namesrv, miss_retry_s=config.route_miss_retry_s)
-        self._brokers = BrokerClientPool(config.request_timeout_s, remoting=config.transport == "remoting")
+        self._brokers = BrokerClientPool(config.request_timeout_s, remoting=config.transport == "remoting",
+                                         credentials=config.credentials, tls=config.tls_settings)
         self.offset_store: OffsetStore
         if self.message_model is MessageModel.BROADCASTING:
             self.offset_store = LocalOffsetStore(self.group, config.offset_store_dir)
@@ -255,7 +257,8 @@ class ConsumerBase(ABC):
         ready.wait(10)
 
         async def make_client() -> AsyncBrokerRouter:
-            return AsyncBrokerRouter(self.config.request_timeout_s, remoting=self.config.transport == "remoting")
+            return AsyncBrokerRouter(self.config.request_timeout_s, remoting=self.config.transport == "remoting",
+                                     credentials=self.config.credentials, tls=self.config.tls_settings)
 
         self._async = self._run_on_loop(make_client()).result(timeout=10)
 

@@ -199,10 +199,12 @@ class Producer:
         self.group = validate_group(group)
         self.config = config
         self.client_id = config.new_client_id()
-        self._namesrv = NameServerClient(config.namesrv_addrs, config.request_timeout_s, transport=transport)
+        self._namesrv = NameServerClient(config.namesrv_addrs, config.request_timeout_s, transport=transport,
+                                         credentials=config.credentials, tls=config.tls_settings)
         self._routes = TopicRouteCache(self._namesrv, miss_retry_s=config.route_miss_retry_s)
         self._brokers = BrokerClientPool(config.request_timeout_s, transport=transport,
-                                         remoting=config.transport == "remoting")
+                                         remoting=config.transport == "remoting", credentials=config.credentials,
+                                         tls=config.tls_settings)
         self.fault = LatencyFaultTolerance()
         self._selector = QueueSelector(self.fault if config.send_latency_fault_enable else None)
         self._ids = UniqueIdGenerator()

@@ -17,15 +17,17 @@ import json
 import logging
 import socket
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
+from ..auth.signing import Credentials, Signer
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.protocol import PullResult, PullStatus, pull_status
+from ..common.tls import TlsSettings
 from ..common.wire import (
     ARROW_STREAM,
     PULL_HEADERS,
@@ -48,6 +50,8 @@ __all__ = [
     "BrokerClientPool",
     "AsyncBrokerClient",
     "base_url",
+    "SigningAuth",
+    "signing_auth",
 ]
 
 log = logging.getLogger("sparkmq.client")
@@ -72,13 +76,42 @@ OFFSET_RESET = PullStatus.OFFSET_RESET
 _SOCKET_OPTIONS = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 
 
-def _sync_transport(limits: httpx.Limits) -> httpx.HTTPTransport:
-    return httpx.HTTPTransport(limits=limits, socket_options=_SOCKET_OPTIONS)
+def _verify(tls: TlsSettings | None) -> Any:
+    # httpx's ``verify``: the client's context (its CA, hostname check) for HTTPS, the default otherwise.
+    return (tls.client_context_if_connecting() if tls is not None else None) or True
 
 
-def base_url(addr: str) -> str:
-    """``http://host:port`` for a ``host:port`` address (an URL is returned unchanged)."""
-    return addr if addr.startswith(("http://", "https://")) else f"http://{addr}"
+def _sync_transport(limits: httpx.Limits, tls: TlsSettings | None = None) -> httpx.HTTPTransport:
+    return httpx.HTTPTransport(limits=limits, socket_options=_SOCKET_OPTIONS, verify=_verify(tls))
+
+
+class SigningAuth(httpx.Auth):
+    """Signs every request with the client's credentials (``SPARKMQ-HMAC-SHA256``, docs/security.md): method,
+    raw path and query, body and the time, so a broker with ACL on knows who asks and that nothing changed."""
+
+    requires_request_body = True
+
+    def __init__(self, credentials: Credentials) -> None:
+        self._signer = Signer(credentials)
+
+    def auth_flow(self, request: httpx.Request) -> Iterator[httpx.Request]:
+        """Add the ``authorization`` and ``x-sparkmq-date`` headers."""
+        target = request.url.raw_path.decode("ascii")
+        request.headers.update(self._signer.http_headers(request.method, target, request.content))
+        yield request
+
+
+def signing_auth(credentials: Credentials | None) -> SigningAuth | None:
+    """The httpx ``auth`` of a client with ``credentials`` (None: requests go unsigned)."""
+    return SigningAuth(credentials) if credentials is not None else None
+
+
+def base_url(addr: str, tls: TlsSettings | None = None) -> str:
+    """``http://host:port`` for a ``host:port`` address (``https`` when ``tls`` connects; an URL is returned
+    unchanged)."""
+    if addr.startswith(("http://", "https://")):
+        return addr
+    return f"{tls.scheme if tls is not None else 'http'}://{addr}"
 
 
 def _transport_error(addr: str, exc: httpx.HTTPError) -> RemotingError:
@@ -184,15 +217,17 @@ class NameServerClient:
         >>> ns.close()
     """
 
-    def __init__(self, addrs: Sequence[str], timeout_s: float, *, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(self, addrs: Sequence[str], timeout_s: float, *, transport: httpx.BaseTransport | None = None,
+                 credentials: Credentials | None = None, tls: TlsSettings | None = None) -> None:
         if not addrs:
             raise ValueError("at least one name server address is needed")
         self.addrs = tuple(addrs)
         self._timeout = timeout_s
+        self._tls = tls  # HTTPS when it connects
         self._index = 0
         self._lock = threading.Lock()
-        self._http = httpx.Client(timeout=timeout_s,
-                                  transport=transport or _sync_transport(httpx.Limits(max_connections=20)))
+        self._http = httpx.Client(timeout=timeout_s, auth=signing_auth(credentials),
+                                  transport=transport or _sync_transport(httpx.Limits(max_connections=20), tls))
 
     @property
     def current(self) -> str:
@@ -208,7 +243,7 @@ class NameServerClient:
             index = (start + step) % len(self.addrs)
             addr = self.addrs[index]
             try:
-                resp = self._http.request(method, base_url(addr) + path, **kwargs)
+                resp = self._http.request(method, base_url(addr, self._tls) + path, **kwargs)
             except httpx.HTTPError as exc:
                 last = _transport_error(addr, exc)
                 log.debug("name server %s failed: %s", addr, last)
@@ -229,7 +264,7 @@ class NameServerClient:
         out: dict[str, Any | SparkMQError] = {}
         for addr in self.addrs:
             try:
-                out[addr] = _json(self._http.request(method, base_url(addr) + path, **kwargs))
+                out[addr] = _json(self._http.request(method, base_url(addr, self._tls) + path, **kwargs))
             except httpx.HTTPError as exc:
                 out[addr] = _transport_error(addr, exc)
             except SparkMQError as exc:
@@ -266,14 +301,15 @@ class BrokerClient:
         >>> b.close()
     """
 
-    def __init__(self, addr: str, timeout_s: float, *, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(self, addr: str, timeout_s: float, *, transport: httpx.BaseTransport | None = None,
+                 credentials: Credentials | None = None, tls: TlsSettings | None = None) -> None:
         self.addr = addr
-        self.url = base_url(addr)
+        self.url = base_url(addr, tls)  # HTTPS when ``tls`` connects
         self._timeout = timeout_s
         # Sends come from many threads at once; keep enough idle connections for them.
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=64)
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s,
-                                  transport=transport or _sync_transport(limits))
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, auth=signing_auth(credentials),
+                                  transport=transport or _sync_transport(limits, tls))
 
     def _call(self, method: str, path: str, *, timeout: float | None = None, **kwargs: Any) -> httpx.Response:
         try:
@@ -522,6 +558,34 @@ class BrokerClient:
         """``GET /health``."""
         return self._get("/health", timeout=timeout)
 
+    # access control (docs/security.md); super users only while ACL is on
+    def acl_users(self) -> list[dict[str, Any]]:
+        """``GET /acl/users``: access keys and super-user flags (never secrets)."""
+        return list(self._get("/acl/users")["users"])
+
+    def acl_create_user(self, access_key: str, secret_key: str, *, super_user: bool = False,
+                        update: bool = False) -> dict[str, Any]:
+        """``POST /acl/users``: create a user (or, with ``update``, change its secret and flag)."""
+        return self._post("/acl/users", {"access_key": access_key, "secret_key": secret_key,
+                                         "super_user": super_user, "update": update})
+
+    def acl_delete_user(self, access_key: str) -> dict[str, Any]:
+        """``DELETE /acl/users/{access_key}``: ``{"access_key", "deleted"}``."""
+        return _json(self._call("DELETE", f"/acl/users/{_seg(access_key)}"))
+
+    def acl_policies(self, subject: str | None = None) -> list[dict[str, Any]]:
+        """``GET /acl/policies``: every policy, or one subject's."""
+        return list(self._get("/acl/policies", params={"subject": subject} if subject else None)["policies"])
+
+    def acl_put_policy(self, subject: str, entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """``POST /acl/policies``: add entries (``resource``, ``actions``, ``decision``, ``source_ips``)."""
+        return self._post("/acl/policies", {"subject": subject, "entries": [dict(e) for e in entries]})
+
+    def acl_delete_policy(self, subject: str, resource: str | None = None) -> dict[str, Any]:
+        """``DELETE /acl/policies/{subject}``: one resource's entry, or all; ``{"subject", "removed"}``."""
+        params = {"resource": resource} if resource else None
+        return _json(self._call("DELETE", f"/acl/policies/{_seg(subject)}", params=params))
+
     def close(self) -> None:
         """Close the connection pool."""
         self._http.close()
@@ -539,10 +603,14 @@ class BrokerClientPool:
     """
 
     def __init__(self, timeout_s: float, *, transport: httpx.BaseTransport | None = None,
-                 remoting: bool = False) -> None:
+                 remoting: bool = False, credentials: Credentials | None = None,
+                 tls: TlsSettings | None = None) -> None:
         """``remoting``: reach a broker over its remoting endpoint when a route named one (HTTP otherwise);
-        ``transport`` (an httpx transport, tests pass ``httpx.MockTransport``) forces HTTP."""
+        ``transport`` (an httpx transport, tests pass ``httpx.MockTransport``) forces HTTP; ``credentials``
+        sign every request (brokers with ACL on)."""
         self._timeout = timeout_s
+        self._credentials = credentials
+        self._tls = tls  # both transports over TLS when it connects
         self._transport = transport
         self._remoting = remoting and transport is None
         self._clients: dict[str, Any] = {}
@@ -560,10 +628,12 @@ class BrokerClientPool:
                 from .broker_remoting import RemotingBrokerClient, sync_transport  # noqa: PLC0415  # import cycle
 
                 if self._sync is None:
-                    self._sync = sync_transport(self._timeout)
-                client = RemotingBrokerClient(addr, endpoint, self._timeout, self._sync)
+                    self._sync = sync_transport(self._timeout, self._tls)
+                client = RemotingBrokerClient(addr, endpoint, self._timeout, self._sync,
+                                              credentials=self._credentials)
             else:
-                client = BrokerClient(addr, self._timeout, transport=self._transport)
+                client = BrokerClient(addr, self._timeout, transport=self._transport, credentials=self._credentials,
+                                      tls=self._tls)
             self._clients[addr] = client
             return client
 
@@ -585,11 +655,14 @@ class AsyncBrokerClient:
     long poll per queue needs one connection per poll and nothing else.
     """
 
-    def __init__(self, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(self, *, transport: httpx.AsyncBaseTransport | None = None,
+                 credentials: Credentials | None = None, tls: TlsSettings | None = None) -> None:
         # No connection cap: every assigned queue holds a long poll open at all times.
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-        self._http = httpx.AsyncClient(
-            transport=transport or httpx.AsyncHTTPTransport(limits=limits, socket_options=_SOCKET_OPTIONS))
+        self._tls = tls  # HTTPS when it connects
+        self._http = httpx.AsyncClient(auth=signing_auth(credentials),
+            transport=transport or httpx.AsyncHTTPTransport(limits=limits, socket_options=_SOCKET_OPTIONS,
+                                                            verify=_verify(tls)))
 
     async def pull(self, addr: str, topic: str, queue_id: int, offset: int, max_messages: int, *, tags: str,
                    wait_ms: int, timeout: float, group: str | None = None, client_id: str | None = None,
@@ -597,7 +670,7 @@ class AsyncBrokerClient:
         """Async twin of :meth:`BrokerClient.pull`."""
         headers = {"Accept": ARROW_STREAM} if arrow else None
         try:
-            resp = await self._http.get(f"{base_url(addr)}/topics/{_seg(topic)}/queues/{queue_id}/messages",
+            resp = await self._http.get(f"{base_url(addr, self._tls)}/topics/{_seg(topic)}/queues/{queue_id}/messages",
                                         params=_pull_params(offset, max_messages, tags, wait_ms, group, client_id,
                                                             filter_type, expression),
                                         headers=headers, timeout=timeout)
@@ -609,7 +682,7 @@ class AsyncBrokerClient:
                             timeout: float) -> dict[str, Any]:
         """Async twin of :meth:`BrokerClient.group_changes`."""
         try:
-            resp = await self._http.get(f"{base_url(addr)}/consumers/{_seg(group)}/changes",
+            resp = await self._http.get(f"{base_url(addr, self._tls)}/consumers/{_seg(group)}/changes",
                                         params={"version": version, "wait_ms": wait_ms}, timeout=timeout)
         except httpx.HTTPError as exc:
             raise _transport_error(addr, exc) from None

@@ -29,7 +29,8 @@ class ErrorCode(Enum):
     MESSAGE_ID_ILLEGAL = (9, 400, "the message id cannot be decoded")
     TOPIC_NOT_EXIST = (10, 404, "the topic does not exist")
     MESSAGE_NOT_FOUND = (11, 404, "no message at that id or offset")
-    NO_PERMISSION = (12, 403, "the topic's perm forbids this operation")
+    NO_PERMISSION = (12, 403, "the topic's perm forbids this operation, or the ACL does not allow the caller "
+                              "this action on this resource from this address")
     STORE_LOCKED = (13, 409, "another process has the store open")
     SERVICE_NOT_AVAILABLE = (14, 503, "the service is starting, stopping or read-only")
     SLAVE_NOT_AVAILABLE = (15, 503, "no in-sync slave is available for a SYNC_MASTER write")
@@ -49,6 +50,8 @@ class ErrorCode(Enum):
     INVALID_RECEIPT_HANDLE = (28, 400, "the POP receipt handle is malformed, of another group or topic, stale "
                                        "(acked, redelivered or renewed since) or past its invisible time")
     INVISIBLE_TIME_ILLEGAL = (29, 400, "a POP invisible time is outside the allowed range")
+    AUTHENTICATION_FAILED = (30, 401, "the request carries no credentials, an unknown access key, a bad signature, "
+                                      "or a timestamp outside the clock-skew window (ACL on)")
 
     @property
     def remoting_code(self) -> int:

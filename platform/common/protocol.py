@@ -35,6 +35,7 @@ __all__ = [
     "ConsumeFromWhere",
     "ExpressionType",
     "MAX_PULL_BATCH",
+    "MAX_LONG_POLL_MS",
     "MAX_BULK_PULL_BATCH",
     "MAX_MSG_ID_LENGTH",
     "Header",
@@ -101,6 +102,10 @@ MAX_PULL_BATCH = 1024
 MAX_BULK_PULL_BATCH = 16384
 #: The longest unique message id (UNIQ_KEY) a producer may give.
 MAX_MSG_ID_LENGTH = 128
+#: The longest a long poll (a pull's ``wait_ms``, a group-change or check-back poll) may be held, in ms:
+#: shorter than an HTTP client's usual timeout, so a held request never outlives the caller.  Longer is
+#: INVALID_ARGUMENT (``docs/http-api.md``, "Limits").
+MAX_LONG_POLL_MS = 30_000
 
 
 class RequestCode(enum.IntEnum):

@@ -15,6 +15,8 @@ __all__ = [
     "MAX_GROUP_LENGTH",
     "DEFAULT_MAX_MESSAGE_SIZE",
     "DEFAULT_MAX_PROPERTIES_SIZE",
+    "NAME_CHARS",
+    "SYSTEM_TOPIC_PREFIXES",
     "validate_topic",
     "validate_group",
 ]
@@ -25,8 +27,14 @@ MAX_GROUP_LENGTH = 120
 DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
 DEFAULT_MAX_PROPERTIES_SIZE = 32767
 
-_NAME_CHARS = re.compile(r"^[%|a-zA-Z0-9_-]+$")
-_RETRY_OR_DLQ = ("%RETRY%", "%DLQ%")
+#: The characters of topic and group names (a regular-expression character class).
+NAME_CHARS = "[%|a-zA-Z0-9_-]"
+#: Topics with these prefixes (retry and dead-letter topics) may be MAX_SYSTEM_TOPIC_LENGTH long.
+SYSTEM_TOPIC_PREFIXES = ("%RETRY%", "%DLQ%")
+
+# fullmatch, not match with $: "$" also matches before a trailing newline.
+_NAME_CHARS = re.compile(f"{NAME_CHARS}+")
+_RETRY_OR_DLQ = SYSTEM_TOPIC_PREFIXES
 
 
 def validate_topic(topic: object) -> str:
@@ -36,7 +44,7 @@ def validate_topic(topic: object) -> str:
     limit = MAX_SYSTEM_TOPIC_LENGTH if topic.startswith(_RETRY_OR_DLQ) else MAX_TOPIC_LENGTH
     if len(topic) > limit:
         raise SparkMQError(ErrorCode.TOPIC_ILLEGAL, f"the topic is {len(topic)} characters, the limit is {limit}")
-    if not _NAME_CHARS.match(topic):
+    if not _NAME_CHARS.fullmatch(topic):
         raise SparkMQError(ErrorCode.TOPIC_ILLEGAL, f"the topic {topic!r} has characters outside [%|a-zA-Z0-9_-]")
     return topic
 
@@ -48,6 +56,6 @@ def validate_group(group: object) -> str:
     if len(group) > MAX_GROUP_LENGTH:
         raise SparkMQError(ErrorCode.GROUP_ILLEGAL,
                            f"the group is {len(group)} characters, the limit is {MAX_GROUP_LENGTH}")
-    if not _NAME_CHARS.match(group):
+    if not _NAME_CHARS.fullmatch(group):
         raise SparkMQError(ErrorCode.GROUP_ILLEGAL, f"the group {group!r} has characters outside [%|a-zA-Z0-9_-]")
     return group

@@ -257,6 +257,10 @@ def send_rows_from_arrow(table: pa.Table) -> list[SendRow]:
     Only ``body`` is required; ``tags``, ``keys`` and ``properties`` may be absent.
     ``body`` may be binary or string (UTF-8).
     """
+    try:  # every buffer, offset and UTF-8 string checked: a mutated stream reads "fine" and fails in to_pylist
+        table.validate(full=True)
+    except pa.ArrowInvalid as exc:
+        raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, f"the Arrow batch is malformed: {exc}") from None
     names = set(table.column_names)
     if "body" not in names:
         raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL,

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..common.errors import SparkMQError
 from ..common.message import SendStatus
+from ..common.tls import TlsSettings, start_stream_server
 from ..common.waiters import OffsetWaiters, WaiterRegistry
 from ..store import AppendEvent, MessageStore
 from .protocol import (
@@ -106,10 +107,11 @@ class ReplicationMaster:
         assert self._server is not None and self._server.sockets
         return int(self._server.sockets[0].getsockname()[1])
 
-    async def start(self, host: str, port: int) -> ReplicationMaster:
-        """Listen on ``host:port`` (0 = a free port) on the running loop."""
+    async def start(self, host: str, port: int, *, tls: TlsSettings | None = None) -> ReplicationMaster:
+        """Listen on ``host:port`` (0 = a free port) on the running loop; TLS as ``tls`` says (see
+        :func:`~sparkmq.platform.common.tls.create_server`)."""
         self._loop = asyncio.get_running_loop()
-        self._server = await asyncio.start_server(self._serve, host, port)
+        self._server = await start_stream_server(self._serve, host, port, tls=tls)
         log.info("%s: replication (HA) port %d open%s", self.broker_name, self.port,
                  " (SYNC_MASTER: sends wait for a slave)" if self.sync else "")
         return self

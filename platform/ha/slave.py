@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..common.errors import SparkMQError
+from ..common.tls import TlsSettings
 from ..remoting.client import split_addr
 from ..store import MessageStore
 from .protocol import (
@@ -54,8 +55,10 @@ class ReplicationSlave:
     """Replicates a master's log into ``store`` on a daemon thread."""
 
     def __init__(self, store: MessageStore, broker_name: str, broker_id: int,
-                 master_addr: Callable[[], str | None]) -> None:
+                 master_addr: Callable[[], str | None], *, tls: TlsSettings | None = None) -> None:
         self.store = store
+        #: Connect to the master over TLS when ``tls.connects`` (verified against ``tls.ca_file``).
+        self.tls = tls or TlsSettings()
         self.broker_name = broker_name
         self.broker_id = broker_id
         self._master_addr = master_addr
@@ -139,6 +142,7 @@ class ReplicationSlave:
         if self._stop.is_set():
             return
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = self._sock = self.tls.wrap_client_socket(sock, host)  # an ssl.SSLError is an OSError: retried
         store = self.store
         sock.sendall(encode_hello(self.broker_name, self.broker_id, store.log_offsets().max_offset))
         magic, _version, status, master_max = WELCOME.unpack(self._recv_exactly(sock, WELCOME.size))

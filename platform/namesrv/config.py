@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
+
+from ..common.tls import TlsSettings
 
 __all__ = ["NameServerConfig", "DEFAULT_PORT", "DEFAULT_SCAN_INTERVAL_S", "DEFAULT_BROKER_EXPIRY_S"]
 
@@ -38,6 +41,10 @@ class NameServerConfig:
     scan_interval_s: float = DEFAULT_SCAN_INTERVAL_S
     #: A broker address silent for longer than this is removed with everything it served.
     broker_expiry_s: float = DEFAULT_BROKER_EXPIRY_S
+    #: TLS (docs/security-tls.md): PEM certificate chain and key the HTTP port serves with; unset = plaintext.
+    #: A name server only listens (HTTP), and an HTTP port with a certificate serves TLS only.
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host.strip():
@@ -46,3 +53,12 @@ class NameServerConfig:
             raise ValueError(f"port must be an integer in 0..65535, got {self.port!r}")
         _positive_seconds("scan_interval_s", self.scan_interval_s)
         _positive_seconds("broker_expiry_s", self.broker_expiry_s)
+        for name in ("tls_cert_file", "tls_key_file"):
+            if isinstance(getattr(self, name), Path):
+                object.__setattr__(self, name, str(getattr(self, name)))
+        object.__setattr__(self, "_tls", TlsSettings(self.tls_cert_file, self.tls_key_file))  # validates now
+
+    @property
+    def tls(self) -> TlsSettings:
+        """The TLS settings of the HTTP port."""
+        return self._tls  # type: ignore[attr-defined, no-any-return]  # set in __post_init__

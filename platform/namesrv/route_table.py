@@ -62,9 +62,14 @@ MAX_QUEUE_NUMS = 65535
 #: Upper bound on cluster and broker name length (same as topics).
 MAX_NAME_LENGTH = 127
 
-_NAME = re.compile(r"^[%|a-zA-Z0-9_.-]+$")
-# host:port where host is an IPv4 address, a hostname or a bracketed IPv6 address.
-_ADDR = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$")
+#: The characters of cluster and broker names (a regular-expression character class).
+NAME_CHARS = "[%|a-zA-Z0-9_.-]"
+#: ``host:port`` where host is an IPv4 address, a hostname or a bracketed IPv6 address (port 1..65535 checked apart).
+ADDR_PATTERN = r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$"
+
+# fullmatch: "$" alone would also accept a trailing newline.
+_NAME = re.compile(f"{NAME_CHARS}+")
+_ADDR = re.compile(ADDR_PATTERN)
 
 
 def _invalid(message: str) -> SparkMQError:
@@ -84,13 +89,13 @@ def _check_name(kind: str, value: object) -> str:
         raise _invalid(f"the {kind} must be a non-empty string, got {value!r}")
     if len(value) > MAX_NAME_LENGTH:
         raise _invalid(f"the {kind} is {len(value)} characters, the limit is {MAX_NAME_LENGTH}")
-    if not _NAME.match(value):
+    if not _NAME.fullmatch(value):
         raise _invalid(f"the {kind} {value!r} has characters outside [%|a-zA-Z0-9_.-]")
     return value
 
 
 def _check_addr(kind: str, value: object) -> str:
-    match = _ADDR.match(value) if isinstance(value, str) else None
+    match = _ADDR.fullmatch(value) if isinstance(value, str) else None
     if match is None or not 1 <= int(match.group(2)) <= 65535:
         raise _invalid(f"the {kind} must be 'host:port' with a port in 1..65535, got {value!r}")
     return value  # type: ignore[return-value]  # matched a str above

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import select
 import socket
+import ssl
 import threading
 import time
 import weakref
@@ -33,14 +34,21 @@ class BlockingConnection:
     """One TCP connection used by one thread at a time for request/response; not thread-safe."""
 
     def __init__(self, addr: str, *, connect_timeout_s: float,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, ssl_context: ssl.SSLContext | None = None) -> None:
         self.addr = addr
         host, port = split_addr(addr)
         try:
-            self._sock = socket.create_connection((host, port), timeout=connect_timeout_s)
+            sock = socket.create_connection((host, port), timeout=connect_timeout_s)
         except OSError as exc:
             raise RemotingError(addr, f"cannot connect: {exc}") from None
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if ssl_context is not None:
+            try:
+                sock = ssl_context.wrap_socket(sock, server_hostname=host)
+            except OSError as exc:  # ssl.SSLError included: a failed verification, a server without TLS
+                sock.close()
+                raise RemotingError(addr, f"TLS handshake failed: {exc}") from None
+        self._sock = sock
         self._decoder = FrameDecoder(max_frame_bytes)
         self._max_frame_bytes = max_frame_bytes
         self._opaque = 0
@@ -97,10 +105,24 @@ class BlockingConnection:
             return False
         # Readable while idle means EOF or a reset: the server closed it.
         readable, _, _ = select.select([self._sock], [], [], 0)
-        if readable:
+        if readable and not self._only_tls_records():
             self.close()
             return False
         return True
+
+    def _only_tls_records(self) -> bool:
+        """Whether what made an idle TLS socket readable is TLS's own (a TLS 1.3 session ticket), not EOF."""
+        sock = self._sock
+        if not isinstance(sock, ssl.SSLSocket):
+            return False
+        try:
+            sock.setblocking(False)  # request() sets its own timeout again
+            sock.recv(1)  # processes the records; application data here would be a stray: drop the connection
+        except ssl.SSLWantReadError:
+            return True
+        except OSError:
+            return False
+        return False
 
     def close(self) -> None:
         """Close the socket (idempotent)."""
@@ -116,8 +138,10 @@ class DirectConnections:
     """Per-thread :class:`BlockingConnection` s by address, at most ``max_per_addr`` per address."""
 
     def __init__(self, *, connect_timeout_s: float, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-                 max_per_addr: int = 8, idle_limit_s: float = DEFAULT_IDLE_TIMEOUT_S / 2) -> None:
+                 max_per_addr: int = 8, idle_limit_s: float = DEFAULT_IDLE_TIMEOUT_S / 2,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.connect_timeout_s = connect_timeout_s
+        self.ssl_context = ssl_context
         self.max_frame_bytes = max_frame_bytes
         self.max_per_addr = max_per_addr
         self.idle_limit_s = idle_limit_s
@@ -142,7 +166,7 @@ class DirectConnections:
             if sum(1 for c in self._all if c.addr == addr and not c.closed) >= self.max_per_addr:
                 return None
         conn = BlockingConnection(addr, connect_timeout_s=self.connect_timeout_s,
-                                  max_frame_bytes=self.max_frame_bytes)
+                                  max_frame_bytes=self.max_frame_bytes, ssl_context=self.ssl_context)
         with self._lock:
             self._all.add(conn)
         conns[addr] = conn

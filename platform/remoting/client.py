@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import logging
+import ssl
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -173,16 +174,24 @@ class RemotingConnection(asyncio.Protocol):
     async def connect(cls, addr: str, *, timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
                       max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
                       heartbeat_interval_s: float | None = DEFAULT_HEARTBEAT_INTERVAL_S,
-                      on_push: PushCallback | None = None) -> RemotingConnection:
-        """Open a connection to ``"host:port"`` on the running loop; raises :class:`RemotingError`."""
+                      on_push: PushCallback | None = None,
+                      ssl_context: ssl.SSLContext | None = None) -> RemotingConnection:
+        """Open a connection to ``"host:port"`` on the running loop; raises :class:`RemotingError`.
+
+        With ``ssl_context`` the connection is TLS, the server verified as the context says (a failed
+        verification or a server that does not speak TLS is a RemotingError too).
+        """
         loop = asyncio.get_running_loop()
         host, port = split_addr(addr)
         conn = cls(addr, loop, max_frame_bytes=max_frame_bytes, heartbeat_interval_s=heartbeat_interval_s,
                    on_push=on_push)
+        tls: dict[str, Any] = {} if ssl_context is None else {"ssl": ssl_context, "server_hostname": host}
         try:
-            await asyncio.wait_for(loop.create_connection(lambda: conn, host, port), timeout)
+            await asyncio.wait_for(loop.create_connection(lambda: conn, host, port, **tls), timeout)
         except TimeoutError:
             raise RemotingError(addr, f"connect timed out after {timeout:g}s") from None
+        except ssl.SSLError as exc:  # before OSError: SSLError is one
+            raise RemotingError(addr, f"TLS handshake failed ({exc.reason or exc})") from None
         except OSError as exc:
             raise RemotingError(addr, f"connect failed ({exc.strerror or exc})") from None
         return conn

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import ssl
 import threading
 import weakref
 from collections.abc import Callable
@@ -36,19 +37,22 @@ class SyncRemotingClient:
                  max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
                  heartbeat_interval_s: float | None = DEFAULT_HEARTBEAT_INTERVAL_S,
                  on_push: Callable[[str, Frame], Reply | None] | None = None,
-                 loop_thread: LoopThread | None = None) -> None:
+                 loop_thread: LoopThread | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
         self.max_frame_bytes = max_frame_bytes
         self.heartbeat_interval_s = heartbeat_interval_s
         self.on_push = on_push
+        #: Connections are TLS with this context (None = plaintext).
+        self.ssl_context = ssl_context
         self._loop_thread = loop_thread
         self._shared_loop = False  # whether this client holds the process-wide loop thread
         self._conns: dict[str, RemotingConnection] = {}
         self._connect_locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
         self._closed = False
-        self._direct = DirectConnections(connect_timeout_s=connect_timeout_s, max_frame_bytes=max_frame_bytes)
+        self._direct = DirectConnections(connect_timeout_s=connect_timeout_s, max_frame_bytes=max_frame_bytes,
+                                         ssl_context=ssl_context)
         _SYNC_CLIENTS.add(self)
 
     def _forget_after_fork(self) -> None:
@@ -60,7 +64,7 @@ class SyncRemotingClient:
         self._shared_loop = False
         # The parent's sockets are not this process's to use (nor to close).
         self._direct = DirectConnections(connect_timeout_s=self.connect_timeout_s,
-                                         max_frame_bytes=self.max_frame_bytes)
+                                         max_frame_bytes=self.max_frame_bytes, ssl_context=self.ssl_context)
 
     @property
     def loop_thread(self) -> LoopThread:
@@ -88,7 +92,7 @@ class SyncRemotingClient:
                 on_push = None if self.on_push is None else (lambda frame, _a=addr: self.on_push(_a, frame))
                 conn = loop_thread.run(RemotingConnection.connect(
                     addr, timeout=self.connect_timeout_s, max_frame_bytes=self.max_frame_bytes,
-                    heartbeat_interval_s=self.heartbeat_interval_s, on_push=on_push))
+                    heartbeat_interval_s=self.heartbeat_interval_s, on_push=on_push, ssl_context=self.ssl_context))
                 self._conns[addr] = conn
             return conn
 
@@ -189,12 +193,15 @@ class AsyncRemotingClient:
                  request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
                  max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
                  heartbeat_interval_s: float | None = DEFAULT_HEARTBEAT_INTERVAL_S,
-                 on_push: Callable[[str, Frame], Reply | None] | None = None) -> None:
+                 on_push: Callable[[str, Frame], Reply | None] | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
         self.max_frame_bytes = max_frame_bytes
         self.heartbeat_interval_s = heartbeat_interval_s
         self.on_push = on_push
+        #: Connections are TLS with this context (None = plaintext).
+        self.ssl_context = ssl_context
         self._conns: dict[str, RemotingConnection] = {}
         self._connecting: dict[str, asyncio.Future[RemotingConnection]] = {}
         self._closed = False
@@ -215,7 +222,7 @@ class AsyncRemotingClient:
             on_push = None if self.on_push is None else (lambda frame, _a=addr: self.on_push(_a, frame))
             conn = await RemotingConnection.connect(
                 addr, timeout=self.connect_timeout_s, max_frame_bytes=self.max_frame_bytes,
-                heartbeat_interval_s=self.heartbeat_interval_s, on_push=on_push)
+                heartbeat_interval_s=self.heartbeat_interval_s, on_push=on_push, ssl_context=self.ssl_context)
         except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError):
                 fut.cancel()

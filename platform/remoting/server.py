@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
 from ..common.errors import ErrorCode, SparkMQError
+from ..common.limits import ConnectionLimits, PerAddressCounter, RefusalLog
 from ..common.protocol import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_FRAME_BYTES,
@@ -23,6 +24,7 @@ from ..common.protocol import (
     RESPONSE_SUCCESS,
     RequestCode,
 )
+from ..common.tls import TlsSettings, create_server
 from .codec import (
     Frame,
     FrameData,
@@ -66,6 +68,8 @@ class ServerConnection(asyncio.Protocol):
     def __init__(self, server: RemotingServer) -> None:
         self.server = server
         self.peer = "?"
+        #: The source IP, counted against the per-address limit once admitted.
+        self.ip: str | None = None
         self.attributes: dict[str, Any] = {}
         self._loop = server._loop
         self._transport: asyncio.Transport | None = None
@@ -77,6 +81,8 @@ class ServerConnection(asyncio.Protocol):
         self._inflight = 0    # handler tasks not yet answered (a connection with some is not idle)
         self._active = True   # received something since the last idle sweep
         self._idle_since = 0.0
+        self._write_paused = False     # the peer does not read its replies (backpressure)
+        self._inflight_paused = False  # too many of its requests are being answered (backpressure)
 
     # ---- public -------------------------------------------------------------------------
 
@@ -124,9 +130,14 @@ class ServerConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]  # uvloop transports are not asyncio.Transport subclasses
         peer = transport.get_extra_info("peername")
+        host = "?"
         if isinstance(peer, tuple) and len(peer) >= 2:
             host = peer[0]
             self.peer = f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
+        if not self.server._admit(self, host):
+            self._closed = True
+            transport.abort()
+            return
         high = self.server.write_high_water
         transport.set_write_buffer_limits(high=high, low=high // 4)
         self.server._opened(self)
@@ -135,6 +146,8 @@ class ServerConnection(asyncio.Protocol):
         self._closed = True
         self._transport = None
         self._wq = None
+        if self.ip is None:  # refused in connection_made: never opened as far as the server is concerned
+            return
         self.server._lost(self)
         callbacks, self._close_callbacks = self._close_callbacks, []
         for callback in callbacks:
@@ -145,12 +158,21 @@ class ServerConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         # Backpressure: the peer does not read its replies fast enough; stop taking its requests.
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.pause_reading()
+        self._write_paused = True
+        self._update_reading()
 
     def resume_writing(self) -> None:
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.resume_reading()
+        self._write_paused = False
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        if self._write_paused or self._inflight_paused:
+            transport.pause_reading()
+        else:
+            transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         self._active = True
@@ -207,6 +229,10 @@ class ServerConnection(asyncio.Protocol):
 
     def _spawn(self, frame: Frame, awaitable: Any) -> None:
         self._inflight += 1
+        if self._inflight >= self.server.limits.max_inflight_per_connection and not self._inflight_paused:
+            # Read no more of its requests until answers go out (a long-poll flood, a runaway pipeline).
+            self._inflight_paused = True
+            self._update_reading()
         if type(awaitable) is Deferred:
             finish = awaitable.finish
             awaitable.future.add_done_callback(lambda f: self._answer_deferred(frame, finish, f))
@@ -221,7 +247,7 @@ class ServerConnection(asyncio.Protocol):
         except Exception as exc:
             self._answered(frame, None, exc)
         except BaseException:  # cancelled (a stop past its grace): nothing to answer
-            self._inflight -= 1
+            self._done_one()
             raise
         else:
             self._answered(frame, reply, None)
@@ -229,7 +255,7 @@ class ServerConnection(asyncio.Protocol):
     def _answer_deferred(self, frame: Frame, finish: Callable[[asyncio.Future[Any]], Reply | None],
                          future: asyncio.Future[Any]) -> None:
         if future.cancelled():  # a stop past its grace: nothing to answer
-            self._inflight -= 1
+            self._done_one()
             return
         try:
             reply = finish(future)
@@ -240,7 +266,7 @@ class ServerConnection(asyncio.Protocol):
 
     def _answered(self, frame: Frame, reply: Any, error: Exception | None) -> None:
         """Queue the answer to a request answered later: its reply, or the error its handler raised."""
-        self._inflight -= 1
+        self._done_one()
         if frame.flags & FLAG_ONEWAY:
             if error is not None and not isinstance(error, SparkMQError):
                 self.server._handler_failed(frame, error)
@@ -257,6 +283,12 @@ class ServerConnection(asyncio.Protocol):
             self.server._handler_failed(frame, error)
             data = _error_frame(frame.opaque, ErrorCode.INTERNAL_ERROR, _internal_message(error))
         self._queue_write(data)
+
+    def _done_one(self) -> None:
+        self._inflight -= 1
+        if self._inflight_paused and self._inflight < self.server.limits.max_inflight_per_connection // 2:
+            self._inflight_paused = False
+            self._update_reading()
 
     def _queue_write(self, data: FrameData) -> None:
         """Write on the next loop pass, together with everything else queued in this one."""
@@ -326,17 +358,23 @@ class RemotingServer:
     :meth:`stats` report on them.  A connection that sent nothing for ``idle_timeout_s`` (and has
     no request being answered) is closed; one whose unsent replies exceed ``write_high_water`` is
     not read until they drain to a quarter of it (backpressure).  A protocol error closes only the
-    connection that made it.
+    connection that made it.  With ``tls`` (certificates configured) the port speaks TLS, and plaintext
+    too unless ``tls.required``.
     """
 
     def __init__(self, handler: Handler, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
                  idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S, write_high_water: int = DEFAULT_WRITE_HIGH_WATER,
-                 backlog: int = 1024, on_connect: Callable[[ServerConnection], None] | None = None) -> None:
+                 backlog: int = 1024, on_connect: Callable[[ServerConnection], None] | None = None,
+                 tls: TlsSettings | None = None, limits: ConnectionLimits | None = None) -> None:
         self.max_frame_bytes = max_frame_bytes
         self.idle_timeout_s = idle_timeout_s
         self.write_high_water = write_high_water
         self.backlog = backlog
         self.on_connect = on_connect
+        #: TLS of the port (:func:`~sparkmq.platform.common.tls.create_server`): off, both, or TLS only.
+        self.tls = tls
+        #: Connections per source address and requests in flight per connection (settable before start).
+        self.limits = limits or ConnectionLimits()
         self.host: str | None = None
         self.port: int | None = None
         self.requests = 0
@@ -355,6 +393,8 @@ class RemotingServer:
         self._idle_closed = 0
         self._handler_errors = 0
         self._logged_failures: set[tuple[int, type]] = set()
+        self._per_ip: PerAddressCounter | None = None
+        self._refusals = RefusalLog(log, "remoting")
 
     @property
     def connection_count(self) -> int:
@@ -370,7 +410,8 @@ class RemotingServer:
         """Counters: open connections, accepted, requests, protocol errors, idle closes, handler errors."""
         return {"connections": len(self._conns), "accepted": self._accepted, "requests": self.requests,
                 "protocol_errors": self._protocol_errors, "idle_closed": self._idle_closed,
-                "handler_errors": self._handler_errors, "in_flight": len(self._tasks)}
+                "handler_errors": self._handler_errors, "in_flight": len(self._tasks),
+                "refused": sum(self._refusals.refused.values())}
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> RemotingServer:
         """Listen on ``host:port`` (0 = a free port, see :attr:`port`) on the running loop; returns self."""
@@ -379,8 +420,8 @@ class RemotingServer:
         self._loop = asyncio.get_running_loop()
         self._loop_thread_id = threading.get_ident()
         self._stopping = False
-        self._server = await self._loop.create_server(
-            lambda: ServerConnection(self), host, port, backlog=self.backlog, reuse_address=True)
+        self._server = await create_server(lambda: ServerConnection(self), host, port, tls=self.tls,
+                                           backlog=self.backlog)
         sock = self._server.sockets[0]
         self.host, self.port = sock.getsockname()[:2]
         self._arm_sweep()
@@ -427,6 +468,16 @@ class RemotingServer:
 
     # ---- called by connections ----------------------------------------------------------
 
+    def _admit(self, conn: ServerConnection, ip: str) -> bool:
+        if self._per_ip is None or self._per_ip.limit != self.limits.max_connections_per_ip:
+            self._per_ip = PerAddressCounter(self.limits.max_connections_per_ip)
+        if not self._per_ip.admit(ip):
+            self._refusals.refused_one(ip, f"{self._per_ip[ip]} connections open, the most one address may hold "
+                                           f"(max_connections_per_ip)")
+            return False
+        conn.ip = ip
+        return True
+
     def _opened(self, conn: ServerConnection) -> None:
         self._accepted += 1
         self._conns.add(conn)
@@ -441,6 +492,8 @@ class RemotingServer:
 
     def _lost(self, conn: ServerConnection) -> None:
         self._conns.discard(conn)
+        if conn.ip is not None and self._per_ip is not None:
+            self._per_ip.release(conn.ip)
         if not self._conns and self._all_closed is not None:
             self._all_closed.set()
 

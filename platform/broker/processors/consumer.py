@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...common.errors import ErrorCode, SparkMQError
+from ...common.protocol import MAX_LONG_POLL_MS
 from ...common.system_topics import (
     retry_topic,
 )
@@ -162,7 +163,7 @@ class ConsumerProcessor(Processor):
     async def wait_group_change(self, group: str, version: int, wait_ms: int) -> tuple[int, list[str]]:
         """Long-poll a group's membership: answers when its version differs from ``version`` or at ``wait_ms``."""
         check_int("version", version, 0, 2**63 - 1)
-        check_int("wait_ms", wait_ms, 0, 2**31 - 1)
+        check_int("wait_ms", wait_ms, 0, MAX_LONG_POLL_MS)
         timeout = wait_ms / 1000.0 if self.running else 0.0
         return await self.clients.wait_change(group, version, timeout)
 

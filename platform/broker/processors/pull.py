@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from ...common.errors import ErrorCode, SparkMQError
 from ...common.filtering import FILTER_SQL92, FILTER_TAG, SqlFilter, compile_filter, parse_tags
-from ...common.protocol import MAX_BULK_PULL_BATCH, MAX_PULL_BATCH, PackedPull, PullResult, PullStatus
+from ...common.protocol import MAX_BULK_PULL_BATCH, MAX_LONG_POLL_MS, MAX_PULL_BATCH, PackedPull, PullResult, PullStatus
 from ...common.validation import validate_group
 from ...namesrv.perm import is_readable
 from ...store import GetResult, PackedGetResult
@@ -210,7 +210,7 @@ class PullProcessor(Processor):
     async def _long_poll(self, read, topic: str, queue_id: int, offset: int, wait_ms: int,  # type: ignore[no-untyped-def]
                          group: str | None, commit_offset: int | None):
         """Read at ``offset``; while nothing (matching) is new, hold until an append or a reset wakes the queue."""
-        check_int("wait_ms", wait_ms, 0, 2**31 - 1)
+        check_int("wait_ms", wait_ms, 0, MAX_LONG_POLL_MS)
         deadline = time.monotonic() + min(wait_ms, self.config.long_polling_max_ms) / 1000.0
         result = await read(offset, commit_offset)
         while True:

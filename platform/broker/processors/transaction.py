@@ -8,6 +8,7 @@ from ...common.errors import ErrorCode, SparkMQError
 from ...common.message import (
     SendResult,
 )
+from ...common.protocol import MAX_LONG_POLL_MS
 from ...common.validation import validate_group
 from ...store import AppendNote
 from ..transaction import COMMIT, ROLLBACK, CheckRequest, TransactionService
@@ -83,7 +84,7 @@ class TransactionProcessor(Processor):
         A polling ``client_id`` counts as a live producer of the group (a heartbeat).
         """
         validate_group(producer_group)
-        check_int("wait_ms", wait_ms, 0, 2**31 - 1)
+        check_int("wait_ms", wait_ms, 0, MAX_LONG_POLL_MS)
         if client_id:
             self.clients.heartbeat(client_id, [producer_group])
         timeout = min(wait_ms, self.config.long_polling_max_ms * 2) / 1000.0 if self.running else 0.0

@@ -27,6 +27,7 @@ from typing import Any
 
 from ...common.errors import ErrorCode, SparkMQError
 from ...common.message import SendStatus
+from ...common.tls import TlsSettings
 from ...common.waiters import OffsetWaiters
 from ...store import MessageStore
 from .node import RaftConfig, RaftNode, Role
@@ -50,7 +51,8 @@ class DLedgerMember:
     """
 
     def __init__(self, store: MessageStore, directory: str | os.PathLike[str], *, group: str, self_id: str,
-                 members: Mapping[str, tuple[str, int]], config: RaftConfig, host: str = "127.0.0.1") -> None:
+                 members: Mapping[str, tuple[str, int]], config: RaftConfig, host: str = "127.0.0.1",
+                 tls: TlsSettings | None = None) -> None:
         self.store = store
         self.group = group
         self.self_id = self_id
@@ -62,7 +64,7 @@ class DLedgerMember:
             peers = {member: addr for member, addr in members.items() if member != self_id}
             self.node = RaftNode(group, self_id, peers, self.log, self.state, config, host=host,
                                  port=members[self_id][1], on_commit=self._on_commit,
-                                 on_role_change=self._on_role_change)
+                                 on_role_change=self._on_role_change, tls=tls)
         except BaseException:
             self.log.close()
             raise

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...common.errors import ErrorCode, SparkMQError
+from ...common.tls import TlsSettings
 from .log import RaftLog
 from .messages import (
     AppendReply,
@@ -263,7 +264,7 @@ class RaftNode:
                  state: RaftState, config: RaftConfig | None = None, *, host: str = "127.0.0.1", port: int = 0,
                  noop_entry: Callable[[int], bytes] = default_noop_entry,
                  on_commit: CommitListener | None = None, on_role_change: RoleListener | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, tls: TlsSettings | None = None) -> None:
         if not group or not node_id:
             raise ValueError(f"group and node id must not be empty: {group!r}, {node_id!r}")
         if node_id in peers:
@@ -278,7 +279,7 @@ class RaftNode:
         self._host, self._port = host, port
         self._noop_entry = noop_entry
         self._rng = rng if rng is not None else random.Random()
-        self._transport = RaftTransport(group, node_id, peers, self._on_request)
+        self._transport = RaftTransport(group, node_id, peers, self._on_request, tls=tls)
         self._role = Role.FOLLOWER
         self._leader_id: str | None = None
         self._reported: tuple[Role, int, str | None] | None = None

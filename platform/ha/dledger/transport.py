@@ -25,6 +25,7 @@ from typing import TypeVar
 
 import msgspec
 
+from ...common.tls import TlsSettings, start_stream_server
 from .messages import (
     FRAME_HEADER,
     FRAME_MAGIC,
@@ -75,7 +76,9 @@ class _PeerLink:
             if self.writer is not None and not self.writer.is_closing():
                 return self.writer
             host, port = self.transport.peers[self.peer_id]
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, limit=_STREAM_LIMIT),
+            ctx = self.transport.tls.client_context_if_connecting()
+            tls = {} if ctx is None else {"ssl": ctx, "server_hostname": host}
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, limit=_STREAM_LIMIT, **tls),
                                                     _CONNECT_TIMEOUT_S)
             writer.transport.set_write_buffer_limits(high=_STREAM_LIMIT)
             self.writer = writer
@@ -148,8 +151,11 @@ class RaftTransport:
     """
 
     def __init__(self, group: str, node_id: str, peers: Mapping[str, tuple[str, int]],
-                 handler: Callable[[Request], Reply], *, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+                 handler: Callable[[Request], Reply], *, max_frame_bytes: int = MAX_FRAME_BYTES,
+                 tls: TlsSettings | None = None) -> None:
         self.group = group
+        #: The port's TLS, and whether (and how) connections to peers use it.
+        self.tls = tls or TlsSettings()
         self.node_id = node_id
         #: Where each peer listens (changeable: :meth:`set_peer_address`).
         self.peers: dict[str, tuple[str, int]] = dict(peers)
@@ -168,7 +174,7 @@ class RaftTransport:
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self, host: str, port: int) -> None:
         """Listen on ``host:port`` (0 = a free port)."""
-        self._server = await asyncio.start_server(self._serve, host, port, limit=_STREAM_LIMIT)
+        self._server = await start_stream_server(self._serve, host, port, tls=self.tls, limit=_STREAM_LIMIT)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -338,5 +344,5 @@ async def _read_frame(reader: asyncio.StreamReader, decode: Callable[[bytes], _M
     body = await reader.readexactly(length)
     try:
         return decode(body)
-    except msgspec.DecodeError:  # ValidationError included
+    except (msgspec.DecodeError, UnicodeDecodeError):  # ValidationError included; a str not UTF-8 is the last
         return None

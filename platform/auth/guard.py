@@ -1,0 +1,220 @@
+"""The access guard: authenticate a request's signature, decide its actions against the ACL, audit refusals.
+
+One :class:`AccessGuard` per service, shared by its HTTP, remoting and gRPC endpoints.  Each endpoint maps a
+request to the :class:`Need` list it implies (``Pub`` on ``Topic:orders``, ``Sub`` on ``Group:cg``, ...) and
+calls :meth:`AccessGuard.authenticate_*` then :meth:`AccessGuard.authorize`; both raise a
+:class:`~sparkmq.platform.common.errors.SparkMQError` (AUTHENTICATION_FAILED, NO_PERMISSION) before the request
+touches anything, so a refused request changes nothing.
+
+Decisions are cached per (user, action, resource, address) and the cache is dropped whenever the table
+changes (here or in the file), so a policy change applies to the next request.  Every refusal and every ACL
+change is one line on the ``sparkmq.audit`` logger: who, what, from where (never a secret).
+"""
+from __future__ import annotations
+
+import functools
+import ipaddress
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..common.errors import ErrorCode, SparkMQError
+from .model import AclTable, Action, Decision, Resource, User
+from .signing import SignedRequest, auth_failed, grpc_date_ms, parse_grpc, parse_http, split_remoting
+from .store import AclStore, acl_path
+
+__all__ = ["AccessGuard", "Principal", "Need", "DEFAULT_CLOCK_SKEW_S", "audit_log", "peer_ip"]
+
+#: The audit trail: one line per refused request and per ACL change.
+audit_log = logging.getLogger("sparkmq.audit")
+if audit_log.level == logging.NOTSET:
+    audit_log.setLevel(logging.INFO)  # ACL changes are INFO lines: kept even when the service logs warnings only
+
+#: A signature older or newer than this (seconds) is refused: a captured request cannot be replayed later.
+DEFAULT_CLOCK_SKEW_S = 300.0
+#: Decisions remembered before the cache starts over (bounded memory whatever the callers send).
+_CACHE_MAX = 50_000
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who a request proved to be."""
+
+    access_key: str
+    super_user: bool = False
+
+
+#: (action, resource): one thing a request does.
+Need = tuple[Action, Resource]
+
+
+@functools.lru_cache(maxsize=4096)
+def peer_ip(peer: str | None) -> IPAddress | None:
+    """The IP of a peer written ``ip``, ``ip:port``, ``[v6]:port`` or ``ipv4:ip:port`` (gRPC); None if unknown."""
+    if not peer:
+        return None
+    text = peer
+    for scheme in ("ipv4:", "ipv6:"):
+        text = text.removeprefix(scheme)
+    candidates = [text]
+    if text.startswith("["):
+        candidates.append(text[1:text.find("]")] if "]" in text else text)
+    elif text.count(":") == 1:
+        candidates.append(text.rpartition(":")[0])
+    for candidate in candidates:
+        try:
+            return ipaddress.ip_address(candidate)
+        except ValueError:
+            continue
+    return None
+
+
+class AccessGuard:
+    """Authentication and authorization of one service over its :class:`AclStore`.
+
+    With ``enabled`` false every check passes (``sparkmq dev`` stays open); the store still works, so
+    users and policies can be prepared before ACL is turned on.
+
+    Example::
+
+        guard = AccessGuard(AclStore(acl_path(data_dir)), enabled=True)
+        who = guard.authenticate_http("POST", "/topics/t/messages", request_headers, body, "10.0.0.5")
+        guard.authorize(who, [(Action.PUB, Resource.topic("t"))], "10.0.0.5", "POST /topics/t/messages")
+    """
+
+    def __init__(self, store: AclStore, *, enabled: bool, clock_skew_s: float = DEFAULT_CLOCK_SKEW_S,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.enabled = enabled
+        self.clock_skew_ms = int(clock_skew_s * 1000)
+        self._clock = clock
+        self._decisions: dict[tuple[str, Action, Resource, IPAddress | None], Decision] = {}
+        store.add_listener(self._table_changed)
+
+    @classmethod
+    def open(cls, data_dir: Path | str, *, enabled: bool, super_user_access_key: str | None = None,
+             super_user_secret_key: str | None = None, clock_skew_s: float = DEFAULT_CLOCK_SKEW_S) -> AccessGuard:
+        """The guard of a service keeping its ACL under ``data_dir`` (``config/acl.json``), with the config's
+        bootstrap super user when both keys are given."""
+        bootstrap = None
+        if super_user_access_key and super_user_secret_key:
+            bootstrap = User(super_user_access_key, super_user_secret_key, super_user=True)
+        return cls(AclStore(acl_path(data_dir), bootstrap=bootstrap), enabled=enabled, clock_skew_s=clock_skew_s)
+
+    def _table_changed(self, table: AclTable) -> None:
+        self._decisions = {}  # a new dict, not clear(): readers on other threads keep a consistent one
+
+    # -- authentication --------------------------------------------------------------------------
+    def _principal(self, signed: SignedRequest | None, peer: str | None, what: str) -> Principal:
+        self.store.maybe_reload()
+        try:
+            if signed is None:
+                raise auth_failed("no credentials: ACL is on, sign the request with an access key")
+            now_ms = int(self._clock() * 1000)
+            if abs(now_ms - signed.timestamp_ms) > self.clock_skew_ms:
+                raise auth_failed(f"the request was signed {abs(now_ms - signed.timestamp_ms) / 1000:.0f} s away "
+                                  f"from the server's clock (the window is {self.clock_skew_ms / 1000:.0f} s)")
+            user = self.store.table.users.get(signed.access_key)
+            if user is None or not signed.verify(user.secret_key):
+                # One answer for both: an unknown key and a wrong secret look alike to the caller.
+                raise auth_failed(f"access key {signed.access_key!r} is unknown or the signature does not match")
+        except SparkMQError as exc:
+            who = signed.access_key if signed is not None else "-"
+            audit_log.warning("denied user=%s from=%s request=%s reason=%s", who, peer or "-", what, exc.message)
+            raise
+        return Principal(user.access_key, user.super_user)
+
+    def authenticate_http(self, method: str, target: str, headers: Mapping[str, str], body: bytes,
+                          peer: str | None) -> Principal:
+        """Who signed an HTTP request (``target`` = raw path and ``?query``); AUTHENTICATION_FAILED otherwise."""
+        what = f"{method} {target.partition('?')[0]}"
+        try:
+            signed = parse_http(method, target, headers, body)
+        except SparkMQError as exc:
+            audit_log.warning("denied user=- from=%s request=%s reason=%s", peer or "-", what, exc.message)
+            raise
+        return self._principal(signed, peer, what)
+
+    def authenticate_remoting(self, code: int, header: bytes | memoryview, body: bytes | memoryview,
+                              peer: str | None) -> tuple[Principal, bytes | memoryview]:
+        """(who signed a remoting request, its plain header); AUTHENTICATION_FAILED otherwise."""
+        what = f"remoting code {code}"
+        try:
+            signed, plain = split_remoting(code, header, body)
+        except SparkMQError as exc:
+            audit_log.warning("denied user=- from=%s request=%s reason=%s", peer or "-", what, exc.message)
+            raise
+        return self._principal(signed, peer, what), plain
+
+    def authenticate_grpc(self, metadata: Mapping[str, str], peer: str | None, what: str) -> Principal:
+        """Who signed a gRPC call (``MQv2-HMAC-SHA1``); AUTHENTICATION_FAILED otherwise."""
+        self.store.maybe_reload()
+        claim = None
+        try:
+            claim = parse_grpc(metadata)
+            if claim is None:
+                raise auth_failed("no credentials: ACL is on, give the client Credentials(access_key, secret_key)")
+            now = self._clock()
+            signed_ms = grpc_date_ms(claim.date_time, now)
+            if abs(now * 1000 - signed_ms) > self.clock_skew_ms:
+                raise auth_failed(f"x-mq-date-time is {abs(now * 1000 - signed_ms) / 1000:.0f} s away from the "
+                                  f"server's clock (the window is {self.clock_skew_ms / 1000:.0f} s)")
+            user = self.store.table.users.get(claim.access_key)
+            if user is None or not claim.verify(user.secret_key):
+                raise auth_failed(f"access key {claim.access_key!r} is unknown or the signature does not match")
+        except SparkMQError as exc:
+            who = claim.access_key if claim is not None else "-"
+            audit_log.warning("denied user=%s from=%s request=%s reason=%s", who, peer or "-", what, exc.message)
+            raise
+        return Principal(user.access_key, user.super_user)
+
+    # -- authorization ---------------------------------------------------------------------------
+    def allowed(self, principal: Principal, action: Action, resource: Resource, peer: str | None) -> bool:
+        """Whether ``principal`` may do ``action`` on ``resource`` from ``peer`` (cached until the ACL changes)."""
+        if principal.super_user:
+            return True
+        ip = peer_ip(peer)
+        key = (principal.access_key, action, resource, ip)
+        decisions = self._decisions
+        decision = decisions.get(key)
+        if decision is None:
+            decision = self.store.table.decide(principal.access_key, action, resource, ip)
+            if len(decisions) >= _CACHE_MAX:
+                decisions = self._decisions = {}
+            decisions[key] = decision
+        return decision is Decision.ALLOW
+
+    def authorize(self, principal: Principal, needs: Iterable[Need], peer: str | None, what: str, *,
+                  any_of: bool = False) -> None:
+        """NO_PERMISSION (audited) unless every need is allowed (or, with ``any_of``, at least one)."""
+        if principal.super_user:
+            return
+        needs = list(needs)
+        refused = [(a, r) for a, r in needs if not self.allowed(principal, a, r, peer)]
+        if not refused or (any_of and len(refused) < len(needs)):
+            return
+        action, resource = refused[0]
+        message = (f"user {principal.access_key!r} may not {action.value} on {resource} "
+                   f"from {peer_ip(peer) or 'an unknown address'}")
+        audit_log.warning("denied user=%s from=%s request=%s action=%s resource=%s", principal.access_key,
+                          peer or "-", what, action.value, resource)
+        raise SparkMQError(ErrorCode.NO_PERMISSION, message)
+
+    def require_super_user(self, principal: Principal, peer: str | None, what: str) -> None:
+        """NO_PERMISSION (audited) unless ``principal`` is a super user (user and ACL administration)."""
+        if principal.super_user:
+            return
+        audit_log.warning("denied user=%s from=%s request=%s reason=needs a super user", principal.access_key,
+                          peer or "-", what)
+        raise SparkMQError(ErrorCode.NO_PERMISSION, f"user {principal.access_key!r} is not a super user: "
+                                                    f"only super users manage users and ACLs")
+
+    @staticmethod
+    def audit_change(principal: Principal | None, peer: str | None, change: str) -> None:
+        """One audit line for an ACL change (``change`` never holds a secret)."""
+        audit_log.info("acl change by user=%s from=%s: %s", principal.access_key if principal else "-",
+                       peer or "-", change)

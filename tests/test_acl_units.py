@@ -1,0 +1,283 @@
+"""The ACL model, store, signatures and guard on their own (no processes): ``sparkmq.platform.auth``."""
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkmq.platform.auth import (
+    CLUSTER,
+    AccessGuard,
+    AclStore,
+    AclTable,
+    Action,
+    Credentials,
+    Decision,
+    Policy,
+    PolicyEntry,
+    Principal,
+    Resource,
+    ResourcePattern,
+    Signer,
+    User,
+    acl_path,
+    parse_actions,
+)
+from sparkmq.platform.auth.signing import (
+    grpc_date_ms,
+    grpc_signature,
+    parse_grpc,
+    parse_http,
+    split_remoting,
+)
+from sparkmq.platform.broker.config import BrokerConfig
+from sparkmq.platform.client.config import ClientConfig
+from sparkmq.platform.common.errors import ErrorCode, SparkMQError
+
+SECRET = "alice-secret-1"
+IP = ipaddress.ip_address
+
+
+def entry(resource: str, actions: str, decision: str = "Allow", *ips: str) -> PolicyEntry:
+    return PolicyEntry.from_dict({"resource": resource, "actions": actions, "decision": decision,
+                                  "source_ips": list(ips)})
+
+
+def table(*entries: PolicyEntry, super_user: bool = False) -> AclTable:
+    return AclTable({"alice": User("alice", SECRET, super_user)}, {"alice": Policy("alice", entries)})
+
+
+# -- the model -------------------------------------------------------------------------------------------
+def test_error_codes_are_stable_and_unique() -> None:
+    assert ErrorCode.AUTHENTICATION_FAILED.remoting_code == 30 and ErrorCode.AUTHENTICATION_FAILED.http_status == 401
+    assert ErrorCode.NO_PERMISSION.remoting_code == 12 and ErrorCode.NO_PERMISSION.http_status == 403
+    numbers = [c.remoting_code for c in ErrorCode]
+    assert len(numbers) == len(set(numbers))
+
+
+def test_deny_beats_allow_whatever_the_order() -> None:
+    for entries in ([entry("Topic:orders-*", "Pub"), entry("Topic:orders-secret", "Pub", "Deny")],
+                    [entry("Topic:orders-secret", "Pub", "Deny"), entry("Topic:orders-*", "Pub")]):
+        t = table(*entries)
+        assert t.decide("alice", Action.PUB, Resource.topic("orders-secret"), None) is Decision.DENY
+        assert t.decide("alice", Action.PUB, Resource.topic("orders-eu"), None) is Decision.ALLOW
+
+
+def test_prefix_star_and_exact_patterns() -> None:
+    t = table(entry("Topic:orders-*", "Pub"), entry("Group:*", "Sub"), entry("Topic:audit", "Sub"))
+    assert t.decide("alice", Action.PUB, Resource.topic("orders-1"), None) is Decision.ALLOW
+    assert t.decide("alice", Action.PUB, Resource.topic("orders"), None) is Decision.DENY  # "orders-" is the prefix
+    assert t.decide("alice", Action.SUB, Resource.topic("orders-1"), None) is Decision.DENY  # action not granted
+    assert t.decide("alice", Action.SUB, Resource.group("anything"), None) is Decision.ALLOW
+    assert t.decide("alice", Action.SUB, Resource.topic("audit"), None) is Decision.ALLOW
+    assert t.decide("alice", Action.SUB, Resource.topic("audit2"), None) is Decision.DENY
+    everything = table(entry("*", "All"))
+    assert everything.decide("alice", Action.DELETE, Resource.topic("x"), None) is Decision.ALLOW
+    assert everything.decide("alice", Action.GET, CLUSTER, None) is Decision.ALLOW
+    assert table(entry("Cluster", "Get")).decide("alice", Action.GET, CLUSTER, None) is Decision.ALLOW
+
+
+def test_retry_and_dlq_topics_are_their_groups() -> None:
+    assert Resource.topic("%RETRY%cg-1") == Resource.group("cg-1") == Resource.topic("%DLQ%cg-1")
+    t = table(entry("Group:cg-*", "Sub"))
+    assert t.decide("alice", Action.SUB, Resource.topic("%RETRY%cg-1"), None) is Decision.ALLOW
+
+
+def test_no_entry_and_unknown_user_deny_and_super_user_allows() -> None:
+    assert table().decide("alice", Action.PUB, Resource.topic("t"), None) is Decision.DENY
+    assert table(entry("*", "All")).decide("bob", Action.PUB, Resource.topic("t"), None) is Decision.DENY
+    root = table(entry("*", "All", "Deny"), super_user=True)
+    assert root.decide("alice", Action.DELETE, Resource.topic("t"), None) is Decision.ALLOW
+
+
+def test_cidr_rules_match_only_their_sources() -> None:
+    t = table(entry("Topic:t", "Pub", "Allow", "10.0.0.0/8", "::1/128"))
+    assert t.decide("alice", Action.PUB, Resource.topic("t"), IP("10.1.2.3")) is Decision.ALLOW
+    assert t.decide("alice", Action.PUB, Resource.topic("t"), IP("127.0.0.1")) is Decision.DENY
+    assert t.decide("alice", Action.PUB, Resource.topic("t"), IP("::1")) is Decision.ALLOW
+    assert t.decide("alice", Action.PUB, Resource.topic("t"), IP("::ffff:10.0.0.9")) is Decision.ALLOW
+    assert t.decide("alice", Action.PUB, Resource.topic("t"), None) is Decision.DENY
+    deny_remote = table(entry("Topic:t", "Pub"), entry("Topic:t", "Pub", "Deny", "192.168.0.0/16"))
+    assert deny_remote.decide("alice", Action.PUB, Resource.topic("t"), IP("192.168.1.1")) is Decision.DENY
+    assert deny_remote.decide("alice", Action.PUB, Resource.topic("t"), IP("127.0.0.1")) is Decision.ALLOW
+
+
+def test_actions_and_patterns_parse_or_say_what_is_wrong() -> None:
+    assert parse_actions("All") == frozenset(Action)
+    assert parse_actions(["admin"]) == {Action.CREATE, Action.UPDATE, Action.DELETE, Action.GET, Action.LIST}
+    assert str(ResourcePattern.parse("topic:orders-*")) == "Topic:orders-*"
+    assert str(ResourcePattern.parse("Cluster")) == "Cluster"
+    for bad in ("Queue:x", "Topic:", "Topic:a b", "nothing"):
+        with pytest.raises(ValueError):
+            ResourcePattern.parse(bad)
+    for bad_actions in ("Publish", ""):
+        with pytest.raises(ValueError):
+            parse_actions(bad_actions)
+    with pytest.raises(ValueError, match="source address"):
+        entry("Topic:t", "Pub", "Allow", "10.0.0.300/8")
+    with pytest.raises(ValueError, match="unknown policy entry field"):
+        PolicyEntry.from_dict({"resource": "Topic:t", "actions": "Pub", "decisoin": "Deny"})
+
+
+def test_secrets_never_show_in_reprs_or_views() -> None:
+    user = User("alice", SECRET)
+    assert SECRET not in repr(user) and SECRET not in json.dumps(user.to_dict())
+    assert SECRET not in repr(Credentials("alice", SECRET))
+    assert SECRET not in repr(Signer(Credentials("alice", SECRET)))
+    cfg = BrokerConfig(acl_enabled=True, acl_super_user_access_key="root", acl_super_user_secret_key=SECRET)
+    assert SECRET not in repr(cfg) and SECRET not in json.dumps(cfg.to_dict(), default=str)
+    client = ClientConfig(namesrv_addrs="127.0.0.1:9876", access_key="alice", secret_key=SECRET)
+    assert SECRET not in repr(client) and client.credentials == Credentials("alice", SECRET)
+    with pytest.raises(ValueError) as info:
+        User("alice", "short")
+    assert "short" not in str(info.value)
+
+
+def test_config_keys_are_validated() -> None:
+    assert BrokerConfig().acl_enabled is False  # off by default
+    with pytest.raises(ValueError, match="go together"):
+        BrokerConfig(acl_super_user_access_key="root")
+    with pytest.raises(ValueError, match="acl_enabled"):
+        BrokerConfig(acl_enabled="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="go together"):
+        ClientConfig(namesrv_addrs="127.0.0.1:9876", access_key="alice")
+
+
+# -- the store -------------------------------------------------------------------------------------------
+def test_store_persists_atomically_and_survives_reopening(tmp_path: Path) -> None:
+    path = acl_path(tmp_path)
+    store = AclStore(path, bootstrap=User("root", "root-secret", True))
+    store.create_user(User("alice", SECRET))
+    store.put_policy("alice", [entry("Topic:orders-*", "Pub")])
+    store.put_policy("alice", [entry("Topic:orders-*", "Pub,Sub"), entry("Group:cg", "Sub")])  # replaces by resource
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert not path.with_name(path.name + ".tmp").exists()
+    on_disk = json.loads(path.read_text())
+    assert [u["access_key"] for u in on_disk["users"]] == ["alice"], "the bootstrap user is never written"
+    reopened = AclStore(path)
+    policy = reopened.table.policies["alice"]
+    assert [str(e.resource) for e in policy.entries] == ["Topic:orders-*", "Group:cg"]
+    assert policy.entries[0].actions == {Action.PUB, Action.SUB}
+    assert reopened.table.decide("alice", Action.SUB, Resource.topic("orders-1"), None) is Decision.ALLOW
+    with pytest.raises(SparkMQError) as info:
+        store.delete_user("root")
+    assert info.value.code is ErrorCode.INVALID_ARGUMENT
+    with pytest.raises(SparkMQError, match="exists"):
+        store.create_user(User("alice", "other-secret"))
+    with pytest.raises(SparkMQError, match="create the user first"):
+        store.put_policy("nobody", [entry("Topic:t", "Pub")])
+    assert store.delete_policy("alice", "Group:cg") == 1
+    assert store.delete_user("alice") and "alice" not in AclStore(path).table.policies
+
+
+def test_store_reloads_another_writers_change_and_keeps_the_last_good_table(tmp_path: Path) -> None:
+    path = acl_path(tmp_path)
+    reader = AclStore(path, reload_interval_s=0.05)
+    seen: list[int] = []
+    reader.add_listener(lambda t: seen.append(t.version))
+    writer = AclStore(path)
+    writer.create_user(User("alice", SECRET))
+    time.sleep(0.06)
+    assert reader.maybe_reload() and "alice" in reader.table.users and seen == [1]
+    path.write_text("{ not json")
+    time.sleep(0.06)
+    assert not reader.maybe_reload() and "alice" in reader.table.users, "a broken file keeps the last good table"
+    with pytest.raises(SparkMQError) as info:
+        AclStore(path)
+    assert info.value.code is ErrorCode.STORE_CORRUPT
+
+
+# -- signatures ------------------------------------------------------------------------------------------
+def test_http_signature_covers_method_path_query_body_and_time() -> None:
+    signer = Signer(Credentials("alice", SECRET))
+    headers = signer.http_headers("POST", "/topics/t/batch?queue_id=1", b"body", timestamp_ms=1000)
+    good = parse_http("POST", "/topics/t/batch?queue_id=1", headers, b"body")
+    assert good is not None and good.verify(SECRET) and good.timestamp_ms == 1000
+    assert not good.verify("wrong-secret")
+    for method, target, body in (("PUT", "/topics/t/batch?queue_id=1", b"body"),
+                                 ("POST", "/topics/u/batch?queue_id=1", b"body"),
+                                 ("POST", "/topics/t/batch?queue_id=2", b"body"),
+                                 ("POST", "/topics/t/batch?queue_id=1", b"bodx")):
+        tampered = parse_http(method, target, headers, body)
+        assert tampered is not None and not tampered.verify(SECRET)
+    assert parse_http("GET", "/x", {}, b"") is None
+    with pytest.raises(SparkMQError) as info:
+        parse_http("GET", "/x", {"authorization": "Basic abc"}, b"")
+    assert info.value.code is ErrorCode.AUTHENTICATION_FAILED
+
+
+def test_remoting_signature_rides_in_front_of_the_header() -> None:
+    signer = Signer(Credentials("alice", SECRET))
+    signed_header = signer.remoting_header(11, b"\x81\xa5topic\xa1t", b"payload")
+    signed, plain = split_remoting(11, signed_header, b"payload")
+    assert plain == b"\x81\xa5topic\xa1t" and signed is not None and signed.verify(SECRET)
+    assert split_remoting(11, b"\x81\xa5topic\xa1t", b"") == (None, b"\x81\xa5topic\xa1t")
+    for code, header, body in ((10, signed_header, b"payload"), (11, signed_header, b"paylOad"),
+                               (11, signed_header[:-1] + b"u", b"payload")):
+        tampered, _ = split_remoting(code, header, body)
+        assert tampered is not None and not tampered.verify(SECRET)
+    with pytest.raises(SparkMQError) as info:
+        split_remoting(11, signed_header[:10], b"")
+    assert info.value.code is ErrorCode.AUTHENTICATION_FAILED
+
+
+def test_grpc_signature_is_the_official_clients() -> None:
+    official = pytest.importorskip("rocketmq.v5.util.signature")
+    date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    assert grpc_signature(SECRET, date) == official.Signature.sign(SECRET, date)
+    header = f"MQv2-HMAC-SHA1 Credential=alice, SignedHeaders=x-mq-date-time, Signature={grpc_signature(SECRET, date)}"
+    claim = parse_grpc({"authorization": header, "x-mq-date-time": date})
+    assert claim is not None and claim.verify(SECRET) and not claim.verify("wrong-secret")
+    assert abs(grpc_date_ms(date, time.time()) - time.time() * 1000) < 2000
+    empty = "MQv2-HMAC-SHA1 Credential=, SignedHeaders=x-mq-date-time, Signature=abcd"
+    assert parse_grpc({"authorization": empty}) is None, "the Python client's header without credentials"
+    with pytest.raises(SparkMQError):
+        grpc_date_ms("yesterday", time.time())
+
+
+# -- the guard -------------------------------------------------------------------------------------------
+def _guard(tmp_path: Path, now: list[float]) -> AccessGuard:
+    store = AclStore(acl_path(tmp_path), reload_interval_s=0.0)
+    store.create_user(User("alice", SECRET))
+    store.put_policy("alice", [entry("Topic:orders-*", "Pub")])
+    return AccessGuard(store, enabled=True, clock_skew_s=300, clock=lambda: now[0])
+
+
+def test_guard_refuses_old_wrong_and_missing_signatures(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    now = [1_700_000_000.0]
+    guard = _guard(tmp_path, now)
+    signer = Signer(Credentials("alice", SECRET), clock=lambda: now[0])
+    headers = signer.http_headers("POST", "/topics/orders-1/messages", b"{}")
+    assert guard.authenticate_http("POST", "/topics/orders-1/messages", headers, b"{}", "127.0.0.1") == \
+        Principal("alice")
+    caplog.set_level(logging.INFO, logger="sparkmq.audit")
+    now[0] += 301  # the same request, replayed after the window
+    cases = [headers, {}, Signer(Credentials("alice", "wrong-secret")).http_headers("POST", "/x", b"")]
+    for h in cases:
+        with pytest.raises(SparkMQError) as info:
+            guard.authenticate_http("POST", "/topics/orders-1/messages", h, b"{}", "127.0.0.1")
+        assert info.value.code is ErrorCode.AUTHENTICATION_FAILED
+    assert len([r for r in caplog.records if r.name == "sparkmq.audit"]) == 3
+    assert all(SECRET not in r.getMessage() for r in caplog.records)
+
+
+def test_guard_decisions_follow_policy_changes_at_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    guard = _guard(tmp_path, [time.time()])
+    alice = Principal("alice")
+    need = [(Action.PUB, Resource.topic("orders-1"))]
+    guard.authorize(alice, need, "127.0.0.1", "test")
+    guard.store.put_policy("alice", [entry("Topic:orders-1", "Pub", "Deny")])
+    caplog.set_level(logging.WARNING, logger="sparkmq.audit")
+    with pytest.raises(SparkMQError) as info:
+        guard.authorize(alice, need, "127.0.0.1:5000", "test")
+    assert info.value.code is ErrorCode.NO_PERMISSION and "orders-1" in info.value.message
+    line = [r.getMessage() for r in caplog.records if r.name == "sparkmq.audit"][-1]
+    assert "user=alice" in line and "from=127.0.0.1:5000" in line and "resource=Topic:orders-1" in line
+    guard.store.delete_policy("alice", "Topic:orders-1")
+    guard.authorize(alice, need, "127.0.0.1", "test")
+    guard.authorize(alice, [(Action.PUB, Resource.topic("x")), (Action.PUB, Resource.topic("orders-2"))],
+                    "127.0.0.1", "test", any_of=True)
