@@ -352,6 +352,43 @@ def test_received_message_carries_receipt_handle_attempt_and_md5(cluster: GrpcCl
         channel.close()
 
 
+def test_offsets_update_get_and_query(cluster: GrpcCluster) -> None:
+    topic = _topic("grpc-offsets")
+    cluster.create_topic(topic)
+    channel, stub = _stub(cluster)
+    Code, Policy = definition_pb2.Code, definition_pb2.QueryOffsetPolicy
+    try:
+        for i in range(3):
+            assert stub.SendMessage(_send_request(topic, b"o-%d" % i), metadata=_META).status.code == Code.OK
+        group = definition_pb2.Resource(name=_topic("offset-group"))
+        route = stub.QueryRoute(service_pb2.QueryRouteRequest(topic=definition_pb2.Resource(name=topic)),
+                                metadata=_META)
+        ends: dict[tuple[str, int], int] = {}
+        for mq in route.message_queues:
+            endpoint = f"{mq.broker.endpoints.addresses[0].host}:{mq.broker.endpoints.addresses[0].port}"
+            with grpc.insecure_channel(endpoint) as ch:
+                queue_stub = service_pb2_grpc.MessagingServiceStub(ch)
+                queue = definition_pb2.MessageQueue(topic=mq.topic, id=mq.id)
+                first = queue_stub.QueryOffset(service_pb2.QueryOffsetRequest(
+                    message_queue=queue, query_offset_policy=Policy.BEGINNING), metadata=_META)
+                end = queue_stub.QueryOffset(service_pb2.QueryOffsetRequest(
+                    message_queue=queue, query_offset_policy=Policy.END), metadata=_META)
+                assert first.status.code == end.status.code == Code.OK and first.offset == 0
+                ends[(endpoint, mq.id)] = end.offset
+                unknown = queue_stub.GetOffset(service_pb2.GetOffsetRequest(group=group, message_queue=queue),
+                                               metadata=_META)
+                assert unknown.status.code == Code.OFFSET_NOT_FOUND
+                update = queue_stub.UpdateOffset(service_pb2.UpdateOffsetRequest(
+                    group=group, message_queue=queue, offset=end.offset), metadata=_META)
+                assert update.status.code == Code.OK
+                got = queue_stub.GetOffset(service_pb2.GetOffsetRequest(group=group, message_queue=queue),
+                                           metadata=_META)
+                assert (got.status.code, got.offset) == (Code.OK, end.offset)
+        assert sum(ends.values()) == 3, ends
+    finally:
+        channel.close()
+
+
 def _receive_until(consumer: SimpleConsumer, count: int, invisible_s: int, timeout: float = 20.0) -> list[Message]:
     got: list[Message] = []
     deadline = time.monotonic() + timeout
@@ -369,13 +406,14 @@ def test_simple_consumer_ack_change_invisible_and_redelivery(cluster: GrpcCluste
                               await_duration=1)
     consumer.startup()
     try:
-        first = _receive_until(consumer, 4, invisible_s=2)
+        # long enough that none of the four turns visible again while the others are still being received
+        first = _receive_until(consumer, 4, invisible_s=8)
         assert {m.message_id for m in first} == sent and {m.delivery_attempt for m in first} == {1}
         acked, kept, dropped = first[:2], first[2], first[3]
         for m in acked:
             consumer.ack(m)
         consumer.change_invisible_duration(kept, 30)  # still being worked on: stays hidden
-        again = _receive_until(consumer, 1, invisible_s=30, timeout=15)
+        again = _receive_until(consumer, 1, invisible_s=30, timeout=25)
         assert [(m.message_id, m.delivery_attempt) for m in again] == [(dropped.message_id, 2)]
         consumer.ack(again[0])
         consumer.ack(kept)  # with the handle the change answered

@@ -443,11 +443,11 @@ class MessagingService:
         topic = _topic(req.message_queue.topic, call)
         policy = req.query_offset_policy
         timestamp = None
-        if policy == service.QueryOffsetPolicy.TIMESTAMP:
+        if policy == definition.QueryOffsetPolicy.TIMESTAMP:
             timestamp = req.timestamp.seconds * 1000 + req.timestamp.nanos // 1_000_000
         answer = self.broker.pull_processor.queue_offsets(topic, req.message_queue.id, timestamp)
-        offset = (answer["min_offset"] if policy == service.QueryOffsetPolicy.BEGINNING
-                  else answer["max_offset"] if policy == service.QueryOffsetPolicy.END else answer["offset"])
+        offset = (answer["min_offset"] if policy == definition.QueryOffsetPolicy.BEGINNING
+                  else answer["max_offset"] if policy == definition.QueryOffsetPolicy.END else answer["offset"])
         return service.QueryOffsetResponse(status=status_ok(), offset=offset)
 
     async def unsupported(self, req: Proto, call: Call) -> Proto:
