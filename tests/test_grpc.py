@@ -352,6 +352,87 @@ def test_received_message_carries_receipt_handle_attempt_and_md5(cluster: GrpcCl
         channel.close()
 
 
+def _queue_stubs(cluster: GrpcCluster, stub: service_pb2_grpc.MessagingServiceStub, topic: str
+                 ) -> Iterator[tuple[service_pb2_grpc.MessagingServiceStub, definition_pb2.MessageQueue]]:
+    """Each of the topic's queues with a stub on the broker that serves it."""
+    route = stub.QueryRoute(service_pb2.QueryRouteRequest(topic=definition_pb2.Resource(name=topic)), metadata=_META)
+    for mq in route.message_queues:
+        address = mq.broker.endpoints.addresses[0]
+        with grpc.insecure_channel(f"{address.host}:{address.port}") as ch:
+            yield service_pb2_grpc.MessagingServiceStub(ch), definition_pb2.MessageQueue(topic=mq.topic, id=mq.id)
+
+
+def test_pull_message_reads_queues_from_an_offset(cluster: GrpcCluster) -> None:
+    topic = _topic("grpc-pull")
+    cluster.create_topic(topic)
+    channel, stub = _stub(cluster)
+    Code = definition_pb2.Code
+    group = definition_pb2.Resource(name=_topic("pull-group"))
+    try:
+        sent = {b"p-%d" % i for i in range(5)}
+        for body in sent:
+            assert stub.SendMessage(_send_request(topic, body), metadata=_META).status.code == Code.OK
+        got: list[bytes] = []
+        for queue_stub, queue in _queue_stubs(cluster, stub, topic):
+            answers = list(queue_stub.PullMessage(service_pb2.PullMessageRequest(
+                group=group, message_queue=queue, offset=0, batch_size=32), metadata=_META))
+            kinds = [a.WhichOneof("content") for a in answers]
+            assert kinds[0] == "status" and kinds[-1] == "next_offset", kinds
+            bodies = [a.message.body for a in answers if a.HasField("message")]
+            assert answers[0].status.code == (Code.OK if bodies else Code.MESSAGE_NOT_FOUND)
+            assert answers[-1].next_offset == len(bodies)
+            got += bodies
+            at_end = list(queue_stub.PullMessage(service_pb2.PullMessageRequest(
+                group=group, message_queue=queue, offset=len(bodies), batch_size=32), metadata=_META))
+            assert at_end[0].status.code == Code.MESSAGE_NOT_FOUND and at_end[-1].next_offset == len(bodies)
+            beyond = list(queue_stub.PullMessage(service_pb2.PullMessageRequest(
+                group=group, message_queue=queue, offset=len(bodies) + 100, batch_size=32), metadata=_META))
+            assert beyond[0].status.code == Code.ILLEGAL_OFFSET
+        assert sorted(got) == sorted(sent)
+    finally:
+        channel.close()
+
+
+def test_delay_message_is_recalled_by_its_handle(cluster: GrpcCluster) -> None:
+    topic = _topic("grpc-recall")
+    cluster.create_topic(topic)
+    channel, stub = _stub(cluster)
+    Code = definition_pb2.Code
+    try:
+        request = _send_request(topic, b"never", message_type=definition_pb2.MessageType.DELAY)
+        request.messages[0].system_properties.delivery_timestamp.FromMilliseconds(int(time.time() * 1000) + 3000)
+        kept = _send_request(topic, b"kept", message_type=definition_pb2.MessageType.DELAY)
+        kept.messages[0].system_properties.delivery_timestamp.FromMilliseconds(int(time.time() * 1000) + 3000)
+        sent = stub.SendMessage(request, metadata=_META)
+        other = stub.SendMessage(kept, metadata=_META)
+        assert sent.status.code == other.status.code == Code.OK
+        handle = sent.entries[0].recall_handle
+        assert handle, "a DELAY message's send answers a recall handle"
+        recalled = None
+        for endpoint in cluster.grpc_addrs.values():  # the handle's broker answers; the other refuses it
+            with grpc.insecure_channel(endpoint) as ch:
+                answer = service_pb2_grpc.MessagingServiceStub(ch).RecallMessage(service_pb2.RecallMessageRequest(
+                    topic=definition_pb2.Resource(name=topic), recall_handle=handle), metadata=_META)
+            if answer.status.code == Code.OK:
+                recalled = (endpoint, answer.message_id)
+            else:
+                assert answer.status.code == Code.BAD_REQUEST, answer.status
+        assert recalled is not None and recalled[1] == sent.entries[0].message_id
+        with grpc.insecure_channel(recalled[0]) as ch:
+            again = service_pb2_grpc.MessagingServiceStub(ch).RecallMessage(service_pb2.RecallMessageRequest(
+                topic=definition_pb2.Resource(name=topic), recall_handle=handle), metadata=_META)
+            assert again.status.code == Code.MESSAGE_NOT_FOUND
+            garbage = service_pb2_grpc.MessagingServiceStub(ch).RecallMessage(service_pb2.RecallMessageRequest(
+                topic=definition_pb2.Resource(name=topic), recall_handle="not-a-handle"), metadata=_META)
+            assert garbage.status.code == Code.BAD_REQUEST
+        got = _read_all(cluster, topic, 1)
+        time.sleep(1.5)  # past the due time of both: the recalled one must still be missing
+        got = _read_all(cluster, topic, 1)
+        assert [m.body for m in got] == [b"kept"]
+    finally:
+        channel.close()
+
+
 def test_offsets_update_get_and_query(cluster: GrpcCluster) -> None:
     topic = _topic("grpc-offsets")
     cluster.create_topic(topic)
@@ -420,6 +501,32 @@ def test_simple_consumer_ack_change_invisible_and_redelivery(cluster: GrpcCluste
         time.sleep(2.5)
         assert _receive_until(consumer, 1, invisible_s=2, timeout=3) == [], "nothing acked comes back"
     finally:
+        consumer.shutdown()
+
+
+def test_pop_group_shows_members_and_real_lag_in_admin(cluster: GrpcCluster) -> None:
+    topic, group = _topic("grpc-lag"), _topic("lag-group")
+    cluster.create_topic(topic)
+    with _producer(cluster, topic) as producer:
+        for i in range(6):
+            producer.send(_message(topic, b"l-%d" % i))
+    consumer = SimpleConsumer(cluster.configuration(), group, {topic: FilterExpression()}, await_duration=1)
+    consumer.startup()
+    admin = AdminClient(cluster.client_config())
+    try:
+        held: list[Message] = []
+        deadline = time.monotonic() + 15
+        while not held and time.monotonic() < deadline:
+            held = consumer.receive(2, 60) or []
+        assert held, "nothing received"
+        # Not -1 as RocketMQ's dashboard shows for POP groups: what is in flight plus what was never received.
+        wait_until(lambda: admin.group_lag(group, topic).total_lag == 6, 10, "the POP group's lag")
+        assert admin.group_members(group), "the gRPC consumer is a member of its group"
+        for m in held:
+            consumer.ack(m)
+        wait_until(lambda: admin.group_lag(group, topic).total_lag == 6 - len(held), 10, "the lag after the acks")
+    finally:
+        admin.close()
         consumer.shutdown()
 
 

@@ -19,6 +19,7 @@ Namespaces (``x-mq-namespace``) wrap names as RocketMQ does: ``<namespace>%<name
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import ipaddress
 import time
@@ -129,6 +130,23 @@ def unwrap(namespace: str, name: str) -> str:
     """``name`` without its ``namespace%`` prefix (what a client of that namespace calls it)."""
     prefix = namespace + _NAMESPACE_SEPARATOR
     return name[len(prefix):] if namespace and name.startswith(prefix) else name
+
+
+# -- recall handles -----------------------------------------------------------------------------------
+def recall_handle(broker_name: str, msg_id: str) -> str:
+    """The handle a DELAY message's send answers: names the broker holding the timer and the message."""
+    return base64.urlsafe_b64encode(f"{broker_name}\n{msg_id}".encode()).decode()
+
+
+def parse_recall_handle(handle: str) -> tuple[str, str]:
+    """(broker name, msg id) of a recall handle; BAD_REQUEST when it is not one this broker wrote."""
+    try:
+        broker_name, msg_id = base64.urlsafe_b64decode(handle.encode()).decode().split("\n")
+    except (ValueError, UnicodeError):
+        raise ProtocolError(Code.BAD_REQUEST, "malformed recall handle") from None
+    if not broker_name or not msg_id:
+        raise ProtocolError(Code.BAD_REQUEST, "malformed recall handle")
+    return broker_name, msg_id
 
 
 # -- time ------------------------------------------------------------------------------------------------

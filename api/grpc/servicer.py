@@ -25,7 +25,14 @@ from ...platform.broker.transaction import COMMIT, ROLLBACK
 from ...platform.common.errors import SparkMQError
 from ...platform.common.ids import UniqueIdGenerator
 from ...platform.common.message import SendStatus
-from ...platform.common.protocol import MAX_POP_BATCH, POP_MAX_LONG_POLL_MS, ExpressionType, PopRequest
+from ...platform.common.protocol import (
+    MAX_POP_BATCH,
+    MAX_PULL_BATCH,
+    POP_MAX_LONG_POLL_MS,
+    ExpressionType,
+    PopRequest,
+    PullStatus,
+)
 from ...storage_native import encode_v2_send_response
 from ..acl import broker_guard
 from ._pb import SERVICE_NAME, Code, MessageType, definition, service
@@ -37,6 +44,8 @@ from .convert import (
     duration_ms,
     pack_plain,
     pack_request,
+    parse_recall_handle,
+    recall_handle,
     status_of,
     status_ok,
     timestamp_of,
@@ -114,7 +123,7 @@ class MessagingService:
                                         service.NotifyClientTerminationResponse),
             "ChangeInvisibleDuration": (self.change_invisible_duration, service.ChangeInvisibleDurationRequest,
                                         service.ChangeInvisibleDurationResponse),
-            "RecallMessage": (self.unsupported, service.RecallMessageRequest, service.RecallMessageResponse),
+            "RecallMessage": (self.recall_message, service.RecallMessageRequest, service.RecallMessageResponse),
             "SyncLiteSubscription": (self.unsupported, service.SyncLiteSubscriptionRequest,
                                      service.SyncLiteSubscriptionResponse),
         }
@@ -127,7 +136,8 @@ class MessagingService:
                       service.ReceiveMessageResponse),
             response_serializer=_serialize)
         methods["PullMessage"] = grpc.unary_stream_rpc_method_handler(
-            _streamed(self.pull_message, service.PullMessageRequest, service.PullMessageResponse),
+            _streamed(self._guarded_stream("PullMessage", self.pull_message), service.PullMessageRequest,
+                      service.PullMessageResponse),
             response_serializer=_serialize)
         methods["Telemetry"] = grpc.stream_stream_rpc_method_handler(self.telemetry, response_serializer=_serialize)
         return grpc.method_handlers_generic_handler(SERVICE_NAME, methods)
@@ -326,8 +336,10 @@ class MessagingService:
             status = result.status
             if sending.send_may_block:
                 status = await sending.acknowledge(end_offset, asyncio.get_running_loop())
+            recall = (recall_handle(self.broker.config.broker_name, result.msg_id)
+                      if plan.deliver_at_ms is not None else "")
             return service.SendResultEntry(status=_send_status(status), message_id=result.msg_id,
-                                           offset=result.queue_offset)
+                                           offset=result.queue_offset, recall_handle=recall)
         except (SparkMQError, ProtocolError) as exc:
             return service.SendResultEntry(status=status_of(exc), message_id=plan.message.msg_id or "")
 
@@ -418,8 +430,33 @@ class MessagingService:
 
     async def pull_message(self, req: service.PullMessageRequest,
                            call: Call) -> AsyncIterator[service.PullMessageResponse]:
-        """Not served: RocketMQ 5's pull consumer is not part of the official clients' common set."""
-        yield service.PullMessageResponse(status=_status_entry(Code.NOT_IMPLEMENTED, "PullMessage is not served"))
+        """RocketMQ 5's PullMessage: read one queue from an offset the client keeps, long-polled.
+
+        Answered as RocketMQ's proxy does: a status, then the messages, then the next offset.  Served by
+        the same pull processor as remoting and HTTP pulls (filters, long polling and deliver trace included).
+        """
+        group, topic = _group(req.group, call), _topic(req.message_queue.topic, call)
+        if req.offset < 0:
+            raise ProtocolError(Code.ILLEGAL_OFFSET, f"offset must be >= 0, not {req.offset}")
+        wait_ms = duration_ms(req.long_polling_timeout) if req.HasField("long_polling_timeout") else 0
+        if wait_ms < 0:
+            raise ProtocolError(Code.ILLEGAL_POLLING_TIME, f"long_polling_timeout must be >= 0, not {wait_ms} ms")
+        expression = req.filter_expression
+        kind = ExpressionType.SQL92 if expression.type == definition.FilterType.SQL else ExpressionType.TAG
+        result = await self.broker.pull_processor.pull(
+            topic, req.message_queue.id, req.offset, min(req.batch_size or 32, MAX_PULL_BATCH),
+            wait_ms=min(wait_ms, POP_MAX_LONG_POLL_MS), group=group, filter_type=kind.value,
+            expression=expression.expression or None, client_id=call.client_id or None)
+        if result.status is PullStatus.OFFSET_TOO_SMALL or req.offset > result.max_offset:
+            yield service.PullMessageResponse(status=_status_entry(
+                Code.ILLEGAL_OFFSET, f"offset {req.offset} is outside [{result.min_offset}, {result.max_offset}]"))
+        elif result.messages:
+            yield service.PullMessageResponse(status=status_ok())
+            for stored in result.messages:
+                yield service.PullMessageResponse(message=to_v2_message(stored, call.namespace))
+        else:
+            yield service.PullMessageResponse(status=_status_entry(Code.MESSAGE_NOT_FOUND, "no new message"))
+        yield service.PullMessageResponse(next_offset=result.next_offset)
 
     # -- offsets -----------------------------------------------------------------------------
     async def update_offset(self, req: service.UpdateOffsetRequest, call: Call) -> service.UpdateOffsetResponse:
@@ -450,9 +487,23 @@ class MessagingService:
                   else answer["max_offset"] if policy == definition.QueryOffsetPolicy.END else answer["offset"])
         return service.QueryOffsetResponse(status=status_ok(), offset=offset)
 
+    async def recall_message(self, req: service.RecallMessageRequest, call: Call) -> service.RecallMessageResponse:
+        """Cancel a pending DELAY message by the recall handle its send answered (MESSAGE_NOT_FOUND once it
+        was delivered, recalled before, or is unknown to this broker)."""
+        _topic(req.topic, call)
+        broker_name, msg_id = parse_recall_handle(req.recall_handle)
+        if broker_name != self.broker.config.broker_name:
+            raise ProtocolError(Code.BAD_REQUEST, f"the recall handle belongs to broker {broker_name}, "
+                                                  f"not {self.broker.config.broker_name}")
+        sending = self.broker.send_processor
+        if not await anyio.to_thread.run_sync(lambda: sending.recall_timer(msg_id)):
+            raise ProtocolError(Code.MESSAGE_NOT_FOUND, f"no pending delay message {msg_id} (delivered, recalled "
+                                                         "or unknown)")
+        return service.RecallMessageResponse(status=status_ok(), message_id=msg_id)
+
     async def unsupported(self, req: Proto, call: Call) -> Proto:
-        """RPCs this broker does not serve yet (RecallMessage, SyncLiteSubscription)."""
-        raise ProtocolError(Code.NOT_IMPLEMENTED, f"{type(req).__name__[:-7]} is not served by sparkmq yet")
+        """RPCs this broker does not serve (SyncLiteSubscription: lite topics do not exist in sparkmq)."""
+        raise ProtocolError(Code.NOT_IMPLEMENTED, f"{type(req).__name__[:-7]} is not served by sparkmq")
 
 
 # -- helpers -----------------------------------------------------------------------------------------
@@ -500,6 +551,8 @@ _GRPC_NEEDS: dict[str, Callable[[Any, Call], list[Need]]] = {
     "UpdateOffset": lambda r, c: _sub(r.message_queue.topic, r.group, c),
     "GetOffset": lambda r, c: _sub(r.message_queue.topic, r.group, c),
     "QueryOffset": lambda r, c: [(Action.SUB, Resource.topic(_topic(r.message_queue.topic, c)))],
+    "PullMessage": lambda r, c: _sub(r.message_queue.topic, r.group, c),
+    "RecallMessage": lambda r, c: [(Action.PUB, Resource.topic(_topic(r.topic, c)))],
 }
 
 

@@ -113,15 +113,26 @@ class ConsumerProcessor(Processor):
         return -1 if committed is None else committed
 
     def lag(self, group: str, topic: str | None = None) -> dict[str, Any]:
-        """Per read queue: broker offset, consumer offset (-1 = none) and lag; topics of the group when none given."""
+        """Per read queue: broker offset, consumer offset (-1 = none) and lag; topics of the group when none given.
+
+        On a topic the group consumes by POP (RocketMQ 5 clients over gRPC), the lag is the real one
+        (in flight + not yet received, both also given) and the consumer offset is the settled frontier.
+        """
         validate_group(group)
+        popped = self.broker.pop_processor.topics_of(group)
         if topic is not None:
             configs = [self.topics.require(topic)]
         else:
-            names = set(self.offsets.topics_of(group)) | set(self.clients.subscribed_topics(group))
+            names = set(self.offsets.topics_of(group)) | set(self.clients.subscribed_topics(group)) | popped
             configs = [cfg for n in sorted(names) if (cfg := self.topics.get(n)) is not None]
         queues = []
         for cfg in configs:
+            if cfg.topic in popped:
+                for q in self.broker.pop_processor.lag(group, cfg.topic).queues:
+                    queues.append({"topic": cfg.topic, "queue_id": q.queue_id, "broker_offset": q.broker_offset,
+                                   "consumer_offset": q.consumer_offset, "lag": q.lag, "in_flight": q.in_flight,
+                                   "not_received": q.not_received})
+                continue
             for queue_id in range(cfg.read_queue_nums):
                 max_offset = self.store.max_offset(cfg.topic, queue_id)
                 min_offset = self.store.min_offset(cfg.topic, queue_id)

@@ -547,6 +547,11 @@ class PopProcessor(Processor):
         self._state.write_snapshot(data)
 
     # ================================================================== lag
+    def topics_of(self, group: str) -> set[str]:
+        """Topics ``group`` has POP-consumed here (its lag is :meth:`lag`, not the pull offsets')."""
+        with self._lock:
+            return {topic for (g, topic, _q) in self._state.queues if g == group}
+
     def lag(self, group: str, topic: str) -> PopLag:
         """Per read queue and in total: deliveries in flight (unsettled) and messages not yet received.
 
