@@ -51,6 +51,19 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def freeze(pid: int, timeout: float = 10.0) -> None:
+    """SIGSTOP ``pid`` and return once each of its threads is in the stopped state (``T`` in /proc)."""
+    os.kill(pid, signal.SIGSTOP)
+
+    def stopped() -> bool:
+        try:
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+            return all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] in "tT" for t in tasks)
+        except (FileNotFoundError, ProcessLookupError):
+            return True  # gone: nothing of it runs
+    wait_until(stopped, timeout, f"process {pid} stopped")
+
+
 @dataclass
 class ServiceProcess:
     """A running service: its process, base URL (``http://127.0.0.1:PORT``) and log file."""
@@ -76,6 +89,10 @@ class ServiceProcess:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=10)
+
+    def pause(self) -> None:
+        """SIGSTOP, and wait until every thread is stopped (under load a process may run a while after the kill)."""
+        freeze(self.proc.pid)
 
     def stop(self, timeout: float = 15.0) -> int:
         """SIGTERM and wait (SIGKILL after ``timeout``); returns the exit status."""

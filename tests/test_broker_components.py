@@ -164,6 +164,18 @@ def test_broker_creates_system_topics_itself(topics: TopicConfigManager) -> None
     assert code_of(exc) is ErrorCode.INVALID_ARGUMENT
 
 
+def test_many_new_system_topics_are_one_table_change(topics: TopicConfigManager) -> None:
+    # A heartbeat naming 1,000 new groups creates 1,000 retry topics: one write and one version, not 1,000.
+    version = topics.data_version
+    names = [f"%RETRY%bulk-{i}" for i in range(1000)] + ["%RETRY%cg2"]
+    configs = topics.ensure_system_topics(names)
+    assert [c.topic for c in configs] == names and topics.data_version == version + 1
+    assert topics.ensure_system_topics(names) == configs and topics.data_version == version + 1
+    with pytest.raises(SparkMQError):
+        topics.ensure_system_topics(["%RETRY%fine", "ordinary"])
+    assert topics.get("%RETRY%fine") is None and topics.data_version == version + 1
+
+
 def test_auto_create_only_when_enabled_and_only_when_asked(tmp_path: Path, topics: TopicConfigManager) -> None:
     version = topics.data_version
     assert topics.queue_count("fresh") == 4

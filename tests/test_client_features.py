@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from procs import ProcessHarness, child_env, fast_client_config, route_has, wait_until
+from procs import ProcessHarness, child_env, fast_client_config, freeze, route_has, wait_until
 from sparkmq.platform.client import (
     AdminClient,
     ClientConfig,
@@ -573,7 +573,7 @@ def test_a_reset_is_not_undone_by_the_consumers_commit_of_its_old_progress(env: 
     try:
         wait_until(lambda: sorted(offsets_seen()) == list(range(10)), 30, "all ten consumed")  # concurrently: any order
         wait_until(lambda: env.admin.group_offsets("cg-ft-fence").get(queue) == 10, 10, "offset 10 committed")
-        os.kill(child.pid, signal.SIGSTOP)
+        freeze(child.pid)
         try:
             env.admin.reset_offsets("cg-ft-fence", "ft-fence", offsets={"broker-a/0": 4})
             client = env.broker_client()    # the consumer's commit of its old progress, in flight

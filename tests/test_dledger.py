@@ -260,7 +260,7 @@ def test_acknowledged_sends_survive_kills_pauses_and_partitions_of_the_leader(gr
             if kind == "kill":
                 group.brokers[old].kill9()
             elif kind == "pause":
-                os.kill(group.brokers[old].proc.pid, signal.SIGSTOP)
+                group.brokers[old].pause()
                 group.paused.add(old)
             else:
                 group.mesh.do(lambda o=old: group.mesh.mesh.isolate(o))

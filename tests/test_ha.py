@@ -195,7 +195,7 @@ def test_sync_master_statuses_when_the_slave_pauses_or_dies(procs: ProcessHarnes
     create_topic(pair.master)
     with Producer("ha-status", fast_client_config(pair.namesrv.addr, tmp_path / "o", retry_times=0)) as producer:
         assert producer.send(Message(TOPIC, b"in sync")).status is SendStatus.SEND_OK
-        os.kill(pair.slave.proc.pid, signal.SIGSTOP)
+        pair.slave.pause()
         try:
             started = time.monotonic()
             result = producer.send(Message(TOPIC, b"slave paused"), timeout=5)

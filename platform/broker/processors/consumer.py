@@ -157,9 +157,8 @@ class ConsumerProcessor(Processor):
                 except SparkMQError as exc:
                     raise SparkMQError(exc.code, f"group {data.group}, topic {sub.topic}: {exc.message}") from None
         versions = self.clients.heartbeat(client_id, producer_groups, consumers)
-        for data in consumers:
-            if data.message_model is MessageModel.CLUSTERING:
-                self.topics.ensure_system_topic(retry_topic(data.group))
+        self.topics.ensure_system_topics(
+            retry_topic(data.group) for data in consumers if data.message_model is MessageModel.CLUSTERING)
         return versions
 
     def unregister_client(self, client_id: str, producer_groups: Iterable[str] = (),
