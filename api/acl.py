@@ -4,7 +4,8 @@
   HTTP app, remoting adapter and gRPC servicer (built from the broker's ``acl_*`` settings on first use);
 * :func:`http_access` -- the app-wide FastAPI dependency: with ACL on, every route but ``/health`` and the
   API docs needs a signed request whose user may do what the route does (:data:`ROUTE_NEEDS`); a route
-  missing from the table needs a super user (safe for routes added later);
+  missing from the table needs a super user (safe for routes added later).  The name server and the gateway
+  use it too, each with its own table (``app.state.route_needs``) and guard (``app.state.guard``);
 * :data:`acl_router` -- ``/acl/users`` and ``/acl/policies``: what ``sparkmq admin user|acl`` calls; super
   users only while ACL is on.
 
@@ -36,7 +37,7 @@ from ..platform.auth import (
 from ..platform.broker.broker import Broker
 from ..platform.common.errors import ErrorCode, SparkMQError
 
-__all__ = ["broker_guard", "http_access", "acl_router", "ROUTE_NEEDS", "OPEN", "SIGNED"]
+__all__ = ["broker_guard", "http_access", "acl_router", "ROUTE_NEEDS", "OPEN", "SIGNED", "AnyOf", "NeedsOf"]
 
 _guards: weakref.WeakKeyDictionary[Broker, AccessGuard] = weakref.WeakKeyDictionary()
 _guards_lock = threading.Lock()
@@ -64,6 +65,11 @@ SUPER = "super"
 
 Params = dict[str, Any]
 NeedsOf = Callable[[Params, Params, Any], list[Need]]
+
+
+class AnyOf(list[Need]):
+    """Needs of which one suffices (a route lookup: ``Pub`` or ``Sub`` or ``Get`` on the topic); a plain list
+    needs every one."""
 
 
 def _topic(name: object) -> list[Need]:
@@ -127,6 +133,7 @@ _GET_CLUSTER = _cluster(Action.GET)
 #: (action, resource) pairs the request needs.  Routes not listed need a super user.
 ROUTE_NEEDS: dict[tuple[str, str], str | NeedsOf] = {
     ("GET", "/health"): OPEN,
+    ("GET", "/docs"): OPEN,
     # sends
     ("POST", "/topics/{topic}/messages"): _on(Action.PUB, "topic"),
     ("POST", "/topics/{topic}/half"): _on(Action.PUB, "topic"),
@@ -172,6 +179,7 @@ ROUTE_NEEDS: dict[tuple[str, str], str | NeedsOf] = {
     ("GET", "/broker/dledger"): _GET_CLUSTER,
     ("POST", "/broker/dledger/transfer"): _cluster(Action.UPDATE),
     ("GET", "/metrics"): _GET_CLUSTER,
+    ("GET", "/acl/whoami"): SIGNED,
 }
 
 
@@ -201,11 +209,14 @@ async def http_access(request: Request) -> Principal | None:
         return None
     route = request.scope.get("route")
     path = getattr(route, "path", request.url.path)
-    rule = ROUTE_NEEDS.get((request.method, path), SUPER)
+    # Each app brings its table (name server, gateway); the broker's is the default.
+    rule = getattr(request.app.state, "route_needs", ROUTE_NEEDS).get((request.method, path), SUPER)
     if rule == OPEN:
         return None
-    limit = getattr(getattr(request.app.state, "broker", None), "config", None)
-    limit = getattr(limit, "max_request_bytes", None)
+    limit = getattr(request.app.state, "max_request_bytes", None)
+    if limit is None:
+        limit = getattr(getattr(getattr(request.app.state, "broker", None), "config", None), "max_request_bytes",
+                        None)
     declared = request.headers.get("content-length")
     if limit is not None and declared is not None and declared.isdigit() and int(declared) > limit:
         raise SparkMQError(ErrorCode.MESSAGE_TOO_LARGE, f"the request is {declared} bytes, the limit is {limit}")
@@ -229,7 +240,7 @@ async def http_access(request: Request) -> Principal | None:
             except (json.JSONDecodeError, UnicodeDecodeError):
                 parsed = None  # the endpoint refuses it as INVALID_ARGUMENT
         needs = rule(dict(request.path_params), dict(request.query_params), parsed)
-        guard.authorize(principal, needs, peer, what)
+        guard.authorize(principal, needs, peer, what, any_of=isinstance(needs, AnyOf))
     return principal
 
 
@@ -282,6 +293,20 @@ def _who(request: Request) -> Principal | None:
 
 def _invalid(exc: ValueError) -> SparkMQError:
     return SparkMQError(ErrorCode.INVALID_ARGUMENT, str(exc))
+
+
+@acl_router.get("/whoami")
+def whoami(request: Request, guard: GuardDep) -> dict[str, Any]:
+    """Who signed this request: access key, super-user flag, policy entries and the address seen (any signed
+    user; the console shows only what they may do).  With ACL off: ``acl_enabled`` false and no user."""
+    principal = _who(request)
+    if not guard.enabled or principal is None:
+        return {"acl_enabled": False, "access_key": None, "super_user": False, "entries": [], "peer_ip": None}
+    guard.store.maybe_reload()
+    policy = guard.store.table.policies.get(principal.access_key)
+    return {"acl_enabled": True, "access_key": principal.access_key, "super_user": principal.super_user,
+            "entries": [e.to_dict() for e in policy.entries] if policy is not None else [],
+            "peer_ip": _peer(request)}
 
 
 @acl_router.get("/users")

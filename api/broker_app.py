@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import logging
+import shutil
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -30,6 +31,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from .. import __version__
 from ..platform.broker.broker import Broker
 from ..platform.broker.client_manager import (
     ConsumeFromWhere,
@@ -688,17 +690,49 @@ def query_messages(broker: BrokerDep, msg_id: str | None = None, topic: TopicNam
 
 
 @broker_router.get("/alerts", tags=["lake"])
-def alerts(broker: BrokerDep) -> dict[str, Any]:
-    """Open alerts raised by the lake's report rules (from the ``alerts`` table; empty without a lake)."""
+def alerts(broker: BrokerDep, state: Literal["open", "all"] = "open",
+           limit: Annotated[int, Query(ge=1, le=10_000)] = 500) -> dict[str, Any]:
+    """Alerts raised by the lake's report rules (the ``alerts`` table; empty without a lake): the open ones,
+    oldest first, or with ``state=all`` open and resolved, newest first (at most ``limit``)."""
     from ..pipelines.alerts import open_alerts  # delta-rs only; no Spark
 
-    return {"alerts": open_alerts(broker.config.data_dir / "lake")}
+    lake_root = broker.config.data_dir / "lake"
+    if state == "open":
+        return {"alerts": open_alerts(lake_root)[:limit]}
+    return {"alerts": _every_alert(str(lake_root), limit)}
+
+
+def _every_alert(lake_root: str, limit: int) -> list[dict[str, Any]]:
+    """The newest ``limit`` rows of the ``alerts`` table, JSON-ready (only reads what the alert engine wrote)."""
+    import datetime as dt
+
+    from deltalake import DeltaTable
+
+    from ..pipelines import tables
+
+    path = tables.table_path(lake_root, tables.ALERTS)
+    if not DeltaTable.is_deltatable(path):
+        return []
+    rows = DeltaTable(path).to_pyarrow_dataset().to_table()
+    rows = rows.sort_by([("raised_at", "descending"), ("alert_id", "ascending")]).slice(0, limit)
+    return [{k: v.isoformat() if isinstance(v, dt.datetime) else v for k, v in r.items()} for r in rows.to_pylist()]
+
+
+def _disk_use(broker: Broker) -> dict[str, Any]:
+    """The store's file system: total, used and free bytes (one statvfs, cheap enough for every call)."""
+    root = broker.config.store_config().root
+    try:
+        usage = shutil.disk_usage(root)
+    except OSError as exc:  # the store's directory is gone or unreadable: say so, the rest of the answer stands
+        return {"path": str(root), "error": f"{type(exc).__name__}: {exc}"}
+    return {"path": str(root), "total_bytes": usage.total, "used_bytes": usage.used, "free_bytes": usage.free}
 
 
 @broker_router.get("/broker")
 async def broker_info(broker: BrokerDep) -> dict[str, Any]:
-    """Identity, role, name servers, commit-log offsets, topic and client counts."""
-    return broker.admin_processor.info()
+    """Identity, role, sparkmq ``version``, name servers, commit-log offsets, topic and client counts, and the
+    ``disk`` use of the store's file system (``total_bytes``, ``used_bytes``, ``free_bytes``)."""
+    return {**broker.admin_processor.info(), "version": __version__, "disk": _disk_use(broker)}
 
 
 @broker_router.get("/broker/ha")

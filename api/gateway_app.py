@@ -8,6 +8,12 @@ HTTP client therefore never needs to know the topology.  The gateway keeps no st
 run as many as you like behind a load balancer.
 
 In the embedded default (``sparkmq dev``) the broker's own app serves these endpoints.
+
+Access control (docs/security.md): with a guard whose ACL is on, every request but ``/health`` and the API docs
+must be signed by a user of the gateway's own ACL (``<data_dir>/config/acl.json``, managed over the same
+``/acl/*`` endpoints as a broker's) with ``Pub`` on the topic (:data:`GATEWAY_NEEDS`); it is checked before
+anything is forwarded.  The gateway then sends as itself: its producer signs with the gateway's configured
+credentials, which the brokers and name servers check in their turn.
 """
 from __future__ import annotations
 
@@ -20,17 +26,19 @@ from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 
+from ..platform.auth import AccessGuard, Action, Need, Resource
 from ..platform.broker.processors import OutgoingMessage
 from ..platform.client.producer import Producer, SendResult
 from ..platform.common import wire
 from ..platform.common.errors import ErrorCode, SparkMQError
 from ..platform.common.message import PROPERTY_UNIQUE_ID, Message
+from .acl import OPEN, SIGNED, NeedsOf, acl_router, http_access
 from .broker_app import BATCH_SEND_OPENAPI, BatchSendBody, SendMessageBody, outgoing_from_arrow, outgoing_from_json
 from .console.docs import install_docs
 from .errors import install_error_handlers, invalid_argument
 from .params import NonEmpty, QueueId, TopicName
 
-__all__ = ["create_app", "GATEWAY_PRODUCER_GROUP"]
+__all__ = ["create_app", "GATEWAY_PRODUCER_GROUP", "GATEWAY_NEEDS"]
 
 log = logging.getLogger("sparkmq.gateway")
 
@@ -117,8 +125,26 @@ async def health(producer: ProducerDep) -> dict[str, Any]:
     return {"status": "ok", "namesrv_addrs": list(producer.config.namesrv_addrs)}
 
 
-def create_app(producer: Producer) -> FastAPI:
-    """The gateway app over a started-on-lifespan ``producer`` (shut down with the app)."""
+def _pub_on_topic(path: dict[str, Any], query: dict[str, Any], body: Any) -> list[Need]:
+    return [(Action.PUB, Resource.topic(path.get("topic", "")))]
+
+
+#: (method, route path) -> what a caller needs while the gateway's ACL is on; ``/acl/*`` needs a super user.
+GATEWAY_NEEDS: dict[tuple[str, str], str | NeedsOf] = {
+    ("GET", "/health"): OPEN,
+    ("GET", "/docs"): OPEN,
+    ("GET", "/acl/whoami"): SIGNED,  # any signed user asks who it is (the console)
+    ("POST", "/topics/{topic}/messages"): _pub_on_topic,
+    ("POST", "/topics/{topic}/batch"): _pub_on_topic,
+    ("GET", "/routes/{topic}"): _pub_on_topic,
+}
+
+
+def create_app(producer: Producer, guard: AccessGuard | None = None) -> FastAPI:
+    """The gateway app over a started-on-lifespan ``producer`` (shut down with the app).
+
+    ``guard``: the gateway's own access guard (its ACL and the ``/acl`` API); None = open, no ``/acl`` API.
+    """
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -129,9 +155,15 @@ def create_app(producer: Producer) -> FastAPI:
             await run_in_threadpool(producer.shutdown)
 
     app = FastAPI(title="sparkmq gateway", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  description="Sends routed over the name servers' routes; same requests as a broker's send API.")
+                  description="Sends routed over the name servers' routes; same requests as a broker's send API.",
+                  dependencies=[Depends(http_access)])
     app.state.producer = producer
+    app.state.guard = guard
+    app.state.route_needs = GATEWAY_NEEDS
+    app.state.max_request_bytes = MAX_REQUEST_BYTES
     app.include_router(router)
+    if guard is not None:
+        app.include_router(acl_router)
     install_docs(app)
     install_error_handlers(app, log)
     return app

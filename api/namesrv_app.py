@@ -2,6 +2,11 @@
 
 Build it with :func:`create_app`; ``sparkmq.api.namesrv_main`` serves it with uvicorn.
 Every error answers ``{"code": CODE, "message": ...}`` with the code's HTTP status.
+
+With ``acl_enabled`` every route but ``/health`` and the API docs needs a signed request whose user may do what
+:data:`NAMESRV_NEEDS` says (the broker's :func:`~sparkmq.api.acl.http_access` over the name server's own
+:class:`~sparkmq.platform.auth.AccessGuard`); users and policies live in ``<data_dir>/config/acl.json`` and are
+managed over the same ``/acl/*`` endpoints as a broker's (docs/security.md).
 """
 from __future__ import annotations
 
@@ -15,13 +20,16 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..platform.auth import CLUSTER, AccessGuard, Action, Need, Resource
 from ..platform.common.errors import ErrorCode, SparkMQError
 from ..platform.namesrv import NameServerConfig, RouteTable, TopicConfig
+from .acl import OPEN, SIGNED, AnyOf, NeedsOf, Params, acl_router, http_access
 from .console.docs import install_docs
 from .errors import install_error_handlers
 from .params import BrokerName, ClusterName, HostPort, NamesrvQueueCount, NonNegative, Perm, SysFlag, TopicName
 
-__all__ = ["create_app", "RegisterBrokerRequest", "UnregisterBrokerRequest", "TopicConfigBody"]
+__all__ = ["create_app", "namesrv_guard", "NAMESRV_NEEDS", "RegisterBrokerRequest", "UnregisterBrokerRequest",
+           "TopicConfigBody"]
 
 log = logging.getLogger("sparkmq.namesrv")
 
@@ -70,6 +78,10 @@ class UnregisterBrokerRequest(BaseModel):
     broker_name: BrokerName
     broker_id: NonNegative
     broker_addr: HostPort
+
+
+#: Largest signed request body read for its signature (a registration with 10k topics is about 1 MiB).
+_MAX_REQUEST_BYTES = 16 << 20
 
 
 # -- dependencies -----------------------------------------------------------------------
@@ -142,6 +154,45 @@ async def health(table: RouteTableDep) -> dict[str, Any]:
     return {"status": "ok", "live_brokers": len(info.live_brokers), "topics": len(table.topic_list())}
 
 
+# -- access control ---------------------------------------------------------------------
+
+def _on_cluster(action: Action) -> NeedsOf:
+    return lambda path, query, body: [(action, CLUSTER)]
+
+
+def _route_lookup(path: Params, query: Params, body: Any) -> list[Need]:
+    """A route is what a producer (Pub) or a consumer (Sub) of the topic needs, or an admin (Get) reads."""
+    topic = Resource.topic(path.get("topic", ""))
+    return AnyOf([(Action.PUB, topic), (Action.SUB, topic), (Action.GET, topic)])
+
+
+#: (method, route path) -> what a request needs while ACL is on; routes not listed (``/acl/*``) need a super
+#: user.  Writes to the cluster's view -- registering and unregistering brokers, forgetting a topic -- need
+#: ``Update`` on ``Cluster``: give it to the brokers' user (``namesrv_access_key``), not to applications.
+NAMESRV_NEEDS: dict[tuple[str, str], str | NeedsOf] = {
+    ("GET", "/health"): OPEN,
+    ("GET", "/docs"): OPEN,
+    ("GET", "/acl/whoami"): SIGNED,  # any signed user asks who it is (the console)
+    ("POST", "/brokers/register"): _on_cluster(Action.UPDATE),
+    ("POST", "/brokers/unregister"): _on_cluster(Action.UPDATE),
+    ("GET", "/routes/{topic}"): _route_lookup,
+    ("GET", "/topics"): _on_cluster(Action.LIST),
+    ("GET", "/cluster"): _on_cluster(Action.LIST),
+    ("DELETE", "/topics/{topic}"): _on_cluster(Action.UPDATE),
+}
+
+
+def namesrv_guard(config: NameServerConfig) -> AccessGuard | None:
+    """The name server's access guard over ``<data_dir>/config/acl.json``; None without a data dir (then ACL is
+    off, which the config guarantees, and there is no ``/acl`` API: nowhere to keep users)."""
+    if not config.data_dir:
+        return None
+    return AccessGuard.open(config.data_dir, enabled=config.acl_enabled,
+                            super_user_access_key=config.acl_super_user_access_key,
+                            super_user_secret_key=config.acl_super_user_secret_key,
+                            clock_skew_s=config.acl_clock_skew_s)
+
+
 # -- the app ----------------------------------------------------------------------------
 
 async def _scan_loop(table: RouteTable, interval_s: float) -> None:
@@ -174,12 +225,19 @@ def create_app(route_table: RouteTable, config: NameServerConfig) -> FastAPI:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    # With ACL on, every route is authenticated and authorized before it runs (api/acl.py, docs/security.md).
     app = FastAPI(title="sparkmq name server", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  description="Broker registration and expiry, topic routes, cluster view.")
+                  description="Broker registration and expiry, topic routes, cluster view.",
+                  dependencies=[Depends(http_access)])
     app.state.route_table = route_table
     app.state.config = config
+    app.state.guard = namesrv_guard(config)
+    app.state.route_needs = NAMESRV_NEEDS
+    app.state.max_request_bytes = _MAX_REQUEST_BYTES
     app.include_router(brokers_router)
     app.include_router(routes_router)
+    if app.state.guard is not None:
+        app.include_router(acl_router)
     install_docs(app)
     install_error_handlers(app, log)
     return app

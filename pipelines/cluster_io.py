@@ -43,6 +43,8 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sparkmq.platform.auth.model import validate_access_key, validate_secret_key
+from sparkmq.platform.auth.signing import Credentials, Signer
 from sparkmq.platform.client import BrokerClient, MessageQueue, NameServerClient, TopicRouteInfo
 from sparkmq.platform.client.remoting import BrokerClientPool, error_from_response
 from sparkmq.platform.client.routes import MASTER_ID
@@ -55,6 +57,7 @@ from sparkmq.platform.common.wire import PULL_SCHEMA
 from sparkmq.platform.remoting import RemotingError, Response, SyncRemotingClient
 
 __all__ = [
+    "CREDENTIAL_OPTIONS",
     "ClusterView",
     "Endpoints",
     "OptionError",
@@ -63,6 +66,8 @@ __all__ = [
     "pull_arrow",
     "pull_remoting",
     "queue_sort_key",
+    "access_error",
+    "credentials_option",
     "topic_path",
 ]
 
@@ -92,6 +97,48 @@ def topic_path(topic: str) -> str:
 def queue_sort_key(queue: MessageQueue) -> tuple[str, str, int]:
     """The stable order of queues in offsets and partitions: topic, broker name, queue id."""
     return queue.topic, queue.broker_name, queue.queue_id
+
+
+#: The options of the source and the sink that sign every request (brokers with ACL on, docs/security.md).
+CREDENTIAL_OPTIONS = ("accessKey", "secretKey")
+
+
+def credentials_option(opts: Mapping[str, str]) -> Credentials | None:
+    """The ``accessKey`` / ``secretKey`` options as :class:`Credentials` (None when neither is given);
+    :class:`OptionError` naming the option when only one is given or one is malformed (never the secret).
+
+    Example::
+
+        >>> credentials_option({"accessKey": "lake", "secretKey": "s3cret-key"})
+        Credentials(access_key='lake')
+        >>> credentials_option({}) is None
+        True
+    """
+    access_key, secret_key = opts.get("accessKey"), opts.get("secretKey")
+    if access_key is None and secret_key is None:
+        return None
+    if access_key is None or secret_key is None:
+        missing = "accessKey" if access_key is None else "secretKey"
+        raise OptionError(missing, "give 'accessKey' and 'secretKey' together (requests are signed with both)")
+    try:
+        validate_access_key(access_key.strip())
+    except ValueError as exc:
+        raise OptionError("accessKey", str(exc)) from None
+    try:
+        validate_secret_key(secret_key)
+    except ValueError as exc:
+        raise OptionError("secretKey", str(exc)) from None
+    return Credentials(access_key.strip(), secret_key)
+
+
+_ACCESS_CODES = (ErrorCode.AUTHENTICATION_FAILED, ErrorCode.NO_PERMISSION)
+
+
+def access_error(exc: SparkMQError) -> SparkMQError:
+    """``exc`` (a refusal by a broker or name server with ACL on) with what to do about it."""
+    return SparkMQError(exc.code, f"{exc.message} (the sparkmq source and sink sign their requests with the "
+                                  f"options 'accessKey' and 'secretKey'; the user needs Sub and Get on the "
+                                  f"topics it reads, Pub on those it writes)")
 
 
 def _split_addrs(text: str) -> tuple[str, ...]:
@@ -173,11 +220,14 @@ class ClusterView:
         view.close()
     """
 
-    def __init__(self, endpoints: Endpoints, timeout_s: float = 10.0) -> None:
+    def __init__(self, endpoints: Endpoints, timeout_s: float = 10.0, *,
+                 credentials: Credentials | None = None) -> None:
+        """``credentials`` sign every request (name servers and brokers with ACL on)."""
         self.endpoints = endpoints
         self._timeout = timeout_s
-        self._namesrv = NameServerClient(endpoints.namesrv, timeout_s) if endpoints.namesrv else None
-        self._brokers = BrokerClientPool(timeout_s)
+        self._namesrv = (NameServerClient(endpoints.namesrv, timeout_s, credentials=credentials)
+                         if endpoints.namesrv else None)
+        self._brokers = BrokerClientPool(timeout_s, credentials=credentials)
         self._executor = concurrent.futures.ThreadPoolExecutor(_PARALLEL_REQUESTS,
                                                                thread_name_prefix="sparkmq-cluster-view")
         self._lock = threading.Lock()
@@ -204,6 +254,8 @@ class ClusterView:
             try:
                 return fn(item)
             except SparkMQError as exc:
+                if exc.code in _ACCESS_CODES:
+                    raise access_error(exc) from None  # not a broker to skip for now: the query cannot work
                 return exc
         if len(items) <= 1:
             return [safe(i) for i in items]
@@ -421,17 +473,26 @@ class PullPage:
 
 
 _pool_lock = threading.Lock()
-_pools: dict[float, BrokerClientPool] = {}
+_pools: dict[tuple[float, Credentials | None], BrokerClientPool] = {}
+_signers: dict[Credentials, Signer] = {}
 
 
-def _executor_pool(timeout_s: float) -> BrokerClientPool:
-    # One pool per Python worker process: Spark reuses workers across tasks, so connections
-    # to the brokers are kept between partitions and micro-batches.
+def _executor_pool(timeout_s: float, credentials: Credentials | None = None) -> BrokerClientPool:
+    # One pool per Python worker process (and credentials): Spark reuses workers across tasks, so
+    # connections to the brokers are kept between partitions and micro-batches.
     with _pool_lock:
-        pool = _pools.get(timeout_s)
+        pool = _pools.get((timeout_s, credentials))
         if pool is None:
-            pool = _pools[timeout_s] = BrokerClientPool(timeout_s)
+            pool = _pools[(timeout_s, credentials)] = BrokerClientPool(timeout_s, credentials=credentials)
         return pool
+
+
+def _signer(credentials: Credentials) -> Signer:
+    with _pool_lock:
+        signer = _signers.get(credentials)
+        if signer is None:
+            signer = _signers[credentials] = Signer(credentials)
+        return signer
 
 
 _remoting_lock = threading.Lock()
@@ -461,7 +522,8 @@ def _executor_remoting() -> SyncRemotingClient:
 
 def pull_arrow(addr: str, topic: str, queue_id: int, offset: int, max_messages: int, *, tags: str = "*",
                timeout_s: float = 30.0, broker_name: str | None = None,
-               remoting_addr: str | None = None, prefetch_until: int | None = None) -> PullPage:
+               remoting_addr: str | None = None, prefetch_until: int | None = None,
+               credentials: Credentials | None = None) -> PullPage:
     """Pull up to ``max_messages`` from ``offset`` as an Arrow table (``PULL_SCHEMA``) and the pull's offsets.
 
     Given ``remoting_addr`` and ``broker_name``: a remoting PULL_MESSAGE without a group (up to
@@ -476,34 +538,50 @@ def pull_arrow(addr: str, topic: str, queue_id: int, offset: int, max_messages: 
     (``BrokerClient.pull_arrow_table``, the broker's bulk path; given ``broker_name``, an
     unfiltered pull carries the stored records, decoded here too).  Never long-polls
     (``wait_ms=0``): Spark plans what exists.  Raises ``SparkMQError`` (``RemotingError`` when
-    the broker is unreachable).
+    the broker is unreachable).  ``credentials`` sign every request (brokers with ACL on).
     """
+    try:
+        return _pull_arrow(addr, topic, queue_id, offset, max_messages, tags, timeout_s, broker_name, remoting_addr,
+                           prefetch_until, credentials)
+    except SparkMQError as exc:
+        if exc.code in _ACCESS_CODES:
+            raise access_error(exc) from None
+        raise
+
+
+def _pull_arrow(addr: str, topic: str, queue_id: int, offset: int, max_messages: int, tags: str, timeout_s: float,
+                broker_name: str | None, remoting_addr: str | None, prefetch_until: int | None,
+                credentials: Credentials | None) -> PullPage:
     if remoting_addr is not None and broker_name is not None and _remoting_down.get(remoting_addr, 0) <= \
             time.monotonic():
         try:
             return pull_remoting(remoting_addr, broker_name, topic, queue_id, offset, max_messages, tags=tags,
-                                 timeout_s=timeout_s, prefetch_until=prefetch_until)
+                                 timeout_s=timeout_s, prefetch_until=prefetch_until, credentials=credentials)
         except RemotingError as exc:
             if exc.timed_out:
                 raise
             _remoting_down[remoting_addr] = time.monotonic() + _REMOTING_RETRY_S
             log.warning("remoting endpoint %s of %s unreachable (%s); pulling over HTTP from %s for %gs",
                         remoting_addr, broker_name, exc.message, addr, _REMOTING_RETRY_S)
-    answer = _executor_pool(timeout_s).get(addr).pull_arrow_table(topic, queue_id, offset, max_messages,
+    answer = _executor_pool(timeout_s, credentials).get(addr).pull_arrow_table(topic, queue_id, offset, max_messages,
                                                                    tags=tags or "*", broker_name=broker_name)
     return PullPage(answer.status, answer.next_offset, answer.min_offset, answer.max_offset, answer.table)
 
 
-def _send_pull(key: tuple[str, str, int, int, int, str | None], timeout_s: float) -> Future[Response]:
+def _send_pull(key: tuple[str, str, int, int, int, str | None], timeout_s: float,
+               credentials: Credentials | None = None) -> Future[Response]:
     """Send the PULL_MESSAGE ``key`` names (endpoint, topic, queue, offset, max, tags); its answer to come."""
     endpoint, topic, queue_id, offset, max_messages, tags = key
     request = protocol.PullRequest(topic, queue_id, offset, max_messages, tags=tags, wait_ms=0)
-    return _executor_remoting().request_future(endpoint, RequestCode.PULL_MESSAGE, _encode_header(request), b"",
-                                               timeout_s)
+    header = _encode_header(request)
+    if credentials is not None:  # the signed credential block in front of the header (docs/security.md)
+        header = _signer(credentials).remoting_header(int(RequestCode.PULL_MESSAGE), header, b"")
+    return _executor_remoting().request_future(endpoint, RequestCode.PULL_MESSAGE, header, b"", timeout_s)
 
 
 def pull_remoting(remoting_addr: str, broker_name: str, topic: str, queue_id: int, offset: int, max_messages: int,
-                  *, tags: str = "*", timeout_s: float = 30.0, prefetch_until: int | None = None) -> PullPage:
+                  *, tags: str = "*", timeout_s: float = 30.0, prefetch_until: int | None = None,
+                  credentials: Credentials | None = None) -> PullPage:
     """One remoting PULL_MESSAGE (no group, ``wait_ms`` 0) decoded into a ``PULL_SCHEMA`` table.
 
     The frame body (records back to back) becomes a binary array over the received buffer
@@ -522,7 +600,7 @@ def pull_remoting(remoting_addr: str, broker_name: str, topic: str, queue_id: in
     key = (remoting_addr, topic, queue_id, offset, max_messages, None if wanted is None else tags)
     ahead: tuple[tuple[str, str, int, int, int, str | None], Future[Response]] | None = getattr(_ahead, "pull", None)
     _ahead.pull = None
-    answer = ahead[1] if ahead is not None and ahead[0] == key else _send_pull(key, timeout_s)
+    answer = ahead[1] if ahead is not None and ahead[0] == key else _send_pull(key, timeout_s, credentials)
     response = answer.result()  # the request's own timer fails it after timeout_s
     try:
         header = _decode_pull_response(response.header)
@@ -530,7 +608,7 @@ def pull_remoting(remoting_addr: str, broker_name: str, topic: str, queue_id: in
         raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"{remoting_addr}: malformed PullResponse: {exc}") from None
     if prefetch_until is not None and header.status == _FOUND and offset < header.next_offset < prefetch_until:
         following = (*key[:3], header.next_offset, min(max_messages, prefetch_until - header.next_offset), key[5])
-        _ahead.pull = (following, _send_pull(following, timeout_s))
+        _ahead.pull = (following, _send_pull(following, timeout_s, credentials))
     if header.count:
         batch = decode_records(packed_records_array(response.body, header.count), broker_name)
         if wanted is not None:
@@ -544,7 +622,8 @@ def pull_remoting(remoting_addr: str, broker_name: str, topic: str, queue_id: in
 
 def pull_queue_range(addr: str, topic: str, queue_id: int, start: int, end: int, *, broker_name: str,
                      timeout_s: float = 30.0, max_per_pull: int = 8192,
-                     remoting_addr: str | None = None) -> tuple[pa.Table, list[tuple[int, int]]]:
+                     remoting_addr: str | None = None, credentials: Credentials | None = None
+                     ) -> tuple[pa.Table, list[tuple[int, int]]]:
     """The messages at queue offsets ``[start, end)`` of one queue as one table (``PULL_SCHEMA``, offset order),
     and the sub-ranges the broker no longer has (``[(from, to), ...]``: retention, a lost tail).
 
@@ -565,7 +644,7 @@ def pull_queue_range(addr: str, topic: str, queue_id: int, start: int, end: int,
     offset = start
     while offset < end:
         page = pull_arrow(addr, topic, queue_id, offset, min(max_per_pull, end - offset), timeout_s=timeout_s,
-                          broker_name=broker_name, remoting_addr=remoting_addr)
+                          broker_name=broker_name, remoting_addr=remoting_addr, credentials=credentials)
         if page.status == PullStatus.FOUND:
             if page.table.num_rows:
                 tables.append(page.table)

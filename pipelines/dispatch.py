@@ -46,6 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
+from sparkmq.platform.auth.signing import Credentials
 from sparkmq.platform.common.system_topics import (
     POP_REVIVE_TOPIC,
     SCHEDULE_TOPIC,
@@ -227,6 +228,14 @@ def _endpoint_options(namesrv_or_brokers: str | Mapping[str, str]) -> tuple[dict
     return {"namesrv": namesrv_or_brokers}, Endpoints.parse(namesrv=namesrv_or_brokers)
 
 
+def with_credentials(options: dict[str, str], credentials: Credentials | None) -> dict[str, str]:
+    """``options`` plus the source's ``accessKey`` / ``secretKey`` when ``credentials`` are given (brokers with
+    ACL on); the same dict."""
+    if credentials is not None:
+        options.update({"accessKey": credentials.access_key, "secretKey": credentials.secret_key})
+    return options
+
+
 def dispatch_source_options(namesrv_or_brokers: str | Mapping[str, str],
                             max_messages_per_trigger: int | None = DEFAULT_MAX_MESSAGES_PER_TRIGGER
                             ) -> dict[str, str]:
@@ -286,7 +295,8 @@ def start_dispatch(spark: SparkSession, namesrv_or_brokers: str | Mapping[str, s
                    lake_root: str | os.PathLike[str], checkpoint_dir: str | os.PathLike[str],
                    trigger: Mapping[str, Any] | None = None, *, job_name: str | None = None,
                    max_messages_per_trigger: int | None = DEFAULT_MAX_MESSAGES_PER_TRIGGER,
-                   query_name: str | None = None, tasks: int | None = None) -> StreamingQuery:
+                   query_name: str | None = None, tasks: int | None = None,
+                   credentials: Credentials | None = None) -> StreamingQuery:
     """Start the dispatch query and return it (running; stop it with ``query.stop()``).
 
     ``namesrv_or_brokers``: name servers ``"host:port;host:port"`` (a whole cluster), or brokers
@@ -296,10 +306,12 @@ def start_dispatch(spark: SparkSession, namesrv_or_brokers: str | Mapping[str, s
     ``job_name`` names the app ids ``dispatch-{job_name}-{table}`` (default: the broker's name
     when one broker is given, else ``cluster``); it must stay the same for a checkpoint.
     ``tasks``: Spark tasks per micro-batch (default: the session's default parallelism).
+    ``credentials``: sign every read (brokers with ACL on; the user needs ``Sub`` and ``Get`` on the topics).
 
     Creates the three tables if needed; raises :class:`LakeError` when the checkpoint is behind them.
     """
-    source_options = dispatch_source_options(namesrv_or_brokers, max_messages_per_trigger)
+    source_options = with_credentials(dispatch_source_options(namesrv_or_brokers, max_messages_per_trigger),
+                                      credentials)
     _, endpoints = _endpoint_options(namesrv_or_brokers)
     job = job_name or (endpoints.brokers[0][0] if len(endpoints.brokers) == 1 else "cluster")
     lake_root = os.fspath(lake_root)

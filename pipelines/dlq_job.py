@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sparkmq.platform.auth.signing import Credentials
 from sparkmq.platform.common.system_topics import (
     DLQ_PREFIX,
     PROPERTY_DLQ_ORIGIN_TOPIC,
@@ -37,7 +38,7 @@ from sparkmq.platform.common.system_topics import (
 
 from . import tables
 from .delta_io import append_exactly_once
-from .dispatch import _endpoint_options, check_checkpoint
+from .dispatch import _endpoint_options, check_checkpoint, with_credentials
 from .source import FORMAT, register
 
 if TYPE_CHECKING:
@@ -118,7 +119,8 @@ def _check_checkpoint(checkpoint_dir: str, lake_root: str, job: str) -> None:
 
 def start_dlq_job(spark: SparkSession, namesrv_or_brokers: str | Mapping[str, str],
                   lake_root: str | os.PathLike[str], checkpoint_dir: str | os.PathLike[str],
-                  trigger: Mapping[str, Any] | None = None, *, job_name: str | None = None) -> StreamingQuery:
+                  trigger: Mapping[str, Any] | None = None, *, job_name: str | None = None,
+                  credentials: Credentials | None = None) -> StreamingQuery:
     """Start the dead-letters query and return it (running; stop it with ``query.stop()``).
 
     ``namesrv_or_brokers`` and ``trigger`` as for :func:`~.dispatch.start_dispatch` (default
@@ -141,7 +143,7 @@ def start_dlq_job(spark: SparkSession, namesrv_or_brokers: str | Mapping[str, st
             log.info("dead letters %s batch %d: %d rows", job, batch_id, rows.num_rows)
 
     reader = spark.readStream.format(FORMAT)
-    for key, value in options.items():
+    for key, value in with_credentials(options, credentials).items():
         reader = reader.option(key, value)
     return (reader.load().writeStream
             .queryName(f"sparkmq-dlq-{job}")

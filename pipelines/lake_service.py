@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sparkmq.platform.auth.signing import Credentials
+
 from .supervisor import JobSpec, Supervisor
 
 if TYPE_CHECKING:
@@ -65,6 +67,11 @@ class LakeSettings:
     jobs: tuple[str, ...] = LAKE_JOBS
     #: The ``[alerts]`` table (webhook_url, [[alerts.rules]]); read from the top level of the file.
     alerts: Mapping[str, Any] = field(default_factory=dict)
+    #: The user the jobs sign their reads with (both or neither; a broker with ACL on refuses unsigned reads).
+    #: It needs ``Sub`` and ``Get`` on the topics the jobs read (every topic, ``RMQ_SYS_TRACE_TOPIC``, ``%DLQ%*``):
+    #: a super user is simplest.
+    access_key: str | None = None
+    secret_key: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None, **overrides: Any) -> LakeSettings:
@@ -85,10 +92,20 @@ class LakeSettings:
         nice = settings.nice
         if nice != "idle" and (isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19):
             raise ValueError(f'nice must be "idle" or an integer from 0 to 19, got {nice!r}')
+        if (settings.access_key is None) != (settings.secret_key is None):
+            raise ValueError("[lake] access_key and secret_key go together: set both or neither")
+        _ = settings.credentials  # validates both now
         unknown_jobs = set(settings.jobs) - set(LAKE_JOBS)
         if unknown_jobs:
             raise ValueError(f"unknown lake jobs {sorted(unknown_jobs)}; known: {list(LAKE_JOBS)}")
         return settings
+
+    @property
+    def credentials(self) -> Credentials | None:
+        """What the jobs sign their reads with (None: unsigned)."""
+        if self.access_key is None or self.secret_key is None:
+            return None
+        return Credentials(self.access_key, self.secret_key)
 
     def spark_settings(self) -> dict[str, str]:
         """``spark_conf`` with ``spark.master`` when given."""
@@ -103,7 +120,8 @@ class LakeSettings:
         return LakeService(root, root / "_checkpoints", brokers={broker_name: addr},
                            spark_conf=self.spark_settings(), jobs=self.jobs,
                            trigger={"processingTime": f"{self.trigger_interval_s} seconds"}, job_name=broker_name,
-                           alerts=self.alerts, nice=self.nice, max_messages_per_trigger=self.max_messages_per_trigger)
+                           alerts=self.alerts, nice=self.nice, max_messages_per_trigger=self.max_messages_per_trigger,
+                           credentials=self.credentials)
 
 
 class LakeService:
@@ -116,12 +134,13 @@ class LakeService:
                  backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0,
                  alerts: Mapping[str, Any] | None = None, report_interval_s: float = 60.0,
                  maintenance_interval_s: float = 3600.0, nice: int | str = 0,
-                 max_messages_per_trigger: int | None = None) -> None:
+                 max_messages_per_trigger: int | None = None, credentials: Credentials | None = None) -> None:
         """Exactly one of ``namesrv`` (a cluster) and ``brokers`` (name -> host:port) says what to read.
 
         ``nice``: run a local Spark at this priority (a niceness, or ``"idle"``:
         :func:`.session.lower_priority`), for a lake that shares its machine with a broker.
         ``max_messages_per_trigger``: the dispatch job's batch bound (None: its default).
+        ``credentials``: what the jobs sign their reads with (brokers with ACL on).
         """
         if (namesrv is None) == (brokers is None):
             raise ValueError("give exactly one of namesrv and brokers")
@@ -143,6 +162,7 @@ class LakeService:
         self.maintenance_interval_s = maintenance_interval_s
         self.nice = nice
         self.max_messages_per_trigger = max_messages_per_trigger
+        self.credentials = credentials
         self._report_stop = threading.Event()
         self._report_thread: threading.Thread | None = None
         self.spark: SparkSession | None = None
@@ -162,26 +182,27 @@ class LakeService:
         assert self.spark is not None
         spark = self.spark
         specs = []
-        limit = {} if self.max_messages_per_trigger is None else {"max_messages_per_trigger":
-                                                                  self.max_messages_per_trigger}
+        limit: dict[str, Any] = {} if self.max_messages_per_trigger is None else {
+            "max_messages_per_trigger": self.max_messages_per_trigger}
+        signed = {"credentials": self.credentials}
         if "dispatch" in self.job_names:
             specs.append(JobSpec(
                 "dispatch",
                 lambda: start_dispatch(spark, self.endpoints, self.lake_root, self.checkpoint_root / "dispatch",
-                                       self.trigger, job_name=self.job_name, **limit),
+                                       self.trigger, job_name=self.job_name, **limit, **signed),
                 describe=_dispatch_figures))
         if "trace" in self.job_names:
             specs.append(JobSpec(
                 "trace",
                 lambda: start_trace_job(spark, self.endpoints, self.lake_root, self.checkpoint_root / "trace",
-                                        self.trigger, job_name=self.job_name),
+                                        self.trigger, job_name=self.job_name, **signed),
                 describe=_dispatch_figures))
         if "dlq" in self.job_names:
             # Dead letters are rare: their own slower trigger (the job's default) is enough.
             specs.append(JobSpec(
                 "dlq",
                 lambda: start_dlq_job(spark, self.endpoints, self.lake_root, self.checkpoint_root / "dlq", None,
-                                      job_name=self.job_name)))
+                                      job_name=self.job_name, **signed)))
         return specs
 
     # -- lifecycle --------------------------------------------------------------------

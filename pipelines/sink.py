@@ -20,7 +20,9 @@ properties      map<string,string>              user properties
 Options: ``namesrv`` or ``brokers`` (as for the source); ``topic`` (overrides the column, as
 with Kafka); ``producerGroup`` (default ``sparkmq-spark-sink``); ``batchSize`` (messages per
 request, default 256; a request also ends at 4 MiB of bodies); ``sendTimeoutMs`` (per request,
-retries included; default 10000).  Spark's data source writers take ``mode("append")``.
+retries included; default 10000); ``accessKey`` and ``secretKey`` (together: every send is signed,
+for brokers with ACL on; the user needs ``Pub`` on the topics).  Spark's data source writers take
+``mode("append")``.
 
 Sends go through the client :class:`~sparkmq.platform.client.Producer` (routes from the
 name servers, round-robin over write queues, retries on another broker; bodies are
@@ -45,13 +47,14 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StringType, StructType
 
+from sparkmq.platform.auth.signing import Credentials
 from sparkmq.platform.client import BrokerClient, ClientConfig, Message, Producer
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 from sparkmq.platform.common.message import KEY_SEPARATOR
 from sparkmq.platform.common.validation import validate_group, validate_topic
 from sparkmq.platform.common.wire import SendRow, send_rows_to_arrow, to_ipc
 
-from .cluster_io import Endpoints, OptionError
+from .cluster_io import CREDENTIAL_OPTIONS, Endpoints, OptionError, access_error, credentials_option
 from .source import canonical_options
 
 __all__ = ["SINK_OPTIONS", "SinkCommitMessage", "SinkOptions", "SparkMQStreamWriter", "SparkMQWriter"]
@@ -59,7 +62,8 @@ __all__ = ["SINK_OPTIONS", "SinkCommitMessage", "SinkOptions", "SparkMQStreamWri
 log = logging.getLogger(__name__)
 
 #: Every option the sink knows.  ``checkpointLocation`` is Spark's, passed along on writeStream.
-SINK_OPTIONS = ("namesrv", "brokers", "topic", "producerGroup", "batchSize", "sendTimeoutMs", "checkpointLocation")
+SINK_OPTIONS = ("namesrv", "brokers", "topic", "producerGroup", "batchSize", "sendTimeoutMs", "checkpointLocation",
+                *CREDENTIAL_OPTIONS)
 
 DEFAULT_PRODUCER_GROUP = "sparkmq-spark-sink"
 
@@ -97,6 +101,8 @@ class SinkOptions:
     batch_size: int
     send_timeout_s: float
     columns: tuple[str, ...]
+    #: Signs every send (brokers with ACL on); travels to the executors with the plan.
+    credentials: Credentials | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str], schema: StructType) -> SinkOptions:
@@ -127,7 +133,7 @@ class SinkOptions:
             raise OptionError("schema", "the DataFrame needs a 'body' column (binary or string)")
         if topic is None and "topic" not in names:
             raise OptionError("topic", "give the 'topic' option or a 'topic' column")
-        return cls(endpoints, topic, group, batch_size, timeout_ms / 1000, tuple(names))
+        return cls(endpoints, topic, group, batch_size, timeout_ms / 1000, tuple(names), credentials_option(opts))
 
 
 def _positive(opts: Mapping[str, str], name: str, default: int, high: int) -> int:
@@ -191,15 +197,27 @@ class _Sender:
         if options.endpoints.namesrv:
             # Producer.send_batch compresses a batch whose bodies pass compress_threshold, but brokers
             # refuse compressed batches (INVALID_ARGUMENT); keep batches uncompressed.
+            creds = options.credentials
             cfg = ClientConfig(namesrv_addrs=options.endpoints.namesrv, send_timeout_s=options.send_timeout_s,
-                               request_timeout_s=options.send_timeout_s, compress_threshold=_NEVER_COMPRESS)
+                               request_timeout_s=options.send_timeout_s, compress_threshold=_NEVER_COMPRESS,
+                               access_key=creds.access_key if creds else None,
+                               secret_key=creds.secret_key if creds else None)
             self._producer = Producer(options.producer_group, cfg).start()
         else:
-            self._brokers = [BrokerClient(addr, options.send_timeout_s) for _, addr in options.endpoints.brokers]
+            self._brokers = [BrokerClient(addr, options.send_timeout_s, credentials=options.credentials)
+                             for _, addr in options.endpoints.brokers]
         self._next = itertools.cycle(range(max(1, len(self._brokers))))
 
     def send(self, topic: str, messages: Sequence[Message]) -> int:
         """Store ``messages`` (one topic) in one request; how many were stored."""
+        try:
+            return self._send(topic, messages)
+        except SparkMQError as exc:
+            if exc.code in (ErrorCode.AUTHENTICATION_FAILED, ErrorCode.NO_PERMISSION):
+                raise access_error(exc) from None
+            raise
+
+    def _send(self, topic: str, messages: Sequence[Message]) -> int:
         if self._producer is not None:
             return len(self._producer.send_batch(list(messages), arrow=True))
         rows = [SendRow(m.body, m.tags, tuple(m.keys), dict(m.properties)) for m in messages]

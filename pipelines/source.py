@@ -66,6 +66,11 @@ Options (names are case-insensitive; an unknown option is an error that names it
 * ``raw`` (default false): the stored form -- body as stored (zlib-compressed when ``sys_flag``
   has 0x1) and every property including TAGS, KEYS and UNIQ_KEY.  The dispatch job reads this.
 * ``requestTimeoutMs`` (default 30000): timeout of each request (HTTP or remoting pull).
+* ``accessKey`` and ``secretKey`` (together): sign every request, the driver's and the executors'
+  (brokers and name servers with ACL on, ``docs/security.md``).  The user needs ``Sub`` and ``Get`` on
+  the topics (``Get``: the queue bounds the driver plans with), and ``Sub`` on ``group`` when that
+  option is set.  Without them a broker with ACL on refuses the query with AUTHENTICATION_FAILED,
+  naming these options.
 
 Offsets (checkpoints, ``startingOffsets``) are ``{"topic": {"brokerName/queueId": nextOffset}}``
 with topics, broker names and queue ids in sorted order.  A queue that appears while a stream
@@ -108,6 +113,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from sparkmq.platform.auth.signing import Credentials
 from sparkmq.platform.client import MessageQueue
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 from sparkmq.platform.common.filtering import parse_tags
@@ -118,7 +124,16 @@ from sparkmq.platform.common.system_topics import is_system_topic
 from sparkmq.platform.common.validation import validate_group, validate_topic
 from sparkmq.platform.common.wire import inflate
 
-from .cluster_io import ClusterView, Endpoints, OptionError, QueueBounds, pull_arrow, queue_sort_key
+from .cluster_io import (
+    CREDENTIAL_OPTIONS,
+    ClusterView,
+    Endpoints,
+    OptionError,
+    QueueBounds,
+    credentials_option,
+    pull_arrow,
+    queue_sort_key,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -216,7 +231,7 @@ def is_reserved_topic(topic: str) -> bool:
 SOURCE_OPTIONS = (
     "namesrv", "brokers", "subscribe", "subscribePattern", "assign", "includeSystemTopics", "startingOffsets",
     "startingTimestamp", "endingOffsets", "maxMessagesPerTrigger", "failOnDataLoss", "tags", "pullBatchSize",
-    "maxMessagesPerPartition", "group", "raw", "requestTimeoutMs",
+    "maxMessagesPerPartition", "group", "raw", "requestTimeoutMs", *CREDENTIAL_OPTIONS,
 )
 
 
@@ -323,6 +338,8 @@ class SourceOptions:
     group: str | None = None
     raw: bool = False
     request_timeout_s: float = 30.0
+    #: Signs every request (brokers with ACL on); travels to the executors with the plan.
+    credentials: Credentials | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
@@ -402,6 +419,7 @@ class SourceOptions:
                 raise OptionError("group", exc.message) from None
         kw["raw"] = _bool(opts, "raw", False)
         kw["request_timeout_s"] = (_int(opts, "requestTimeoutMs", 1, 3_600_000) or 30_000) / 1000
+        kw["credentials"] = credentials_option(opts)
         options_obj = cls(endpoints=endpoints, streaming=streaming, **kw)
         options_obj._check_offsets_cover_subscription()
         return options_obj
@@ -557,11 +575,12 @@ class ReadSettings:
     fail_on_data_loss: bool = True
     raw: bool = False
     request_timeout_s: float = 30.0
+    credentials: Credentials | None = None
 
     @classmethod
     def of(cls, o: SourceOptions) -> ReadSettings:
         """The read settings of parsed options."""
-        return cls(o.tags, o.pull_batch_size, o.fail_on_data_loss, o.raw, o.request_timeout_s)
+        return cls(o.tags, o.pull_batch_size, o.fail_on_data_loss, o.raw, o.request_timeout_s, o.credentials)
 
 
 class DataLossError(SparkMQError):
@@ -581,7 +600,8 @@ def read_range(part: QueueRange, settings: ReadSettings) -> Iterator[pa.RecordBa
         want = min(batch_size, part.end - offset)
         page = pull_arrow(part.addr, part.topic, part.queue_id, offset, want, tags=settings.tags,
                           timeout_s=settings.request_timeout_s, broker_name=part.broker,
-                          remoting_addr=part.remoting_addr, prefetch_until=part.end)
+                          remoting_addr=part.remoting_addr, prefetch_until=part.end,
+                          credentials=settings.credentials)
         if page.status == _FOUND:
             table = page.table
             if filtered:  # the broker skips non-matching messages and may run past the range's end
@@ -655,7 +675,8 @@ class _Planner:
     def view(self) -> ClusterView:
         """The cluster view, made on first use."""
         if self._view is None:
-            self._view = ClusterView(self.options.endpoints, self.options.request_timeout_s)
+            self._view = ClusterView(self.options.endpoints, self.options.request_timeout_s,
+                                     credentials=self.options.credentials)
         return self._view
 
     def close_view(self) -> None:

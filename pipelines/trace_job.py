@@ -41,6 +41,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sparkmq.platform.auth.signing import Credentials
 from sparkmq.platform.common.codec import tag_hash
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 from sparkmq.platform.common.system_topics import TRACE_TOPIC
@@ -57,6 +58,7 @@ from .dispatch import (
     _endpoint_options,
     _lag_ms,
     check_checkpoint,
+    with_credentials,
 )
 from .source import FORMAT, register
 
@@ -148,9 +150,12 @@ class BrokerRangeReader:
     Made per micro-batch (a fresh view of the brokers each time); :meth:`close` it.
     """
 
-    def __init__(self, endpoints: Endpoints, timeout_s: float = 30.0) -> None:
+    def __init__(self, endpoints: Endpoints, timeout_s: float = 30.0, *,
+                 credentials: Credentials | None = None) -> None:
         self.endpoints = endpoints
         self.timeout_s = timeout_s
+        #: Sign every request (brokers with ACL on).
+        self.credentials = credentials
         self._view: ClusterView | None = None
         self._routed: set[str] = set()
         self._lock = threading.Lock()  # expand_batches reads on several threads
@@ -159,7 +164,7 @@ class BrokerRangeReader:
         """``broker``'s HTTP address and remoting endpoint (None: HTTP only), learnt from ``topic``'s route."""
         with self._lock:
             if self._view is None:
-                self._view = ClusterView(self.endpoints, self.timeout_s)
+                self._view = ClusterView(self.endpoints, self.timeout_s, credentials=self.credentials)
             if topic not in self._routed:
                 self._view.routes([topic])
                 self._routed.add(topic)
@@ -173,7 +178,7 @@ class BrokerRangeReader:
                  end: int) -> tuple[pa.Table, list[tuple[int, int]]]:
         addr, remoting = self.addrs_of(broker, topic)
         return pull_queue_range(addr, topic, queue_id, start, end, broker_name=broker, timeout_s=self.timeout_s,
-                                remoting_addr=remoting)
+                                remoting_addr=remoting, credentials=self.credentials)
 
     def close(self) -> None:
         """Close the view's connections, if one was made."""
@@ -381,7 +386,7 @@ def start_trace_job(spark: SparkSession, namesrv_or_brokers: str | Mapping[str, 
                     lake_root: str | os.PathLike[str], checkpoint_dir: str | os.PathLike[str],
                     trigger: Mapping[str, Any] | None = None, *, job_name: str | None = None,
                     max_messages_per_trigger: int | None = DEFAULT_MAX_MESSAGES_PER_TRIGGER,
-                    query_name: str | None = None) -> StreamingQuery:
+                    query_name: str | None = None, credentials: Credentials | None = None) -> StreamingQuery:
     """Start the trace query and return it (running; stop it with ``query.stop()``).
 
     Arguments as :func:`.dispatch.start_dispatch`: name servers or ``{"broker-a": "host:port"}``,
@@ -390,7 +395,8 @@ def start_trace_job(spark: SparkSession, namesrv_or_brokers: str | Mapping[str, 
     broker's name for one broker, else ``cluster``).  Creates ``message_trace`` if needed; raises
     :class:`LakeError` when the checkpoint is behind the table.
     """
-    source_options = trace_source_options(namesrv_or_brokers, max_messages_per_trigger)
+    source_options = with_credentials(trace_source_options(namesrv_or_brokers, max_messages_per_trigger),
+                                      credentials)
     _, endpoints = _endpoint_options(namesrv_or_brokers)
     job = job_name or (endpoints.brokers[0][0] if len(endpoints.brokers) == 1 else "cluster")
     lake_root = os.fspath(lake_root)
@@ -401,7 +407,7 @@ def start_trace_job(spark: SparkSession, namesrv_or_brokers: str | Mapping[str, 
     stats = DispatchStats(job)
 
     def run_batch(df: DataFrame, batch_id: int) -> None:
-        reader = BrokerRangeReader(endpoints)
+        reader = BrokerRangeReader(endpoints, credentials=credentials)
         try:
             result = trace_arrow(df.select("body", "store_timestamp").toArrow(), batch_id, lake_root, job,
                                  read=reader)

@@ -549,6 +549,13 @@ def test_broker_info_health_and_metrics(http: httpx.Client, shared: ThreadServer
     assert info["addr"] == shared.service.config.addr and info["role"] == "ASYNC_MASTER"
     assert info["namesrv_addrs"] == [] and info["topics"] >= 5 and info["clients"] >= 0
     assert info["commitlog"]["max_offset"] > 0 and info["commitlog"]["min_offset"] == 0
+    # The console's cluster page: the version and the store's file system.
+    from sparkmq import __version__
+
+    assert info["version"] == __version__
+    disk = info["disk"]
+    assert disk["total_bytes"] > 0 and 0 <= disk["free_bytes"] <= disk["total_bytes"]
+    assert 0 < disk["used_bytes"] <= disk["total_bytes"] and disk["path"].endswith("store")
     health = ok(http.get("/health"))
     assert health["status"] == "ok" and health["store"]["ok"] and health["offsets"]["ok"]
     response = http.get("/metrics")

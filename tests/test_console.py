@@ -10,18 +10,27 @@ name server, a broker with its lake (the key index and message trace) and ``spar
   series shows the backlog draining;
 * a failing consumer's messages appear on the dead-letters page, a bulk re-drive moves them back (with the
   count) and they are consumed;
+* the cluster page shows each broker's version and the disk use of its store;
+* an alert rule made true here (a hung consumer's lag above the threshold) shows as firing on the alerts page;
+* with access control on (a second, ACL-enabled broker and console): the console asks for an access key, a
+  wrong secret is refused with a clear message, the session lives server-side (HttpOnly cookie, the secret
+  never answered or logged); a super user creates and deletes a topic; a user without the policy sees the
+  broker's NO_PERMISSION and the topic list is unchanged, actions their policy forbids are disabled;
 * every page is photographed at desktop and phone width into ``build/screenshots`` (artefacts, not committed)
-  and, at phone width, nothing is wider than the screen.
+  and, at phone width, nothing is wider than the screen; ``build/screenshots/readme`` gets the README's two
+  small pictures (copy them to ``docs/`` when the pages change).
 
 The browser is the system ``chromium`` (``python3 build.py setup`` installs it with apt); without it, or
 without Playwright, the module is skipped with the reason.
 """
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,10 +39,21 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from procs import BROKER, NAMESRV, ProcessHarness, ServiceProcess, fast_client_config, route_has, wait_until
+from procs import (
+    BROKER,
+    NAMESRV,
+    ProcessHarness,
+    ServiceProcess,
+    fast_client_config,
+    route_has,
+    wait_until,
+    write_conf,
+)
+from sparkmq.platform.auth import Credentials
 from sparkmq.platform.client import ClientConfig, Message, Producer
 from sparkmq.platform.client.admin import AdminClient
 from sparkmq.platform.client.push_consumer import ConsumeStatus, PushConsumer
+from sparkmq.platform.client.remoting import SigningAuth
 from sparkmq.platform.common.wire import ReceivedMessage
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.cluster, pytest.mark.timeout(600)]
@@ -46,6 +66,8 @@ if CHROMIUM is None:
 
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = ROOT / "build" / "screenshots"
+#: The README's two pictures (copied by hand into docs/ when the pages change): (page, width) -> file name.
+README_SHOTS = {("cluster", "desktop"): "console-cluster.png", ("group", "phone"): "console-phone.png"}
 DESKTOP = {"width": 1280, "height": 860}
 PHONE = {"width": 390, "height": 844}
 LAKE_CONF = """
@@ -53,6 +75,14 @@ LAKE_CONF = """
 trigger_interval_s = 0.5
 [lake.spark_conf]
 "spark.master" = "local[1]"
+
+[[alerts.rules]]
+name = "console-lag"
+kind = "lag"
+threshold = 5
+for_minutes = 1
+severity = "critical"
+group = "console-alert*"
 """
 
 
@@ -108,7 +138,7 @@ def page(browser: Any) -> Iterator[Any]:
     context = browser.new_context(viewport=DESKTOP)
     p = context.new_page()
     errors: list[str] = []
-    p.on("pageerror", lambda exc: errors.append(str(exc)))
+    p.on("pageerror", lambda exc: errors.append(f"{exc}\n{getattr(exc, 'stack', '')}"))
     p.set_default_timeout(20_000)
     yield p
     context.close()
@@ -154,7 +184,8 @@ class Listener:
             return sum(1 for b in self.bodies if b.startswith(prefix))
 
 
-def start_consumer(c: Cluster, group: str, topic: str, listener: Listener, **kwargs: Any) -> PushConsumer:
+def start_consumer(c: Cluster, group: str, topic: str, listener: Callable[[list[ReceivedMessage]], ConsumeStatus],
+                   **kwargs: Any) -> PushConsumer:
     consumer = PushConsumer(group, c.config, consume_from_where="CONSUME_FROM_FIRST_OFFSET", **kwargs)
     consumer.subscribe(topic, "*")
     consumer.register_listener(listener)
@@ -362,12 +393,81 @@ def test_dead_letters_are_re_driven_in_bulk_and_consumed(cluster: Cluster, page:
         consumer.shutdown()
 
 
+# -- cluster -------------------------------------------------------------------------------------------------
+
+def test_the_cluster_page_shows_each_brokers_version_and_disk_use(cluster: Cluster, page: Any) -> None:
+    from sparkmq import __version__
+
+    open_page(page, cluster.console.url, "cluster")
+    row = page.locator("[data-testid=brokers] tbody tr", has_text="broker-a")
+    assert row.count() == 1 and __version__ in row.inner_text()
+    info = cluster.admin.broker_info(cluster.broker.addr)["disk"]  # what the broker's GET /broker says
+    used = round(100 * info["used_bytes"] / info["total_bytes"])
+    disk = row.locator("[data-testid=disk]").inner_text()
+    assert disk.endswith(" free") and abs(int(disk.split("%")[0]) - used) <= 1, (disk, info)
+
+
+# -- alerts --------------------------------------------------------------------------------------------------
+
+def test_an_alert_that_fires_shows_on_the_alerts_page(cluster: Cluster, page: Any) -> None:
+    topic, group, n = "ConsoleAlert", "console-alert", 12
+    create_topic(cluster, topic)
+    release = threading.Event()
+
+    def hold(batch: list[ReceivedMessage]) -> ConsumeStatus:
+        release.wait(600)  # a consumer that hangs: it stays a member, commits nothing, its lag stays
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    consumer = start_consumer(cluster, group, topic, hold)
+    try:
+        with Producer("console-alert-producer", cluster.config) as producer:
+            for i in range(n):
+                producer.send(Message(topic, b"a%d" % i))
+        wait_until(lambda: cluster.admin.group_lag(group).total_lag == n, 30, "the backlog above the threshold")
+        # The broker's report rules run once a minute on closed windows (+15 s grace): within about 2.5 min.
+        alert_id = f"console-lag:group={group} topic={topic}"
+        wait_until(lambda: any(a["alert_id"] == alert_id for a in cluster.api.get("/alerts").json()["firing"]), 300,
+                   lambda: f"the lag rule to fire; broker alerts: {cluster.api.get('/alerts').json()}")
+        open_page(page, cluster.console.url, "alerts")
+        row = page.locator(f"[data-testid=alerts-firing] tbody tr[data-alert='{alert_id}']")
+        assert row.count() == 1
+        text = row.inner_text()
+        assert "critical" in text and "console-lag" in text and f"group={group} topic={topic}" in text, text
+        assert int(page.inner_text("[data-testid=alerts-firing-count]")) >= 1
+        rule = page.locator("[data-testid=alert-rules] tbody tr", has_text="console-lag").inner_text()
+        assert "critical" in rule, rule
+        # The consumer recovers: the next report window shows no lag, the alert resolves, the page follows.
+        release.set()
+        wait_until(lambda: cluster.admin.group_lag(group).total_lag == 0, 60, "the backlog consumed")
+        page.wait_for_selector(f"[data-testid=alerts-resolved] tbody tr:has-text('group={group} topic={topic}')",
+                               timeout=300_000)
+        assert page.locator(f"[data-testid=alerts-firing] tbody tr[data-alert='{alert_id}']").count() == 0
+        cluster.pages["alerts"] = "alerts"
+    finally:
+        release.set()
+        consumer.shutdown()
+
+
 # -- every page, photographed ----------------------------------------------------------------------------------
+
+def readme_png(png: bytes, path: Path) -> Path:
+    """``png`` made small enough to commit (a 64-colour palette, when Pillow is there) at ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        from PIL import Image
+    except ImportError:  # not a test dependency: keep the full-colour picture
+        path.write_bytes(png)
+        return path
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    image.quantize(colors=64, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
+    return path
+
 
 def test_every_page_at_desktop_and_phone_width(cluster: Cluster, browser: Any) -> None:
     # The pages the other tests filled (each page's bare route when run alone).
     routes = {"cluster": "cluster", "topics": "topics", "topic": "topics", "groups": "groups", "group": "groups",
-              "messages": "messages", "trace": "trace", "dlq": "dlq", "lake": "lake", **cluster.pages}
+              "messages": "messages", "trace": "trace", "dlq": "dlq", "alerts": "alerts", "lake": "lake",
+              **cluster.pages}
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     for label, viewport in (("desktop", DESKTOP), ("phone", PHONE)):
         context = browser.new_context(viewport=viewport)
@@ -386,9 +486,183 @@ def test_every_page_at_desktop_and_phone_width(cluster: Cluster, browser: Any) -
                 path = SCREENSHOTS / f"{name}-{label}.png"
                 page.screenshot(path=str(path), full_page=True)
                 assert path.stat().st_size > 5000
+                if (name, label) in README_SHOTS:
+                    small = readme_png(page.screenshot(), SCREENSHOTS / "readme" / README_SHOTS[name, label])
+                    assert 5000 < small.stat().st_size < 150_000, (small, small.stat().st_size)
                 if label == "phone":  # tables scroll inside their box; the page itself fits the screen
                     width = page.evaluate("document.documentElement.scrollWidth")
                     assert width <= viewport["width"], (name, width)
         finally:
             context.close()
         assert not errors, errors
+
+
+# -- access control: sign-in, and only what the user may -----------------------------------------------------
+
+ROOT_KEYS = ("root", "root-secret-1")
+#: May create, delete and read ``team-*`` topics and list the cluster: nothing else.
+DAVE_KEYS = ("dave", "dave-secret-1")
+#: May only look (list and read the cluster).
+VIEWER_KEYS = ("viewer", "viewer-secret-1")
+COOKIE = "sparkmq_console_session"
+
+
+@dataclass
+class AclCluster:
+    """A name server, a broker with ACL on, and a console over them; ``admin`` signs as the super user."""
+
+    namesrv: ServiceProcess
+    broker: ServiceProcess
+    console: ServiceProcess
+    admin: AdminClient
+
+
+@pytest.fixture(scope="module")
+def acl_cluster(module_procs: ProcessHarness) -> Iterator[AclCluster]:
+    work = module_procs.work_dir / "acl"
+    work.mkdir()
+    conf = write_conf(work / "broker.toml", work / "broker", acl_enabled=True,
+                      acl_super_user_access_key=ROOT_KEYS[0], acl_super_user_secret_key=ROOT_KEYS[1])
+    ns = module_procs.start("namesrv", NAMESRV, "--scan-interval-s", "0.5")
+    broker, console = module_procs.start_many([
+        ("broker", BROKER, ["--config", str(conf), "--namesrv", ns.addr, "--register-interval-s", "0.5"]),
+        ("console", "sparkmq.api.console.main", ["--namesrv", ns.addr]),
+    ])
+    admin = AdminClient(fast_client_config(ns.addr, work / "offsets", access_key=ROOT_KEYS[0],
+                                           secret_key=ROOT_KEYS[1]))
+    try:
+        wait_until(admin.masters, 20, "the ACL broker to register")
+        admin.create_user(*DAVE_KEYS)
+        admin.put_policy(DAVE_KEYS[0], [{"resource": "Topic:team-*", "actions": ["Create", "Delete", "Get"]},
+                                        {"resource": "Cluster", "actions": ["List", "Get"]}])
+        admin.create_user(*VIEWER_KEYS)
+        admin.put_policy(VIEWER_KEYS[0], [{"resource": "Cluster", "actions": ["List", "Get"]}])
+        yield AclCluster(ns, broker, console, admin)
+    finally:
+        admin.close()
+
+
+def sign_in(page: Any, base: str, keys: tuple[str, str], route: str = "topics") -> None:
+    """Open ``#/route``, which shows the sign-in form first, and sign in with ``keys``."""
+    page.goto(f"{base}/#/{route}")
+    page.wait_for_selector("main[data-page='signin'][data-ready='true']")
+    page.fill("[data-testid=signin-access-key]", keys[0])
+    page.fill("[data-testid=signin-secret-key]", keys[1])
+    page.click("[data-testid=signin-submit]")
+    page.wait_for_selector(f"main[data-page='{route}'][data-ready='true']")
+    assert page.inner_text("[data-testid=whoami]").startswith(keys[0])
+
+
+def settled_topics(admin: AdminClient) -> list[str]:
+    """The topic list once it stopped changing (two reads three registration intervals apart agree)."""
+    def read() -> list[str] | None:
+        first = admin.topic_list()
+        time.sleep(1.5)
+        return first if admin.topic_list() == first else None
+    return wait_until(read, 20, "the topic list to settle")
+
+
+def test_with_acl_on_a_wrong_secret_is_refused_and_a_super_user_creates_and_deletes_a_topic(
+        acl_cluster: AclCluster, page: Any) -> None:
+    base, topic = acl_cluster.console.url, "ConsoleAclMade"
+    # Nothing without a session: the page asks for keys, the API answers 401.
+    assert httpx.get(f"{base}/api/topics", timeout=10).json()["code"] == "AUTHENTICATION_FAILED"
+    page.goto(f"{base}/#/topics")
+    page.wait_for_selector("main[data-page='signin'][data-ready='true']")
+    page.fill("[data-testid=signin-access-key]", ROOT_KEYS[0])
+    page.fill("[data-testid=signin-secret-key]", "wrong-secret-1")
+    page.click("[data-testid=signin-submit]")
+    page.wait_for_function("document.getElementById('flash').textContent.startsWith("
+                           "'AUTHENTICATION_FAILED: sign-in refused: ')")
+    assert "root" in flash_text(page) and "does not match" in flash_text(page)
+    assert page.locator("main[data-page='signin']").count() == 1
+    assert not [c for c in page.context.cookies() if c["name"] == COOKIE]
+
+    page.fill("[data-testid=signin-secret-key]", ROOT_KEYS[1])
+    page.click("[data-testid=signin-submit]")
+    page.wait_for_selector("main[data-page='topics'][data-ready='true']")  # the page asked for before sign-in
+    assert "super user" in page.inner_text("[data-testid=whoami]")
+    cookie = next(c for c in page.context.cookies() if c["name"] == COOKIE)
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and ROOT_KEYS[1] not in cookie["value"]
+    assert page.evaluate("document.cookie") == ""  # out of the page's scripts' reach
+    session = page.evaluate("fetch('/api/session').then(r => r.text())")
+    assert '"access_key":"root"' in session and ROOT_KEYS[1] not in session
+
+    page.fill("[data-testid=topic-name]", topic)
+    page.click("[data-testid=topic-create]")
+    page.wait_for_function("document.getElementById('flash').textContent.includes('created')")
+    wait_until(lambda: topic in acl_cluster.admin.topic_list(), 15, "the name server to list the new topic")
+    page.fill("[data-testid=topic-search]", topic)
+    page.wait_for_function("document.querySelector('[data-testid=pager]').textContent.endsWith(' 1 in all')")
+    page.click(f"[data-testid=delete-{topic}]")
+    page.fill("[data-testid=confirm-input]", topic)
+    page.click("[data-testid=confirm-ok]")
+    page.wait_for_function("document.getElementById('flash').textContent.includes('deleted')")
+    wait_until(lambda: topic not in acl_cluster.admin.topic_list(), 15, "the topic to be gone")
+
+    page.click("[data-testid=signout]")
+    page.wait_for_selector("main[data-page='signin'][data-ready='true']")
+    assert page.evaluate("fetch('/api/topics').then(r => r.status)") == 401  # the session is gone server-side
+    log = acl_cluster.console.log()
+    assert ROOT_KEYS[1] not in log and "wrong-secret-1" not in log  # secrets are never logged
+
+
+def test_with_acl_on_a_user_without_the_policy_is_refused_with_a_clear_message(
+        acl_cluster: AclCluster, browser: Any) -> None:
+    base, kept, denied = acl_cluster.console.url, "ConsoleAclKept", "ConsoleAclDenied"
+    # The broker's GET /acl/whoami, which the console reads at sign-in: any signed user, about themselves only.
+    whoami = f"{acl_cluster.broker.url}/acl/whoami"
+    assert httpx.get(whoami, timeout=10).json()["code"] == "AUTHENTICATION_FAILED"
+    me = httpx.get(whoami, timeout=10, auth=SigningAuth(Credentials(*DAVE_KEYS))).json()
+    assert (me["acl_enabled"], me["access_key"], me["super_user"], me["peer_ip"]) == (True, "dave", False, "127.0.0.1")
+    assert {e["resource"]: e["actions"] for e in me["entries"]} == {
+        "Topic:team-*": ["Create", "Delete", "Get"], "Cluster": ["Get", "List"]}
+    assert DAVE_KEYS[1] not in json.dumps(me)
+    acl_cluster.admin.create_topic(kept, read_queue_nums=2, write_queue_nums=2)
+    wait_until(lambda: route_has(acl_cluster.admin, kept, 2), 15, f"the route of {kept}")
+    before = settled_topics(acl_cluster.admin)
+    context = browser.new_context(viewport=DESKTOP)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.set_default_timeout(20_000)
+    try:
+        sign_in(page, base, DAVE_KEYS)
+        assert "super user" not in page.inner_text("[data-testid=whoami]")
+        # dave may create team-* topics, so the form is offered; this name is refused by the broker.
+        assert not page.is_disabled("[data-testid=topic-create]")
+        page.fill("[data-testid=topic-name]", denied)
+        page.click("[data-testid=topic-create]")
+        page.wait_for_function("document.getElementById('flash').textContent.startsWith('NO_PERMISSION: ')")
+        assert f"user 'dave' may not Create on Topic:{denied}" in flash_text(page), flash_text(page)
+        # The topic he may not delete: its button is disabled, and the console's API refuses it too.
+        page.fill("[data-testid=topic-search]", kept)
+        page.wait_for_function("document.querySelector('[data-testid=pager]').textContent.endsWith(' 1 in all')")
+        assert page.is_disabled(f"[data-testid=delete-{kept}]")
+        refused = page.evaluate(f"fetch('/api/topics/{kept}', {{method: 'DELETE'}})"
+                                ".then(async r => [r.status, await r.json()])")
+        assert refused[0] == 403 and refused[1]["code"] == "NO_PERMISSION", refused
+        assert f"may not Delete on Topic:{kept}" in refused[1]["message"]
+        assert settled_topics(acl_cluster.admin) == before  # nothing changed, read through the admin API
+
+        # What his policy allows works with his own keys: create and delete a team-* topic.
+        page.fill("[data-testid=topic-name]", "team-console")
+        page.click("[data-testid=topic-create]")
+        page.wait_for_function("document.getElementById('flash').textContent.includes('created')")
+        wait_until(lambda: "team-console" in acl_cluster.admin.topic_list(), 15, "dave's topic listed")
+        page.fill("[data-testid=topic-search]", "team-console")
+        page.wait_for_function("document.querySelector('[data-testid=pager]').textContent.endsWith(' 1 in all')")
+        page.click("[data-testid=delete-team-console]")
+        page.fill("[data-testid=confirm-input]", "team-console")
+        page.click("[data-testid=confirm-ok]")
+        page.wait_for_function("document.getElementById('flash').textContent.includes('deleted')")
+        wait_until(lambda: "team-console" not in acl_cluster.admin.topic_list(), 15, "dave's topic gone")
+
+        # A user who may only look is not offered the create form at all.
+        page.click("[data-testid=signout]")
+        sign_in(page, base, VIEWER_KEYS)
+        assert page.is_disabled("[data-testid=topic-create]")
+        assert page.is_disabled(f"[data-testid=delete-{kept}]")
+    finally:
+        context.close()
+    assert not errors, errors

@@ -10,6 +10,10 @@ The broker is configured so nothing it accepted writes later while a refused req
 levels of a day, timer messages due at most 1 ms ahead, trace off, transaction check-backs after an hour.
 Long polls are capped by ``long_polling_max_ms`` = 100 ms and the fuzzer's ``wait_ms`` by 50 ms (their
 declared range, 0..MAX_LONG_POLL_MS, is exercised by the schema checks; holding 30 s per case would not).
+
+A second, shorter pass (``test_signed_*``) fuzzes the same three schemas on services with ACL on, every
+generated request signed by a super user (docs/security.md): the same checks hold past authentication, and
+a refused request also leaves the service's ACL (and a name server's brokers and topics) as it was.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from typing import Any
 import httpx
 import pyarrow as pa
 import pytest
+import requests
 import schemathesis
 from hypothesis import HealthCheck, Phase, assume, event, given, settings
 from hypothesis import strategies as st
@@ -34,7 +39,9 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from procs import BROKER, NAMESRV, ProcessHarness, ServiceProcess, wait_until
+from procs import BROKER, NAMESRV, ProcessHarness, ServiceProcess, wait_until, write_conf
+from sparkmq.platform.auth import Credentials, Signer
+from sparkmq.platform.client.remoting import SigningAuth
 from sparkmq.platform.common import wire
 from sparkmq.platform.common.errors import ErrorCode
 from sparkmq.platform.common.protocol import MAX_LONG_POLL_MS
@@ -88,17 +95,17 @@ def services(module_procs: ProcessHarness, tmp_path_factory: pytest.TempPathFact
 _HTTP = httpx.Client(timeout=10)
 
 
-def max_offset(broker: ServiceProcess) -> int:
-    """The broker's commit-log max offset."""
-    return int(_HTTP.get(f"{broker.url}/broker").json()["commitlog"]["max_offset"])
+def max_offset(broker: ServiceProcess, http: httpx.Client = _HTTP) -> int:
+    """The broker's commit-log max offset (``http`` signs the read of a broker with ACL on)."""
+    return int(http.get(f"{broker.url}/broker").json()["commitlog"]["max_offset"])
 
 
-def quiet_max_offset(broker: ServiceProcess) -> int:
+def quiet_max_offset(broker: ServiceProcess, http: httpx.Client = _HTTP) -> int:
     """The max offset once it stopped moving (what an accepted request queued has been written)."""
-    last = max_offset(broker)
+    last = max_offset(broker, http)
     while True:
         time.sleep(0.2)
-        now = max_offset(broker)
+        now = max_offset(broker, http)
         if now == last:
             return now
         last = now
@@ -159,9 +166,30 @@ class Tally:
     seconds: float = 0.0
 
 
-def fuzz_schema(url: str, store: ServiceProcess | None) -> dict[str, Tally]:
+class RequestSigner(requests.auth.AuthBase):
+    """Signs each request schemathesis sends (it sends with ``requests``): method, the path and query as sent,
+    the body and the time, as :class:`~sparkmq.platform.client.remoting.SigningAuth` does for httpx."""
+
+    def __init__(self, credentials: Credentials) -> None:
+        self._signer = Signer(credentials)
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        body = request.body or b""
+        body = body.encode() if isinstance(body, str) else body
+        request.headers.update(self._signer.http_headers(request.method or "GET", request.path_url, body))
+        return request
+
+
+def fuzz_schema(url: str, store: ServiceProcess | None, *, credentials: Credentials | None = None,
+                snapshot: Callable[[], Any] | None = None, budget_s: float = BUDGET_S,
+                examples: tuple[int, int] = (EXAMPLES, EXAMPLES_LATE)) -> dict[str, Tally]:
     """Run schemathesis over every operation of the schema at ``url`` in both generation modes; with ``store``
-    (a broker) every refused request must leave its commit log as it was.  Returns the tally per operation."""
+    (a broker) every refused request must leave its commit log as it was.  Returns the tally per operation.
+
+    ``credentials`` sign every request (and the checks' own reads); ``snapshot()`` is read before each case
+    and must read the same after a refused one (an ACL, a name server's brokers)."""
+    http = _HTTP if credentials is None else httpx.Client(timeout=10, auth=SigningAuth(credentials))
+    auth = {} if credentials is None else {"auth": RequestSigner(credentials)}
     schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
     raw = httpx.get(f"{url}/openapi.json", timeout=10).json()
     polls = {f"{method.upper()} {path}" for path, item in raw["paths"].items() for method, op in item.items()
@@ -172,14 +200,14 @@ def fuzz_schema(url: str, store: ServiceProcess | None) -> dict[str, Tally]:
     tallies: dict[str, Tally] = {}
 
     def send(case: schemathesis.Case) -> Any:
-        return case.call(base_url=url, timeout=10)
+        return case.call(base_url=url, timeout=10, **auth)
 
     for operation in operations:
         tally = tallies.setdefault(operation.label, Tally())
-        late = time.monotonic() - started > BUDGET_S
+        late = time.monotonic() - started > budget_s
         op_started = time.monotonic()
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-            @settings(max_examples=EXAMPLES_LATE if late else EXAMPLES, deadline=None, database=None,
+            @settings(max_examples=examples[1] if late else examples[0], deadline=None, database=None,
                       phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
             @given(case=operation.as_strategy(generation_mode=mode))
             def one(case: schemathesis.Case) -> None:
@@ -188,7 +216,8 @@ def fuzz_schema(url: str, store: ServiceProcess | None) -> dict[str, Tally]:
                     case.body = integral_floats_as_ints(case.body)
                 assume(not any(isinstance(v, str) and ESCAPE.search(v) for v in (case.path_parameters or {}).values()))
                 positive = case.meta is None or case.meta.generation.mode is GenerationMode.POSITIVE
-                before = max_offset(store) if store is not None else 0
+                before = max_offset(store, http) if store is not None else 0
+                seen = snapshot() if snapshot is not None else None
                 response = send(case)
                 where = f"{case.operation.label} {case.as_curl_command()}"
                 if response.status_code >= 500:
@@ -199,16 +228,18 @@ def fuzz_schema(url: str, store: ServiceProcess | None) -> dict[str, Tally]:
                     return
                 tally.refused += 1  # noqa: B023
                 assert_error_body(response, where)
+                if snapshot is not None:
+                    assert snapshot() == seen, f"{where}: a refused request changed the service's state"
                 if positive:  # data the schema allows must pass request validation and reach the logic
                     assert not response.json()["message"].startswith(VALIDATION_PREFIXES), \
                         f"{where}: the schema allows what validation refused: {response.text[:500]}"
-                if store is not None and max_offset(store) != before:
+                if store is not None and max_offset(store, http) != before:
                     # Something accepted earlier may still be writing: wait for quiet, then refuse it again.
                     tally.replayed += 1  # noqa: B023
-                    before = quiet_max_offset(store)
+                    before = quiet_max_offset(store, http)
                     again = send(case)
                     assert again.status_code >= 400, f"{where}: refused once, then {again.status_code}"
-                    assert max_offset(store) == before, f"{where}: a refused request changed the commit log"
+                    assert max_offset(store, http) == before, f"{where}: a refused request changed the commit log"
             try:
                 one()
             except Unsatisfiable:
@@ -217,6 +248,8 @@ def fuzz_schema(url: str, store: ServiceProcess | None) -> dict[str, Tally]:
         tally.seconds = time.monotonic() - op_started
     for label, t in tallies.items():  # shown with -s, and in a failure's captured output
         print(f"{url} {label}: {t.ok} accepted, {t.refused} refused ({t.replayed} replayed), {t.seconds:.1f} s")
+    if http is not _HTTP:
+        http.close()
     return tallies
 
 
@@ -245,6 +278,104 @@ def test_schemathesis_over_the_gateway(services: Services) -> None:
     assert_no_unhandled(services.gateway)
     assert max_offset(services.broker) >= before
     ok = httpx.post(f"{services.gateway.url}/topics/Fuzz/messages", json={"body": "after the fuzz"}, timeout=10)
+    assert ok.status_code == 200, ok.text
+
+
+# -- with credentials: the same checks past authentication --------------------------------------------------
+#: The super user every signed request is made by (the config's bootstrap user of each service).
+ROOT = Credentials("root", "root-secret-1")
+#: A service's signed pass: after this many seconds every remaining operation gets a couple of cases only
+#: (about 30 s per service in all).
+SIGNED_BUDGET_S = 10.0
+SIGNED_EXAMPLES = (6, 1)
+
+
+@dataclass
+class SignedServices:
+    """Services with ACL on (``root`` their bootstrap super user): a broker behind a name server and a gateway,
+    and a name server of its own for fuzzed registrations."""
+
+    namesrv: ServiceProcess
+    broker: ServiceProcess
+    gateway: ServiceProcess
+    lone_namesrv: ServiceProcess
+    http: httpx.Client
+
+    def acl(self, service: ServiceProcess) -> dict[str, Any]:
+        """The users and policies of ``service``."""
+        return {"users": self.http.get(f"{service.url}/acl/users").json(),
+                "policies": self.http.get(f"{service.url}/acl/policies").json()}
+
+
+def _acl_table(table: str, data_dir: Any, **extra: Any) -> str:
+    keys = {"data_dir": str(data_dir), "acl_enabled": True, "acl_super_user_access_key": ROOT.access_key,
+            "acl_super_user_secret_key": ROOT.secret_key, **extra}
+    return "\n".join([f"[{table}]"] + [f"{k} = {v!r}" if not isinstance(v, bool) else f"{k} = {str(v).lower()}"
+                                      for k, v in keys.items()]) + "\n"
+
+
+@pytest.fixture(scope="module")
+def signed_services(module_procs: ProcessHarness, tmp_path_factory: pytest.TempPathFactory
+                    ) -> Iterator[SignedServices]:
+    tmp = tmp_path_factory.mktemp("fuzz-http-acl")
+    for name in ("namesrv", "lone"):
+        (tmp / f"{name}.toml").write_text(_acl_table("namesrv", tmp / name))
+    (tmp / "gateway.toml").write_text(_acl_table("gateway", tmp / "gateway", access_key=ROOT.access_key,
+                                                 secret_key=ROOT.secret_key))
+    # The lone name server keeps what the fuzzer registers for the whole run: its snapshot compares brokers.
+    namesrv, lone = module_procs.start_many([
+        ("namesrv", NAMESRV, ["--config", str(tmp / "namesrv.toml"), "--scan-interval-s", "0.5"]),
+        ("namesrv", NAMESRV, ["--config", str(tmp / "lone.toml"), "--broker-expiry-s", "3600"])])
+    conf = write_conf(tmp / "broker.toml", tmp / "broker", acl_enabled=True, acl_super_user_access_key=ROOT.access_key,
+                      acl_super_user_secret_key=ROOT.secret_key)
+    broker = module_procs.start(
+        "broker", BROKER, "--config", str(conf), "--namesrv", namesrv.addr, "--register-interval-s", "0.5",
+        "--no-trace", "--long-polling-max-ms", "100", "--message-delay-level", "1d 2d", "--timer-max-delay-s", "0.001",
+        "--transaction-check-first-s", "3600", "--transaction-check-interval-s", "3600")
+    gateway = module_procs.start("gateway", "sparkmq.api.gateway_main", "--namesrv", namesrv.addr,
+                                 "--config", str(tmp / "gateway.toml"), "--send-timeout-s", "3")
+    http = httpx.Client(timeout=10, auth=SigningAuth(ROOT))
+    http.post(f"{broker.url}/topics", json={"topic": "Fuzz", "read_queue_nums": 2, "write_queue_nums": 2}
+              ).raise_for_status()
+    wait_until(lambda: http.get(f"{namesrv.url}/routes/Fuzz").status_code == 200, 20, "the Fuzz route (signed)")
+    yield SignedServices(namesrv, broker, gateway, lone, http)
+    http.close()
+
+
+def test_signed_schemathesis_over_the_broker(signed_services: SignedServices) -> None:
+    s = signed_services
+    tallies = fuzz_schema(s.broker.url, s.broker, credentials=ROOT, snapshot=lambda: s.acl(s.broker),
+                          budget_s=SIGNED_BUDGET_S, examples=SIGNED_EXAMPLES)
+    assert {"GET /acl/users", "POST /acl/policies"} <= set(tallies)
+    accepted = [label for label, t in tallies.items() if t.ok]
+    assert len(accepted) >= len(tallies) * 0.6, {label: vars(t) for label, t in tallies.items()}
+    assert_no_unhandled(s.broker)
+    assert s.http.get(f"{s.broker.url}/topics").status_code == 200
+
+
+def test_signed_schemathesis_over_the_name_server(signed_services: SignedServices) -> None:
+    s = signed_services
+    lone = s.lone_namesrv
+
+    def state() -> dict[str, Any]:
+        cluster = s.http.get(f"{lone.url}/cluster").json()
+        return {"brokers": cluster["brokers"], "topics": s.http.get(f"{lone.url}/topics").json(), **s.acl(lone)}
+    tallies = fuzz_schema(lone.url, None, credentials=ROOT, snapshot=state, budget_s=SIGNED_BUDGET_S,
+                          examples=SIGNED_EXAMPLES)
+    assert {"POST /brokers/register", "GET /routes/{topic}", "POST /acl/users"} <= set(tallies)
+    assert tallies["POST /brokers/register"].ok > 0, "no signed registration was accepted"
+    assert_no_unhandled(lone)
+    assert httpx.get(f"{lone.url}/topics", timeout=5).status_code == 401, "still closed to unsigned requests"
+
+
+def test_signed_schemathesis_over_the_gateway(signed_services: SignedServices) -> None:
+    s = signed_services
+    tallies = fuzz_schema(s.gateway.url, s.broker, credentials=ROOT, snapshot=lambda: s.acl(s.gateway),
+                          budget_s=SIGNED_BUDGET_S, examples=SIGNED_EXAMPLES)
+    assert {"POST /topics/{topic}/messages", "GET /routes/{topic}", "POST /acl/users"} <= set(tallies)
+    assert tallies["POST /topics/{topic}/messages"].ok > 0, "no signed send got through the gateway"
+    assert_no_unhandled(s.gateway)
+    ok = s.http.post(f"{s.gateway.url}/topics/Fuzz/messages", json={"body": "after the signed fuzz"})
     assert ok.status_code == 200, ok.text
 
 

@@ -172,6 +172,13 @@ def topic_delete(ctx: click.Context, name: str, cluster: str | None) -> None:
 
 # -- users and ACLs (docs/security.md) ---------------------------------------------------------
 
+#: Where the user/acl commands apply: every master (default), or the services named (a name server's or a
+#: gateway's own ACL, docs/security.md).
+server_option = click.option("--server", "servers", multiple=True, metavar="HOST:PORT",
+                             help="manage this service's own ACL (a name server, a gateway) instead of every "
+                                  "master's (repeat for several)")
+
+
 @admin.group()
 def user() -> None:
     """Create, list, delete ACL users (super users only while ACL is on; keys: SPARKMQ_ACCESS_KEY/SECRET_KEY)."""
@@ -184,34 +191,38 @@ def user() -> None:
 @click.option("--super-user", is_flag=True, help="the user may do anything, ACL administration included")
 @click.option("--update", is_flag=True, help="change an existing user's secret and flag")
 @click.option("--cluster", default=None, help="only the masters of this cluster (default: all)")
+@server_option
 @click.pass_context
 @stable_errors
 def user_create(ctx: click.Context, access_key: str, secret: str, super_user: bool, update: bool,
-                cluster: str | None) -> None:
-    """Create a user on every master broker."""
-    answers = _admin(ctx).create_user(access_key, secret, super_user=super_user, update=update, cluster=cluster)
+                cluster: str | None, servers: tuple[str, ...]) -> None:
+    """Create a user on every master broker (or on the --server services)."""
+    answers = _admin(ctx).create_user(access_key, secret, super_user=super_user, update=update, cluster=cluster,
+                                      servers=servers)
     emit_rows([{"broker": addr, **u} for addr, u in answers.items()], ["broker", "access_key", "super_user"],
               ctx.obj["json"], title=f"user {access_key}")
 
 
 @user.command("list")
 @click.option("--cluster", default=None)
+@server_option
 @click.pass_context
 @stable_errors
-def user_list(ctx: click.Context, cluster: str | None) -> None:
+def user_list(ctx: click.Context, cluster: str | None, servers: tuple[str, ...]) -> None:
     """Every user of every master (secrets are never shown)."""
-    rows = [{"broker": addr, **u} for addr, users in _admin(ctx).list_users(cluster).items() for u in users]
+    rows = [{"broker": addr, **u} for addr, users in _admin(ctx).list_users(cluster, servers).items() for u in users]
     emit_rows(rows, ["broker", "access_key", "super_user"], ctx.obj["json"], title="users")
 
 
 @user.command("delete")
 @click.argument("access_key")
 @click.option("--cluster", default=None)
+@server_option
 @click.pass_context
 @stable_errors
-def user_delete(ctx: click.Context, access_key: str, cluster: str | None) -> None:
+def user_delete(ctx: click.Context, access_key: str, cluster: str | None, servers: tuple[str, ...]) -> None:
     """Delete a user and its policy on every master."""
-    answers = _admin(ctx).delete_user(access_key, cluster)
+    answers = _admin(ctx).delete_user(access_key, cluster, servers)
     emit_rows([{"broker": addr, **a} for addr, a in answers.items()], ["broker", "access_key", "deleted"],
               ctx.obj["json"])
 
@@ -243,25 +254,27 @@ _ACL_COLUMNS = ["broker", "subject", "resource", "actions", "decision", "source_
               show_default=True)
 @click.option("--source-ip", "source_ips", multiple=True, help="a CIDR the entry applies from (repeat; default any)")
 @click.option("--cluster", default=None)
+@server_option
 @click.pass_context
 @stable_errors
 def acl_create(ctx: click.Context, subject: str, resource: str, actions: str, decision: str,
-               source_ips: tuple[str, ...], cluster: str | None) -> None:
+               source_ips: tuple[str, ...], cluster: str | None, servers: tuple[str, ...]) -> None:
     """Add (or replace, for the same resource) one entry of a user's policy on every master."""
     entry = {"resource": resource, "actions": [a.strip() for a in actions.split(",") if a.strip()],
              "decision": decision.capitalize(), "source_ips": list(source_ips)}
-    emit_rows(_acl_rows(_admin(ctx).put_policy(subject, [entry], cluster)), _ACL_COLUMNS, ctx.obj["json"],
+    emit_rows(_acl_rows(_admin(ctx).put_policy(subject, [entry], cluster, servers)), _ACL_COLUMNS, ctx.obj["json"],
               title=f"policy of {subject}")
 
 
 @acl.command("list")
 @click.argument("subject", required=False)
 @click.option("--cluster", default=None)
+@server_option
 @click.pass_context
 @stable_errors
-def acl_list(ctx: click.Context, subject: str | None, cluster: str | None) -> None:
+def acl_list(ctx: click.Context, subject: str | None, cluster: str | None, servers: tuple[str, ...]) -> None:
     """Every policy entry (or one user's) of every master."""
-    emit_rows(_acl_rows(_admin(ctx).list_policies(subject, cluster)), _ACL_COLUMNS, ctx.obj["json"],
+    emit_rows(_acl_rows(_admin(ctx).list_policies(subject, cluster, servers)), _ACL_COLUMNS, ctx.obj["json"],
               title="policies")
 
 
@@ -269,11 +282,13 @@ def acl_list(ctx: click.Context, subject: str | None, cluster: str | None) -> No
 @click.argument("subject")
 @click.option("--resource", default=None, help="only this resource's entry (default: every entry)")
 @click.option("--cluster", default=None)
+@server_option
 @click.pass_context
 @stable_errors
-def acl_delete(ctx: click.Context, subject: str, resource: str | None, cluster: str | None) -> None:
+def acl_delete(ctx: click.Context, subject: str, resource: str | None, cluster: str | None,
+               servers: tuple[str, ...]) -> None:
     """Remove a user's entry for a resource, or all its entries, on every master."""
-    answers = _admin(ctx).delete_policy(subject, resource, cluster)
+    answers = _admin(ctx).delete_policy(subject, resource, cluster, servers)
     emit_rows([{"broker": addr, **a} for addr, a in answers.items()], ["broker", "subject", "removed"],
               ctx.obj["json"])
 

@@ -5,6 +5,11 @@ Every endpoint is a thin call into :class:`~sparkmq.platform.client.admin.AdminC
 Errors are the platform's ``{"code", "message"}`` answers (:mod:`sparkmq.api.errors`), which the page shows
 as they are.  Tables are paged on the server so a cluster of 1,000 topics and 1,000 groups answers one page
 of rows, each row's details fetched in parallel.
+
+With access control on (:mod:`.auth`), every endpoint but ``/api/session`` needs a signed-in session, and
+its admin calls are signed with that user's credentials: the brokers decide, and their NO_PERMISSION is
+what the page shows.  Answers carry ``may_*`` flags (from the user's policy) so the page hides or disables
+what would be refused.
 """
 from __future__ import annotations
 
@@ -18,11 +23,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 
+from ...platform.auth import CLUSTER, Action, Resource
 from ...platform.client.admin import AdminClient
 from ...platform.common.errors import ErrorCode, SparkMQError
 from ...platform.common.system_topics import (
@@ -34,6 +40,7 @@ from ...platform.common.system_topics import (
 from ...platform.common.wire import ReceivedMessage
 from ...platform.namesrv.perm import PERM_READ_WRITE, perm_to_string
 from ..errors import install_error_handlers
+from .auth import COOKIE, ConsoleAuth, Session
 from .docs import install_docs
 from .history import Sampler, SeriesStore
 
@@ -55,8 +62,28 @@ router = APIRouter(prefix="/api")
 
 # -- dependencies -------------------------------------------------------------------------------------
 
-def _admin(request: Request) -> AdminClient:
-    return request.app.state.admin
+def _session(request: Request) -> Session | None:
+    """The signed-in session when ACL is on (AUTHENTICATION_FAILED without one), None when ACL is off."""
+    auth: ConsoleAuth = request.app.state.auth
+    if not auth.acl_enabled():
+        return None
+    session = auth.get(request.cookies.get(COOKIE))
+    if session is None:
+        raise SparkMQError(ErrorCode.AUTHENTICATION_FAILED, "access control is on: sign in with your access key")
+    return session
+
+
+SessionDep = Annotated[Session | None, Depends(_session)]
+
+
+def _admin(request: Request, session: SessionDep) -> AdminClient:
+    # A signed-in user's own signed client: the brokers decide what it may do.
+    return session.admin if session is not None else request.app.state.admin
+
+
+def _may(session: Session | None, action: Action, resource: Resource) -> bool:
+    """Whether the page should offer ``action`` on ``resource`` (always with ACL off)."""
+    return session is None or session.may(action, resource)
 
 
 def _sampler(request: Request) -> Sampler:
@@ -95,12 +122,63 @@ def _error(exc: SparkMQError) -> dict[str, str]:
     return {"code": exc.code.name, "message": exc.message}
 
 
+# -- sign-in (ACL on) ---------------------------------------------------------------------------------
+
+class SignInForm(BaseModel):
+    """An access key and its secret key (kept on the server for the session; never answered or logged)."""
+
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+
+    access_key: str = Field(description="the user's access key")
+    secret_key: str = Field(description="the user's secret key", repr=False)
+
+
+def _auth(request: Request) -> ConsoleAuth:
+    return request.app.state.auth
+
+
+AuthDep = Annotated[ConsoleAuth, Depends(_auth)]
+
+
+@router.get("/session")
+def session_info(request: Request, auth: AuthDep) -> dict[str, Any]:
+    """Whether ACL is on and, if so, who is signed in: access key, super-user flag, policy entries."""
+    if not auth.acl_enabled():
+        return {"acl_enabled": False, "signed_in": False}
+    session = auth.get(request.cookies.get(COOKIE))
+    return {"acl_enabled": True, "signed_in": session is not None, **(session.view() if session else {})}
+
+
+@router.post("/session")
+def sign_in(form: SignInForm, request: Request, response: Response, auth: AuthDep) -> dict[str, Any]:
+    """Sign in (ACL on): every master must accept the keys (AUTHENTICATION_FAILED otherwise).  The answer sets
+    an HttpOnly cookie holding a random session id; the keys stay on the server."""
+    if not auth.acl_enabled():
+        raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "access control is off: the console needs no sign-in")
+    session = auth.sign_in(form.access_key.strip(), form.secret_key)
+    auth.sign_out(request.cookies.get(COOKIE))  # a previous session of this browser ends
+    response.set_cookie(COOKIE, session.sid, httponly=True, samesite="strict", path="/",
+                        secure=request.url.scheme == "https")
+    return {"acl_enabled": True, "signed_in": True, **session.view()}
+
+
+@router.delete("/session")
+def sign_out(request: Request, response: Response, auth: AuthDep) -> dict[str, Any]:
+    """Sign out: the session and its keys are forgotten."""
+    auth.sign_out(request.cookies.get(COOKIE))
+    response.delete_cookie(COOKIE, path="/")
+    return {"signed_in": False}
+
+
 # -- cluster ------------------------------------------------------------------------------------------
 
 @router.get("/cluster")
-def cluster(admin: AdminDep, pool: PoolDep, request: Request) -> dict[str, Any]:
-    """Every broker the name servers know, each with its own ``GET /broker`` (role, replication, commit log,
-    topic and client counts), its write rate from the console's samples, and each master's lake state."""
+def cluster(admin: AdminDep, pool: PoolDep, request: Request, session: SessionDep) -> dict[str, Any]:
+    """Every broker the name servers know, each with its own ``GET /broker`` (role, version, disk use,
+    replication, commit log, topic and client counts), its write rate from the console's samples, and each
+    master's lake state."""
+    if session is not None:
+        request.app.state.sampler.use_for_brokers(admin)
     lake_answer = pool.submit(admin.lake_status)  # each master's /health, in parallel with every GET /broker
     info = admin.cluster_list()
     live: dict[str, Any] = info.get("live_brokers") or {}  # addr -> its last registration (age, gRPC address)
@@ -118,7 +196,8 @@ def cluster(admin: AdminDep, pool: PoolDep, request: Request) -> dict[str, Any]:
             continue
         commitlog = answer.get("commitlog") or {}
         replication = answer.get("replication") or {}
-        row.update(reachable=True, role=answer.get("role"), topics=answer.get("topics"), clients=answer.get("clients"),
+        row.update(reachable=True, role=answer.get("role"), version=answer.get("version"), disk=answer.get("disk"),
+                   topics=answer.get("topics"), clients=answer.get("clients"),
                    remoting_addr=answer.get("remoting_addr"), commitlog=commitlog,
                    stored_bytes=(commitlog.get("max_offset") or 0) - (commitlog.get("min_offset") or 0),
                    replication=replication, live=row["addr"] in live, registration=live.get(row["addr"]),
@@ -145,33 +224,36 @@ class TopicForm(BaseModel):
     order: bool = Field(False, description="an ordered topic")
 
 
-def _topic_row(admin: AdminClient, topic: str) -> dict[str, Any]:
+def _topic_row(admin: AdminClient, topic: str, session: Session | None = None) -> dict[str, Any]:
     route = admin.topic_route(topic)
     return {"topic": topic, "system": is_system_topic(topic), "brokers": route.broker_names,
+            "may_delete": _may(session, Action.DELETE, Resource.topic(topic)),
             "read_queues": sum(q.read_queue_nums for q in route.queue_datas),
             "write_queues": sum(q.write_queue_nums for q in route.queue_datas),
             "perm": sorted({perm_to_string(q.perm) for q in route.queue_datas})}
 
 
 @router.get("/topics")
-def topics(admin: AdminDep, pool: PoolDep, q: str = "", page: PageDep = 1, size: SizeDep = 20,
-           system: bool = False) -> dict[str, Any]:
+def topics(admin: AdminDep, pool: PoolDep, session: SessionDep, q: str = "", page: PageDep = 1,
+           size: SizeDep = 20, system: bool = False) -> dict[str, Any]:
     """One page of topics whose name contains ``q`` (system topics only with ``system``), each with its
-    brokers, queue counts and permissions from its route."""
+    brokers, queue counts and permissions from its route; ``may_create`` / ``may_delete``: what the
+    signed-in user's policy allows."""
     names = [t for t in admin.topic_list() if system or not is_system_topic(t)]
     shown, total = _page(names, q, page, size)
     rows = []
-    for name, answer in zip(shown, _each(pool, lambda t: _topic_row(admin, t), shown), strict=True):
+    for name, answer in zip(shown, _each(pool, lambda t: _topic_row(admin, t, session), shown), strict=True):
         rows.append({"topic": name, "error": _error(answer)} if isinstance(answer, SparkMQError) else answer)
-    return {"total": total, "page": page, "size": size, "items": rows}
+    return {"total": total, "page": page, "size": size, "items": rows,
+            "may_create": session is None or session.may_create_topics()}
 
 
 @router.get("/topics/{topic}")
-def topic_detail(topic: str, admin: AdminDep, sampler: SamplerDep) -> dict[str, Any]:
+def topic_detail(topic: str, admin: AdminDep, sampler: SamplerDep, session: SessionDep) -> dict[str, Any]:
     """A topic's route (per broker: queues, perm) and every queue's min/max offset and last store time."""
     route = admin.topic_route(topic)
     queues = [dataclasses.asdict(s) for s in admin.topic_stats(topic)]
-    sampler.watch("topic", topic)
+    sampler.watch("topic", topic, admin if session is not None else None)
     return {"topic": topic, "route": [{**dataclasses.asdict(q), "perm_text": perm_to_string(q.perm),
                                        "master_addr": route.master_addr(q.broker_name)} for q in route.queue_datas],
             "queues": queues, "messages": sum(q["max_offset"] - q["min_offset"] for q in queues)}
@@ -222,18 +304,20 @@ def group_names(admin: AdminDep, q: str = "", size: SizeDep = MAX_PAGE_SIZE) -> 
 
 
 @router.get("/groups/{group}")
-def group_detail(group: str, admin: AdminDep, sampler: SamplerDep, request: Request) -> dict[str, Any]:
+def group_detail(group: str, admin: AdminDep, sampler: SamplerDep, request: Request,
+                 session: SessionDep) -> dict[str, Any]:
     """A group: members with their protocol (consume type), subscriptions per broker, lag per queue and in
-    total, and its consume rate from the console's samples."""
+    total, and its consume rate from the console's samples; ``may_reset``: the user may move its offsets."""
     views = admin.group_info(group)
     lag = admin.group_lag(group)
-    sampler.watch("group", group)
+    sampler.watch("group", group, admin if session is not None else None)
     store: SeriesStore = request.app.state.series
     subscriptions = {s["topic"]: s for v in views.values() for s in v.get("subscriptions") or ()}
     return {"group": group, "members": sorted({m for v in views.values() for m in v.get("members") or ()}),
             "brokers": views, "subscriptions": list(subscriptions.values()), "total_lag": lag.total_lag,
             "queues": [dataclasses.asdict(q) for q in lag.queues],
-            "consume_per_s": store.latest_rate(f"group:{group}:consumed")}
+            "consume_per_s": store.latest_rate(f"group:{group}:consumed"),
+            "may_reset": _may(session, Action.UPDATE, Resource.group(group))}
 
 
 class ResetForm(BaseModel):
@@ -346,7 +430,7 @@ def trace(msg_id: str, admin: AdminDep) -> dict[str, Any]:
 # -- dead letters -------------------------------------------------------------------------------------
 
 @router.get("/dlq/{group}")
-def dead_letters(group: str, admin: AdminDep, topic: str | None = None,
+def dead_letters(group: str, admin: AdminDep, session: SessionDep, topic: str | None = None,
                  max_messages: Annotated[int, Query(alias="max", ge=1, le=5000)] = 500) -> dict[str, Any]:
     """A group's dead letters (optionally of one original ``topic``) with their origin and failure reason."""
     rows = []
@@ -357,7 +441,7 @@ def dead_letters(group: str, admin: AdminDep, topic: str | None = None,
         rows.append({**message_json(m), "origin_topic": origin,
                      "origin_msg_id": m.properties.get(PROPERTY_ORIGIN_MSG_ID),
                      "reason": m.properties.get(PROPERTY_DLQ_REASON)})
-    return {"group": group, "messages": rows}
+    return {"group": group, "messages": rows, "may_redrive": _may(session, Action.UPDATE, Resource.group(group))}
 
 
 class RedriveForm(BaseModel):
@@ -378,6 +462,29 @@ def redrive(group: str, form: RedriveForm, admin: AdminDep) -> dict[str, Any]:
     return admin.redrive(group, msg_ids=form.msg_ids or None, all=form.all, topic=form.topic or None)
 
 
+# -- alerts -------------------------------------------------------------------------------------------
+
+@router.get("/alerts")
+def alerts(admin: AdminDep, limit: Annotated[int, Query(ge=1, le=5000)] = 500) -> dict[str, Any]:
+    """Every master's alerts from the lake's report rules: ``firing`` (open, oldest first), ``resolved``
+    (newest first) and ``rules``: each rule seen with its severity, threshold and firing / resolved counts."""
+    firing: list[dict[str, Any]] = []
+    resolved: list[dict[str, Any]] = []
+    for broker, rows in admin.alerts(resolved=True, limit=limit).items():
+        for row in rows:
+            (resolved if row.get("resolved_at") else firing).append({**row, "broker": broker})
+    firing.sort(key=lambda a: (a.get("raised_at") or "", a.get("alert_id") or ""))
+    resolved.sort(key=lambda a: a.get("resolved_at") or "", reverse=True)
+    rules: dict[str, dict[str, Any]] = {}
+    for row in firing + resolved:
+        rule = rules.setdefault(row["rule"], {"rule": row["rule"], "severity": row.get("severity"),
+                                              "threshold": row.get("threshold"), "firing": 0, "resolved": 0,
+                                              "last_raised_at": None})
+        rule["firing" if not row.get("resolved_at") else "resolved"] += 1
+        rule["last_raised_at"] = max(filter(None, (rule["last_raised_at"], row.get("raised_at"))), default=None)
+    return {"firing": firing, "resolved": resolved, "rules": sorted(rules.values(), key=lambda r: r["rule"])}
+
+
 # -- lake and charts ----------------------------------------------------------------------------------
 
 @router.get("/lake")
@@ -387,17 +494,23 @@ def lake(admin: AdminDep) -> dict[str, Any]:
 
 
 @router.get("/history")
-def history(request: Request, kind: Literal["group", "topic", "broker"], name: str,
+def history(request: Request, session: SessionDep, kind: Literal["group", "topic", "broker"], name: str,
             range_s: Annotated[int, Query(ge=10, le=3600)] = 900) -> dict[str, Any]:
     """A chart's series over the last ``range_s`` seconds: a group's lag and consume rate, a topic's store
     rate, or a master's written bytes per second (``t`` in epoch seconds)."""
     store: SeriesStore = request.app.state.series
+    # The samples are shared by every session: with ACL on, show them only to a user who may read the source.
+    resource = {"group": Resource.group, "topic": Resource.topic}.get(kind, lambda _: CLUSTER)(name)
+    if not _may(session, Action.GET, resource):
+        raise SparkMQError(ErrorCode.NO_PERMISSION, f"user {session.access_key if session else '-'!r} may not "
+                                                    f"Get on {resource}")
+    signed = session.admin if session is not None else None
     if kind == "group":
-        request.app.state.sampler.watch("group", name)
+        request.app.state.sampler.watch("group", name, signed)
         lag = store.points(f"group:{name}:lag", range_s)
         return {"lag": lag, "tps": store.rate(f"group:{name}:consumed", range_s)}
     if kind == "topic":
-        request.app.state.sampler.watch("topic", name)
+        request.app.state.sampler.watch("topic", name, signed)
         return {"tps": store.rate(f"topic:{name}:stored", range_s)}
     return {"bytes_per_s": store.rate(f"broker:{name}:bytes", range_s)}
 
@@ -420,6 +533,7 @@ def create_app(admin: AdminClient, *, sample_interval_s: float = 2.0) -> FastAPI
     """
     series = SeriesStore()
     sampler = Sampler(admin, series, sample_interval_s)
+    auth = ConsoleAuth(admin, on_drop=sampler.forget)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -428,14 +542,17 @@ def create_app(admin: AdminClient, *, sample_interval_s: float = 2.0) -> FastAPI
             yield
         finally:
             sampler.stop()
+            auth.close()
             app.state.pool.shutdown(wait=False, cancel_futures=True)
             admin.close()
 
     app = FastAPI(title="sparkmq console", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  description="The web console's API: cluster, topics, groups, messages, trace, dead letters, lake.")
+                  description="The web console's API: cluster, topics, groups, messages, trace, dead letters, "
+                              "alerts, lake; sign-in when access control is on.")
     app.state.admin = admin
     app.state.series = series
     app.state.sampler = sampler
+    app.state.auth = auth
     app.state.pool = ThreadPoolExecutor(_FANOUT, thread_name_prefix="console")
     app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static")

@@ -71,17 +71,40 @@ class Sampler:
         self.store = store
         self.interval_s = interval_s
         self._watched: dict[tuple[str, str], float] = {}  # ("group"|"topic", name) -> last looked at (monotonic)
+        # With ACL on, whose client samples what: the last signed-in user who looked (the unsigned one is refused).
+        self._admins: dict[tuple[str, str], AdminClient] = {}
+        self._broker_admin: AdminClient | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def watch(self, kind: str, name: str) -> None:
-        """Keep sampling group or topic ``name`` (``kind`` "group" or "topic") for the next :data:`WATCH_S` s."""
+    def watch(self, kind: str, name: str, admin: AdminClient | None = None) -> None:
+        """Keep sampling group or topic ``name`` (``kind`` "group" or "topic") for the next :data:`WATCH_S` s,
+        with ``admin`` (a signed-in user's client) instead of the console's own when given."""
         with self._lock:
             first = (kind, name) not in self._watched
             self._watched[(kind, name)] = time.monotonic()
+            if admin is not None:
+                self._admins[(kind, name)] = admin
         if first:  # the chart gets its first point now, not one interval later
             self._sample_one(kind, name)
+
+    def use_for_brokers(self, admin: AdminClient) -> None:
+        """Sample the masters' commit logs with ``admin`` (a signed-in user's client: ACL is on)."""
+        self._broker_admin = admin
+
+    def forget(self, admin: AdminClient) -> None:
+        """Stop using ``admin`` (its session ended); what it sampled goes back to the console's own client."""
+        with self._lock:
+            for key in [k for k, a in self._admins.items() if a is admin]:
+                del self._admins[key]
+            if self._broker_admin is admin:
+                self._broker_admin = None
+
+    def _admin_for(self, key: tuple[str, str] | None) -> AdminClient:
+        with self._lock:
+            found = self._broker_admin if key is None else self._admins.get(key)
+        return found or self.admin
 
     def start(self) -> Sampler:
         """Start the sampling thread."""
@@ -108,6 +131,7 @@ class Sampler:
             for key, seen in list(self._watched.items()):
                 if now - seen > WATCH_S:
                     del self._watched[key]
+                    self._admins.pop(key, None)
             watched = list(self._watched)
         for kind, name in watched:
             self._sample_one(kind, name)
@@ -119,19 +143,21 @@ class Sampler:
             self._guard(f"topic {name}", lambda: self._sample_topic(name))
 
     def _sample_brokers(self) -> None:
-        for name, addr in self.admin.masters().items():
-            commitlog = self.admin.broker_info(addr).get("commitlog") or {}
+        admin = self._admin_for(None)
+        for name, addr in admin.masters().items():
+            commitlog = admin.broker_info(addr).get("commitlog") or {}
             if commitlog.get("max_offset") is not None:
                 self.store.add(f"broker:{name}:bytes", commitlog["max_offset"])
 
     def _sample_group(self, group: str) -> None:
-        lag = self.admin.group_lag(group)
+        lag = self._admin_for(("group", group)).group_lag(group)
         now = time.time()
         self.store.add(f"group:{group}:lag", lag.total_lag, now)
         self.store.add(f"group:{group}:consumed", sum(q.consumer_offset for q in lag.queues), now)
 
     def _sample_topic(self, topic: str) -> None:
-        self.store.add(f"topic:{topic}:stored", sum(q.max_offset for q in self.admin.topic_stats(topic)))
+        stats = self._admin_for(("topic", topic)).topic_stats(topic)
+        self.store.add(f"topic:{topic}:stored", sum(q.max_offset for q in stats))
 
     @staticmethod
     def _guard(what: str, fn: Callable[[], Any]) -> None:

@@ -14,6 +14,8 @@ from urllib.parse import quote
 
 import httpx
 
+from ...platform.auth.signing import Credentials
+from ...platform.client.remoting import signing_auth
 from ...platform.common.errors import ErrorCode, SparkMQError
 from ...platform.common.tls import TlsSettings
 from ...platform.common.validation import validate_topic
@@ -41,12 +43,15 @@ def _permission(readable: bool, writeable: bool) -> int:
 class RouteResolver:
     """Topic routes from the name servers (the first that answers), as v2 message queues."""
 
-    def __init__(self, namesrv_addrs: Sequence[str], timeout_s: float = 3.0, tls: TlsSettings | None = None) -> None:
-        """``tls``: the name servers are called over HTTPS when ``tls.connects`` (verified against its CA)."""
+    def __init__(self, namesrv_addrs: Sequence[str], timeout_s: float = 3.0, tls: TlsSettings | None = None,
+                 credentials: Credentials | None = None) -> None:
+        """``tls``: the name servers are called over HTTPS when ``tls.connects`` (verified against its CA);
+        ``credentials`` sign every lookup (name servers with ACL on)."""
         self.namesrv_addrs = tuple(namesrv_addrs)
         tls = tls or TlsSettings()
         self._scheme = tls.scheme
-        self._http = httpx.AsyncClient(timeout=timeout_s, verify=tls.client_context_if_connecting() or True)
+        self._http = httpx.AsyncClient(timeout=timeout_s, verify=tls.client_context_if_connecting() or True,
+                                       auth=signing_auth(credentials))
         self._cache: dict[str, tuple[float, dict[str, Any]]] = {}
 
     async def close(self) -> None:

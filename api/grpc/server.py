@@ -35,7 +35,8 @@ class GrpcServer:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.clients = ClientRegistry(broker, max_body_size=broker.store.config.max_message_size)
-        self.routes = RouteResolver(broker.config.namesrv_addrs, tls=broker.config.tls)
+        self.routes = RouteResolver(broker.config.namesrv_addrs, tls=broker.config.tls,
+                                    credentials=broker.config.namesrv_credentials)
         self.renewals = Renewals(broker)
         self.service = MessagingService(broker, self.clients, self.routes, self.renewals)
         self._server: grpc.aio.Server | None = None

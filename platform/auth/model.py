@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -357,3 +358,17 @@ def check_acl_settings(access_key: object, secret_key: object) -> None:
             validate_secret_key(secret_key)
         except ValueError as exc:
             raise ValueError(f"acl_super_user: {exc}") from None
+
+
+def check_service_acl_settings(data_dir: object, enabled: object, access_key: object, secret_key: object,
+                               clock_skew_s: object) -> None:
+    """Validate the ``acl_*`` settings of a service that keeps its ACL under ``data_dir`` (name server, gateway):
+    ValueError naming the bad setting (never showing a secret)."""
+    if not isinstance(enabled, bool):
+        raise ValueError(f"acl_enabled must be true or false, got {enabled!r}")
+    if enabled and not data_dir:
+        raise ValueError("acl_enabled needs data_dir: the ACL is kept in <data_dir>/config/acl.json")
+    check_acl_settings(access_key, secret_key)
+    if (isinstance(clock_skew_s, bool) or not isinstance(clock_skew_s, int | float)
+            or not math.isfinite(clock_skew_s) or clock_skew_s <= 0):
+        raise ValueError(f"acl_clock_skew_s must be a finite number of seconds > 0, got {clock_skew_s!r}")

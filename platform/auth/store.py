@@ -111,6 +111,12 @@ class AclStore:
             log.info("ACL file %s reloaded (version %d -> %d)", self.path, before.version, self._stored.version)
             return True
 
+    @property
+    def stored(self) -> AclTable:
+        """The file's users and policies, without the config's bootstrap super user (what a master sends its
+        slaves; a new object after every change)."""
+        return self._stored
+
     def add_listener(self, listener: Callable[[AclTable], None]) -> None:
         """Call ``listener(table)`` after every change (in this process or reloaded from the file)."""
         self._listeners.append(listener)

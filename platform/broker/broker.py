@@ -24,9 +24,11 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..auth.store import AclStore, acl_path
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.system_topics import DLQ_PREFIX, RETRY_PREFIX
 from ..ha import ReplicationMaster, ReplicationSlave
+from ..ha.cluster_auth import ClusterAuth
 from ..ha.dledger import DLedgerMember, RaftConfig
 from ..store import AppendEvent, MessageStore
 from .check_channel import CheckChannel
@@ -80,7 +82,11 @@ class Broker:
         self.registration = RegistrationService(config.namesrv_addrs, self.registration_payload,
                                                 self._unregister_payload, config.register_interval_s,
                                                 config.register_timeout_s, on_answer=self._on_registered,
-                                                tls=config.tls)
+                                                tls=config.tls, credentials=config.namesrv_credentials)
+        #: The cluster credential brokers prove to each other (HA, DLedger); required with ACL on.
+        self.cluster_auth = ClusterAuth(config.cluster_secret,
+                                        required=config.acl_enabled or config.cluster_secret is not None,
+                                        clock_skew_s=config.acl_clock_skew_s)
         #: Replication: a master serves its slaves (the runner opens the HA port on its loop), a slave follows.
         self.replication_master: ReplicationMaster | None = None
         self.replication_slave: ReplicationSlave | None = None
@@ -100,13 +106,15 @@ class Broker:
             self._role_worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"dledger-role-{self.name}")
         elif config.role is BrokerRole.SLAVE:
             self.replication_slave = ReplicationSlave(self.store, config.broker_name, config.broker_id,
-                                                      self.master_ha_addr, tls=config.tls)
+                                                      self.master_ha_addr, tls=config.tls, auth=self.cluster_auth,
+                                                      acl_store=AclStore(acl_path(config.data_dir)))
             self.slave_sync = SlaveSynchronizer(self, config.ha_slave_sync_interval_s)
         else:
             self.replication_master = ReplicationMaster(
                 self.store, config.broker_name, sync=config.role is BrokerRole.SYNC_MASTER,
                 in_sync_max_gap_bytes=config.ha_in_sync_max_gap_bytes,
-                flush_slave_timeout_s=config.ha_flush_slave_timeout_ms / 1000.0)
+                flush_slave_timeout_s=config.ha_flush_slave_timeout_ms / 1000.0, auth=self.cluster_auth,
+                acl_store=AclStore(acl_path(config.data_dir)))
         self._state = "new"
         #: ``host:port`` of this broker's remoting endpoint, set by the runner once it listens (routes carry it).
         self.remoting_addr: str | None = None
@@ -322,7 +330,8 @@ class Broker:
                           preferred_leader=cfg.dledger_preferred_leader)
         member = DLedgerMember(self.store, cfg.data_dir / "dledger", group=cfg.dledger_group or cfg.broker_name,
                                self_id=cfg.dledger_self_id, members=cfg.dledger_members(), config=raft,
-                               host=cfg.host, tls=cfg.tls)
+                               host=cfg.host, tls=cfg.tls, auth=self.cluster_auth)
+        member.replicate_acl(AclStore(acl_path(cfg.data_dir)))  # with a cluster secret: the leader's ACL
         member.add_role_listener(self._on_dledger_role)
         member.add_commit_listener(self._on_commit)
         return member

@@ -27,7 +27,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ..auth.model import check_acl_settings
+from ..auth.model import check_acl_settings, validate_secret_key
+from ..auth.signing import Credentials
 from ..common.limits import ConnectionLimits
 from ..common.tls import TlsSettings
 from ..store.config import StoreConfig
@@ -253,6 +254,11 @@ class BrokerConfig:
     acl_super_user_secret_key: str | None = field(default=None, repr=False)
     #: A signed request is refused when its timestamp is further than this from the broker's clock (seconds).
     acl_clock_skew_s: float = 300.0
+    #: The cluster credential: a shared secret every broker of the cluster is given (6..128 printable characters,
+    #: no spaces; use a long random one).  Slaves prove it to their master's HA port and DLedger members to each
+    #: other (an HMAC over a fresh nonce and the time, docs/ha.md); with ``acl_enabled`` it is required, and a
+    #: connection without it is refused.  Never logged or shown.
+    cluster_secret: str | None = field(default=None, repr=False)
     #: ``[store]`` settings (fields of StoreConfig except root/store_host, which the broker derives).
     store: Mapping[str, Any] = field(default_factory=dict)
 
@@ -314,6 +320,11 @@ class BrokerConfig:
             self.http_keep_alive_s, self.http_max_concurrency))
         check_acl_settings(self.acl_super_user_access_key, self.acl_super_user_secret_key)
         _check_seconds("acl_clock_skew_s", self.acl_clock_skew_s)
+        if self.cluster_secret is not None:
+            try:
+                validate_secret_key(self.cluster_secret)
+            except ValueError as exc:
+                raise ValueError(f"cluster_secret: {exc}") from None
         for name in ("auto_create_topic", "trace_enabled", "dledger_enabled", "acl_enabled"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
@@ -325,6 +336,14 @@ class BrokerConfig:
         self.store_config()  # validates the store settings now, not when the store starts
 
     # -- derived --------------------------------------------------------------------
+    @property
+    def namesrv_credentials(self) -> Credentials | None:
+        """What the broker signs its name-server calls with (registration, heartbeats, gRPC route lookups): the
+        bootstrap super user, also when this broker's own ACL is off; None (unsigned) without one."""
+        if self.acl_super_user_access_key and self.acl_super_user_secret_key:
+            return Credentials(self.acl_super_user_access_key, self.acl_super_user_secret_key)
+        return None
+
     @property
     def addr(self) -> str:
         """The ``host:port`` this broker announces (advertised, else bound; a wildcard host becomes the local IP)."""
@@ -442,6 +461,8 @@ class BrokerConfig:
         out["role"] = str(self.role)
         if out.get("acl_super_user_secret_key"):
             out["acl_super_user_secret_key"] = "***"  # never shown
+        if out.get("cluster_secret"):
+            out["cluster_secret"] = "***"
         out["store"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in self.store.items()}
         return out
 

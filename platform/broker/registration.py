@@ -19,6 +19,8 @@ from typing import Any
 
 import httpx
 
+from ..auth.signing import Credentials
+from ..client.remoting import signing_auth
 from ..common.tls import TlsSettings
 
 __all__ = ["RegistrationService", "NameServerStatus"]
@@ -52,15 +54,18 @@ class _Worker:
     """One name server: a thread that registers on every interval or trigger."""
 
     def __init__(self, addr: str, payload: PayloadFn, interval_s: float, timeout_s: float,
-                 on_answer: AnswerFn | None = None, tls: TlsSettings | None = None) -> None:
+                 on_answer: AnswerFn | None = None, tls: TlsSettings | None = None,
+                 credentials: Credentials | None = None) -> None:
         self.addr = addr
         self._on_answer = on_answer
         self.status = NameServerStatus(addr)
         self._payload = payload
         self._interval_s = interval_s
         tls = tls or TlsSettings()
+        # Signed: a name server with ACL on needs Update on Cluster for registrations (docs/security.md).
         self._client = httpx.Client(base_url=f"{tls.scheme}://{addr}", timeout=timeout_s,
-                                    verify=tls.client_context_if_connecting() or True)
+                                    verify=tls.client_context_if_connecting() or True,
+                                    auth=signing_auth(credentials))
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"sparkmq-register-{addr}", daemon=True)
@@ -126,11 +131,13 @@ class RegistrationService:
 
     def __init__(self, namesrv_addrs: tuple[str, ...] | list[str], payload: PayloadFn, unregister_body: PayloadFn,
                  interval_s: float = 30.0, timeout_s: float = 3.0, on_answer: AnswerFn | None = None,
-                 tls: TlsSettings | None = None) -> None:
+                 tls: TlsSettings | None = None, credentials: Credentials | None = None) -> None:
         """``payload()`` builds the ``POST /brokers/register`` body, ``unregister_body()`` the unregister one;
         ``on_answer(json)`` gets each successful answer (a slave learns its master from it).  With
-        ``tls.connects`` the name servers are called over HTTPS, verified against ``tls.ca_file``."""
-        self._workers = [_Worker(a, payload, interval_s, timeout_s, on_answer, tls) for a in namesrv_addrs]
+        ``tls.connects`` the name servers are called over HTTPS, verified against ``tls.ca_file``; with
+        ``credentials`` every call is signed (name servers with ACL on)."""
+        self._workers = [_Worker(a, payload, interval_s, timeout_s, on_answer, tls, credentials)
+                         for a in namesrv_addrs]
         self._unregister_body = unregister_body
         self._timeout_s = timeout_s
         self._started = False

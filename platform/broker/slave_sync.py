@@ -5,6 +5,9 @@ master's ``GET /broker/ha/sync`` (:meth:`Broker.replication_snapshot`) and makes
 and consumer offsets match, so consumers that move to the slave while the master is down start from
 where the group was (up to one interval behind: they may see duplicates, never gaps).  While the
 master cannot be reached, the slave keeps what it has and what consumers commit to it.
+
+With ACL on, the poll is signed with the slave's bootstrap super user (``acl_super_user_access_key`` /
+``..._secret_key``): give the master and its slaves the same one (docs/security.md).
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from ..auth.signing import Credentials, Signer
 from ..common.errors import SparkMQError
 from .topics import is_reserved_topic
 
@@ -34,6 +38,10 @@ class SlaveSynchronizer:
         tls = broker.config.tls  # the master's HTTP port: HTTPS when the cluster speaks TLS
         self._scheme = tls.scheme
         self._client = httpx.Client(timeout=timeout_s, verify=tls.client_context_if_connecting() or True)
+        cfg = broker.config
+        #: Signs the poll when the config names a super user (a master with ACL on refuses it unsigned).
+        self._signer = (Signer(Credentials(cfg.acl_super_user_access_key, cfg.acl_super_user_secret_key))
+                        if cfg.acl_super_user_access_key and cfg.acl_super_user_secret_key else None)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -77,7 +85,9 @@ class SlaveSynchronizer:
 
     def sync_once(self, master: str) -> None:
         """Copy the master's topic table and offsets now (raises on a failed read; applies nothing then)."""
-        response = self._client.get(f"{self._scheme}://{master}/broker/ha/sync")
+        path = "/broker/ha/sync"
+        headers = self._signer.http_headers("GET", path, b"") if self._signer is not None else None
+        response = self._client.get(f"{self._scheme}://{master}{path}", headers=headers)
         response.raise_for_status()
         snapshot: dict[str, Any] = response.json()
         self._apply_topics(snapshot.get("topics", {}))

@@ -186,6 +186,28 @@ class AdminClient:
             out[name] = health.get("lake") or {"state": "disabled", "jobs": {}}
         return out
 
+    def alerts(self, *, resolved: bool = False, limit: int = 500,
+               cluster: str | None = None) -> dict[str, list[dict[str, Any]]]:
+        """Each master's alerts (``GET /alerts``: rows of its lake's ``alerts`` table, raised and resolved by the
+        report rules), by broker name: the open ones, or with ``resolved`` the newest ``limit`` open and
+        resolved.  A broker without a lake answers none.
+
+        Example::
+
+            firing = [a for rows in admin.alerts().values() for a in rows]
+        """
+        params = {"state": "all" if resolved else "open", "limit": limit}
+        return {name: list(self._brokers.get(addr)._get("/alerts", params=params).get("alerts") or [])
+                for name, addr in sorted(self.masters(cluster).items())}
+
+    def whoami(self, cluster: str | None = None) -> dict[str, dict[str, Any]]:
+        """Who each master takes this client for (``GET /acl/whoami``): ``acl_enabled``, ``access_key``,
+        ``super_user``, the user's policy ``entries`` and the ``peer_ip`` it sees, by broker address.
+
+        AUTHENTICATION_FAILED when a master has ACL on and the credentials are missing or wrong.
+        """
+        return self._on_targets("asking who we are", cluster, lambda b: b._get("/acl/whoami"))
+
     # -- topics -------------------------------------------------------------------------------------
     def _targets(self, cluster: str | None, broker_addrs: Sequence[str] | None) -> list[str]:
         targets = list(broker_addrs) if broker_addrs else sorted(self.masters(cluster).values())
@@ -226,16 +248,23 @@ class AdminClient:
     def delete_topic(self, topic: str, *, cluster: str | None = None) -> dict[str, dict[str, bool]]:
         """Delete ``topic`` from the masters of ``cluster`` (all when None) and from every name server.
 
-        Returns ``{"brokers": {addr: deleted}, "namesrvs": {addr: deleted}}``.
+        Returns ``{"brokers": {addr: deleted}, "namesrvs": {addr: deleted}}``.  A broker that refuses the
+        caller (NO_PERMISSION, AUTHENTICATION_FAILED) is raised before the name servers are touched: a refused
+        delete must not drop the topic's route.
         """
         validate_topic(topic)
         brokers: dict[str, bool] = {}
+        refused: SparkMQError | None = None
         for addr in self._targets(cluster, None):
             try:
                 brokers[addr] = bool(self._brokers.get(addr).delete_topic(topic).get("deleted"))
             except SparkMQError as exc:
                 log.warning("deleting %s on %s failed: %s", topic, addr, exc)
                 brokers[addr] = False
+                if exc.code in (ErrorCode.NO_PERMISSION, ErrorCode.AUTHENTICATION_FAILED):
+                    refused = refused or exc
+        if refused is not None:
+            raise refused
         params = {"cluster": cluster} if cluster else None
         namesrvs = {addr: (not isinstance(ans, SparkMQError)) and bool(ans.get("deleted"))
                     for addr, ans in self._namesrv.each("DELETE", f"/topics/{topic}", params=params).items()}
@@ -263,11 +292,13 @@ class AdminClient:
         return sorted(out, key=lambda s: (s.broker_name, s.queue_id))
 
     # -- access control (docs/security.md) -------------------------------------------------------------
-    def _on_targets(self, what: str, cluster: str | None, fn: Any) -> dict[str, Any]:
-        """``fn(broker client)`` on every master of ``cluster``; the first failure is raised after all were tried."""
+    def _on_targets(self, what: str, cluster: str | None, fn: Any, servers: Sequence[str] | None = None
+                    ) -> dict[str, Any]:
+        """``fn(client)`` on every master of ``cluster``, or on ``servers`` (``host:port`` of any service with the
+        ``/acl`` API: name servers, gateways, brokers); the first failure is raised after all were tried."""
         out: dict[str, Any] = {}
         error: SparkMQError | None = None
-        for addr in self._targets(cluster, None):
+        for addr in list(servers) if servers else self._targets(cluster, None):
             try:
                 out[addr] = fn(self._brokers.get(addr))
             except SparkMQError as exc:
@@ -277,34 +308,41 @@ class AdminClient:
             raise error
         return out
 
+    # Every ACL method takes ``servers``: the services to manage instead of the masters (name servers and
+    # gateways keep ACLs of their own, docs/security.md).
     def create_user(self, access_key: str, secret_key: str, *, super_user: bool = False, update: bool = False,
-                    cluster: str | None = None) -> dict[str, Any]:
+                    cluster: str | None = None, servers: Sequence[str] | None = None) -> dict[str, Any]:
         """Create (or with ``update`` change) a user on every master; the user (no secret) by broker address."""
         return self._on_targets(f"creating user {access_key}", cluster, lambda b: b.acl_create_user(
-            access_key, secret_key, super_user=super_user, update=update))
+            access_key, secret_key, super_user=super_user, update=update), servers)
 
-    def list_users(self, cluster: str | None = None) -> dict[str, list[dict[str, Any]]]:
+    def list_users(self, cluster: str | None = None, servers: Sequence[str] | None = None
+                   ) -> dict[str, list[dict[str, Any]]]:
         """Each master's users (access key, super-user flag), by broker address."""
-        return self._on_targets("listing users", cluster, lambda b: b.acl_users())
+        return self._on_targets("listing users", cluster, lambda b: b.acl_users(), servers)
 
-    def delete_user(self, access_key: str, cluster: str | None = None) -> dict[str, Any]:
+    def delete_user(self, access_key: str, cluster: str | None = None, servers: Sequence[str] | None = None
+                    ) -> dict[str, Any]:
         """Delete a user and its policy on every master; ``{"access_key", "deleted"}`` by broker address."""
-        return self._on_targets(f"deleting user {access_key}", cluster, lambda b: b.acl_delete_user(access_key))
+        return self._on_targets(f"deleting user {access_key}", cluster, lambda b: b.acl_delete_user(access_key),
+                                servers)
 
     def put_policy(self, subject: str, entries: Sequence[Mapping[str, Any]],
-                   cluster: str | None = None) -> dict[str, Any]:
+                   cluster: str | None = None, servers: Sequence[str] | None = None) -> dict[str, Any]:
         """Add policy entries for ``subject`` on every master; the whole policy by broker address."""
         return self._on_targets(f"updating the policy of {subject}", cluster,
-                                lambda b: b.acl_put_policy(subject, entries))
+                                lambda b: b.acl_put_policy(subject, entries), servers)
 
-    def list_policies(self, subject: str | None = None, cluster: str | None = None) -> dict[str, Any]:
+    def list_policies(self, subject: str | None = None, cluster: str | None = None,
+                      servers: Sequence[str] | None = None) -> dict[str, Any]:
         """Each master's policies (or ``subject``'s), by broker address."""
-        return self._on_targets("listing policies", cluster, lambda b: b.acl_policies(subject))
+        return self._on_targets("listing policies", cluster, lambda b: b.acl_policies(subject), servers)
 
-    def delete_policy(self, subject: str, resource: str | None = None, cluster: str | None = None) -> dict[str, Any]:
+    def delete_policy(self, subject: str, resource: str | None = None, cluster: str | None = None,
+                      servers: Sequence[str] | None = None) -> dict[str, Any]:
         """Remove ``subject``'s entry for ``resource`` (all when None) on every master."""
         return self._on_targets(f"deleting the policy of {subject}", cluster,
-                                lambda b: b.acl_delete_policy(subject, resource))
+                                lambda b: b.acl_delete_policy(subject, resource), servers)
 
     # -- groups --------------------------------------------------------------------------------------
     def _each_master(self, fn: Any) -> dict[str, Any]:

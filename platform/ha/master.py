@@ -8,6 +8,11 @@ reported is its acknowledgement: :meth:`ReplicationMaster.wait_replicated` (a lo
 ``SEND_OK`` once an in-sync slave holds its end offset, ``FLUSH_SLAVE_TIMEOUT`` after
 ``flush_slave_timeout_s`` (the message stays stored on the master), or ``SLAVE_NOT_AVAILABLE`` at
 once when no slave is in sync (RocketMQ's GroupTransferService).
+
+With a :class:`~.cluster_auth.ClusterAuth` that requires it, a slave must prove the cluster secret in
+its HELLO (else UNAUTHENTICATED, nothing sent); an authenticated slave also gets this master's ACL
+table (``config/acl.json``, the users and policies without the config's bootstrap super user) at once
+and again within about a second of every change, so it enforces the same users and policies.
 """
 from __future__ import annotations
 
@@ -18,22 +23,30 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..auth.model import AclTable
+from ..auth.store import AclStore
 from ..common.errors import SparkMQError
 from ..common.message import SendStatus
 from ..common.tls import TlsSettings, start_stream_server
 from ..common.waiters import OffsetWaiters, WaiterRegistry
 from ..store import AppendEvent, MessageStore
+from .acl_copy import encode_acl
+from .cluster_auth import PROOF, ClusterAuth
 from .protocol import (
+    ACL_FRAME,
     HA_MAGIC,
     HA_VERSION,
+    HA_VERSION_AUTH,
     HEARTBEAT_INTERVAL_S,
     HELLO_FIXED,
+    MAX_ACL_BYTES,
     MAX_NAME_BYTES,
     REPORT,
     TRANSFER_BYTES,
     TRANSFER_HEADER,
     WELCOME,
     HandshakeStatus,
+    ha_identity,
 )
 
 __all__ = ["ReplicationMaster", "SlaveState", "DEFAULT_IN_SYNC_MAX_GAP_BYTES", "DEFAULT_FLUSH_SLAVE_TIMEOUT_S"]
@@ -64,6 +77,10 @@ class SlaveState:
     connected_at: float = field(default_factory=time.time)
     last_report: float = field(default_factory=time.monotonic)
     bytes_sent: int = 0
+    #: Whether the slave proved the cluster secret (only such a slave gets the ACL table).
+    authenticated: bool = False
+    #: The ACL table last sent to this slave (compared by identity: the store makes a new one per change).
+    acl_sent: AclTable | None = None
 
     def to_dict(self, master_max: int, max_gap: int) -> dict[str, Any]:
         """JSON form (``/health``, ``GET /broker/ha``)."""
@@ -71,7 +88,7 @@ class SlaveState:
         return {"addr": self.addr, "broker_id": self.broker_id, "acked_offset": self.acked_offset,
                 "sent_offset": self.sent_offset, "bytes_behind": behind, "in_sync": behind <= max_gap,
                 "connected_at_ms": int(self.connected_at * 1000), "bytes_sent": self.bytes_sent,
-                "last_report_age_s": round(time.monotonic() - self.last_report, 3)}
+                "authenticated": self.authenticated, "last_report_age_s": round(time.monotonic() - self.last_report, 3)}
 
 
 class ReplicationMaster:
@@ -79,8 +96,13 @@ class ReplicationMaster:
 
     def __init__(self, store: MessageStore, broker_name: str, *, sync: bool,
                  in_sync_max_gap_bytes: int = DEFAULT_IN_SYNC_MAX_GAP_BYTES,
-                 flush_slave_timeout_s: float = DEFAULT_FLUSH_SLAVE_TIMEOUT_S) -> None:
+                 flush_slave_timeout_s: float = DEFAULT_FLUSH_SLAVE_TIMEOUT_S, auth: ClusterAuth | None = None,
+                 acl_store: AclStore | None = None) -> None:
         self.store = store
+        #: The cluster credential slaves must prove (None: none asked, the stream is open to any slave).
+        self.auth = auth
+        #: This master's ACL, sent to authenticated slaves (None: not replicated).
+        self.acl_store = acl_store
         self.broker_name = broker_name
         #: SYNC_MASTER: sends wait for a slave.
         self.sync = sync
@@ -112,6 +134,8 @@ class ReplicationMaster:
         :func:`~sparkmq.platform.common.tls.create_server`)."""
         self._loop = asyncio.get_running_loop()
         self._server = await start_stream_server(self._serve, host, port, tls=tls)
+        if self.auth is not None and self.auth.required and not self.auth.has_secret:
+            log.info("%s: ACL is on but cluster_secret is not set: a slave would be refused", self.broker_name)
         log.info("%s: replication (HA) port %d open%s", self.broker_name, self.port,
                  " (SYNC_MASTER: sends wait for a slave)" if self.sync else "")
         return self
@@ -204,14 +228,27 @@ class ReplicationMaster:
         magic, version, broker_id, slave_max, name_len = HELLO_FIXED.unpack(fixed)
         status = HandshakeStatus.OK
         name = ""
-        if magic != HA_MAGIC or version != HA_VERSION or name_len > MAX_NAME_BYTES:
+        proof: bytes | None = None
+        raw = b""
+        if magic != HA_MAGIC or version not in (HA_VERSION, HA_VERSION_AUTH) or name_len > MAX_NAME_BYTES:
             status = HandshakeStatus.BAD_HELLO
         else:
             raw = await asyncio.wait_for(reader.readexactly(name_len), HELLO_TIMEOUT_S)
+            if version == HA_VERSION_AUTH:
+                proof = await asyncio.wait_for(reader.readexactly(PROOF.size), HELLO_TIMEOUT_S)
             try:
                 name = raw.decode("utf-8")
             except UnicodeDecodeError:
                 status = HandshakeStatus.BAD_HELLO
+        authenticated, reason = False, ""
+        identity = ha_identity(name, broker_id)
+        if status is HandshakeStatus.OK and self.auth is not None and (self.auth.required or proof is not None):
+            # Checked first: a slave that cannot prove the secret learns nothing about this log.
+            why = self.auth.check("HA", identity, proof, fixed + raw)
+            if why is None:
+                authenticated = True
+            elif self.auth.required or self.auth.has_secret:
+                status, reason = HandshakeStatus.UNAUTHENTICATED, why
         if status is HandshakeStatus.OK:
             if name != self.broker_name:
                 status = HandshakeStatus.WRONG_BROKER_NAME
@@ -219,14 +256,44 @@ class ReplicationMaster:
                 status = HandshakeStatus.SLAVE_AHEAD
             elif slave_max < offsets.min_offset or slave_max < 0:
                 status = HandshakeStatus.SLAVE_BEHIND_RETENTION
-        writer.write(WELCOME.pack(HA_MAGIC, HA_VERSION, int(status), offsets.max_offset))
+        shown_max = 0 if status is HandshakeStatus.UNAUTHENTICATED else offsets.max_offset
+        welcome = WELCOME.pack(HA_MAGIC, HA_VERSION_AUTH if authenticated else HA_VERSION, int(status), shown_max)
+        writer.write(welcome)
+        if authenticated and status is HandshakeStatus.OK:
+            assert self.auth is not None and proof is not None
+            writer.write(self.auth.answer("HA", identity, proof, fixed + raw + welcome))
         await writer.drain()
         if status is not HandshakeStatus.OK:
             self.refused[status.name] = self.refused.get(status.name, 0) + 1
-            log.warning("%s: refused a slave from %s: %s (its broker name %r, offset %d; this log %d..%d)",
-                        self.broker_name, addr, status.name, name, slave_max, offsets.min_offset, offsets.max_offset)
+            if status is HandshakeStatus.UNAUTHENTICATED:
+                assert self.auth is not None
+                self.auth.note_refusal(f"{self.broker_name} HA port", addr, reason)
+            else:
+                log.warning("%s: refused a slave from %s: %s (its broker name %r, offset %d; this log %d..%d)",
+                            self.broker_name, addr, status.name, name, slave_max, offsets.min_offset,
+                            offsets.max_offset)
             return None
-        return SlaveState(addr, broker_id, slave_max, slave_max)
+        return SlaveState(addr, broker_id, slave_max, slave_max, authenticated=authenticated)
+
+    def _send_acl_if_changed(self, writer: asyncio.StreamWriter, slave: SlaveState) -> None:
+        """Queue an ACL frame when this master's table is not the one the slave last got."""
+        store = self.acl_store
+        if store is None or not slave.authenticated:
+            return
+        store.maybe_reload()  # a change made through the API (another AclStore over the same file)
+        table = store.stored
+        if table is slave.acl_sent:
+            return
+        data = encode_acl(table)
+        slave.acl_sent = table
+        if len(data) > MAX_ACL_BYTES:
+            log.error("%s: the ACL table is %d bytes, more than %d: not sent to slave %s", self.broker_name,
+                      len(data), MAX_ACL_BYTES, slave.addr)
+            return
+        writer.write(TRANSFER_HEADER.pack(ACL_FRAME, len(data)))
+        writer.write(data)
+        log.info("%s: sent the ACL table (version %d, %d users) to slave %s", self.broker_name, table.version,
+                 len(table.users), slave.addr)
 
     async def _read_reports(self, reader: asyncio.StreamReader, slave: SlaveState) -> None:
         try:
@@ -248,6 +315,7 @@ class ReplicationMaster:
     async def _transfer(self, writer: asyncio.StreamWriter, slave: SlaveState, reports: asyncio.Task[None]) -> None:
         store = self.store
         while not reports.done():
+            self._send_acl_if_changed(writer, slave)
             try:
                 data = store.read_replication(slave.sent_offset, TRANSFER_BYTES)
             except SparkMQError as exc:  # retention deleted what the slave still needs

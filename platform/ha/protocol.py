@@ -18,6 +18,15 @@ master counts a slave in sync while it is connected and at most ``in_sync_max_ga
 
 A status other than OK (a wrong broker name, a slave ahead of its master) ends the connection
 after WELCOME, and nothing was transferred.
+
+**Cluster credential** (:mod:`.cluster_auth`).  A slave with a ``cluster_secret`` says HELLO in
+version 2: the version-1 HELLO followed by a proof (timestamp i64 | nonce 16 bytes | mac 32 bytes)
+over the HELLO's bytes.  A master that requires the credential (ACL on, or a secret set) answers a
+version-1 HELLO or a wrong proof with UNAUTHENTICATED and closes; to a good proof it answers a
+version-2 WELCOME followed by its own mac over the slave's nonce, which the slave checks before it
+takes anything.  Only an authenticated session also carries the master's ACL table::
+
+    master -> slave, when it changed   ACL   start offset = -1 (:data:`ACL_FRAME`) | length u32 | JSON
 """
 from __future__ import annotations
 
@@ -25,8 +34,11 @@ import enum
 import struct
 
 __all__ = [
+    "ACL_FRAME",
     "HA_MAGIC",
     "HA_VERSION",
+    "HA_VERSION_AUTH",
+    "MAX_ACL_BYTES",
     "HEARTBEAT_INTERVAL_S",
     "HELLO_FIXED",
     "REPORT",
@@ -36,10 +48,18 @@ __all__ = [
     "WELCOME",
     "HandshakeStatus",
     "MAX_NAME_BYTES",
+    "encode_hello",
+    "ha_identity",
 ]
 
 HA_MAGIC = b"SMHA"
 HA_VERSION = 1
+#: A HELLO / WELCOME carrying the cluster credential (see the module docstring).
+HA_VERSION_AUTH = 2
+#: The TRANSFER "start offset" of a frame carrying the master's ACL table (JSON) instead of log bytes.
+ACL_FRAME = -1
+#: Largest ACL table a master sends (a bigger one is not replicated, and says so in the log).
+MAX_ACL_BYTES = 16 << 20
 #: HELLO without the broker name: magic, version, broker id, max offset, name length.
 HELLO_FIXED = struct.Struct("<4sBIqH")
 #: WELCOME: magic, version, status, the master's max offset.
@@ -72,9 +92,16 @@ class HandshakeStatus(enum.IntEnum):
     BAD_HELLO = 4
     #: This broker is not a master.
     NOT_A_MASTER = 5
+    #: No cluster credential, or a wrong / stale / replayed one (the master requires it).
+    UNAUTHENTICATED = 6
 
 
-def encode_hello(broker_name: str, broker_id: int, max_offset: int) -> bytes:
-    """A slave's HELLO."""
+def encode_hello(broker_name: str, broker_id: int, max_offset: int, *, version: int = HA_VERSION) -> bytes:
+    """A slave's HELLO (without the proof a version-2 HELLO is followed by)."""
     name = broker_name.encode("utf-8")
-    return HELLO_FIXED.pack(HA_MAGIC, HA_VERSION, broker_id, max_offset, len(name)) + name
+    return HELLO_FIXED.pack(HA_MAGIC, version, broker_id, max_offset, len(name)) + name
+
+
+def ha_identity(broker_name: str, broker_id: int) -> str:
+    """What a slave's proof is bound to: its broker name and id."""
+    return f"{broker_name}/{broker_id}"

@@ -7,6 +7,11 @@ consume queues from them) and REPORTs its new max offset after each.  A lost con
 master (no heartbeat for 3 intervals) or a refused handshake is retried with a growing pause;
 where the master's HA port is comes from ``master_addr()`` (config, or the name servers' answer to
 the slave's registration), asked again before every attempt.
+
+With a cluster secret (:class:`~.cluster_auth.ClusterAuth`) the HELLO carries a proof of it and the
+master must answer with its own (else nothing is taken from it); over such a session the master also
+sends its ACL table, which the slave writes to its own ``config/acl.json`` (its access guard reloads it),
+so the slave enforces the master's users and policies -- after a restart too.
 """
 from __future__ import annotations
 
@@ -17,12 +22,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..auth.store import AclStore
 from ..common.errors import SparkMQError
 from ..common.tls import TlsSettings
 from ..remoting.client import split_addr
 from ..store import MessageStore
+from .acl_copy import apply_acl
+from .cluster_auth import MAC_BYTES, ClusterAuth
 from .protocol import (
+    ACL_FRAME,
+    HA_VERSION,
+    HA_VERSION_AUTH,
     HEARTBEAT_INTERVAL_S,
+    MAX_ACL_BYTES,
     REPORT,
     REPORT_INTERVAL_S,
     TRANSFER_BYTES,
@@ -30,6 +42,7 @@ from .protocol import (
     WELCOME,
     HandshakeStatus,
     encode_hello,
+    ha_identity,
 )
 
 __all__ = ["ReplicationSlave"]
@@ -44,10 +57,10 @@ _MAX_BACKOFF_S = 5.0
 
 
 class HandshakeRefused(Exception):
-    """The master answered the HELLO with a status other than OK."""
+    """The master answered the HELLO with a status other than OK (or did not prove the cluster secret)."""
 
-    def __init__(self, status: HandshakeStatus, master_max: int) -> None:
-        super().__init__(f"{status.name} (master max offset {master_max})")
+    def __init__(self, status: HandshakeStatus, master_max: int, detail: str | None = None) -> None:
+        super().__init__(detail or f"{status.name} (master max offset {master_max})")
         self.status = status
 
 
@@ -55,8 +68,15 @@ class ReplicationSlave:
     """Replicates a master's log into ``store`` on a daemon thread."""
 
     def __init__(self, store: MessageStore, broker_name: str, broker_id: int,
-                 master_addr: Callable[[], str | None], *, tls: TlsSettings | None = None) -> None:
+                 master_addr: Callable[[], str | None], *, tls: TlsSettings | None = None,
+                 auth: ClusterAuth | None = None, acl_store: AclStore | None = None) -> None:
         self.store = store
+        #: The cluster secret proven in the HELLO (None or no secret: a plain version-1 HELLO).
+        self.auth = auth
+        #: Where the master's ACL table is written (None: an ACL frame is ignored).
+        self.acl_store = acl_store
+        #: ACL tables received from the master.
+        self.acl_updates = 0
         #: Connect to the master over TLS when ``tls.connects`` (verified against ``tls.ca_file``).
         self.tls = tls or TlsSettings()
         self.broker_name = broker_name
@@ -106,6 +126,7 @@ class ReplicationSlave:
         return {"role": "SLAVE", "master_ha_addr": self.master, "connected": self.connected,
                 "max_offset": local, "master_max_offset": self.master_offset, "bytes_behind": behind,
                 "bytes_received": self.bytes_received, "sessions": self.sessions, "last_error": self.last_error,
+                "authenticated": self.auth is not None and self.auth.has_secret, "acl_updates": self.acl_updates,
                 "last_transfer_age_s": None if self.last_transfer is None
                 else round(time.monotonic() - self.last_transfer, 3)}
 
@@ -144,11 +165,24 @@ class ReplicationSlave:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock = self._sock = self.tls.wrap_client_socket(sock, host)  # an ssl.SSLError is an OSError: retried
         store = self.store
-        sock.sendall(encode_hello(self.broker_name, self.broker_id, store.log_offsets().max_offset))
-        magic, _version, status, master_max = WELCOME.unpack(self._recv_exactly(sock, WELCOME.size))
+        auth = self.auth if self.auth is not None and self.auth.has_secret else None
+        hello = encode_hello(self.broker_name, self.broker_id, store.log_offsets().max_offset,
+                             version=HA_VERSION_AUTH if auth is not None else HA_VERSION)
+        identity = ha_identity(self.broker_name, self.broker_id)
+        proof = auth.prove("HA", identity, hello) if auth is not None else b""
+        sock.sendall(hello + proof)
+        welcome = self._recv_exactly(sock, WELCOME.size)
+        magic, version, status, master_max = WELCOME.unpack(welcome)
         self.master_offset = master_max
         if status != HandshakeStatus.OK:
             raise HandshakeRefused(HandshakeStatus(status), master_max)
+        if auth is not None:
+            # Take nothing from a master that cannot prove the secret (an impostor at its address).
+            answer = self._recv_exactly(sock, MAC_BYTES) if version == HA_VERSION_AUTH else b""
+            if not auth.check_answer("HA", identity, proof, answer, hello + welcome):
+                raise HandshakeRefused(HandshakeStatus.UNAUTHENTICATED, master_max,
+                                       "the master did not prove the cluster secret (is cluster_secret the same "
+                                       "on both brokers?)")
         self.connected = True
         self.sessions += 1
         self.last_error = None
@@ -159,6 +193,11 @@ class ReplicationSlave:
         view = memoryview(self._buffer)
         while not self._stop.is_set():
             start, length = TRANSFER_HEADER.unpack(self._recv_exactly(sock, TRANSFER_HEADER.size))
+            if start == ACL_FRAME:
+                if length > MAX_ACL_BYTES:
+                    raise ConnectionError(f"an ACL frame of {length} bytes exceeds {MAX_ACL_BYTES}")
+                self._apply_acl(self._recv_exactly(sock, length))
+                continue
             if length:
                 if length > TRANSFER_BYTES:
                     raise ConnectionError(f"a transfer of {length} bytes exceeds {TRANSFER_BYTES}: not a master")
@@ -172,6 +211,20 @@ class ReplicationSlave:
             elif time.monotonic() - last_report >= REPORT_INTERVAL_S:
                 sock.sendall(REPORT.pack(store.log_offsets().max_offset))
                 last_report = time.monotonic()
+
+    def _apply_acl(self, data: bytes) -> None:
+        """Make the master's ACL table this slave's (written to its ``config/acl.json``)."""
+        if self.auth is None or not self.auth.has_secret:
+            return  # only an authenticated session carries one; a plain one never should
+        if self.acl_store is None:
+            return
+        try:
+            table = apply_acl(self.acl_store, data)
+        except ValueError as exc:
+            raise ConnectionError(f"the master sent an ACL table that does not parse: {exc}") from None
+        self.acl_updates += 1
+        log.info("%s: ACL table from the master applied (%d users, %d policies)", self.broker_name,
+                 len(table.users), len(table.policies))
 
     @staticmethod
     def _recv_exactly(sock: socket.socket, size: int) -> bytes:

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..auth.model import check_service_acl_settings
 from ..common.tls import TlsSettings
 
 __all__ = ["NameServerConfig", "DEFAULT_PORT", "DEFAULT_SCAN_INTERVAL_S", "DEFAULT_BROKER_EXPIRY_S"]
@@ -45,6 +46,17 @@ class NameServerConfig:
     #: A name server only listens (HTTP), and an HTTP port with a certificate serves TLS only.
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
+    #: Where the name server keeps what it must not lose: its ACL (``<data_dir>/config/acl.json``).  Routes stay
+    #: in memory (brokers re-register).  Needed with ``acl_enabled``.
+    data_dir: str | None = None
+    #: Authentication and access control of the HTTP API (docs/security.md), as the broker's ``acl_*`` settings:
+    #: every route but ``/health`` and the API docs needs a signed request whose user may do what it does.
+    acl_enabled: bool = False
+    #: The bootstrap super user (both keys or neither): lets an operator create the first users and policies.
+    acl_super_user_access_key: str | None = None
+    acl_super_user_secret_key: str | None = field(default=None, repr=False)
+    #: A signed request further than this from the name server's clock is refused (seconds).
+    acl_clock_skew_s: float = 300.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host.strip():
@@ -57,6 +69,10 @@ class NameServerConfig:
             if isinstance(getattr(self, name), Path):
                 object.__setattr__(self, name, str(getattr(self, name)))
         object.__setattr__(self, "_tls", TlsSettings(self.tls_cert_file, self.tls_key_file))  # validates now
+        if isinstance(self.data_dir, Path):
+            object.__setattr__(self, "data_dir", str(self.data_dir))
+        check_service_acl_settings(self.data_dir, self.acl_enabled, self.acl_super_user_access_key,
+                                   self.acl_super_user_secret_key, self.acl_clock_skew_s)
 
     @property
     def tls(self) -> TlsSettings:

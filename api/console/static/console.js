@@ -3,7 +3,8 @@
 // refreshes, which stop when the page changes.  Charts are uPlot (bundled by build.py, no CDN).
 "use strict";
 
-const state = { timers: [], charts: [], range: 900 };
+// me: GET /api/session (whether ACL is on and who is signed in; never a secret).
+const state = { timers: [], charts: [], range: 900, me: { acl_enabled: false, signed_in: false } };
 
 // -- small helpers ------------------------------------------------------------------------------
 function el(tag, attrs, ...children) {
@@ -33,6 +34,11 @@ async function api(path, opts = {}) {
   if (!response.ok) {
     const err = new Error(`${data.code || response.status}: ${data.message || response.statusText}`);
     err.code = data.code;
+    // The session ended (or ACL was turned on): back to the sign-in form.
+    if (data.code === "AUTHENTICATION_FAILED" && path !== "/session") {
+      state.me = { acl_enabled: true, signed_in: false };
+      showUser();
+    }
     throw err;
   }
   return data;
@@ -190,7 +196,9 @@ pages.cluster = async (main) => {
         { label: "role", render: b => b.reachable ? el("span", { class: "pill" }, b.role) :
           el("span", { class: "pill bad" }, "unreachable") },
         { label: "address", render: b => el("a", { href: `http://${b.addr}/docs`, target: "_blank" }, b.addr) },
+        { label: "version", key: "version", cls: "hide-phone" },
         { label: "stored", num: true, render: b => fmtBytes(b.stored_bytes) },
+        { label: "disk used", render: diskText },
         { label: "write / s", num: true, render: b => b.write_bytes_per_s === null || b.write_bytes_per_s === undefined
           ? "—" : fmtBytes(b.write_bytes_per_s) + "/s" },
         { label: "topics", key: "topics", num: true }, { label: "clients", key: "clients", num: true },
@@ -206,6 +214,18 @@ pages.cluster = async (main) => {
   await render();
   live(render, 3000);
 };
+
+function diskText(b) {
+  // The store's file system: a bar of the share used, and what is left.
+  const d = b.disk;
+  if (!d) return "—";
+  if (d.error) return el("span", { class: "bad", title: d.error }, "unreadable");
+  const used = d.total_bytes ? d.used_bytes / d.total_bytes : 0;
+  const cls = used > 0.9 ? "bad" : (used > 0.75 ? "warn" : "");
+  return el("span", { class: "disk", "data-testid": "disk", title: `${d.path}: ${fmtBytes(d.used_bytes)} of ` +
+    `${fmtBytes(d.total_bytes)} used` }, el("span", { class: `meter ${cls}` }, el("i", { style: `width:${(100 * used).toFixed(0)}%` })),
+  `${(100 * used).toFixed(0)}% · ${fmtBytes(d.free_bytes)} free`);
+}
 
 function replicationText(b) {
   const r = b.replication || {};
@@ -229,8 +249,8 @@ pages.topics = async (main, params) => {
   const q = { q: "", page: 1, system: false };
   const list = el("div");
   const search = el("input", { type: "search", placeholder: "search topics", "data-testid": "topic-search",
-    oninput: debounce(() => { q.q = search.value; q.page = 1; load(); }, 250) });
-  const sys = el("input", { type: "checkbox", onchange: () => { q.system = sys.checked; q.page = 1; load(); } });
+    oninput: debounce(() => { q.q = search.value; q.page = 1; load().catch(e => flash(e.message)); }, 250) });
+  const sys = el("input", { type: "checkbox", onchange: () => { q.system = sys.checked; q.page = 1; load().catch(e => flash(e.message)); } });
   const name = el("input", { placeholder: "new topic name", "data-testid": "topic-name", required: true });
   const reads = el("input", { type: "number", min: 1, value: 8, style: "width:90px" });
   const writes = el("input", { type: "number", min: 1, value: 8, style: "width:90px" });
@@ -255,6 +275,9 @@ pages.topics = async (main, params) => {
     list);
   async function load() {
     const data = await api(`/topics?q=${enc(q.q)}&page=${q.page}&size=20&system=${q.system}`);
+    // What the signed-in user's policy does not allow is disabled (the brokers would refuse it anyway).
+    create.disabled = data.may_create === false;
+    create.title = create.disabled ? "your access key may not create topics" : "";
     list.replaceChildren(table([
       { label: "topic", render: t => el("a", { href: `#/topics/${enc(t.topic)}` }, t.topic) },
       { label: "brokers", render: t => t.error ? el("span", { class: "bad" }, t.error.code) : t.brokers.join(", ") },
@@ -262,6 +285,7 @@ pages.topics = async (main, params) => {
       { label: "write queues", key: "write_queues", num: true, cls: "hide-phone" },
       { label: "perm", render: t => (t.perm || []).join(", "), cls: "hide-phone" },
       { label: "", render: t => t.system ? "" : el("button", { class: "danger", "data-testid": `delete-${t.topic}`,
+        disabled: t.may_delete === false, title: t.may_delete === false ? "your access key may not delete it" : null,
         onclick: () => confirmModal(`Delete topic ${t.topic}?`,
           "Its queues and messages are removed from every broker and name server.", t.topic, async () => {
             try {
@@ -271,7 +295,7 @@ pages.topics = async (main, params) => {
               await load();
             } catch (e) { flash(e.message); }
           }) }, "Delete") },
-    ], data.items, { testid: "topics", empty: "no topic matches" }), pager(data, p => { q.page = p; load(); }));
+    ], data.items, { testid: "topics", empty: "no topic matches" }), pager(data, p => { q.page = p; load().catch(e => flash(e.message)); }));
   }
   await load();
 };
@@ -310,7 +334,7 @@ pages.groups = async (main, params) => {
   const q = { q: "", page: 1 };
   const list = el("div");
   const search = el("input", { type: "search", placeholder: "search groups", "data-testid": "group-search",
-    oninput: debounce(() => { q.q = search.value; q.page = 1; load(); }, 250) });
+    oninput: debounce(() => { q.q = search.value; q.page = 1; load().catch(e => flash(e.message)); }, 250) });
   main.append(el("h1", {}, "Consumer groups"), el("div", { class: "toolbar" }, el("label", {}, "search", search)),
     list);
   async function load() {
@@ -321,7 +345,7 @@ pages.groups = async (main, params) => {
       { label: "protocol", render: g => g.error ? el("span", { class: "bad" }, g.error.code) : (g.consume_type || "") },
       { label: "model", key: "message_model", cls: "hide-phone" },
       { label: "total lag", key: "total_lag", num: true },
-    ], data.items, { testid: "groups", empty: "no group matches" }), pager(data, p => { q.page = p; load(); }));
+    ], data.items, { testid: "groups", empty: "no group matches" }), pager(data, p => { q.page = p; load().catch(e => flash(e.message)); }));
   }
   await load();
   live(load, 5000);
@@ -364,6 +388,8 @@ async function groupDetail(main, group) {
       { label: "consumer offset", key: "consumer_offset", num: true }, { label: "lag", key: "lag", num: true }],
     d.queues, { testid: "group-queues", empty: "no committed offsets" }));
     if (!reset.childElementCount) buildReset();
+    for (const b of reset.querySelectorAll("button")) if (d.may_reset === false) b.disabled = true;
+    reset.title = d.may_reset === false ? "your access key may not move this group's offsets" : "";
   };
   function buildReset() {
     const topic = el("select", { "data-testid": "reset-topic" }, topics.map(t => el("option", { value: t }, t)));
@@ -576,6 +602,7 @@ pages.dlq = async (main, params) => {
   const out = el("div");
   const result = el("p", { "data-testid": "dlq-result" });
   let shown = [];
+  let mayRedrive = true;
   const selected = new Set();
   const load = async () => {
     flash("");
@@ -584,6 +611,7 @@ pages.dlq = async (main, params) => {
       const qs = origin.value.trim() ? `?topic=${enc(origin.value.trim())}` : "";
       const data = await api(`/dlq/${enc(group.value.trim())}${qs}`);
       shown = data.messages;
+      mayRedrive = data.may_redrive !== false;
       selected.clear();
       draw();
     } catch (e) {
@@ -607,11 +635,11 @@ pages.dlq = async (main, params) => {
     all.checked = shown.length > 0 && selected.size === shown.length;
     out.replaceChildren(el("p", { class: "muted", "data-testid": "dlq-count" }, `${shown.length} dead letter(s)`),
       el("div", { class: "toolbar" },
-        el("button", { class: "primary", disabled: !selected.size, "data-testid": "dlq-redrive-selected",
+        el("button", { class: "primary", disabled: !selected.size || !mayRedrive, "data-testid": "dlq-redrive-selected",
           onclick: () => confirmModal(`Re-drive ${selected.size} message(s)?`,
             "They are sent back to their original topics (the DLQ keeps its copies).", null,
             () => redrive({ msg_ids: [...selected] }, `${selected.size} selected`)) }, `Re-drive selected (${selected.size})`),
-        el("button", { disabled: !shown.length, "data-testid": "dlq-redrive-all",
+        el("button", { disabled: !shown.length || !mayRedrive, "data-testid": "dlq-redrive-all",
           onclick: () => confirmModal(`Re-drive every dead letter of ${group.value.trim()}?`,
             origin.value.trim() ? `Only those of topic ${origin.value.trim()}.` : "All of them, every topic.", null,
             () => redrive({ all: true, topic: origin.value.trim() || null }, "all")) }, "Re-drive all")),
@@ -629,6 +657,38 @@ pages.dlq = async (main, params) => {
   api("/group-names").then(d => groups.replaceChildren(...d.names.map(g => el("option", { value: g }))))
     .catch(() => {});
   if (group.value) await load();
+};
+
+// Alerts: what the lake's report rules raised, firing and resolved, and each rule seen.
+pages.alerts = async (main) => {
+  const out = el("div");
+  main.append(el("h1", {}, "Alerts"), out);
+  const severity = s => el("span", { class: `pill ${s === "critical" ? "bad" : (s === "warning" ? "warn" : "")}` }, s);
+  const render = async () => {
+    const data = await api("/alerts");
+    const columns = [{ label: "severity", render: a => severity(a.severity) }, { label: "rule", key: "rule" },
+      { label: "subject", key: "subject" }, { label: "value", key: "value", num: true },
+      { label: "threshold", key: "threshold", num: true, cls: "hide-phone" },
+      { label: "raised", render: a => fmtTime(Date.parse(a.raised_at)) }];
+    out.replaceChildren(el("div", { class: "cards" },
+      stat("firing", data.firing.length, "alerts-firing-count"), stat("resolved", data.resolved.length),
+      stat("rules seen", data.rules.length)),
+    el("h2", {}, "Firing"),
+    table([...columns, { label: "broker", key: "broker", cls: "hide-phone" },
+      { label: "detail", key: "detail", cls: "hide-phone" }], data.firing,
+    { testid: "alerts-firing", empty: "nothing is firing", rowAttrs: a => ({ "data-alert": a.alert_id }) }),
+    el("h2", {}, "Rules"),
+    table([{ label: "rule", key: "rule" }, { label: "severity", render: r => severity(r.severity) },
+      { label: "threshold", key: "threshold", num: true }, { label: "firing", key: "firing", num: true },
+      { label: "resolved", key: "resolved", num: true },
+      { label: "last raised", render: r => fmtTime(Date.parse(r.last_raised_at)), cls: "hide-phone" }],
+    data.rules, { testid: "alert-rules", empty: "no rule has fired yet (rules live in the brokers' [alerts] config)" }),
+    el("h2", {}, "Resolved"),
+    table([...columns, { label: "resolved", render: a => fmtTime(Date.parse(a.resolved_at)) }], data.resolved,
+      { testid: "alerts-resolved", empty: "none resolved yet" }));
+  };
+  await render();
+  live(render, 5000);
 };
 
 pages.lake = async (main) => {
@@ -654,6 +714,44 @@ pages.lake = async (main) => {
   live(render, 5000);
 };
 
+// Sign-in (ACL on): the keys go to the console's server, which keeps them for the session (HttpOnly cookie).
+pages.signin = async (main) => {
+  const ak = el("input", { placeholder: "access key", autocomplete: "username", "data-testid": "signin-access-key" });
+  const sk = el("input", { type: "password", placeholder: "secret key", autocomplete: "current-password",
+    "data-testid": "signin-secret-key" });
+  const submit = async (e) => {
+    e.preventDefault();
+    flash("");
+    try {
+      state.me = await api("/session", { method: "POST", body: { access_key: ak.value.trim(), secret_key: sk.value } });
+      sk.value = "";
+      showUser();
+      if (location.hash.startsWith("#/signin")) location.hash = "#/cluster"; else await route();
+    } catch (err) { sk.value = ""; flash(err.message); }
+  };
+  main.append(el("h1", {}, "Sign in"), el("form", { class: "card signin", onsubmit: submit, "data-testid": "signin" },
+    el("p", { class: "muted" }, "Access control is on: sign in with your access key. What you see and may do is " +
+      "what the brokers allow this user."),
+    el("label", {}, "access key", ak), el("label", {}, "secret key", sk),
+    el("button", { class: "primary", type: "submit", "data-testid": "signin-submit" }, "Sign in")));
+  ak.focus();
+};
+
+function showUser() {
+  const box = document.getElementById("user");
+  const me = state.me;
+  box.hidden = !me.acl_enabled;
+  if (!me.acl_enabled) return;
+  box.replaceChildren(me.signed_in ? el("span", { "data-testid": "whoami" }, me.access_key,
+    me.super_user ? el("span", { class: "pill" }, "super user") : null) : "signed out",
+  me.signed_in ? el("button", { "data-testid": "signout", onclick: async () => {
+    await api("/session", { method: "DELETE" }).catch(() => {});
+    state.me = { acl_enabled: true, signed_in: false };
+    showUser();
+    await route();
+  } }, "Sign out") : null);
+}
+
 // -- router -------------------------------------------------------------------------------------
 async function route() {
   for (const t of state.timers) clearInterval(t);
@@ -662,7 +760,8 @@ async function route() {
   state.charts = [];
   flash("");
   const [name, ...params] = (location.hash.replace(/^#\/?/, "") || "cluster").split("/");
-  const page = pages[name] ? name : "cluster";
+  let page = pages[name] ? name : "cluster";
+  if (state.me.acl_enabled && !state.me.signed_in) page = "signin";  // the hash stays: shown after sign-in
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.page === page);
   const main = document.getElementById("main");
   main.replaceChildren();
@@ -672,6 +771,7 @@ async function route() {
   try {
     await pages[page](main, params.filter(Boolean));
   } catch (e) {
+    if (state.me.acl_enabled && !state.me.signed_in && page !== "signin") return route();
     flash(e.message);
   } finally {
     main.dataset.ready = "true";  // tests and the page-load benchmark wait for this
@@ -680,4 +780,4 @@ async function route() {
 }
 
 window.addEventListener("hashchange", route);
-route();
+api("/session").then(me => { state.me = me; }).catch(e => flash(e.message)).finally(() => { showUser(); route(); });

@@ -18,6 +18,7 @@ on the broker's event loop, and turns what the node says into what the broker do
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -25,16 +26,23 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ...auth.model import AclTable
+from ...auth.store import AclStore
 from ...common.errors import ErrorCode, SparkMQError
 from ...common.message import SendStatus
 from ...common.tls import TlsSettings
 from ...common.waiters import OffsetWaiters
 from ...store import MessageStore
+from ..acl_copy import apply_acl, encode_acl
+from ..cluster_auth import ClusterAuth
 from .node import RaftConfig, RaftNode, Role
 from .state import RaftState
 from .store_log import CommitLogRaftLog
 
 __all__ = ["DLedgerMember", "RoleChange"]
+
+#: How often a leader looks for an ACL change to send its followers.
+_ACL_PUSH_INTERVAL_S = 1.0
 
 log = logging.getLogger("sparkmq.dledger")
 
@@ -52,7 +60,7 @@ class DLedgerMember:
 
     def __init__(self, store: MessageStore, directory: str | os.PathLike[str], *, group: str, self_id: str,
                  members: Mapping[str, tuple[str, int]], config: RaftConfig, host: str = "127.0.0.1",
-                 tls: TlsSettings | None = None) -> None:
+                 tls: TlsSettings | None = None, auth: ClusterAuth | None = None) -> None:
         self.store = store
         self.group = group
         self.self_id = self_id
@@ -64,7 +72,7 @@ class DLedgerMember:
             peers = {member: addr for member, addr in members.items() if member != self_id}
             self.node = RaftNode(group, self_id, peers, self.log, self.state, config, host=host,
                                  port=members[self_id][1], on_commit=self._on_commit,
-                                 on_role_change=self._on_role_change, tls=tls)
+                                 on_role_change=self._on_role_change, tls=tls, auth=auth)
         except BaseException:
             self.log.close()
             raise
@@ -74,6 +82,8 @@ class DLedgerMember:
         self._wake_pending = False
         self._committed = 0
         self._role_listeners: list[RoleChange] = []
+        self._acl_store: AclStore | None = None
+        self._acl_task: asyncio.Task[None] | None = None
         self._commit_listeners: list[Callable[[int, int], None]] = []
         self._waiters: OffsetWaiters[SendStatus | SparkMQError] = OffsetWaiters(
             self._acknowledged, config.wait_for_ack_s, ok=SendStatus.SEND_OK,
@@ -91,10 +101,17 @@ class DLedgerMember:
         self.store.set_visible_offset(0)
         self.log.on_local_append = self._local_append
         await self.node.start()
+        if self._acl_store is not None and self.node.authenticated:
+            self._acl_task = asyncio.create_task(self._push_acl(self._acl_store), name=f"dledger-acl-{self.self_id}")
         return self
 
     async def stop(self) -> None:
         """Leave at once (as a crash would); waiting sends fail with SERVICE_NOT_AVAILABLE."""
+        if self._acl_task is not None:
+            self._acl_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._acl_task
+            self._acl_task = None
         self.log.set_writable(None)
         await self.node.stop()
         self._waiters.release(None)
@@ -102,6 +119,37 @@ class DLedgerMember:
     def close(self) -> None:
         """Lift the store's gate and close the index (after :meth:`stop`, before the store closes)."""
         self.log.close()
+
+    def replicate_acl(self, store: AclStore) -> None:
+        """Copy the ACL between members (before :meth:`start`): the leader sends ``store``'s table to every
+        follower within about a second of each change, a follower writes the leader's into ``store``.  Only with
+        a cluster secret (every connection authenticated); otherwise nothing is copied."""
+        self._acl_store = store
+
+        def take(data: bytes) -> None:
+            apply_acl(store, data)
+        self.node.on_acl = take
+
+    async def _push_acl(self, store: AclStore) -> None:
+        sent: dict[str, tuple[int, AclTable]] = {}  # peer -> (term, table) it accepted
+        while True:
+            await asyncio.sleep(_ACL_PUSH_INTERVAL_S)
+            if not self.leads:
+                sent.clear()  # a new leadership sends its table again
+                continue
+            store.maybe_reload()  # changes made through the API (another AclStore over the same file)
+            table, term = store.stored, self.term
+            data: bytes | None = None
+            for peer in self.node.peers:
+                done = sent.get(peer)
+                if done is not None and done[0] == term and done[1] is table:
+                    continue
+                data = data if data is not None else encode_acl(table)
+
+                def accepted(ok: bool, peer: str = peer, mark: tuple[int, AclTable] = (term, table)) -> None:
+                    if ok:
+                        sent[peer] = mark
+                self.node.push_acl(peer, data, accepted)
 
     # -- listeners ------------------------------------------------------------------------------
     def add_role_listener(self, listener: RoleChange) -> None:

@@ -17,6 +17,8 @@ request            reply                meaning
                                         commit offset.  The reply's ``end``: the end of the matching
                                         prefix on success, where to retry from on failure
 ``timeout-now``    ``timeout-now-reply``  leadership transfer: "start an election now"
+``acl``            ``acl-reply``        the leader's ACL table (JSON; only over connections authenticated
+                                        with the cluster secret): the follower stores it as its own
 (any)              ``refused``          the request was not served (wrong group, not a member, bad
                                         entries); the connection is then closed
 =================  ===================  ==============================================================
@@ -36,6 +38,8 @@ __all__ = [
     "FRAME_MAGIC",
     "FRAME_VERSION",
     "MAX_FRAME_BYTES",
+    "AclReply",
+    "AclRequest",
     "AppendReply",
     "AppendRequest",
     "Entry",
@@ -122,14 +126,26 @@ class TimeoutNowReply(_Message, tag="timeout-now-reply"):
     accepted: bool
 
 
+class AclRequest(_Message, tag="acl"):
+    """From the leader of ``term``: its ACL table (``config/acl.json``'s JSON), for the follower to store."""
+
+    table: bytes
+
+
+class AclReply(_Message, tag="acl-reply"):
+    """Whether the follower took the table (only from its current leader, over an authenticated connection)."""
+
+    accepted: bool
+
+
 class Refusal(_Message, tag="refused"):
     """A request that was not served; the connection closes after it."""
 
     reason: str
 
 
-Request = VoteRequest | AppendRequest | TimeoutNowRequest
-Reply = VoteReply | AppendReply | TimeoutNowReply | Refusal
+Request = VoteRequest | AppendRequest | TimeoutNowRequest | AclRequest
+Reply = VoteReply | AppendReply | TimeoutNowReply | AclReply | Refusal
 
 _encoder = msgspec.msgpack.Encoder()
 _request_decoder = msgspec.msgpack.Decoder(Request)

@@ -38,8 +38,11 @@ from typing import Any
 
 from ...common.errors import ErrorCode, SparkMQError
 from ...common.tls import TlsSettings
+from ..cluster_auth import ClusterAuth
 from .log import RaftLog
 from .messages import (
+    AclReply,
+    AclRequest,
     AppendReply,
     AppendRequest,
     Entry,
@@ -264,7 +267,8 @@ class RaftNode:
                  state: RaftState, config: RaftConfig | None = None, *, host: str = "127.0.0.1", port: int = 0,
                  noop_entry: Callable[[int], bytes] = default_noop_entry,
                  on_commit: CommitListener | None = None, on_role_change: RoleListener | None = None,
-                 rng: random.Random | None = None, tls: TlsSettings | None = None) -> None:
+                 rng: random.Random | None = None, tls: TlsSettings | None = None,
+                 auth: ClusterAuth | None = None) -> None:
         if not group or not node_id:
             raise ValueError(f"group and node id must not be empty: {group!r}, {node_id!r}")
         if node_id in peers:
@@ -279,7 +283,7 @@ class RaftNode:
         self._host, self._port = host, port
         self._noop_entry = noop_entry
         self._rng = rng if rng is not None else random.Random()
-        self._transport = RaftTransport(group, node_id, peers, self._on_request, tls=tls)
+        self._transport = RaftTransport(group, node_id, peers, self._on_request, tls=tls, auth=auth)
         self._role = Role.FOLLOWER
         self._leader_id: str | None = None
         self._reported: tuple[Role, int, str | None] | None = None
@@ -304,6 +308,8 @@ class RaftNode:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
         self._stopped = False
+        #: Called off the loop with the leader's ACL table (JSON) when it sends one; None: not taken.
+        self.on_acl: Callable[[bytes], None] | None = None
         #: Counters: elections, appends sent and received, entries and bytes replicated, truncations, ...
         self.stats: collections.Counter[str] = collections.Counter()
 
@@ -907,7 +913,39 @@ class RaftNode:
             return self._on_append(request)
         if isinstance(request, VoteRequest):
             return self._on_vote(request)
+        if isinstance(request, AclRequest):
+            return self._on_acl(request)
         return self._on_timeout_now(request)
+
+    # -- the ACL copy (not part of Raft: the leader's table, taken only from the current leader) ---------------
+    @property
+    def authenticated(self) -> bool:
+        """Whether every connection between members proves the cluster secret (only then is the ACL copied)."""
+        auth = self._transport.auth
+        return auth is not None and auth.has_secret
+
+    def push_acl(self, peer: str, table: bytes, on_done: Callable[[bool], None]) -> None:
+        """Send this leader's ACL table (JSON) to ``peer``; ``on_done(accepted)`` once it answered (or not)."""
+        request = AclRequest(self.group, self.node_id, self._transport.next_rpc_id(), self.term, table)
+
+        def answered(reply: Reply | None, error: RpcError | None) -> None:
+            on_done(isinstance(reply, AclReply) and reply.accepted)
+        self._transport.send(peer, request, self.config.rpc_timeout, answered)
+
+    def _on_acl(self, request: AclRequest) -> AclReply:
+        accepted = (self.on_acl is not None and self.authenticated and self._role is not Role.LEADER
+                    and request.term == self.term and request.sender == self._leader_id)
+        if accepted:
+            # Written to disk (fsync) on a worker thread: never on the loop that answers heartbeats.
+            asyncio.get_running_loop().run_in_executor(None, self._apply_acl, request.table)
+        return AclReply(self.group, self.node_id, request.rpc_id, self.term, accepted)
+
+    def _apply_acl(self, table: bytes) -> None:
+        try:
+            assert self.on_acl is not None
+            self.on_acl(table)
+        except Exception:  # a table that does not parse or cannot be written: keep the one we have
+            log.exception("%s/%s: the leader's ACL table could not be applied", self.group, self.node_id)
 
     def _vote_reply(self, request: VoteRequest, granted: bool) -> VoteReply:
         self.stats["votes_granted" if granted else "votes_refused"] += 1

@@ -13,6 +13,14 @@ What comes in is checked before the node sees it, and bad input never reaches th
 
 Every refusal is counted in :attr:`RaftTransport.refused` by reason.  A call that fails (refused
 connection, reset, timeout) closes that connection; the next call opens a new one.
+
+**Cluster credential** (:mod:`..cluster_auth`).  A node with a ``cluster_secret`` opens every connection
+with ``"RA" | version u8 = 1 | node id length u8 | node id | proof`` (timestamp, nonce, mac over the
+group and its id) and waits for ``status u8 | mac (32 bytes)``: status 0 and the peer's own mac over its
+nonce, else it closes (the peer refused it, or cannot prove the secret itself).  A node that requires the
+credential (ACL on, or a secret set) refuses a connection that starts with anything else, or with a wrong,
+stale or replayed proof (logged once per address and reason, audited, counted as ``unauthenticated``),
+and serves an authenticated connection only requests whose sender is the node that proved itself.
 """
 from __future__ import annotations
 
@@ -20,12 +28,14 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import struct
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 import msgspec
 
 from ...common.tls import TlsSettings, start_stream_server
+from ..cluster_auth import MAC_BYTES, PROOF, ClusterAuth
 from .messages import (
     FRAME_HEADER,
     FRAME_MAGIC,
@@ -49,6 +59,18 @@ _CONNECT_TIMEOUT_S = 2.0
 #: Stream buffers sized for whole batches of entries (a 1 MiB AppendEntries arrives without the reader
 #: pausing and resuming its socket every 64 KiB, asyncio's default).
 _STREAM_LIMIT = 4 << 20
+
+
+#: The cluster-credential preamble a connecting node sends first, and the answer (see the module docstring).
+AUTH_MAGIC = b"RA"
+_AUTH_VERSION = 1
+_AUTH_ANSWER = struct.Struct(f"<B{MAC_BYTES}s")
+#: A connection must finish the credential exchange this soon.
+_AUTH_TIMEOUT_S = 5.0
+
+
+def _auth_identity(group: str, node_id: str) -> str:
+    return f"{group}/{node_id}"
 
 
 class RpcError(ConnectionError):
@@ -80,11 +102,42 @@ class _PeerLink:
             tls = {} if ctx is None else {"ssl": ctx, "server_hostname": host}
             reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, limit=_STREAM_LIMIT, **tls),
                                                     _CONNECT_TIMEOUT_S)
+            auth = self.transport.auth
+            if auth is not None and auth.has_secret:
+                try:
+                    await asyncio.wait_for(self._prove(reader, writer, auth), _AUTH_TIMEOUT_S)
+                except BaseException:
+                    writer.transport.abort()
+                    raise
             writer.transport.set_write_buffer_limits(high=_STREAM_LIMIT)
             self.writer = writer
             self.reader_task = asyncio.create_task(self._read_replies(reader, writer),
                                                    name=f"raft-{self.transport.node_id}-to-{self.peer_id}")
             return writer
+
+    async def _prove(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, auth: ClusterAuth) -> None:
+        """Prove the cluster secret to the peer and check its proof back; ConnectionError when either fails."""
+        t = self.transport
+        me = t.node_id.encode()
+        proof = auth.prove("DLEDGER", _auth_identity(t.group, t.node_id))
+        writer.write(AUTH_MAGIC + bytes((_AUTH_VERSION, len(me))) + me + proof)
+        try:
+            status, mac = _AUTH_ANSWER.unpack(await reader.readexactly(_AUTH_ANSWER.size))
+        except asyncio.IncompleteReadError:  # a peer without a cluster secret closes on the preamble
+            status, mac = 2, b""
+        why = None
+        if status == 2:
+            why = "the peer closed the connection on the cluster credential (has it a cluster_secret?)"
+        elif status != 0:
+            why = "the peer refused this node's cluster credential (is cluster_secret the same on every member?)"
+        elif not auth.check_answer("DLEDGER", _auth_identity(t.group, self.peer_id), proof, mac):
+            why = "the peer did not prove the cluster secret"
+        if why is not None:
+            t._count("peer unauthenticated")
+            if (self.peer_id, why) not in t._logged:
+                t._logged.add((self.peer_id, why))
+                log.warning("%s/%s: connection to %s: %s", t.group, t.node_id, self.peer_id, why)
+            raise ConnectionError(why)
 
     async def _read_replies(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         why = "closed"
@@ -152,8 +205,11 @@ class RaftTransport:
 
     def __init__(self, group: str, node_id: str, peers: Mapping[str, tuple[str, int]],
                  handler: Callable[[Request], Reply], *, max_frame_bytes: int = MAX_FRAME_BYTES,
-                 tls: TlsSettings | None = None) -> None:
+                 tls: TlsSettings | None = None, auth: ClusterAuth | None = None) -> None:
         self.group = group
+        #: The cluster credential this node proves and, when required, asks of every connection.
+        self.auth = auth
+        self._logged: set[tuple[str, str]] = set()
         #: The port's TLS, and whether (and how) connections to peers use it.
         self.tls = tls or TlsSettings()
         self.node_id = node_id
@@ -282,14 +338,20 @@ class RaftTransport:
             return
         self._inbound.add(writer)
         try:
+            prefix, proven = await self._authenticate(reader, writer)
+            if prefix is None:
+                return
             while True:
-                request = await _read_frame(reader, decode_request, self.max_frame_bytes)
+                request = await _read_frame(reader, decode_request, self.max_frame_bytes, prefix)
+                prefix = b""
                 if request is None:
                     self._count("garbage frame")
                     log.warning("%s/%s: garbage frame from %s; closing", self.group, self.node_id,
                                 writer.get_extra_info("peername"))
                     return
                 refusal = self._refusal(request)
+                if refusal is None and proven is not None and request.sender != proven:
+                    refusal = f"sender is not {proven!r}, the member that proved itself on this connection"
                 if refusal is not None:
                     self._count(refusal)
                     log.warning("%s/%s: refused %s from %r of group %r: %s", self.group, self.node_id,
@@ -308,11 +370,45 @@ class RaftTransport:
                     return
                 if not await _send(writer, reply):
                     return
-        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+        except (asyncio.IncompleteReadError, ConnectionError, OSError, TimeoutError):
             return
         finally:
             self._inbound.discard(writer)
             writer.transport.abort()
+
+    async def _authenticate(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+                            ) -> tuple[bytes | None, str | None]:
+        """(bytes already read of the first frame, or None to close; the member that proved itself, if any)."""
+        auth = self.auth
+        if auth is None or not (auth.required or auth.has_secret):
+            return b"", None
+        peername = writer.get_extra_info("peername")
+        peer = f"{peername[0]}:{peername[1]}" if isinstance(peername, tuple) else str(peername)
+        where = f"{self.group}/{self.node_id} DLedger port"
+        first = await asyncio.wait_for(reader.readexactly(len(AUTH_MAGIC)), _AUTH_TIMEOUT_S)
+        if first != AUTH_MAGIC:
+            if not auth.required:
+                return first, None
+            self._count("unauthenticated")
+            auth.note_refusal(where, peer, auth.check("DLEDGER", "", None) or "no cluster credential")
+            return None, None
+        version, id_len = await asyncio.wait_for(reader.readexactly(2), _AUTH_TIMEOUT_S)
+        sender = (await asyncio.wait_for(reader.readexactly(id_len), _AUTH_TIMEOUT_S)).decode("utf-8", "replace")
+        proof = await asyncio.wait_for(reader.readexactly(PROOF.size), _AUTH_TIMEOUT_S)
+        if version != _AUTH_VERSION:
+            why: str | None = f"unknown credential version {version}"
+        elif sender not in self.peers:
+            why = f"{sender!r} is not a member"
+        else:
+            why = auth.check("DLEDGER", _auth_identity(self.group, sender), proof)
+        if why is not None:
+            self._count("unauthenticated")
+            auth.note_refusal(where, peer, why)
+            writer.write(_AUTH_ANSWER.pack(1, bytes(MAC_BYTES)))
+            await writer.drain()
+            return None, None
+        writer.write(_AUTH_ANSWER.pack(0, auth.answer("DLEDGER", _auth_identity(self.group, self.node_id), proof)))
+        return b"", sender
 
     def _refusal(self, request: Request) -> str | None:
         if request.group != self.group:
@@ -335,9 +431,10 @@ async def _send(writer: asyncio.StreamWriter, message: Reply) -> bool:
 
 
 async def _read_frame(reader: asyncio.StreamReader, decode: Callable[[bytes], _M],
-                      max_bytes: int = MAX_FRAME_BYTES) -> _M | None:
-    """The next decoded message; None when the frame is not one of ours (the caller closes)."""
-    header = await reader.readexactly(FRAME_HEADER.size)
+                      max_bytes: int = MAX_FRAME_BYTES, prefix: bytes = b"") -> _M | None:
+    """The next decoded message; None when the frame is not one of ours (the caller closes).  ``prefix``: the
+    first bytes of its header, already read."""
+    header = prefix + await reader.readexactly(FRAME_HEADER.size - len(prefix))
     magic, version, length = FRAME_HEADER.unpack(header)
     if magic != FRAME_MAGIC or version != FRAME_VERSION or length > max_bytes:
         return None
