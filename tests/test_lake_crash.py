@@ -104,8 +104,10 @@ def test_every_message_once_in_the_lake_through_repeated_sigkills_mid_batch(proc
     (tmp_path / "broker.toml").write_text(CONFIG)
     data_dir = tmp_path / "broker"
     checkpoint = data_dir / "lake" / "_checkpoints" / "dispatch"
+    # Restarts reuse the HTTP port; remoting takes any free port (a default of port + 2 was never reserved, and
+    # another process's connection may hold it by then) and there is no slave to serve HA to.
     args = ["--config", str(tmp_path / "broker.toml"), "--lake", "--data-dir", str(data_dir),
-            "--broker-name", "broker-a"]
+            "--broker-name", "broker-a", "--remoting-port", "0", "--ha-port", "-1"]
     broker = procs.start("broker", "sparkmq.api.broker_main", *args)
     port = broker.port
     client = BrokerClient(broker.addr, 30.0)

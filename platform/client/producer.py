@@ -348,7 +348,14 @@ class Producer:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            route = self._route(topic)
+            route = self._routes.get(topic, allow_default=True)
+            if not route.write_queues:
+                # No live master has it writable now (a DLedger leadership moving, a master re-registering):
+                # refresh and pause as for a missing master, within the budget, rather than fail at once.
+                last_error = SparkMQError(ErrorCode.NO_PERMISSION,
+                                          f"topic {topic!r} has no writable queue on any live master")
+                self._await_new_master(topic, route, deadline if attempt + 1 < attempts else 0.0)
+                continue
             mq = ordered_queue(route) if ordered_queue is not None else self._selector.select(route.write_queues,
                                                                                               last_broker)
             addr = route.master_addr(mq.broker_name)
