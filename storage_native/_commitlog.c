@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "cl_store.h"
+#include "growbuf.h"
 #include "crc32.h"
 #include "v2_codec.h"
 
@@ -1990,35 +1991,6 @@ static const char *prop_text(Py_ssize_t i, PyObject *s, PyObject *name, Py_ssize
 
 static PyObject *type_name(PyObject *o) { return PyType_GetName(Py_TYPE(o)); }
 
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-} sbuf;
-
-static int sb_put(sbuf *b, const void *s, size_t n)
-{
-    if (b->cap - b->n < n) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap - b->n < n)
-            cap *= 2;
-        char *p = PyMem_Realloc(b->p, cap);
-        if (!p) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    return 0;
-}
-
-static int sb_pair(sbuf *b, const char *k, size_t kn, const char *v, size_t vn)
-{
-    return sb_put(b, k, kn) || sb_put(b, "\x01", 1) || sb_put(b, v, vn) || sb_put(b, "\x02", 1);
-}
-
 /* one message between the two passes of encode_batch */
 typedef struct enc_msg {
     Py_buffer body;
@@ -2069,7 +2041,7 @@ static PyObject *attr_keys(Py_ssize_t i, PyObject *keys)
 }
 
 /* Pass 1 for one message: validate, append its properties to `props`, its id to msg_ids. */
-static int enc_message(Py_ssize_t i, PyObject *msg, enc_ids *ids, sbuf *props, enc_msg *em, PyObject *msg_ids)
+static int enc_message(Py_ssize_t i, PyObject *msg, enc_ids *ids, growbuf *props, enc_msg *em, PyObject *msg_ids)
 {
     PyObject *body = NULL, *tags = NULL, *keys = NULL, *pd = NULL, *flag = NULL, *keylist = NULL, *id = NULL;
     PyObject *ptags = NULL, *pkeys = NULL, *pid = NULL, *k, *v, *tn = NULL;
@@ -2194,20 +2166,20 @@ static int enc_message(Py_ssize_t i, PyObject *msg, enc_ids *ids, sbuf *props, e
     }
     /* TAGS, KEYS, UNIQ_KEY, then the user's properties in dict order */
     size_t start = props->n;
-    if (tag && sb_pair(props, "TAGS", 4, tp, (size_t)tlen))
+    if (tag && growbuf_pair(props, "TAGS", 4, tp, (size_t)tlen))
         goto out;
     if (PyList_GET_SIZE(keylist)) {
-        if (sb_put(props, "KEYS\x01", 5))
+        if (growbuf_put(props, "KEYS\x01", 5))
             goto out;
         for (Py_ssize_t j = 0; j < PyList_GET_SIZE(keylist); j++) {
             const char *kp = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(keylist, j), &n);
-            if (!kp || (j && sb_put(props, " ", 1)) || sb_put(props, kp, (size_t)n))
+            if (!kp || (j && growbuf_put(props, " ", 1)) || growbuf_put(props, kp, (size_t)n))
                 goto out;
         }
-        if (sb_put(props, "\x02", 1))
+        if (growbuf_put(props, "\x02", 1))
             goto out;
     }
-    if (sb_pair(props, "UNIQ_KEY", 8, idp, (size_t)idn))
+    if (growbuf_pair(props, "UNIQ_KEY", 8, idp, (size_t)idn))
         goto out;
     pos = 0;
     while (PyDict_Next(pd, &pos, &k, &v)) {
@@ -2216,7 +2188,7 @@ static int enc_message(Py_ssize_t i, PyObject *msg, enc_ids *ids, sbuf *props, e
             continue;
         Py_ssize_t kn, vn;
         const char *kp = PyUnicode_AsUTF8AndSize(k, &kn), *vp = kp ? PyUnicode_AsUTF8AndSize(v, &vn) : NULL;
-        if (!vp || sb_pair(props, kp, (size_t)kn, vp, (size_t)vn))
+        if (!vp || growbuf_pair(props, kp, (size_t)kn, vp, (size_t)vn))
             goto out;
     }
     em->props_off = start;
@@ -2281,7 +2253,7 @@ static PyObject *mod_encode_batch(PyObject *mod, PyObject *const *args, Py_ssize
     Py_ssize_t n = PyTuple_GET_SIZE(items), i = 0;
     PyObject *msg_ids = NULL, *data = NULL, *res = NULL;
     enc_msg *ems = NULL;
-    sbuf props = {0};
+    growbuf props = {0};
     if (n == 0) {
         store_error("MESSAGE_ILLEGAL", "the batch is empty");
         goto out;

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "cl_store.h"
+#include "growbuf.h"
 #include "v2_codec.h"
 
 enum { WT_VARINT = 0, WT_I64 = 1, WT_LEN = 2, WT_I32 = 5 };
@@ -138,36 +139,6 @@ static int span_eq(span a, span b) { return a.n == b.n && (a.n == 0 || memcmp(a.
 
 /* ------------------------------------------------------------------ output buffer */
 
-typedef struct obuf {
-    char *p;
-    size_t n, cap;
-} obuf;
-
-static int ob_put(obuf *b, const void *s, size_t n)
-{
-    if (b->cap - b->n < n) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap - b->n < n)
-            cap *= 2;
-        char *p = PyMem_Realloc(b->p, cap);
-        if (!p) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    if (n)
-        memcpy(b->p + b->n, s, n);
-    b->n += n;
-    return 0;
-}
-
-static int ob_pair(obuf *b, const char *k, size_t kn, span v)
-{
-    return ob_put(b, k, kn) || ob_put(b, "\x01", 1) || ob_put(b, v.p, v.n) || ob_put(b, "\x02", 1);
-}
-
 /* ------------------------------------------------------------------ one message */
 
 typedef struct v2msg {
@@ -180,22 +151,30 @@ typedef struct v2msg {
 /* -1: malformed or not plain (the caller answers None) */
 #define NOT_PLAIN (-1)
 
-static int parse_resource(span r, span *ns, span *name)
+/* A message of two string fields, 1 and 2 (Resource: namespace, name; a map entry: key, value). */
+static int parse_two_strings(span m, span *first, span *second)
 {
-    const uint8_t *p = r.p, *end = r.p + r.n;
-    ns->p = name->p = r.p;
-    ns->n = name->n = 0;
+    const uint8_t *p = m.p, *end = m.p + m.n;
+    first->p = second->p = m.p;
+    first->n = second->n = 0;
     while (p < end) {
         uint32_t f;
         int wt;
         if (rd_tag(&p, end, &f, &wt))
             return NOT_PLAIN;
         if ((f == 1 || f == 2) && wt == WT_LEN) {
-            if (rd_len(&p, end, f == 1 ? ns : name))
+            if (rd_len(&p, end, f == 1 ? first : second))
                 return NOT_PLAIN;
         } else if (skip(&p, end, wt))
             return NOT_PLAIN;
     }
+    return 0;
+}
+
+static int parse_resource(span r, span *ns, span *name)
+{
+    if (parse_two_strings(r, ns, name))
+        return NOT_PLAIN;
     return utf8_ok(*ns) && utf8_ok(*name) ? 0 : NOT_PLAIN;
 }
 
@@ -322,34 +301,15 @@ static int is_reserved(span name, span reserved)
     return 0;
 }
 
-/* One user_properties map entry: key (1) and value (2). */
-static int parse_entry(span e, span *key, span *value)
-{
-    const uint8_t *p = e.p, *end = e.p + e.n;
-    key->p = value->p = e.p;
-    key->n = value->n = 0;
-    while (p < end) {
-        uint32_t f;
-        int wt;
-        if (rd_tag(&p, end, &f, &wt))
-            return NOT_PLAIN;
-        if ((f == 1 || f == 2) && wt == WT_LEN) {
-            if (rd_len(&p, end, f == 1 ? key : value))
-                return NOT_PLAIN;
-        } else if (skip(&p, end, wt))
-            return NOT_PLAIN;
-    }
-    return 0;
-}
 
 /* Append the message's properties (TAGS, KEYS, UNIQ_KEY, then the user's) to `props`, as encode_batch
  * orders them.  `id` receives the UNIQ_KEY (the producer's, or `fresh`). */
-static int write_props(const v2msg *m, span reserved, span fresh, obuf *props, span *id)
+static int write_props(const v2msg *m, span reserved, span fresh, growbuf *props, span *id)
 {
     if (m->tag.n) {
         if (!text_ok(m->tag) || !cl_tag_ok((const char *)m->tag.p, m->tag.n))
             return NOT_PLAIN;
-        if (ob_pair(props, "TAGS", 4, m->tag))
+        if (growbuf_pair(props, "TAGS", 4, (const char *)m->tag.p, m->tag.n))
             return -2;
     }
     /* KEYS: every keys item, space-separated; each non-empty, ASCII and without whitespace */
@@ -371,11 +331,11 @@ static int write_props(const v2msg *m, span reserved, span fresh, obuf *props, s
         for (size_t j = 0; j < k.n; j++) /* non-ASCII keys take the per-message path (Unicode whitespace) */
             if (k.p[j] <= 0x20 || k.p[j] >= 0x7F)
                 return NOT_PLAIN;
-        if (ob_put(props, nkeys ? " " : "KEYS\x01", nkeys ? 1 : 5) || ob_put(props, k.p, k.n))
+        if (growbuf_put(props, nkeys ? " " : "KEYS\x01", nkeys ? 1 : 5) || growbuf_put(props, k.p, k.n))
             return -2;
         nkeys++;
     }
-    if (nkeys && ob_put(props, "\x02", 1))
+    if (nkeys && growbuf_put(props, "\x02", 1))
         return -2;
     if (m->msg_id.n) {
         if (!cl_uniq_ok((const char *)m->msg_id.p, m->msg_id.n))
@@ -383,7 +343,7 @@ static int write_props(const v2msg *m, span reserved, span fresh, obuf *props, s
         *id = m->msg_id;
     } else
         *id = fresh;
-    if (ob_pair(props, "UNIQ_KEY", 8, *id))
+    if (growbuf_pair(props, "UNIQ_KEY", 8, (const char *)id->p, id->n))
         return -2;
     /* the user's properties, in wire order; a repeated or reserved name takes the per-message path */
     size_t first_user = props->n;
@@ -401,7 +361,7 @@ static int write_props(const v2msg *m, span reserved, span fresh, obuf *props, s
                 return NOT_PLAIN;
             continue;
         }
-        if (rd_len(&p, end, &e) || parse_entry(e, &key, &value) || key.n == 0 || !text_ok(key) ||
+        if (rd_len(&p, end, &e) || parse_two_strings(e, &key, &value) || key.n == 0 || !text_ok(key) ||
             !text_ok(value) || is_reserved(key, reserved))
             return NOT_PLAIN;
         /* a repeated name: protobuf keeps the last one; rare enough to leave to the per-message path */
@@ -412,7 +372,7 @@ static int write_props(const v2msg *m, span reserved, span fresh, obuf *props, s
                 return NOT_PLAIN;
             q = memchr(sep, 2, (size_t)(qend - sep)) + 1;
         }
-        if (ob_pair(props, (const char *)key.p, key.n, value))
+        if (growbuf_pair(props, (const char *)key.p, key.n, (const char *)value.p, value.n))
             return -2;
         nuser++;
     }
@@ -481,7 +441,7 @@ PyObject *v2_pack_send(PyObject *mod, PyObject *args)
     PyObject *res = NULL, *msg_ids = NULL, *data = NULL;
     packed_msg *pm = NULL;
     size_t npm = 0, cap = 0;
-    obuf props = {0};
+    growbuf props = {0};
     span reserved = {reserved_buf.buf, (size_t)reserved_buf.len};
     span first_name = {0}, first_ns = {0};
     unsigned int start_counter = counter & 0xFFFF;
@@ -604,7 +564,7 @@ out:
 
 /* ------------------------------------------------------------------ encode_v2_send_response */
 
-static int ob_varint(obuf *b, uint64_t v)
+static int ob_varint(growbuf *b, uint64_t v)
 {
     uint8_t tmp[10];
     size_t n = 0;
@@ -615,13 +575,13 @@ static int ob_varint(obuf *b, uint64_t v)
             tmp[n] |= 0x80;
         n++;
     } while (v);
-    return ob_put(b, tmp, n);
+    return growbuf_put(b, tmp, n);
 }
 
 /* key + length + bytes of a length-delimited field */
-static int ob_field(obuf *b, uint32_t field, const void *s, size_t n)
+static int ob_field(growbuf *b, uint32_t field, const void *s, size_t n)
 {
-    return ob_varint(b, ((uint64_t)field << 3) | WT_LEN) || ob_varint(b, n) || ob_put(b, s, n);
+    return ob_varint(b, ((uint64_t)field << 3) | WT_LEN) || ob_varint(b, n) || growbuf_put(b, s, n);
 }
 
 PyObject *v2_encode_send_response(PyObject *mod, PyObject *args)
@@ -638,7 +598,7 @@ PyObject *v2_encode_send_response(PyObject *mod, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "first_offset must not be negative");
         return NULL;
     }
-    obuf status = {0}, out = {0}, entry = {0};
+    growbuf status = {0}, out = {0}, entry = {0};
     PyObject *res = NULL;
     /* Status: code (1), message (2); proto3 leaves out defaults */
     if ((code && (ob_varint(&status, 1 << 3 | WT_VARINT) || ob_varint(&status, (uint64_t)(int64_t)code))) ||
