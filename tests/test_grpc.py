@@ -442,30 +442,24 @@ def test_offsets_update_get_and_query(cluster: GrpcCluster) -> None:
         for i in range(3):
             assert stub.SendMessage(_send_request(topic, b"o-%d" % i), metadata=_META).status.code == Code.OK
         group = definition_pb2.Resource(name=_topic("offset-group"))
-        route = stub.QueryRoute(service_pb2.QueryRouteRequest(topic=definition_pb2.Resource(name=topic)),
-                                metadata=_META)
-        ends: dict[tuple[str, int], int] = {}
-        for mq in route.message_queues:
-            endpoint = f"{mq.broker.endpoints.addresses[0].host}:{mq.broker.endpoints.addresses[0].port}"
-            with grpc.insecure_channel(endpoint) as ch:
-                queue_stub = service_pb2_grpc.MessagingServiceStub(ch)
-                queue = definition_pb2.MessageQueue(topic=mq.topic, id=mq.id)
-                first = queue_stub.QueryOffset(service_pb2.QueryOffsetRequest(
-                    message_queue=queue, query_offset_policy=Policy.BEGINNING), metadata=_META)
-                end = queue_stub.QueryOffset(service_pb2.QueryOffsetRequest(
-                    message_queue=queue, query_offset_policy=Policy.END), metadata=_META)
-                assert first.status.code == end.status.code == Code.OK and first.offset == 0
-                ends[(endpoint, mq.id)] = end.offset
-                unknown = queue_stub.GetOffset(service_pb2.GetOffsetRequest(group=group, message_queue=queue),
-                                               metadata=_META)
-                assert unknown.status.code == Code.OFFSET_NOT_FOUND
-                update = queue_stub.UpdateOffset(service_pb2.UpdateOffsetRequest(
-                    group=group, message_queue=queue, offset=end.offset), metadata=_META)
-                assert update.status.code == Code.OK
-                got = queue_stub.GetOffset(service_pb2.GetOffsetRequest(group=group, message_queue=queue),
+        ends: list[int] = []
+        for queue_stub, queue in _queue_stubs(cluster, stub, topic):
+            first = queue_stub.QueryOffset(service_pb2.QueryOffsetRequest(
+                message_queue=queue, query_offset_policy=Policy.BEGINNING), metadata=_META)
+            end = queue_stub.QueryOffset(service_pb2.QueryOffsetRequest(
+                message_queue=queue, query_offset_policy=Policy.END), metadata=_META)
+            assert first.status.code == end.status.code == Code.OK and first.offset == 0
+            ends.append(end.offset)
+            unknown = queue_stub.GetOffset(service_pb2.GetOffsetRequest(group=group, message_queue=queue),
                                            metadata=_META)
-                assert (got.status.code, got.offset) == (Code.OK, end.offset)
-        assert sum(ends.values()) == 3, ends
+            assert unknown.status.code == Code.OFFSET_NOT_FOUND
+            update = queue_stub.UpdateOffset(service_pb2.UpdateOffsetRequest(
+                group=group, message_queue=queue, offset=end.offset), metadata=_META)
+            assert update.status.code == Code.OK
+            got = queue_stub.GetOffset(service_pb2.GetOffsetRequest(group=group, message_queue=queue),
+                                       metadata=_META)
+            assert (got.status.code, got.offset) == (Code.OK, end.offset)
+        assert sum(ends) == 3, ends
     finally:
         channel.close()
 
