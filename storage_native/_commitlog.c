@@ -1240,6 +1240,35 @@ static PyObject *Log_set_visible_offset(LogObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+static PyObject *Log_get_prefault_readahead(LogObject *self, void *x)
+{
+    cl_log *c = log_of(self);
+    if (!c)
+        return NULL;
+    lock_log(c);
+    int v = c->pf_readahead;
+    unlock_log(c);
+    return PyBool_FromLong(v);
+}
+
+static int Log_set_prefault_readahead(LogObject *self, PyObject *value, void *x)
+{
+    cl_log *c = log_of(self);
+    if (!c)
+        return -1;
+    if (!value) {
+        PyErr_SetString(PyExc_AttributeError, "prefault_readahead cannot be deleted");
+        return -1;
+    }
+    int v = PyObject_IsTrue(value);
+    if (v < 0)
+        return -1;
+    lock_log(c);
+    c->pf_readahead = v;
+    unlock_log(c);
+    return 0;
+}
+
 static PyObject *Log_get_visible(LogObject *self, void *x)
 {
     cl_log *c = log_of(self);
@@ -1315,6 +1344,18 @@ static PyObject *Log_flush_log(LogObject *self, PyObject *unused)
     if (rc)
         return raise_err(&e);
     return PyLong_FromLongLong(flushed);
+}
+
+static PyObject *Log_release_page_cache(LogObject *self, PyObject *arg)
+{
+    cl_log *c = log_of(self);
+    int64_t keep = 0;
+    if (!c || as_i64(arg, &keep, NULL, "keep"))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+        cl_release_cache(c, keep);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
 }
 
 static PyObject *Log_close(LogObject *self, PyObject *unused)
@@ -1540,6 +1581,9 @@ static PyMethodDef Log_methods[] = {
      "flush()\n--\n\nfdatasync the log and the consume queues up to the current end; returns flushed_offset."},
     {"flush_log", (PyCFunction)Log_flush_log, METH_NOARGS,
      "flush_log()\n--\n\nfdatasync the log alone up to the current end; returns log_flushed_offset."},
+    {"release_page_cache", (PyCFunction)Log_release_page_cache, METH_O,
+     "release_page_cache(keep)\n--\n\nDrop the log's durable pages more than keep bytes behind the end from the "
+     "page cache (in steps of 16 MiB or more; keep <= 0: nothing)."},
     {"close", (PyCFunction)Log_close, METH_NOARGS, "close()\n--\n\nFlush and unmap everything; idempotent."},
     {"__enter__", (PyCFunction)Log_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Log_exit, METH_VARARGS, NULL},
@@ -1556,6 +1600,8 @@ static PyGetSetDef Log_getset[] = {
     {"closed", (getter)Log_get_closed, NULL, "True after close()", NULL},
     {"recovery", (getter)Log_get_recovery, NULL, "what opening found", NULL},
     {"visible_offset", (getter)Log_get_visible, NULL, "the visibility limit of the queue readers, or None", NULL},
+    {"prefault_readahead", (getter)Log_get_prefault_readahead, (setter)Log_set_prefault_readahead,
+     "the pre-fault thread faults pages in with readahead (large folios; for logs synced seldom)", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PyTypeObject LogType = {

@@ -575,6 +575,12 @@ class CommitLog:
         raised after everything else was done.
         """
 
+    prefault_readahead: bool
+    """Whether the thread that faults in the active segment ahead of the appends leaves readahead on (False
+    by default).  On, the page cache fills with large folios a readahead window at a time, about half the
+    kernel time per byte; but a sync writes back whole folios, so a log synced after every few appends
+    (SYNC_FLUSH) keeps it off.  ``CLOSED`` after ``close``."""
+
     @property
     def visible_offset(self) -> int | None:
         """The visibility limit of the consume-queue readers (a Raft commit index), None when unset."""
@@ -615,6 +621,15 @@ class CommitLog:
         commit: consume queues are derived data that recovery rebuilds from the log.
         Appends may run while it syncs; a second call with no append in between syncs
         nothing and returns the same offset.  ``CLOSED`` after ``close``."""
+
+    def release_page_cache(self, keep: int) -> None:
+        """Drop from the page cache the log's pages that are durable (below ``log_flushed_offset``) and more
+        than ``keep`` bytes behind ``max_offset``, once at least 16 MiB of them are not dropped yet; ``keep``
+        <= 0 does nothing.  The flush service calls it after each full flush (``StoreConfig.page_cache_keep``):
+        a log written faster than it is read would otherwise fill the page cache with pages only a lagging
+        reader wants, and the writer pays far more for a new page than for a recycled one.  A reader of the
+        dropped bytes reads them from the disk; nothing is lost.  Runs with the GIL released; a closed log
+        does nothing."""
 
     def close(self) -> None:
         """Flush and unmap everything; idempotent."""

@@ -42,9 +42,16 @@
 #define CL_MAX_RESERVED_KEY 255
 /* Drop page-table entries of cold mappings after this many bytes of I/O. */
 #define CL_TRIM_EVERY ((uint64_t)64 << 20)
-/* Pre-fault the active segment this far ahead of the write head (one chunk costs the
- * appending thread ~0.25 ms: small enough not to stall an event loop). */
+/* When the pre-fault thread is behind, the appending thread faults in this much
+ * itself (one chunk costs it ~0.25 ms: small enough not to stall an event loop). */
 #define CL_PREFAULT_CHUNK ((size_t)256 << 10)
+/* The pre-fault thread keeps the active segment faulted in this far ahead of the
+ * write head, this much per madvise. */
+#define CL_PREFAULT_AHEAD ((size_t)32 << 20)
+#define CL_PREFAULT_STEP ((size_t)2 << 20)
+
+/* The page cache behind the end is released in steps of at least this. */
+#define CL_RELEASE_STEP ((int64_t)16 << 20)
 
 /* record field offsets */
 enum {
@@ -142,8 +149,17 @@ typedef struct cl_log {
     size_t rd_end;
     int prefault_off;    /* MADV_POPULATE_WRITE unsupported here */
     int64_t pf_start;    /* segment whose pages are pre-faulted ... */
-    size_t pf_end;       /* ... up to this position */
+    size_t pf_end;       /* ... up to this position (by either thread) */
+    /* the pre-fault thread (mu): faults in pf_seg up to pf_want, ahead of the appends */
+    pthread_t pf_thread;
+    pthread_cond_t pf_cond;
+    int pf_thread_state; /* 0: not started, 1: running, -1: could not start (appends fault in themselves) */
+    int pf_stop;
+    mfile *pf_seg; /* a reference */
+    size_t pf_want;
+    int pf_readahead; /* the thread faults in with readahead on (large folios): for logs synced seldom */
     int64_t visible;     /* reads through the queues stop at a unit pointing at or past it; CL_NO_LIMIT: none */
+    int64_t released;    /* log pages below it were released from the page cache (mu) */
     /* cl_truncate calls, counted before it changes a byte (a seqlock's sequence): a flush, or a copy made
      * after the lock was let go, that saw another count may hold bytes the truncation cut or rewrote */
     _Atomic uint64_t truncations;
@@ -237,6 +253,15 @@ int cl_delete_segments_before_locked(cl_log *c, int64_t off, int64_t *deleted, c
  * log_flushed and visible are lowered to off; *end = max afterwards.  A failure
  * to delete a file is reported after the rest is done. */
 int cl_truncate(cl_log *c, int64_t off, int64_t *end, cl_err *e);
+
+/* Takes mu itself (call without it).  Releases from the page cache the log's
+ * pages that are durable (below log_flushed) and more than keep bytes behind
+ * the end, when at least CL_RELEASE_STEP of them are not released yet (keep <=
+ * 0: nothing); the flush service calls it after each full flush.  Why: a log written faster than it is read fills the
+ * page cache with pages only a lagging reader would want, and a new page costs
+ * the writer far more than a recycled one (on a VM whose free memory goes back
+ * to the host, ~4x).  A reader of released bytes reads them from the disk. */
+void cl_release_cache(cl_log *c, int64_t keep);
 /* c->truncations; read it with mu held, before letting go of the lock to copy */
 static inline uint64_t cl_truncations(cl_log *c) { return atomic_load_explicit(&c->truncations, memory_order_relaxed); }
 /* After a copy made without the lock from records located with mu held when cl_truncations gave seq: 1

@@ -67,6 +67,8 @@ _TMP_SUFFIX = ".tmp"
 _STALE_TMP = re.compile(r"^\d{20}\.tmp$")
 _ZERO_HOST = bytes(HOST_SIZE)
 _PAGE = 4096
+#: release_page_cache works in steps of at least this (as the native log's CL_RELEASE_STEP).
+_RELEASE_STEP = 16 << 20
 _GET_MAX_EXAMINED = 16384
 _SIZE_MAGIC = struct.Struct("<II")
 _STORE_TS_AT = 68
@@ -953,6 +955,9 @@ class CommitLog:
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._dirty_segments: set[_MappedFile] = set()
         self._visible = _NO_LIMIT
+        self._released = 0  # release_page_cache: log pages below it were dropped
+        #: As the native log's; this implementation has no pre-fault thread, so it changes nothing.
+        self.prefault_readahead = False
         self._clog_dir = os.path.join(self._root, "commitlog")
         self._cq_dir = os.path.join(self._root, "consumequeue")
         try:
@@ -1083,6 +1088,7 @@ class CommitLog:
         self._flushed = self._log_flushed = 0
         self._sync_all()
         self._flushed = self._log_flushed = end
+        self._released = end  # release_page_cache: what was there before is the OS's business
         return stats
 
     # -- helpers (lock held) ----------------------------------------------------
@@ -1395,6 +1401,7 @@ class CommitLog:
             self._max = off
             self._flushed = min(self._flushed, off)
             self._log_flushed = min(self._log_flushed, off)
+            self._released = min(self._released, off)
             if self._visible != _NO_LIMIT:
                 self._visible = min(self._visible, off)
             return off
@@ -1628,6 +1635,24 @@ class CommitLog:
             self._sync_segments()
             self._log_flushed = max(self._log_flushed, end)
             return self._log_flushed
+
+    def release_page_cache(self, keep: int) -> None:
+        """Drop the log's durable pages more than ``keep`` bytes behind the end from the page cache, in steps
+        of at least 16 MiB; ``keep`` <= 0: nothing (as the native log)."""
+        with self._lock:
+            if self._closed or keep <= 0:
+                return
+            upto = min(self._log_flushed, self._max - keep) & ~(_PAGE - 1)
+            start = max(self._released, self._segments[0].start if self._segments else 0)
+            if upto - start < _RELEASE_STEP:
+                return
+            for seg in self._segments:
+                lo, hi = max(start, seg.start) - seg.start, min(upto, seg.start + seg.size) - seg.start
+                lo = (lo + _PAGE - 1) & ~(_PAGE - 1)
+                if hi > lo:
+                    seg.mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)  # a mapped page is never dropped
+                    os.posix_fadvise(seg._fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
+            self._released = upto
 
     def _release(self) -> None:
         for cq in self._queues.values():

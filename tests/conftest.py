@@ -1,6 +1,8 @@
 """Shared fixtures: the storage implementations and store factories."""
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -99,3 +101,26 @@ def spark():
     session = get_spark({"spark.master": "local[2]"}, app_name="sparkmq-tests", log_level="ERROR")
     yield session
     stop_spark()
+
+
+def resident_pages(path: Path) -> list[bool]:
+    """Which pages of ``path`` are in the page cache (mincore over a fresh read-only mapping)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    size = path.stat().st_size
+    pages = (size + 4095) // 4096
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        vec = ctypes.create_string_buffer(pages)
+        try:
+            assert libc.mincore(addr, size, vec) == 0, os.strerror(ctypes.get_errno())
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+    return [bool(b & 1) for b in vec.raw]

@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import resident_pages
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 from sparkmq.platform.common.ids import decode_offset_msg_id
 from sparkmq.platform.common.message import Message
@@ -290,3 +292,23 @@ def test_retention_forces_deletion_when_the_disk_is_full(tmp_path, impl):
         assert decision.segments == min(len(segs) - 1, cfg.delete_segments_per_run)
         store._retention = RetentionPolicy(cfg, disk_usage=lambda _p: 0.10)
         assert store.run_retention().segments == 0  # not expired, disk fine, not 04:00 → kept
+
+
+def test_flush_service_drops_the_page_cache_behind_page_cache_keep(store_factory):
+    """After a full flush, the durable log more than ``page_cache_keep`` behind the end leaves the page cache;
+    the newest ``page_cache_keep`` bytes stay, and the dropped messages still read back."""
+    store = store_factory(segment_size=64 << 20, page_cache_keep=4 << 20, flush_interval_ms=20)
+    body = os.urandom(60 * 1024)
+    results = [store.put(Message("T", body), 0) for _ in range(400)]  # ~23 MiB
+    segment = Path(store.commit_log.segments()[0][1])
+    end = store.commit_log.max_offset
+    deadline = time.monotonic() + 10
+    while any(resident_pages(segment)[: 512]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    resident = resident_pages(segment)
+    assert not any(resident[: (end - (4 << 20)) // 4096 - 512])  # a 2 MiB folio across the cut stays whole
+    assert all(resident[(end - (4 << 20)) // 4096 + 1: end // 4096])
+    first = store.get_messages("T", 0, 0, 1).messages[0]
+    assert first.body == body and first.commitlog_offset == results[0].commitlog_offset
+    with pytest.raises(ValueError, match="page_cache_keep"):
+        StoreConfig(root=segment.parent, page_cache_keep=-1)

@@ -39,6 +39,11 @@ class StoreConfig:
     sync_flush_timeout_ms: int = 5000
     #: How often the checkpoint (the recovery starting point) is rewritten.
     checkpoint_interval_ms: int = 1000
+    #: Bytes of the newest log kept in the page cache: after each full flush the durable pages further
+    #: back are dropped from it, so the writer recycles pages instead of taking new ones (a new page costs
+    #: it several times more on a VM that hands free memory back to its host), and a reader more than this
+    #: far behind reads from the disk.  0 leaves it all to the OS.
+    page_cache_keep: int = 1 << 30
     #: Segments whose last write is older than this are deleted.
     file_reserved_hours: float = 72.0
     #: Hours of the day (0-23) at which expired segments are deleted; empty = any hour.
@@ -83,6 +88,8 @@ class StoreConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if not 0 <= self.max_properties_size <= 65535:
             raise ValueError(f"max_properties_size must be in [0, 65535], got {self.max_properties_size}")
+        if self.page_cache_keep < 0:
+            raise ValueError(f"page_cache_keep must be >= 0 (0: the OS decides), got {self.page_cache_keep}")
         if self.file_reserved_hours <= 0:
             raise ValueError(f"file_reserved_hours must be positive, got {self.file_reserved_hours}")
         for hour in self.delete_when_hours:

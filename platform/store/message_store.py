@@ -161,6 +161,8 @@ class MessageStore:
         except SparkMQError:
             self._release_lock()
             raise
+        # large folios ahead of the appends: cheaper per byte, but each sync writes back a whole folio
+        self._log.prefault_readahead = self.config.flush_mode is FlushMode.ASYNC_FLUSH
         self.recovery = self._log.recovery
         if not self.clean_start:
             log.warning("store %s was not shut down cleanly; recovered from offset %d: %s",
@@ -177,7 +179,7 @@ class MessageStore:
         return self
 
     def _new_flusher(self, log_: CommitLog) -> FlushService:
-        return FlushService(log_, self.config.flush_interval_ms, self._maybe_checkpoint,
+        return FlushService(log_, self.config.flush_interval_ms, self._after_full_flush,
                             group_commit=self.config.flush_mode is FlushMode.SYNC_FLUSH)
 
     def _open_log(self, check_from: int) -> CommitLog:
@@ -308,8 +310,11 @@ class MessageStore:
     # A truncation (truncate_log) lowers the log's flushed_offset: a checkpoint is written with the lock
     # held and never above the log's current flushed_offset, so a flush that finished before a truncation
     # cannot name bytes the truncation removed.
-    def _maybe_checkpoint(self, flushed: int) -> None:
-        """The flush service's hook, run after each full flush with its ``flushed_offset``."""
+    def _after_full_flush(self, flushed: int) -> None:
+        """The flush service's hook, run after each full flush with its ``flushed_offset``: drops the
+        durable pages far behind the end from the page cache, and moves the checkpoint when it is due."""
+        if self.config.page_cache_keep:
+            self.commit_log.release_page_cache(self.config.page_cache_keep)
         now = time.monotonic_ns() // 1_000_000
         with self._checkpoint_lock:
             if now - self._last_checkpoint_ms < self.config.checkpoint_interval_ms:
