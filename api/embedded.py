@@ -16,10 +16,17 @@ command (``sparkmq dev --ha sync``).  With ``ha="dledger"`` three brokers of one
 n1, n2, files under ``<data_dir>/<member>``, n0 on the broker port, the others and every Raft port free
 ones) run in the loop: whichever is elected registers as master (``sparkmq dev --ha dledger``), and
 :meth:`EmbeddedPlatform.stop_member` stops one while the others go on.
+
+Access control is off unless the ``[broker]`` table turns it on (``acl_enabled = true`` with the bootstrap super
+user ``acl_super_user_access_key`` / ``acl_super_user_secret_key``, as for a broker of its own): then it is on for
+every embedded service -- the name server follows the broker's ``acl_*`` settings unless ``[namesrv]`` gives its
+own (its ACL under ``<data_dir>/namesrv``), the lake signs with the super user unless ``[lake]`` names a user, and
+an embedded HA pair or DLedger group gets a random ``cluster_secret`` unless the file sets one (docs/security.md).
 """
 from __future__ import annotations
 
 import asyncio
+import secrets
 import threading
 import time
 import tomllib
@@ -28,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..pipelines.lake_service import LakeSettings
+from ..platform.auth import Credentials
 from ..platform.broker.config import DEFAULT_GRPC_PORT, DEFAULT_PORT, BrokerConfig
 from ..platform.namesrv import NameServerConfig, RouteTable
 from .broker_main import BrokerService
@@ -36,7 +44,10 @@ from .serving import Server, bind_socket, run_service, serve_app
 
 __all__ = ["EmbeddedPlatform", "DLEDGER_MEMBERS"]
 
-_NAMESRV_KEYS = {"host", "port", "broker_expiry_s", "scan_interval_s"}
+#: The ``[broker]`` settings the embedded name server takes over unless ``[namesrv]`` sets them: one key turns
+#: access control on for the whole platform, and the broker signs its registrations with that super user.
+_SHARED_ACL_KEYS = ("acl_enabled", "acl_super_user_access_key", "acl_super_user_secret_key", "acl_clock_skew_s")
+_NAMESRV_KEYS = {"host", "port", "broker_expiry_s", "scan_interval_s", "data_dir", *_SHARED_ACL_KEYS}
 #: Commit-log segment size of the embedded default (conf/single-node.toml says the same).
 EMBEDDED_SEGMENT_SIZE = 64 << 20
 #: The member ids of the embedded DLedger group (``ha="dledger"``).
@@ -60,15 +71,25 @@ class EmbeddedPlatform:
         if ha not in _HA_MODES:
             raise ValueError(f"ha must be async, sync or dledger, got {ha!r}")
         self.ha = ha
-        self.lake_settings = LakeSettings.from_mapping(lake)
         namesrv = dict(namesrv or {})
         unknown = set(namesrv) - _NAMESRV_KEYS
         if unknown:
             raise ValueError(f"unknown [namesrv] settings {sorted(unknown)}; known: {sorted(_NAMESRV_KEYS)}")
-        self.namesrv_config = NameServerConfig(**namesrv)
         self._broker_settings = dict(broker or {})
         self._store_settings = dict(store or {})
-        BrokerConfig.from_mapping(self._broker_settings, self._store_settings)  # fail here, not in the thread
+        # Validated here, not in the services' thread.
+        broker_config = BrokerConfig.from_mapping(self._broker_settings, self._store_settings)
+        #: Whether the embedded broker refuses unsigned and unpermitted requests (and so, unless ``[namesrv]``
+        #: says otherwise, the name server).
+        self.acl_enabled = broker_config.acl_enabled
+        #: The ``[broker]`` table's bootstrap super user (None without one): what the demo signs with, and the
+        #: only user of the embedded services until it creates others (``sparkmq admin user create``).
+        self.credentials: Credentials | None = broker_config.namesrv_credentials
+        lake = dict(lake or {})
+        if self.acl_enabled:
+            self._share_acl(broker_config, namesrv, lake)
+        self.lake_settings = LakeSettings.from_mapping(lake)
+        self.namesrv_config = NameServerConfig(**namesrv)
         self.log_level = log_level
         self.namesrv_addr = ""
         self.broker_addr = ""
@@ -87,6 +108,23 @@ class EmbeddedPlatform:
         self._namesrv_server: Server | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
+
+    def _share_acl(self, broker: BrokerConfig, namesrv: dict[str, Any], lake: dict[str, Any]) -> None:
+        """ACL is on at the broker: turn it on for the other embedded services too (``namesrv`` and ``lake``, the
+        tables, are filled in), each with the broker's bootstrap super user unless its own table says otherwise."""
+        credentials = broker.namesrv_credentials
+        if credentials is None:
+            raise ValueError("acl_enabled in sparkmq dev needs acl_super_user_access_key and acl_super_user_secret_key:"
+                             " the embedded services, the demo and the lake sign with that bootstrap super user")
+        for key in _SHARED_ACL_KEYS:
+            if key in self._broker_settings:
+                namesrv.setdefault(key, self._broker_settings[key])
+        namesrv.setdefault("data_dir", str(broker.data_dir / "namesrv"))
+        if "access_key" not in lake and "secret_key" not in lake:
+            lake.update(access_key=credentials.access_key, secret_key=credentials.secret_key)
+        if self.ha is not None and not broker.cluster_secret:
+            # The brokers of one process prove membership to each other (HA, Raft): nobody else needs this secret.
+            self._broker_settings["cluster_secret"] = secrets.token_urlsafe(24)
 
     @classmethod
     def from_toml(cls, path: str | Path | None, *, data_dir: str | Path | None = None,

@@ -160,6 +160,10 @@ def _on_cluster(action: Action) -> NeedsOf:
     return lambda path, query, body: [(action, CLUSTER)]
 
 
+def _on_topic(action: Action) -> NeedsOf:
+    return lambda path, query, body: [(action, Resource.topic(path.get("topic", "")))]
+
+
 def _route_lookup(path: Params, query: Params, body: Any) -> list[Need]:
     """A route is what a producer (Pub) or a consumer (Sub) of the topic needs, or an admin (Get) reads."""
     topic = Resource.topic(path.get("topic", ""))
@@ -167,8 +171,9 @@ def _route_lookup(path: Params, query: Params, body: Any) -> list[Need]:
 
 
 #: (method, route path) -> what a request needs while ACL is on; routes not listed (``/acl/*``) need a super
-#: user.  Writes to the cluster's view -- registering and unregistering brokers, forgetting a topic -- need
-#: ``Update`` on ``Cluster``: give it to the brokers' user (``namesrv_access_key``), not to applications.
+#: user.  Registering and unregistering brokers need ``Update`` on ``Cluster``: give it to the brokers' user
+#: (their ``acl_super_user_*``), not to applications.  Forgetting a topic needs ``Delete`` on it, as deleting it
+#: at a broker does (RocketMQ ACL 2.0), so one policy lets ``sparkmq admin topic delete`` do both.
 NAMESRV_NEEDS: dict[tuple[str, str], str | NeedsOf] = {
     ("GET", "/health"): OPEN,
     ("GET", "/docs"): OPEN,
@@ -178,7 +183,7 @@ NAMESRV_NEEDS: dict[tuple[str, str], str | NeedsOf] = {
     ("GET", "/routes/{topic}"): _route_lookup,
     ("GET", "/topics"): _on_cluster(Action.LIST),
     ("GET", "/cluster"): _on_cluster(Action.LIST),
-    ("DELETE", "/topics/{topic}"): _on_cluster(Action.UPDATE),
+    ("DELETE", "/topics/{topic}"): _on_topic(Action.DELETE),
 }
 
 

@@ -28,6 +28,7 @@ import grpc
 import httpx
 import msgspec
 import pytest
+from acl_users import ACL_SETTINGS, ALICE, BOB, CAROL, ROOT, STALE_MS, WRONG, ok
 
 from procs import BROKER, NAMESRV, ProcessHarness, ServiceProcess, child_env, wait_until, write_conf
 from sparkmq.platform.auth import Credentials, Signer
@@ -44,13 +45,6 @@ from sparkmq.platform.remoting import SyncRemotingClient
 
 pytestmark = pytest.mark.cluster
 
-ROOT = Credentials("root", "root-secret-1")
-ALICE = Credentials("alice", "alice-secret-1")
-BOB = Credentials("bob", "bob-secret-1")
-CAROL = Credentials("carol", "carol-secret-1")
-WRONG = Credentials("alice", "not-her-secret")
-#: Further from now than the broker's window (acl_clock_skew_s = 60 below).
-STALE_MS = 120_000
 GROUP = "cg-1"
 _encode = msgspec.msgpack.Encoder().encode
 
@@ -93,15 +87,8 @@ class AclPlatform:
                     "policies": http.get("/acl/policies").json()["policies"]}
 
 
-def _ok(resp: httpx.Response) -> Any:
-    assert resp.status_code == 200, resp.text
-    return resp.json()
-
-
 def _start_broker(procs: ProcessHarness, tmp: Path, namesrv: ServiceProcess) -> ServiceProcess:
-    conf = write_conf(tmp / "broker.toml", tmp / "broker", acl_enabled=True,
-                      acl_super_user_access_key=ROOT.access_key, acl_super_user_secret_key=ROOT.secret_key,
-                      acl_clock_skew_s=60.0)
+    conf = write_conf(tmp / "broker.toml", tmp / "broker", **ACL_SETTINGS)
     # No trace records: they are appended after a send returns, and would move the commit log between the
     # snapshots that prove a refused request changed nothing.
     return procs.start("broker", BROKER, "--config", str(conf), "--namesrv", namesrv.addr, "--grpc-port", "0",
@@ -127,17 +114,17 @@ def acl(module_procs: ProcessHarness, tmp_path_factory: pytest.TempPathFactory) 
     platform = AclPlatform(module_procs, tmp, namesrv, broker, remoting_addr, grpc_addr)
     with platform.http() as http:
         for user in (ALICE, BOB, CAROL):
-            _ok(http.post("/acl/users", json={"access_key": user.access_key, "secret_key": user.secret_key}))
-        _ok(http.post("/acl/policies", json={"subject": "alice", "entries": [
+            ok(http.post("/acl/users", json={"access_key": user.access_key, "secret_key": user.secret_key}))
+        ok(http.post("/acl/policies", json={"subject": "alice", "entries": [
             {"resource": "Topic:orders-*", "actions": ["Pub", "Sub"]},
             {"resource": "Group:cg-*", "actions": ["Sub"]},
             {"resource": "Topic:orders-secret", "actions": ["Pub"], "decision": "Deny"}]}))
-        _ok(http.post("/acl/policies", json={"subject": "carol", "entries": [
+        ok(http.post("/acl/policies", json={"subject": "carol", "entries": [
             {"resource": "Topic:orders-*", "actions": ["Pub"], "source_ips": ["10.0.0.0/8"]}]}))
         for topic in ("orders-1", "orders-secret"):
-            _ok(http.post("/topics", json={"topic": topic, "read_queue_nums": 2, "write_queue_nums": 2}))
-        _ok(http.post("/topics/orders-1/messages", json={"body": "seed"}))
-        _ok(http.post(f"/consumers/{GROUP}/offsets", json={"offsets": [{"topic": "orders-1", "queue_id": 0,
+            ok(http.post("/topics", json={"topic": topic, "read_queue_nums": 2, "write_queue_nums": 2}))
+        ok(http.post("/topics/orders-1/messages", json={"body": "seed"}))
+        ok(http.post(f"/consumers/{GROUP}/offsets", json={"offsets": [{"topic": "orders-1", "queue_id": 0,
                                                                         "offset": 0}]}))
     wait_until(lambda: _routed(namesrv, "orders-1"), 20, "the route of orders-1")
     yield platform
@@ -191,7 +178,7 @@ def test_http_refuses_bad_signatures_and_unpermitted_users_and_changes_nothing(a
         expected = "AUTHENTICATION_FAILED" if status == 401 else "NO_PERMISSION"
         assert (resp.status_code, resp.json()["code"]) == (status, expected), f"{what}: {resp.text}"
         assert acl.state() == before, f"{what} changed something"
-    sent = _ok(_http_send(acl, ALICE, "/topics/orders-1/messages", msg))
+    sent = ok(_http_send(acl, ALICE, "/topics/orders-1/messages", msg))
     assert sent["status"] == "SEND_OK"
     assert acl.state()["max_offset"] > before["max_offset"]
     with acl.http(None) as http:

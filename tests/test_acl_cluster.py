@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 import pytest
+from acl_users import ROOT
 
 from procs import BROKER, NAMESRV, ProcessHarness, ServiceProcess, wait_until, write_conf
 from sparkmq.platform.auth import Credentials
@@ -33,7 +34,6 @@ from sparkmq.platform.client.admin import AdminClient
 from sparkmq.platform.client.remoting import SigningAuth
 from sparkmq.platform.ha.cluster_auth import ClusterAuth
 
-ROOT = Credentials("root", "root-secret-1")
 READER = Credentials("reader", "reader-secret-1")
 KEEPER = Credentials("keeper", "keeper-secret-1")
 LAKE = Credentials("lake", "lake-secret-1")

@@ -9,6 +9,7 @@ One module-wide platform, ACL on everywhere, ``root`` the bootstrap super user o
 Users, per service::
 
     name server  alice: Sub on Topic:orders-*, Group:cg-*     gw: Pub on Topic:*     bob: no policy
+                 dora (from the topic-deletion test on): Delete on Topic:orders-del only
     broker       alice: Pub,Sub on Topic:orders-*, Sub on Group:cg-*       gw: Pub on Topic:orders-*
     gateway      alice: Pub on Topic:orders-*, Pub on Topic:other-*, Deny Pub on Topic:orders-secret
                  bob: no policy
@@ -31,6 +32,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+from acl_users import ACL_SETTINGS, ALICE, BOB, ROOT, STALE_MS, WRONG, ok
 
 from procs import BROKER, NAMESRV, ProcessHarness, ServiceProcess, child_env, wait_until, write_conf
 from sparkmq.platform.auth import Credentials, Signer
@@ -44,13 +46,7 @@ from sparkmq.platform.common.message import Message
 
 pytestmark = pytest.mark.cluster
 
-ROOT = Credentials("root", "root-secret-1")
-ALICE = Credentials("alice", "alice-secret-1")
-BOB = Credentials("bob", "bob-secret-1")
 GW = Credentials("gw", "gateway-secret-1")
-WRONG = Credentials("alice", "not-her-secret")
-#: Further from now than every service's window (acl_clock_skew_s = 60 below).
-STALE_MS = 120_000
 GATEWAY = "sparkmq.api.gateway_main"
 #: A registration nobody made: refused ones must not add it.
 FAKE_BROKER = {"cluster": "FakeCluster", "broker_name": "broker-fake", "broker_id": 0,
@@ -65,8 +61,7 @@ def _toml(path: Path, table: str, **values: Any) -> Path:
 
 
 def _acl_keys(data_dir: Path) -> dict[str, Any]:
-    return {"data_dir": str(data_dir), "acl_enabled": True, "acl_super_user_access_key": ROOT.access_key,
-            "acl_super_user_secret_key": ROOT.secret_key, "acl_clock_skew_s": 60.0}
+    return {"data_dir": str(data_dir), **ACL_SETTINGS}
 
 
 @dataclass
@@ -84,19 +79,19 @@ class Platform:
 
     def acl(self, service: ServiceProcess) -> dict[str, Any]:
         with self.http(service) as http:
-            return {"users": _ok(http.get("/acl/users"))["users"], "policies": _ok(http.get("/acl/policies"))}
+            return {"users": ok(http.get("/acl/users"))["users"], "policies": ok(http.get("/acl/policies"))}
 
     def namesrv_state(self) -> dict[str, Any]:
         """What a refused name-server request must not change."""
         with self.http(self.namesrv) as http:
-            cluster = _ok(http.get("/cluster"))
+            cluster = ok(http.get("/cluster"))
             return {"brokers": cluster["brokers"], "clusters": cluster["clusters"],
-                    "live": sorted(cluster["live_brokers"]), "topics": _ok(http.get("/topics"))["topics"],
-                    "route": _ok(http.get("/routes/orders-1")), "acl": self.acl(self.namesrv)}
+                    "live": sorted(cluster["live_brokers"]), "topics": ok(http.get("/topics"))["topics"],
+                    "route": ok(http.get("/routes/orders-1")), "acl": self.acl(self.namesrv)}
 
     def max_offset(self) -> int:
         with self.http(self.broker) as http:
-            return int(_ok(http.get("/broker"))["commitlog"]["max_offset"])
+            return int(ok(http.get("/broker"))["commitlog"]["max_offset"])
 
     def gateway_state(self) -> dict[str, Any]:
         """What a refused gateway request must not change (read until two reads agree)."""
@@ -110,11 +105,6 @@ class Platform:
         keys = {"access_key": credentials.access_key, "secret_key": credentials.secret_key} if credentials else {}
         return ClientConfig(namesrv_addrs=self.namesrv.addr, request_timeout_s=5.0, route_refresh_interval_s=0.5,
                             offset_store_dir=str(self.tmp / "offsets"), trace_enabled=False, **keys, **extra)
-
-
-def _ok(resp: httpx.Response) -> Any:
-    assert resp.status_code == 200, resp.text
-    return resp.json()
 
 
 def _signed(service: ServiceProcess, credentials: Credentials | None, method: str, path: str,
@@ -147,21 +137,19 @@ def _start_gateway(procs: ProcessHarness, tmp: Path, namesrv: ServiceProcess) ->
 
 
 def _policy(http: httpx.Client, subject: str, *entries: dict[str, Any]) -> None:
-    _ok(http.post("/acl/policies", json={"subject": subject, "entries": list(entries)}))
+    ok(http.post("/acl/policies", json={"subject": subject, "entries": list(entries)}))
 
 
 def _users(http: httpx.Client, *users: Credentials) -> None:
     for user in users:
-        _ok(http.post("/acl/users", json={"access_key": user.access_key, "secret_key": user.secret_key}))
+        ok(http.post("/acl/users", json={"access_key": user.access_key, "secret_key": user.secret_key}))
 
 
 @pytest.fixture(scope="module")
 def platform(module_procs: ProcessHarness, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     tmp = tmp_path_factory.mktemp("acl-ns-gw")
     namesrv = _start_namesrv(module_procs, tmp)
-    conf = write_conf(tmp / "broker.toml", tmp / "broker", acl_enabled=True,
-                      acl_super_user_access_key=ROOT.access_key, acl_super_user_secret_key=ROOT.secret_key,
-                      acl_clock_skew_s=60.0)
+    conf = write_conf(tmp / "broker.toml", tmp / "broker", **ACL_SETTINGS)
     broker = module_procs.start("broker", BROKER, "--config", str(conf), "--namesrv", namesrv.addr,
                                 "--register-interval-s", "0.5", "--no-trace", "--grpc-port", "0")
     with httpx.Client(base_url=namesrv.url, timeout=10, auth=SigningAuth(ROOT)) as http:
@@ -176,7 +164,7 @@ def platform(module_procs: ProcessHarness, tmp_path_factory: pytest.TempPathFact
                 {"resource": "Group:cg-*", "actions": ["Sub"]})
         _policy(http, "gw", {"resource": "Topic:orders-*", "actions": ["Pub"]})
         for topic in ("orders-1", "orders-secret", "other-1"):
-            _ok(http.post("/topics", json={"topic": topic, "read_queue_nums": 2, "write_queue_nums": 2}))
+            ok(http.post("/topics", json={"topic": topic, "read_queue_nums": 2, "write_queue_nums": 2}))
     gateway = _start_gateway(module_procs, tmp, namesrv)
     with httpx.Client(base_url=gateway.url, timeout=10, auth=SigningAuth(ROOT)) as http:
         _users(http, ALICE, BOB)
@@ -228,11 +216,11 @@ def test_name_server_refuses_bad_signatures_and_unpermitted_users_and_changes_no
         assert (resp.status_code, resp.json()["code"]) == (status, expected), f"{what}: {resp.text}"
         assert platform.namesrv_state() == before, f"{what} changed something"
     # The right users succeed.
-    assert _ok(_signed(ns, ALICE, "GET", "/routes/orders-1"))["broker_datas"]
-    assert _ok(_signed(ns, GW, "GET", "/routes/other-1"))["broker_datas"]
-    assert _ok(_signed(ns, ROOT, "POST", "/brokers/register", FAKE_BROKER))["changed"]
+    assert ok(_signed(ns, ALICE, "GET", "/routes/orders-1"))["broker_datas"]
+    assert ok(_signed(ns, GW, "GET", "/routes/other-1"))["broker_datas"]
+    assert ok(_signed(ns, ROOT, "POST", "/brokers/register", FAKE_BROKER))["changed"]
     assert "broker-fake" in platform.namesrv_state()["brokers"]
-    assert _ok(_signed(ns, ROOT, "POST", "/brokers/unregister", {k: FAKE_BROKER[k] for k in (
+    assert ok(_signed(ns, ROOT, "POST", "/brokers/unregister", {k: FAKE_BROKER[k] for k in (
         "cluster", "broker_name", "broker_id", "broker_addr")}))["removed"]
     with platform.http(ns, None) as http:
         assert http.get("/health").status_code == 200, "health checks need no credentials"
@@ -277,12 +265,12 @@ def test_gateway_refuses_bad_signatures_and_unpermitted_users_and_changes_nothin
         expected = "AUTHENTICATION_FAILED" if status == 401 else "NO_PERMISSION"
         assert (resp.status_code, resp.json()["code"]) == (status, expected), f"{what}: {resp.text}"
         assert platform.gateway_state() == before, f"{what} changed something"
-    sent = _ok(_signed(gw, ALICE, "POST", path, msg))
+    sent = ok(_signed(gw, ALICE, "POST", path, msg))
     assert sent["status"] == "SEND_OK" and sent["topic"] == "orders-1"
-    batch = _ok(_signed(gw, ALICE, "POST", "/topics/orders-1/batch", {"messages": [msg, msg]}))
+    batch = ok(_signed(gw, ALICE, "POST", "/topics/orders-1/batch", {"messages": [msg, msg]}))
     assert len(batch["results"]) == 2
     assert platform.gateway_state()["max_offset"] > before["max_offset"]
-    assert _ok(_signed(gw, ALICE, "GET", "/routes/orders-1"))["write_queues"]
+    assert ok(_signed(gw, ALICE, "GET", "/routes/orders-1"))["write_queues"]
     with platform.http(gw, None) as http:
         assert http.get("/health").status_code == 200
 
@@ -314,7 +302,7 @@ def test_gateway_policy_changes_apply_within_seconds_and_survive_a_restart(platf
     platform.gateway.stop()
     platform.gateway = gw = _start_gateway(platform.procs, platform.tmp, platform.namesrv)
     assert platform.acl(gw) == before
-    assert _ok(_signed(gw, BOB, "POST", "/topics/orders-1/messages", msg))["status"] == "SEND_OK"
+    assert ok(_signed(gw, BOB, "POST", "/topics/orders-1/messages", msg))["status"] == "SEND_OK"
     assert _signed(gw, BOB, "POST", "/topics/orders-secret/messages", msg).status_code == 403
 
 
@@ -353,7 +341,7 @@ def test_grpc_route_lookups_reach_the_name_server_signed_by_the_broker(platform:
     definition = pytest.importorskip("rocketmq.grpc_protocol.definition_pb2")
     stubs = pytest.importorskip("rocketmq.grpc_protocol.service_pb2_grpc")
     with platform.http(platform.namesrv) as http:
-        live = _ok(http.get("/cluster"))["live_brokers"]
+        live = ok(http.get("/cluster"))["live_brokers"]
     grpc_addr = next(info["grpc_addr"] for info in live.values() if info.get("grpc_addr"))
     date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     meta = (("x-mq-client-id", "ns-acl-client"), ("x-mq-date-time", date),
@@ -364,6 +352,31 @@ def test_grpc_route_lookups_reach_the_name_server_signed_by_the_broker(platform:
             pb.QueryRouteRequest(topic=definition.Resource(name="orders-1")), metadata=meta, timeout=10)
     assert route.status.code == definition.Code.OK, route.status
     assert len(route.message_queues) >= 2
+
+
+def test_deleting_a_topic_at_the_name_server_needs_delete_on_that_topic(platform: Platform) -> None:
+    """As at a broker (RocketMQ ACL 2.0): ``Delete`` on ``Topic:<name>``, not ``Update`` on ``Cluster``."""
+    ns, topic = platform.namesrv, "orders-del"
+    dora = Credentials("dora", "dora-secret-1")
+    with platform.http(platform.broker) as http:
+        ok(http.post("/topics", json={"topic": topic, "read_queue_nums": 1, "write_queue_nums": 1}))
+    wait_until(lambda: _signed(ns, ROOT, "GET", f"/routes/{topic}").status_code == 200, 20, f"the route of {topic}")
+    with platform.http(ns) as http:
+        _users(http, dora)
+        # Delete on this one topic and nothing else; alice keeps Sub on Topic:orders-*, gw Pub on Topic:*.
+        _policy(http, "dora", {"resource": f"Topic:{topic}", "actions": ["Delete"]})
+    before = platform.namesrv_state()
+    assert topic in before["topics"]
+    refusals = [("alice: Sub only", ALICE, topic), ("bob: no policy", BOB, topic), ("gw: Pub only", GW, topic),
+                ("dora: another topic", dora, "orders-1")]
+    for what, who, target in refusals:
+        resp = _signed(ns, who, "DELETE", f"/topics/{target}")
+        assert (resp.status_code, resp.json()["code"]) == (403, "NO_PERMISSION"), f"{what}: {resp.text}"
+        assert platform.namesrv_state() == before, f"{what} changed something"
+    assert ok(_signed(ns, dora, "DELETE", f"/topics/{topic}")) == {"topic": topic, "deleted": True}
+    assert topic not in ok(_signed(ns, ROOT, "GET", "/topics"))["topics"]
+    assert _signed(ns, ROOT, "GET", f"/routes/{topic}").json()["code"] == "TOPIC_NOT_EXIST"
+    assert ok(_signed(ns, ROOT, "GET", "/routes/orders-1"))["broker_datas"], "other topics keep their routes"
 
 
 def test_name_server_policy_changes_apply_within_seconds_and_survive_a_restart(platform: Platform) -> None:
@@ -390,6 +403,6 @@ def test_name_server_policy_changes_apply_within_seconds_and_survive_a_restart(p
     wait_until(lambda: _signed(ns, ROOT, "GET", "/routes/orders-1").status_code == 200, 20,
                "the broker's signed re-registration")
     assert _signed(ns, dave, "GET", "/routes/orders-1").status_code == 403
-    assert _ok(_signed(ns, dave, "GET", "/routes/orders-secret"))["broker_datas"]
+    assert ok(_signed(ns, dave, "GET", "/routes/orders-secret"))["broker_datas"]
     _cli("user", "delete", "dave", "--server", ns.addr, namesrv=ns.addr)
     assert _signed(ns, dave, "GET", "/routes/orders-secret").json()["code"] == "AUTHENTICATION_FAILED"

@@ -6,6 +6,7 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -281,3 +282,59 @@ def test_guard_decisions_follow_policy_changes_at_once(tmp_path: Path, caplog: p
     guard.authorize(alice, need, "127.0.0.1", "test")
     guard.authorize(alice, [(Action.PUB, Resource.topic("x")), (Action.PUB, Resource.topic("orders-2"))],
                     "127.0.0.1", "test", any_of=True)
+
+
+
+#: What each protocol's request carries without credentials, and with a claim that does not parse.
+_UNSIGNED: dict[str, object] = {"http": {}, "remoting": b"\x80", "grpc": {}}
+_MALFORMED: dict[str, object] = {"http": {"authorization": "Basic abc"}, "remoting": b"\xc1\x09",
+                                 "grpc": {"authorization": "MQv2-HMAC-SHA1 nonsense"}}
+
+
+def _signed_claim(protocol: str, access_key: str, secret: str, at: float) -> object:
+    """What a client of ``protocol`` sends signed with these keys at ``at`` (epoch seconds)."""
+    if protocol == "grpc":
+        date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(at))
+        return {"x-mq-date-time": date, "authorization": f"MQv2-HMAC-SHA1 Credential={access_key}, "
+                f"SignedHeaders=x-mq-date-time, Signature={grpc_signature(secret, date)}"}
+    signer = Signer(Credentials(access_key, secret), clock=lambda: at)
+    if protocol == "http":
+        return signer.http_headers("POST", "/topics/orders-1/messages", b"{}")
+    return signer.remoting_header(10, b"\x80", b"x")
+
+
+def _authenticate(guard: AccessGuard, protocol: str, claim: Any) -> Principal:
+    if protocol == "http":
+        return guard.authenticate_http("POST", "/topics/orders-1/messages", claim, b"{}", "10.1.2.3")
+    if protocol == "remoting":
+        return guard.authenticate_remoting(10, claim, b"x", "10.1.2.3")[0]
+    return guard.authenticate_grpc(claim, "ipv4:10.1.2.3:5000", "SendMessage")
+
+
+@pytest.mark.parametrize("protocol", ["http", "remoting", "grpc"])
+def test_every_protocol_is_authenticated_and_audited_by_one_implementation(
+        protocol: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """HTTP, remoting and gRPC claims go through the same checks (window, user, signature), and each refusal is
+    one audit line naming who (``-`` when no claim names anybody) and from where, never a secret."""
+    now = [1_700_000_000.0]
+    guard = _guard(tmp_path, now)
+    caplog.set_level(logging.INFO, logger="sparkmq.audit")
+    assert _authenticate(guard, protocol, _signed_claim(protocol, "alice", SECRET, now[0])) == Principal("alice")
+    refusals = {  # what is sent -> (who the audit line names, a part of the message)
+        "wrong secret": (_signed_claim(protocol, "alice", "wrong-secret", now[0]), "alice", "does not match"),
+        "unknown key": (_signed_claim(protocol, "mallory", SECRET, now[0]), "mallory", "is unknown"),
+        "stale": (_signed_claim(protocol, "alice", SECRET, now[0] - 301), "alice",
+                  "s away from the server's clock (the window is 300 s)"),
+        "none": (_UNSIGNED[protocol], "-",
+                 "Credentials(access_key, secret_key)" if protocol == "grpc" else "sign the request"),
+        "malformed": (_MALFORMED[protocol], "-", ""),
+    }
+    for name, (claim, who, says) in refusals.items():
+        caplog.clear()
+        with pytest.raises(SparkMQError) as info:
+            _authenticate(guard, protocol, claim)
+        assert info.value.code is ErrorCode.AUTHENTICATION_FAILED and says in info.value.message, name
+        lines = [r.getMessage() for r in caplog.records if r.name == "sparkmq.audit"]
+        assert len(lines) == 1 and lines[0].startswith(f"denied user={who} from=") and "10.1.2.3" in lines[0], \
+            (name, lines)
+        assert SECRET not in lines[0] and "wrong-secret" not in lines[0]

@@ -2,6 +2,7 @@
 name server failover, producer routing/retries/compression and rebalance over ``httpx.MockTransport``."""
 from __future__ import annotations
 
+import asyncio
 import base64
 import doctest
 import json
@@ -39,6 +40,7 @@ from sparkmq.platform.client import rebalance as rebalance_module
 from sparkmq.platform.client import remoting as remoting_module
 from sparkmq.platform.client import routes as routes_module
 from sparkmq.platform.client import scheduler as scheduler_module
+from sparkmq.platform.client import send_retry as send_retry_module
 from sparkmq.platform.client.admin import AdminClient
 from sparkmq.platform.client.allocation import AllocateAveragely
 from sparkmq.platform.client.fault import (
@@ -69,7 +71,8 @@ BA, BB = "10.0.1.1:10911", "10.0.1.2:10911"
 
 @pytest.mark.parametrize("module", [config_module, fault_module, process_queue_module, offset_store_module,
                                     routes_module, remoting_module, producer_module, rebalance_module,
-                                    scheduler_module, admin_module], ids=lambda m: m.__name__.rsplit(".", 1)[1])
+                                    scheduler_module, admin_module, send_retry_module],
+                         ids=lambda m: m.__name__.rsplit(".", 1)[1])
 def test_docstring_examples(module: object) -> None:
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)  # type: ignore[arg-type]
     assert result.failed == 0
@@ -779,6 +782,57 @@ def test_read_only_topic_has_no_write_queue(producer: Producer, cluster: FakeClu
     with pytest.raises(SparkMQError) as err:
         producer.send(_msg(topic="ro"))
     assert err.value.code is ErrorCode.NO_PERMISSION
+
+
+def _read_only_until_asked(cluster: FakeCluster, topic: str, asks: int | None) -> httpx.MockTransport:
+    """``topic`` on broker-a alone, read-only (no writable queue on any live master, as while a DLedger leadership
+    moves) until the name servers were asked for its route ``asks`` times (None: for good)."""
+    cluster.topics[topic] = {"broker-a": 4}
+    asked = [0]
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == f"/routes/{topic}":
+            asked[0] += 1
+            if asks is not None and asked[0] >= asks:
+                cluster.topics[topic] = {"broker-a": 6}
+        return cluster.handle(request)
+    return httpx.MockTransport(handle)
+
+
+def _retry_loop(kind: str, transport: httpx.MockTransport, topic: str) -> tuple[str, MessageQueue]:
+    """Run ``kind``'s send loop (the threaded or the asyncio producer) over ``transport``'s name servers with an
+    attempt that stores nothing and answers where it was sent."""
+    from sparkmq.platform.client import AsyncProducer
+
+    if kind == "threaded":
+        with Producer("pg", _config(), transport=transport) as threaded:
+            return threaded._with_retries(topic, None, None, lambda addr, mq, left: (addr, mq))
+
+    async def run() -> tuple[str, MessageQueue]:
+        async def attempt(addr: str, mq: MessageQueue, left: float) -> tuple[str, MessageQueue]:
+            return addr, mq
+        producer = AsyncProducer("pg", _config())
+        producer._routes = TopicRouteCache(NameServerClient([NS1, NS2], 3.0, transport=transport))
+        async with producer:
+            return await producer._with_retries(topic, None, None, attempt)
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("kind", ["threaded", "asyncio"])
+def test_no_writable_queue_is_waited_for_within_the_send_budget(cluster: FakeCluster, kind: str) -> None:
+    """Both producers (one decision logic, platform/client/send_retry.py): a route with no writable queue is asked
+    for again and, with no other broker to try, awaited a little, rather than failing the send at once."""
+    assert _retry_loop(kind, _read_only_until_asked(cluster, "moving", asks=2), "moving") == \
+        (BA, MessageQueue("moving", "broker-a", 0))
+    transport = _read_only_until_asked(cluster, "stuck", asks=None)
+    began = time.monotonic()
+    with pytest.raises(SparkMQError) as err:
+        _retry_loop(kind, transport, "stuck")
+    elapsed = time.monotonic() - began
+    assert err.value.code is ErrorCode.NO_PERMISSION and "no writable queue" in err.value.message
+    # 1 + 2 attempts, a pause after each but the last (no pause would only delay the error), within the budget.
+    assert 0.3 <= elapsed < _config().send_timeout_s, elapsed
+    assert sum(1 for _, _, path in cluster.requests if path == "/routes/stuck") >= 2, "the route was asked again"
 
 
 def test_producer_heartbeats_and_probes_isolated_brokers(cluster: FakeCluster) -> None:

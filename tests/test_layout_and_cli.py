@@ -3,13 +3,21 @@ from __future__ import annotations
 
 import importlib
 import json
+import queue
 import subprocess
 import sys
+import threading
+import time
 from collections import Counter
 from enum import Enum, EnumType
 from pathlib import Path
 
+import httpx
 import pytest
+from acl_users import ACL_SETTINGS, ALICE, WRONG, ok
+from acl_users import ROOT as SUPER_USER
+
+from procs import child_env, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -172,3 +180,164 @@ def test_every_broker_file_under_conf_loads_and_the_dledger_groups_agree():
     assert len(dledger_ports) == len(set(dledger_ports))
     others = {p for name, used in ports.items() if not name.startswith("dledger/") for p in used}
     assert not others & set(dledger_ports)
+
+
+def test_dev_keeps_access_control_off_unless_the_broker_table_turns_it_on(tmp_path):
+    """The embedded default stays open (no ACL anywhere); ``[broker] acl_enabled`` turns it on for the embedded name
+    server too (same super user, its ACL beside the broker's files) and the lake signs as that user."""
+    from sparkmq.api.embedded import EmbeddedPlatform
+
+    for default in (EmbeddedPlatform.from_toml(None, data_dir=tmp_path / "a", lake=True),
+                    EmbeddedPlatform.from_toml(ROOT / "conf" / "single-node.toml", data_dir=tmp_path / "b")):
+        assert not default.acl_enabled and not default.namesrv_config.acl_enabled
+        assert default.lake_settings.credentials is None
+    (tmp_path / "acl.toml").write_text(_acl_table())
+    acl = EmbeddedPlatform.from_toml(tmp_path / "acl.toml", data_dir=tmp_path / "c", lake=True)
+    ns = acl.namesrv_config
+    assert acl.acl_enabled and ns.acl_enabled and ns.data_dir == str(tmp_path / "c" / "namesrv")
+    assert (ns.acl_super_user_access_key, ns.acl_super_user_secret_key, ns.acl_clock_skew_s) == \
+        (SUPER_USER.access_key, SUPER_USER.secret_key, 60.0)
+    assert acl.credentials == SUPER_USER and acl.lake_settings.credentials == SUPER_USER
+    assert SUPER_USER.secret_key not in repr(ns) + repr(acl.lake_settings)
+    # Without a bootstrap super user nobody could sign anything: refused up front, the message naming the keys.
+    (tmp_path / "nobody.toml").write_text("[broker]\nacl_enabled = true\n")
+    with pytest.raises(ValueError, match="acl_super_user_access_key"):
+        EmbeddedPlatform.from_toml(tmp_path / "nobody.toml", data_dir=tmp_path / "d")
+
+
+def _acl_table(**more: object) -> str:
+    """A ``[broker]`` table with the ACL tests' settings (tests/acl_users.py) and ``more``."""
+    return "[broker]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in {**ACL_SETTINGS, **more}.items())
+
+
+def _dev_lines(proc: subprocess.Popen[str], until: str, timeout: float) -> list[str]:
+    """The lines ``sparkmq dev`` printed up to the one containing ``until`` (AssertionError after ``timeout``)."""
+    lines: queue.Queue[str] = queue.Queue()
+    out = proc.stdout
+    assert out is not None
+    threading.Thread(target=lambda: [lines.put(line) for line in out], daemon=True).start()
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while not seen or until not in seen[-1]:
+        try:
+            seen.append(lines.get(timeout=max(0.0, deadline - time.monotonic())))
+        except queue.Empty:
+            raise AssertionError(f"sparkmq dev printed no {until!r} in {timeout} s: {seen}") from None
+    return seen
+
+
+@pytest.mark.cluster
+def test_dev_with_acl_on_refuses_unsigned_calls_to_every_embedded_service(procs, tmp_path):
+    """``sparkmq dev --config`` with ``[broker] acl_enabled``: the demo runs signed; the name server, the broker and
+    its gateway endpoints refuse unsigned and wrongly signed calls (changing nothing) and serve signed ones."""
+    from sparkmq.platform.client.remoting import SigningAuth
+
+    conf = tmp_path / "dev-acl.toml"
+    conf.write_text(_acl_table(data_dir=str(tmp_path / "dev"), trace_enabled=False, register_interval_s=0.5)
+                    + "[store]\nsegment_size = 8388608\n")
+    argv = [sys.executable, "-m", "sparkmq.api.cli", "dev", "--config", str(conf), "--namesrv-port", "0",
+            "--broker-port", "0", "--no-lake", "--console-port", "-1", "--messages", "20"]
+    dev = procs.spawn("dev", argv, stdout=subprocess.PIPE, env=child_env(COLUMNS="500"))
+    printed = _dev_lines(dev.proc, "serving; Ctrl-C stops", 120)
+    assert "received 20 of 20" in "".join(printed), printed  # the demo signs as the bootstrap super user
+    where = next(line for line in printed if line.startswith("name server on"))
+    namesrv, broker = (part.split(",")[0].split()[0] for part in where.split(" on http://")[1:3])
+    admin_calls = {  # (service, method, path, JSON body) -> what it must not change when refused
+        "name server: cluster view": (namesrv, "GET", "/cluster", None),
+        "name server: forget a topic": (namesrv, "DELETE", "/topics/DemoTopic", None),
+        "broker: state": (broker, "GET", "/broker", None),
+        "broker: create a topic": (broker, "POST", "/topics", {"topic": "made-unsigned", "read_queue_nums": 1,
+                                                               "write_queue_nums": 1}),
+        "gateway: send": (broker, "POST", "/topics/DemoTopic/messages", {"body": "unsigned"}),
+    }
+
+    def call(credentials, addr: str, method: str, path: str, body) -> httpx.Response:
+        with httpx.Client(base_url=f"http://{addr}", timeout=10,
+                          auth=SigningAuth(credentials) if credentials else None) as http:
+            return http.request(method, path, json=body)
+
+    def state() -> dict:
+        with httpx.Client(timeout=10, auth=SigningAuth(SUPER_USER)) as http:
+            return {"route": http.get(f"http://{namesrv}/routes/DemoTopic").json(),
+                    "topics": ok(http.get(f"http://{namesrv}/topics"))["topics"],
+                    "max_offset": ok(http.get(f"http://{broker}/broker"))["commitlog"]["max_offset"],
+                    "broker_topics": sorted(t["topic"] for t in ok(http.get(f"http://{broker}/topics"))["topics"])}
+
+    # The demo's topic was auto-created: the name server routes it from the broker's next (signed) registration.
+    wait_until(lambda: call(SUPER_USER, namesrv, "GET", "/routes/DemoTopic", None).status_code == 200, 20,
+               "the broker's signed registration of DemoTopic")
+    before = state()
+    for what, (addr, method, path, body) in admin_calls.items():
+        for credentials in (None, WRONG, ALICE):  # no keys, a wrong secret, a user no service knows
+            resp = call(credentials, addr, method, path, body)
+            assert (resp.status_code, resp.json().get("code")) == (401, "AUTHENTICATION_FAILED"), f"{what}: {resp.text}"
+    assert state() == before, "a refused call changed something"
+    with httpx.Client(timeout=10) as http:
+        assert http.get(f"http://{namesrv}/health").status_code == 200, "health checks stay open"
+    # Signed by the config's bootstrap super user, the same calls go through (the topic is forgotten last).
+    for what in ("name server: cluster view", "broker: state", "broker: create a topic", "gateway: send",
+                 "name server: forget a topic"):
+        assert call(SUPER_USER, *admin_calls[what]).status_code == 200, what
+    after = state()
+    assert after["max_offset"] > before["max_offset"] and "made-unsigned" in after["broker_topics"]
+    assert after["route"]["code"] == "TOPIC_NOT_EXIST" and "DemoTopic" not in after["topics"]
+    assert dev.stop(timeout=60) == 0, dev.log()[-3000:]
+    assert SUPER_USER.secret_key not in "".join(printed) + dev.log(), "the secret is never printed or logged"
+
+
+class _Started(Exception):
+    """Raised by the fake lake service: the command got as far as starting it."""
+
+
+def test_lake_and_admin_sign_with_keys_from_options_or_the_environment(monkeypatch):
+    """``sparkmq lake`` hands ``--access-key`` / ``--secret-key`` (or SPARKMQ_ACCESS_KEY / SPARKMQ_SECRET_KEY, as
+    ``sparkmq admin``) to the lake jobs; one without the other, or a bad one, is a usage error that never echoes
+    the secret."""
+    import signal
+
+    from click.testing import CliRunner
+
+    import sparkmq.pipelines.lake_service as lake_service
+    from sparkmq.api.cli import admin_cmd, main
+    from sparkmq.platform.auth import Credentials
+
+    seen: list[object] = []
+
+    class FakeLake:
+        def __init__(self, *_roots: object, credentials: Credentials | None = None, **_settings: object) -> None:
+            seen.append(credentials)
+
+        def start(self, background: bool) -> None:
+            raise _Started
+
+    class FakeAdmin:
+        def __init__(self, config: object) -> None:
+            seen.append(config.credentials)  # type: ignore[attr-defined]
+
+        def topic_list(self) -> list[str]:
+            return []
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(lake_service, "LakeService", FakeLake)
+    monkeypatch.setattr(admin_cmd, "AdminClient", FakeAdmin)
+    monkeypatch.setattr(signal, "signal", lambda *_: None)  # the command's handlers must not outlive the test
+    lake_user = Credentials("lake", "lake-secret-1")
+    no_env = {"SPARKMQ_ACCESS_KEY": None, "SPARKMQ_SECRET_KEY": None}
+    from_env = {"SPARKMQ_ACCESS_KEY": lake_user.access_key, "SPARKMQ_SECRET_KEY": lake_user.secret_key}
+    runner = CliRunner()
+    lake = ["lake", "--namesrv", "127.0.0.1:1"]
+    keys = ["--access-key", lake_user.access_key, "--secret-key", lake_user.secret_key]
+    for args, env, expected in [(lake + keys, no_env, lake_user), (lake, from_env, lake_user), (lake, no_env, None),
+                                (["admin", *keys[:2], "topic", "list"], {"SPARKMQ_SECRET_KEY": lake_user.secret_key},
+                                 lake_user), (["admin", "topic", "list"], no_env, None)]:
+        seen.clear()
+        result = runner.invoke(main, args, env=env)
+        assert seen == [expected], (args, result.output, result.exception)
+    for args, complaint in [(lake + keys[:2], "--secret-key is missing"), (lake + keys[2:], "--access-key is missing"),
+                            (lake + ["--access-key", "lake", "--secret-key", "short"], "secret key must be"),
+                            (["admin", "--secret-key", "lake-secret-1", "topic", "list"], "--access-key is missing")]:
+        result = runner.invoke(main, args, env=no_env)
+        assert result.exit_code == 2 and complaint in result.output, (args, result.output)
+        assert "lake-secret-1" not in result.output and "'short'" not in result.output

@@ -1,4 +1,9 @@
-"""``sparkmq lake`` (the lake jobs as a standalone Spark application) and ``sparkmq sql``."""
+"""``sparkmq lake`` (the lake jobs as a standalone Spark application) and ``sparkmq sql``.
+
+Against brokers with ACL on, ``sparkmq lake`` signs its reads with ``--access-key`` / ``--secret-key`` (or
+``SPARKMQ_ACCESS_KEY`` / ``SPARKMQ_SECRET_KEY``, as ``sparkmq admin``): a user with ``Sub`` and ``Get`` on every topic
+(the broker's own lake takes ``[lake] access_key`` / ``secret_key``, the Spark source ``accessKey`` / ``secretKey``).
+"""
 from __future__ import annotations
 
 import json
@@ -10,6 +15,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from .credentials import credential_options, credentials_of
 from .output import console
 
 __all__ = ["lake", "sql"]
@@ -24,16 +30,18 @@ __all__ = ["lake", "sql"]
 @click.option("--spark-master", default=None, help="spark.master (default local[*])")
 @click.option("--conf", "confs", multiple=True, help="extra Spark setting key=value (repeatable)")
 @click.option("--status-interval-s", type=float, default=30.0, show_default=True, help="print job status this often")
+@credential_options
 def lake(namesrv: str, lake_root: Path, checkpoint_root: Path | None, spark_master: str | None,
-         confs: tuple[str, ...], status_interval_s: float) -> None:
+         confs: tuple[str, ...], status_interval_s: float, access_key: str | None, secret_key: str | None) -> None:
     """Run the lake jobs for a whole cluster until Ctrl-C: one Spark application for many brokers."""
     from ...pipelines.lake_service import LakeService
 
+    credentials = credentials_of(access_key, secret_key)
     spark_conf = dict(item.split("=", 1) for item in confs)
     if spark_master:
         spark_conf["spark.master"] = spark_master
     service = LakeService(lake_root, checkpoint_root or lake_root / "_checkpoints", namesrv=namesrv,
-                          spark_conf=spark_conf, job_name="cluster")
+                          spark_conf=spark_conf, job_name="cluster", credentials=credentials)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

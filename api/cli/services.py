@@ -3,7 +3,9 @@
 ``namesrv``, ``broker`` and ``gateway`` hand their arguments to the runners in ``api/``
 (``sparkmq broker --help`` lists them); ``dev`` runs the embedded default — a name server
 and a broker with its gateway endpoints in one process — and a demo that sends and
-receives through them.
+receives through them.  Access control stays off in ``dev`` unless its ``--config`` file turns
+it on in ``[broker]`` (``acl_enabled`` and the bootstrap super user, as for a broker): then every
+embedded service checks it, and the demo signs with that super user (docs/security.md).
 """
 from __future__ import annotations
 
@@ -11,11 +13,13 @@ import signal
 import sys
 import threading
 import time
+import tomllib
 from pathlib import Path
 
 import click
 from rich.table import Table
 
+from ...platform.auth import Credentials
 from ...platform.client.config import ClientConfig
 from ...platform.client.producer import Producer
 from ...platform.client.push_consumer import ConsumeStatus, PushConsumer
@@ -56,9 +60,11 @@ def gateway(ctx: click.Context) -> None:
 DEMO_TOPIC = "DemoTopic"
 
 
-def run_demo(namesrv_addr: str, messages: int) -> tuple[int, int, float]:
-    """Send ``messages`` through the platform and consume them back; returns (sent, received, seconds)."""
-    config = ClientConfig(namesrv_addrs=namesrv_addr, rebalance_interval_s=1.0)
+def run_demo(namesrv_addr: str, messages: int, credentials: Credentials | None = None) -> tuple[int, int, float]:
+    """Send ``messages`` through the platform and consume them back, signed with ``credentials`` when given (ACL
+    on); returns (sent, received, seconds)."""
+    keys = {"access_key": credentials.access_key, "secret_key": credentials.secret_key} if credentials else {}
+    config = ClientConfig(namesrv_addrs=namesrv_addr, rebalance_interval_s=1.0, **keys)
     wanted: set[str] = set()
     received: set[str] = set()
     all_in = threading.Event()
@@ -133,7 +139,8 @@ def _start_console(namesrv_addr: str, port: int) -> ConsoleThread | None:
 
 @click.command()
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              default=None, help="TOML with [namesrv], [broker], [store] tables (see conf/single-node.toml)")
+              default=None, help="TOML with [namesrv], [broker], [store], [lake] tables (see conf/single-node.toml; "
+                                 "[broker] acl_enabled = true turns access control on everywhere)")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None,
               help="where the broker keeps its files (overrides [broker] data_dir; default var/dev)")
 @click.option("--namesrv-port", type=int, default=None, help="name server port (0 = any free one)")
@@ -156,8 +163,11 @@ def dev(config_file: Path | None, data_dir: Path | None, namesrv_port: int | Non
         data_dir = Path("var/dev")
     if lake is None and config_file is None:
         lake = True  # the embedded default is the whole platform
-    platform = EmbeddedPlatform.from_toml(config_file, data_dir=data_dir, namesrv_port=namesrv_port,
-                                          broker_port=broker_port, lake=lake, ha=ha)
+    try:
+        platform = EmbeddedPlatform.from_toml(config_file, data_dir=data_dir, namesrv_port=namesrv_port,
+                                              broker_port=broker_port, lake=lake, ha=ha)
+    except (ValueError, TypeError, tomllib.TOMLDecodeError) as exc:  # the messages never show a secret
+        raise click.UsageError(f"--config: {exc}") from None
     platform.start()
     try:
         web = _start_console(platform.namesrv_addr, console_port)
@@ -175,6 +185,9 @@ def dev(config_file: Path | None, data_dir: Path | None, namesrv_port: int | Non
                       f"[bold]http://{platform.broker_addr}[/] (API docs at /docs){remoting}")
     if web is not None:
         console.print(f"web console on [bold]{web.url}[/]")
+    if platform.acl_enabled and platform.credentials is not None:  # the access key only: the secret stays in the file
+        console.print(f"access control on: sign requests as [bold]{platform.credentials.access_key}[/] (the "
+                      "bootstrap super user of the config file) and create users with sparkmq admin user create")
     if platform.slave_addr is not None:
         console.print(f"{'SYNC' if ha == 'sync' else 'ASYNC'}_MASTER with a slave on "
                       f"[bold]http://{platform.slave_addr}[/] (replication: GET /broker/ha)")
@@ -183,7 +196,7 @@ def dev(config_file: Path | None, data_dir: Path | None, namesrv_port: int | Non
         if platform.member_addrs:
             _print_dledger_group(platform)
         if demo:
-            sent, received, elapsed = run_demo(platform.namesrv_addr, messages)
+            sent, received, elapsed = run_demo(platform.namesrv_addr, messages, platform.credentials)
             table = Table("topic", "sent", "received", "seconds", "msg/s", title="demo")
             table.add_row(DEMO_TOPIC, str(sent), str(received), f"{elapsed:.2f}", f"{received / elapsed:,.0f}")
             console.print(table)

@@ -19,10 +19,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from ..common.errors import ErrorCode, SparkMQError
 from .model import AclTable, Action, Decision, Resource, User
-from .signing import SignedRequest, auth_failed, grpc_date_ms, parse_grpc, parse_http, split_remoting
+from .signing import GrpcSignature, SignedRequest, auth_failed, grpc_date_ms, parse_grpc, parse_http, split_remoting
 from .store import AclStore, acl_path
 
 __all__ = ["AccessGuard", "Principal", "Need", "DEFAULT_CLOCK_SKEW_S", "audit_log", "peer_ip"]
@@ -36,8 +37,12 @@ if audit_log.level == logging.NOTSET:
 DEFAULT_CLOCK_SKEW_S = 300.0
 #: Decisions remembered before the cache starts over (bounded memory whatever the callers send).
 _CACHE_MAX = 50_000
+#: What a refusal for missing credentials tells sparkmq's own clients, and the official gRPC clients.
+_SIGN_HINT = "sign the request with an access key"
+_GRPC_SIGN_HINT = "give the client Credentials(access_key, secret_key)"
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,68 +114,63 @@ class AccessGuard:
         self._decisions = {}  # a new dict, not clear(): readers on other threads keep a consistent one
 
     # -- authentication --------------------------------------------------------------------------
-    def _principal(self, signed: SignedRequest | None, peer: str | None, what: str) -> Principal:
+    # Every protocol goes through the same two steps: parse the claim (a malformed one is refused with no user
+    # to name), then :meth:`_principal` (skew window, user lookup, signature, one audit line per refusal).
+    def _principal(self, claim: SignedRequest | GrpcSignature | None, peer: str | None, what: str, *,
+                   how_to_sign: str = _SIGN_HINT) -> Principal:
+        """Who made ``claim`` (None: the request carried none); AUTHENTICATION_FAILED, audited, otherwise."""
         self.store.maybe_reload()
         try:
-            if signed is None:
-                raise auth_failed("no credentials: ACL is on, sign the request with an access key")
-            now_ms = int(self._clock() * 1000)
-            if abs(now_ms - signed.timestamp_ms) > self.clock_skew_ms:
-                raise auth_failed(f"the request was signed {abs(now_ms - signed.timestamp_ms) / 1000:.0f} s away "
-                                  f"from the server's clock (the window is {self.clock_skew_ms / 1000:.0f} s)")
-            user = self.store.table.users.get(signed.access_key)
-            if user is None or not signed.verify(user.secret_key):
+            if claim is None:
+                raise auth_failed(f"no credentials: ACL is on, {how_to_sign}")
+            now_s = self._clock()
+            if isinstance(claim, SignedRequest):
+                signed_ms, stamp = claim.timestamp_ms, "the request was signed"
+            else:  # the official gRPC clients sign their x-mq-date-time header, not the request
+                signed_ms, stamp = grpc_date_ms(claim.date_time, now_s), "x-mq-date-time is"
+            skew_ms = abs(now_s * 1000 - signed_ms)
+            if skew_ms > self.clock_skew_ms:
+                raise auth_failed(f"{stamp} {skew_ms / 1000:.0f} s away from the server's clock "
+                                  f"(the window is {self.clock_skew_ms / 1000:.0f} s)")
+            user = self.store.table.users.get(claim.access_key)
+            if user is None or not claim.verify(user.secret_key):
                 # One answer for both: an unknown key and a wrong secret look alike to the caller.
-                raise auth_failed(f"access key {signed.access_key!r} is unknown or the signature does not match")
+                raise auth_failed(f"access key {claim.access_key!r} is unknown or the signature does not match")
         except SparkMQError as exc:
-            who = signed.access_key if signed is not None else "-"
-            audit_log.warning("denied user=%s from=%s request=%s reason=%s", who, peer or "-", what, exc.message)
+            self._audit_refusal(claim.access_key if claim is not None else "-", peer, what, exc)
             raise
         return Principal(user.access_key, user.super_user)
+
+    @staticmethod
+    def _audit_refusal(who: str, peer: str | None, what: str, exc: SparkMQError) -> None:
+        audit_log.warning("denied user=%s from=%s request=%s reason=%s", who, peer or "-", what, exc.message)
+
+    @classmethod
+    def _parsed(cls, parse: Callable[..., _T], peer: str | None, what: str, *args: Any) -> _T:
+        """``parse(*args)``; a malformed claim is audited (no user to name) and raised."""
+        try:
+            return parse(*args)
+        except SparkMQError as exc:
+            cls._audit_refusal("-", peer, what, exc)
+            raise
 
     def authenticate_http(self, method: str, target: str, headers: Mapping[str, str], body: bytes,
                           peer: str | None) -> Principal:
         """Who signed an HTTP request (``target`` = raw path and ``?query``); AUTHENTICATION_FAILED otherwise."""
         what = f"{method} {target.partition('?')[0]}"
-        try:
-            signed = parse_http(method, target, headers, body)
-        except SparkMQError as exc:
-            audit_log.warning("denied user=- from=%s request=%s reason=%s", peer or "-", what, exc.message)
-            raise
-        return self._principal(signed, peer, what)
+        return self._principal(self._parsed(parse_http, peer, what, method, target, headers, body), peer, what)
 
     def authenticate_remoting(self, code: int, header: bytes | memoryview, body: bytes | memoryview,
                               peer: str | None) -> tuple[Principal, bytes | memoryview]:
         """(who signed a remoting request, its plain header); AUTHENTICATION_FAILED otherwise."""
         what = f"remoting code {code}"
-        try:
-            signed, plain = split_remoting(code, header, body)
-        except SparkMQError as exc:
-            audit_log.warning("denied user=- from=%s request=%s reason=%s", peer or "-", what, exc.message)
-            raise
+        signed, plain = self._parsed(split_remoting, peer, what, code, header, body)
         return self._principal(signed, peer, what), plain
 
     def authenticate_grpc(self, metadata: Mapping[str, str], peer: str | None, what: str) -> Principal:
         """Who signed a gRPC call (``MQv2-HMAC-SHA1``); AUTHENTICATION_FAILED otherwise."""
-        self.store.maybe_reload()
-        claim = None
-        try:
-            claim = parse_grpc(metadata)
-            if claim is None:
-                raise auth_failed("no credentials: ACL is on, give the client Credentials(access_key, secret_key)")
-            now = self._clock()
-            signed_ms = grpc_date_ms(claim.date_time, now)
-            if abs(now * 1000 - signed_ms) > self.clock_skew_ms:
-                raise auth_failed(f"x-mq-date-time is {abs(now * 1000 - signed_ms) / 1000:.0f} s away from the "
-                                  f"server's clock (the window is {self.clock_skew_ms / 1000:.0f} s)")
-            user = self.store.table.users.get(claim.access_key)
-            if user is None or not claim.verify(user.secret_key):
-                raise auth_failed(f"access key {claim.access_key!r} is unknown or the signature does not match")
-        except SparkMQError as exc:
-            who = claim.access_key if claim is not None else "-"
-            audit_log.warning("denied user=%s from=%s request=%s reason=%s", who, peer or "-", what, exc.message)
-            raise
-        return Principal(user.access_key, user.super_user)
+        claim = self._parsed(parse_grpc, peer, what, metadata)
+        return self._principal(claim, peer, what, how_to_sign=_GRPC_SIGN_HINT)
 
     # -- authorization ---------------------------------------------------------------------------
     def allowed(self, principal: Principal, action: Action, resource: Resource, peer: str | None) -> bool:

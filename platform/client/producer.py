@@ -6,6 +6,9 @@
 * Retries: a failed send is retried ``retry_times`` (2) more times on another broker, all
   within ``send_timeout_s`` (3 s).  Only failures that another broker might not have are
   retried (unreachable, unavailable, topic missing or read-only there); a bad message is not.
+  While no live master has a writable queue, or a broker name has no master (a DLedger leadership
+  moving), the route is asked for again and awaited within that budget.  The decisions are
+  :mod:`.send_retry`'s, shared with :class:`~.aio.AsyncProducer`.
 * Ordered sends (a ``sharding_key`` or a ``queue_selector``) go to one queue and are never
   retried elsewhere -- that would reorder them -- nor on the same queue, where a retry after a
   timeout could store the message twice out of order.  This is RocketMQ's behaviour.
@@ -54,6 +57,7 @@ from .fault import LatencyFaultTolerance, QueueSelector
 from .remoting import BrokerClientPool, NameServerClient, RemotingError
 from .routes import TopicRouteCache, TopicRouteInfo
 from .scheduler import Scheduler
+from .send_retry import BROKER_FAULT_CODES, RETRYABLE_CODES, Failover, OrderedQueue, RetryPolicy
 from .trace import TraceDispatcher
 
 __all__ = [
@@ -75,24 +79,6 @@ log = logging.getLogger("sparkmq.client")
 QueueSelectorFn = Callable[[Sequence[MessageQueue], Message], MessageQueue]
 #: ``callback(result, error)`` of :meth:`Producer.send_async`: exactly one of them is None.
 SendCallback = Callable[[SendResult | None, BaseException | None], None]
-
-#: After a master failed, its route is asked for again at most this often, and a producer with no other
-#: broker to try waits this long before the next attempt.
-_REFRESH_GAP_S = 0.2
-_FAILOVER_PAUSE_S = 0.2
-
-#: Failures worth one more attempt on another broker.
-RETRYABLE_CODES = frozenset({
-    ErrorCode.SERVICE_NOT_AVAILABLE, ErrorCode.INTERNAL_ERROR, ErrorCode.TOPIC_NOT_EXIST, ErrorCode.NO_PERMISSION,
-    ErrorCode.QUEUE_ID_ILLEGAL, ErrorCode.SLAVE_NOT_AVAILABLE, ErrorCode.DISK_FULL, ErrorCode.STORE_LOCKED,
-    ErrorCode.STORE_CORRUPT,
-})
-# Of those, the ones that say the broker itself is in trouble (isolate it); the others are about
-# this topic on that broker and should not keep other topics away from it.
-BROKER_FAULT_CODES = frozenset({
-    ErrorCode.SERVICE_NOT_AVAILABLE, ErrorCode.INTERNAL_ERROR, ErrorCode.SLAVE_NOT_AVAILABLE, ErrorCode.DISK_FULL,
-    ErrorCode.STORE_LOCKED, ErrorCode.STORE_CORRUPT,
-})
 
 
 def select_by_sharding_key(queues: Sequence[MessageQueue], sharding_key: str) -> MessageQueue:
@@ -215,7 +201,7 @@ class Producer:
         self._state_lock = threading.Lock()
         self._state = "created"
         self._met_addrs: set[str] = set()  # masters this producer has sent to (heartbeat them at once)
-        self._last_failover_refresh: dict[str, float] = {}  # topic -> when its route was last re-asked after a failure
+        self._retries = RetryPolicy(config, self._selector, self.fault)
         #: ``send`` trace events, posted in batches to the broker that stored each message.
         self._tracer = TraceDispatcher(self._brokers, f"producer-{group}") if config.trace_enabled else None
 
@@ -334,74 +320,37 @@ class Producer:
         assert sharding_key is not None
         return select_by_sharding_key(queues, sharding_key)
 
-    def _with_retries(self, topic: str, timeout: float | None, ordered_queue: Callable[[TopicRouteInfo], MessageQueue]
-                      | None, attempt_fn: Callable[[str, MessageQueue, float], Any]) -> Any:
-        """Run ``attempt_fn(addr, queue, time_left)`` until it succeeds, retrying on other brokers."""
-        budget = self.config.send_timeout_s if timeout is None else timeout
-        if budget <= 0:
-            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"timeout must be > 0, got {timeout!r}")
-        deadline = time.monotonic() + budget
-        attempts = 1 if ordered_queue is not None else 1 + self.config.retry_times
-        last_broker: str | None = None
-        last_error: SparkMQError | None = None
-        for attempt in range(attempts):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            route = self._routes.get(topic, allow_default=True)
-            if not route.write_queues:
-                # No live master has it writable now (a DLedger leadership moving, a master re-registering):
-                # refresh and pause as for a missing master, within the budget, rather than fail at once.
-                last_error = SparkMQError(ErrorCode.NO_PERMISSION,
-                                          f"topic {topic!r} has no writable queue on any live master")
-                self._await_new_master(topic, route, deadline if attempt + 1 < attempts else 0.0)
+    def _with_retries(self, topic: str, timeout: float | None, ordered_queue: OrderedQueue | None,
+                      attempt_fn: Callable[[str, MessageQueue, float], Any]) -> Any:
+        """Run ``attempt_fn(addr, queue, time_left)`` until it succeeds, retrying on other brokers (the decisions
+        are :mod:`.send_retry`'s, shared with the asyncio producer)."""
+        attempts = self._retries.begin(topic, timeout, ordered_queue)
+        for _ in attempts:
+            step = attempts.next_step(self._routes.get(topic, allow_default=True))
+            if isinstance(step, Failover):
+                self._fail_over(topic, step)
                 continue
-            mq = ordered_queue(route) if ordered_queue is not None else self._selector.select(route.write_queues,
-                                                                                              last_broker)
-            addr = route.master_addr(mq.broker_name)
-            if addr is None:  # no master now (a DLedger group electing one): ask again shortly
-                last_error = SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"{mq.broker_name} has no master")
-                last_broker = mq.broker_name
-                self._await_new_master(topic, route, deadline)
-                continue
-            if addr not in self._met_addrs:
+            if step.addr not in self._met_addrs:
                 # A broker first met: tell it about this producer now, not at the next period.
-                self._met_addrs.add(addr)
+                self._met_addrs.add(step.addr)
                 self._scheduler.trigger("heartbeat")
-            begin = time.monotonic()
             try:
-                result = attempt_fn(addr, mq, left)
+                result = attempt_fn(step.addr, step.queue, step.time_left)
             except SparkMQError as exc:
-                elapsed_ms = (time.monotonic() - begin) * 1000
-                if exc.code not in RETRYABLE_CODES:
-                    raise
-                if exc.code in BROKER_FAULT_CODES:
-                    unreachable = isinstance(exc, RemotingError) and not exc.timed_out
-                    self.fault.update(mq.broker_name, elapsed_ms, isolation=True, reachable=not unreachable)
-                    if exc.code is ErrorCode.SERVICE_NOT_AVAILABLE:
-                        # Down or no longer the master (a DLedger leader deposed): the name servers may
-                        # already name its successor, for this attempt's retry or the next send.
-                        self._await_new_master(topic, route, deadline if attempt + 1 < attempts else 0.0)
-                if exc.code in (ErrorCode.TOPIC_NOT_EXIST, ErrorCode.NO_PERMISSION, ErrorCode.QUEUE_ID_ILLEGAL):
-                    self._refresh_route_quietly(topic)
-                log.info("send to %s (%s) failed, attempt %d of %d: %s", mq.key, addr, attempt + 1, attempts, exc)
-                last_broker, last_error = mq.broker_name, exc
+                self._fail_over(topic, attempts.failed(step, exc))
                 continue
-            self.fault.update(mq.broker_name, (time.monotonic() - begin) * 1000)
+            attempts.succeeded(step)
             return result
-        if last_error is not None:
-            raise last_error
-        raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"send to {topic!r} timed out after {budget:.3f} s")
+        raise attempts.give_up()
 
-    def _await_new_master(self, topic: str, route: TopicRouteInfo, deadline: float) -> None:
-        """Before retrying where the master failed: refresh the route (at most every ``_REFRESH_GAP_S``) and,
-        when there is no other broker to try, pause a little so a failover can finish within the budget."""
-        now = time.monotonic()
-        if now - self._last_failover_refresh.get(topic, 0.0) >= _REFRESH_GAP_S:
-            self._last_failover_refresh[topic] = now
+    def _fail_over(self, topic: str, failover: Failover | None) -> None:
+        """Ask for ``topic``'s route again and pause, as ``failover`` says."""
+        if failover is None:
+            return
+        if failover.refresh:
             self._refresh_route_quietly(topic)
-        if len(route.broker_names) <= 1:
-            time.sleep(max(0.0, min(_FAILOVER_PAUSE_S, deadline - time.monotonic())))
+        if pause_s := failover.pause_s():
+            time.sleep(pause_s)
 
     def _refresh_route_quietly(self, topic: str) -> None:
         try:
