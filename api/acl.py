@@ -161,6 +161,9 @@ ROUTE_NEEDS: dict[tuple[str, str], str | NeedsOf] = {
     ("POST", "/locks/unlock"): _lock_queues,
     ("GET", "/dlq/{group}"): _SUB_GROUP,
     ("POST", "/dlq/{group}/redrive"): _on(Action.UPDATE, "group"),
+    # Like a re-drive: an operator changing what the group consumes (Update on the group), not a producer
+    # (no Pub on the origin topic) nor a member (Sub would let any consumer of the group replay anything).
+    ("POST", "/consumers/{group}/resend"): _on(Action.UPDATE, "group"),
     # topics
     ("GET", "/topics"): _cluster(Action.LIST),
     ("POST", "/topics"): _on(Action.CREATE, "topic", "body"),
@@ -173,6 +176,10 @@ ROUTE_NEEDS: dict[tuple[str, str], str | NeedsOf] = {
     ("POST", "/trace"): SIGNED,
     ("GET", "/trace/{msg_id}"): _GET_CLUSTER,
     ("GET", "/alerts"): _GET_CLUSTER,
+    ("GET", "/alerts/rules"): _GET_CLUSTER,
+    # Report rows of one topic or group: what its stats and lag routes need.
+    ("GET", "/reports/topics/{topic}"): _on(Action.GET, "topic"),
+    ("GET", "/reports/groups/{group}"): _on(Action.GET, "group"),
     ("GET", "/broker"): _GET_CLUSTER,
     ("GET", "/broker/ha"): _GET_CLUSTER,
     ("GET", "/broker/ha/sync"): _GET_CLUSTER,

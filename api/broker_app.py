@@ -45,7 +45,7 @@ from ..platform.broker.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..platform.broker.processors import OutgoingMessage
 from ..platform.common import wire
 from ..platform.common.errors import ErrorCode, SparkMQError
-from ..platform.common.protocol import PullResult
+from ..platform.common.protocol import REPORT_RANGES, PullResult
 from ..platform.ha.dledger import DLedgerMember, LeadershipTransferError
 from .acl import acl_router, broker_guard, http_access
 from .console.docs import install_docs
@@ -160,6 +160,12 @@ class RedriveBody(_Strict):
     tags: str | None = None
 
 
+class ResendBody(_Strict):
+    """``POST /consumers/{group}/resend``: the message to consume again."""
+
+    msg_id: str = Field(description="an offsetMsgId of this broker, or a msgId (UNIQ_KEY) in its lake's index")
+
+
 class EndTransactionBody(_Strict):
     """``POST /transactions/{transaction_id}``."""
 
@@ -201,6 +207,8 @@ class ConsumerBody(_Strict):
     message_model: _Lenient[MessageModel] = MessageModel.CLUSTERING
     consume_from_where: _Lenient[ConsumeFromWhere] = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
     subscriptions: list[SubscriptionBody] = Field(default_factory=list)
+    held_queues: list[str] = Field(default_factory=list,
+                                   description="the queues the member holds, each 'topic@broker/queue_id'")
 
 
 class HeartbeatBody(_Strict):
@@ -532,7 +540,8 @@ async def topic_stats(topic: TopicPath, broker: BrokerDep) -> dict[str, Any]:
 def heartbeat(body: HeartbeatBody, broker: BrokerDep) -> dict[str, Any]:
     """Record a client's heartbeat; answers each consumer group's membership version."""
     consumers = [ConsumerData(c.group, c.consume_type, c.message_model, c.consume_from_where,
-                              tuple(Subscription(s.topic, s.expression, s.type) for s in c.subscriptions))
+                              tuple(Subscription(s.topic, s.expression, s.type) for s in c.subscriptions),
+                              tuple(c.held_queues))
                  for c in body.consumers]
     versions = broker.consumer_processor.heartbeat(body.client_id, body.producer_groups, consumers)
     return {"groups": {g: {"version": v} for g, v in versions.items()}}
@@ -640,6 +649,13 @@ def redrive(group: GroupPath, body: RedriveBody, broker: BrokerDep) -> dict[str,
     return broker.admin_processor.redrive(group, body.msg_ids, all_messages=body.all, topic=body.topic, tags=body.tags)
 
 
+@features_router.post("/consumers/{group}/resend")
+def resend(group: GroupPath, body: ResendBody, broker: BrokerDep) -> dict[str, Any]:
+    """Store a copy of a message in ``%RETRY%<group>``: that group, and no other, consumes it again (reconsume
+    count 0).  MESSAGE_ID_ILLEGAL, MESSAGE_NOT_FOUND, GROUP_NOT_EXIST, nothing stored."""
+    return broker.admin_processor.resend(body.msg_id, group)
+
+
 @features_router.get("/transactions/checks")
 async def transaction_checks(broker: BrokerDep, producer_group: GroupName, client_id: ClientId | None = None,
                              wait_ms: WaitMs = 0) -> dict[str, Any]:
@@ -700,6 +716,30 @@ def alerts(broker: BrokerDep, state: Literal["open", "all"] = "open",
     if state == "open":
         return {"alerts": open_alerts(lake_root)[:limit]}
     return {"alerts": _every_alert(str(lake_root), limit)}
+
+
+@broker_router.get("/alerts/rules", tags=["lake"])
+def alert_rules(broker: BrokerDep) -> dict[str, Any]:
+    """The alert rules this broker's lake evaluates, as configured in ``[[alerts.rules]]`` (name, kind,
+    threshold, for_minutes, severity, group / topic filters); none without a lake, ``error`` for a bad table."""
+    return broker.admin_processor.alert_rules()
+
+
+_RANGE_QUERY = Query(alias="range", description=f"one of {', '.join(REPORT_RANGES)}")
+
+
+@broker_router.get("/reports/topics/{topic}", tags=["lake"])
+def topic_report(topic: TopicPath, broker: BrokerDep, range_name: Annotated[str, _RANGE_QUERY] = "6h"
+                 ) -> dict[str, Any]:
+    """This broker's ``topic_stats`` rows of a topic over the range, bucketed: messages and TPS in and out."""
+    return broker.admin_processor.report_series("topic", topic, range_name).to_dict()
+
+
+@broker_router.get("/reports/groups/{group}", tags=["lake"])
+def group_report(group: GroupPath, broker: BrokerDep, range_name: Annotated[str, _RANGE_QUERY] = "6h"
+                 ) -> dict[str, Any]:
+    """This broker's ``group_stats`` rows of a group over the range, bucketed: consumed messages, TPS and lag."""
+    return broker.admin_processor.report_series("group", group, range_name).to_dict()
 
 
 def _every_alert(lake_root: str, limit: int) -> list[dict[str, Any]]:

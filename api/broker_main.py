@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import gc
 import logging
@@ -83,8 +84,21 @@ class BrokerService:
         self._stop_requested = False
         self.lake_settings = lake or LakeSettings()
         self.lake: LakeService | None = None
+        if self.lake_settings.enabled:
+            self._publish_alert_rules()
         self.remoting: BrokerRemoting | None = None
         self.grpc: GrpcServer | None = None
+
+    def _publish_alert_rules(self) -> None:
+        """Tell the broker the rules its lake evaluates (``GET /alerts/rules``): parsed as the report job will."""
+        from ..pipelines.alerts import AlertConfig
+
+        try:
+            rules = AlertConfig.from_mapping(self.lake_settings.alerts).rules
+        except (TypeError, ValueError) as exc:  # the report job fails on it too: say why instead of "no rules"
+            self.broker.admin_processor.set_alert_rules([], error=str(exc))
+            return
+        self.broker.admin_processor.set_alert_rules(dataclasses.asdict(r) for r in rules)
 
     def _start_lake(self) -> None:
         if not self.lake_settings.enabled:

@@ -61,6 +61,11 @@ def _reply(header: p.Header, body: bytes | memoryview = b"") -> Reply:
     return Reply(0, _encode(header), body)
 
 
+def _text(value: object) -> str | None:
+    """An optional enum as its wire string."""
+    return None if value is None else str(value)
+
+
 def _peer_host(conn: ServerConnection) -> str | None:
     return conn.peer or None
 
@@ -282,7 +287,8 @@ class BrokerRemoting:
     def _heartbeat(self, conn: ServerConnection, frame: Frame) -> Reply:
         req = decode_header(frame, p.HeartbeatRequest)
         consumers = [ConsumerData(c.group, c.consume_type, c.message_model, c.consume_from_where,
-                                  tuple(Subscription(s.topic, s.expression, s.type) for s in c.subscriptions))
+                                  tuple(Subscription(s.topic, s.expression, s.type) for s in c.subscriptions),
+                                  tuple(c.held_queues))
                      for c in req.consumers]
         versions = self.broker.consumer_processor.heartbeat(req.client_id, req.producer_groups, consumers)
         self._bind(req.client_id, conn)
@@ -310,8 +316,11 @@ class BrokerRemoting:
     def _group_info(self, conn: ServerConnection, frame: Frame) -> Reply:
         req = decode_header(frame, p.GroupInfoRequest)
         info = self.broker.consumer_processor.group_info(req.group)
-        model = None if info.message_model is None else str(info.message_model)
-        return _reply(p.GroupInfoResponse(info.group, info.version, list(info.members), model))
+        # The whole view, as GET /consumers/{group} answers it: admin clients read groups over remoting too.
+        return _reply(p.GroupInfoResponse(
+            info.group, info.version, list(info.members), _text(info.message_model), _text(info.consume_type),
+            _text(info.consume_from_where),
+            [p.SubscriptionData(s.topic, s.expression, str(s.type)) for s in info.subscriptions], info.clients))
 
     def _lock_queues(self, conn: ServerConnection, frame: Frame) -> Reply:
         req = decode_header(frame, p.LockRequest)

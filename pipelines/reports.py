@@ -67,10 +67,19 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pads
 from deltalake import DeltaTable
 
 from sparkmq.platform.client import AdminClient, BrokerClient, ClientConfig
-from sparkmq.platform.common.errors import SparkMQError
+from sparkmq.platform.common.errors import ErrorCode, SparkMQError
+from sparkmq.platform.common.protocol import (
+    MAX_REPORT_ROWS,
+    REPORT_KINDS,
+    ReportPoint,
+    ReportSeries,
+    report_range,
+)
+from sparkmq.platform.common.validation import validate_group, validate_topic
 
 from . import tables
 from .delta_io import append_exactly_once, snapshot
@@ -87,6 +96,7 @@ __all__ = [
     "ReportResult",
     "Reporter",
     "offsets_source",
+    "read_report_series",
     "report_app_id",
     "run_report",
 ]
@@ -662,3 +672,65 @@ class Reporter:
                 "last_topic_rows": last.topic_rows if last else None,
                 "last_group_rows": last.group_rows if last else None,
                 "last_error": self.last_error}
+
+
+# -- reading the reports back (the broker's GET /reports/..., for charts) --------------------------
+
+def read_report_series(lake_root: str | os.PathLike[str], kind: str, name: str, range_name: str, *,
+                       broker: str | None = None, now: dt.datetime | None = None,
+                       max_rows: int = MAX_REPORT_ROWS) -> ReportSeries:
+    """One topic's (``topic_stats``) or group's (``group_stats``) rows of the last ``range_name`` (``"1h"``,
+    ``"6h"``, ``"24h"``, ``"7d"``), summed per bucket of :data:`~sparkmq.platform.common.protocol.REPORT_RANGES`.
+
+    ``broker``: only that broker's rows (a broker answers for its own queues, also in a lake it shares).
+    A group's ``lag`` is its lag over every queue at the end of the bucket's last window.  At most
+    ``max_rows`` rows are scanned (then ``truncated``).  No table yet: no points.  INVALID_ARGUMENT for an
+    unknown kind or range, TOPIC_ILLEGAL / GROUP_ILLEGAL for a bad name.  delta-rs only, no Spark.
+
+    Example::
+
+        series = read_report_series("/data/broker/lake", "group", "orders-cg", "6h", broker="broker-a")
+        [(p.t, p.tps_out, p.lag) for p in series.points]
+    """
+    seconds, step = report_range(range_name)
+    if kind not in REPORT_KINDS:
+        raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"kind must be one of {list(REPORT_KINDS)}, got {kind!r}")
+    (validate_topic if kind == "topic" else validate_group)(name)
+    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+        raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"max_rows must be an integer >= 1, got {max_rows!r}")
+    empty = ReportSeries(kind, name, range_name, step)
+    path = tables.table_path(lake_root, tables.TOPIC_STATS if kind == "topic" else tables.GROUP_STATS)
+    if not DeltaTable.is_deltatable(path):
+        return empty
+    start = (now or dt.datetime.now(UTC)) - dt.timedelta(seconds=seconds)
+    columns = ["window_start", "messages_in", "messages_out"] + (["lag"] if kind == "group" else [])
+    cond = (pads.field("window_start") >= pa.scalar(start, _TS)) & (pads.field(kind) == name)
+    if broker is not None:
+        cond &= pads.field("broker") == broker
+    dataset = DeltaTable(path).to_pyarrow_dataset(file_pruning_predicate=[("window_start", ">=", start)])
+    per_window: dict[int, list[int]] = {}  # epoch s -> [messages_in, messages_out, lag]
+    scanned, truncated = 0, False
+    for batch in dataset.to_batches(columns=columns, filter=cond):
+        if scanned + batch.num_rows > max_rows:
+            batch, truncated = batch.slice(0, max_rows - scanned), True
+        scanned += batch.num_rows
+        sums = pa.Table.from_batches([batch]).group_by("window_start").aggregate(
+            [(c, "sum") for c in columns[1:]])
+        for row in sums.to_pylist():
+            acc = per_window.setdefault(int(row["window_start"].timestamp()), [0, 0, 0])
+            for i, c in enumerate(columns[1:]):
+                acc[i] += row[f"{c}_sum"] or 0
+        if truncated:
+            break
+    buckets: dict[int, list[int]] = {}  # bucket start -> [in, out, lag, window the lag is of]
+    for window, (n_in, n_out, lag) in sorted(per_window.items()):
+        acc = buckets.setdefault(window - window % step, [0, 0, 0, window])
+        acc[0] += n_in
+        acc[1] += n_out
+        acc[2], acc[3] = lag, window  # windows come in order: the bucket's last one wins
+    newest_end = max(per_window, default=0) + 60
+    points = []
+    for t, (n_in, n_out, lag, _) in sorted(buckets.items()):
+        span = min(step, newest_end - t)  # the newest bucket may not be complete yet: its rate is over what is
+        points.append(ReportPoint(t, n_in, n_out, n_in / span, n_out / span, lag if kind == "group" else None))
+    return ReportSeries(kind, name, range_name, step, points, truncated)

@@ -423,11 +423,13 @@ def test_heartbeats_groups_and_change_polls(http: httpx.Client, shared: ThreadSe
     info = ok(http.get("/consumers/cg1"))
     assert info == {"group": "cg1", "version": 1, "members": ["host@1@a"], "message_model": "CLUSTERING",
                     "consume_type": "PUSH", "consume_from_where": "CONSUME_FROM_LAST_OFFSET",
-                    "subscriptions": [{"topic": "t1", "expression": "*", "type": "TAG"}]}
+                    "subscriptions": [{"topic": "t1", "expression": "*", "type": "TAG"}],
+                    "clients": [{"client_id": "host@1@a", "consume_type": "PUSH", "message_model": "CLUSTERING",
+                                 "held_queues": []}]}
     assert ok(http.get("/topics/%25RETRY%25cg1"))["read_queue_nums"] == 1  # the retry topic came with it
     assert ok(http.get("/consumers/nobody")) == {"group": "nobody", "version": 0, "members": [],
                                                   "message_model": None, "consume_type": None,
-                                                  "consume_from_where": None, "subscriptions": []}
+                                                  "consume_from_where": None, "subscriptions": [], "clients": []}
     # A different version answers at once; the same one is held until a member joins.
     assert ok(http.get("/consumers/cg1/changes", params={"version": 0, "wait_ms": 10_000})) == {
         "version": 1, "members": ["host@1@a"]}

@@ -11,23 +11,35 @@ name server, a broker with its lake (the key index and message trace) and ``spar
 * a failing consumer's messages appear on the dead-letters page, a bulk re-drive moves them back (with the
   count) and they are consumed;
 * the cluster page shows each broker's version and the disk use of its store;
+* the group page shows which member holds which queue (a push and an asyncio member of one group), each queue
+  held by exactly one, and after one member stops the other holds them all; a POP member holds none;
+* a message is re-sent to one group from the messages page: that group consumes it again, another does not; an
+  unknown group is refused with the broker's code and nothing is stored; by msgId through the admin API too;
+* the chart range picker's longer ranges read the lake's report tables: rows written into topic_stats and
+  group_stats come back from the admin API and are the points of the charts in the browser;
+* the alerts page lists the configured rules (name, condition, severity, filters) above the alerts;
 * an alert rule made true here (a hung consumer's lag above the threshold) shows as firing on the alerts page;
 * with access control on (a second, ACL-enabled broker and console): the console asks for an access key, a
   wrong secret is refused with a clear message, the session lives server-side (HttpOnly cookie, the secret
   never answered or logged); a super user creates and deletes a topic; a user without the policy sees the
   broker's NO_PERMISSION and the topic list is unchanged, actions their policy forbids are disabled;
-* every page is photographed at desktop and phone width into ``build/screenshots`` (artefacts, not committed)
-  and, at phone width, nothing is wider than the screen; ``build/screenshots/readme`` gets the README's two
-  small pictures (copy them to ``docs/`` when the pages change).
+* every page is photographed at desktop and phone width into ``build/screenshots`` (artefacts, not committed),
+  and so are the views that last only while a test runs (a group's members and their queues, a POP member, a
+  re-sent message); at phone width nothing is wider than the screen; ``build/screenshots/readme`` gets the
+  README's two small pictures (copy them to ``docs/`` when the pages change).
 
 The browser is the system ``chromium`` (``python3 build.py setup`` installs it with apt); without it, or
 without Playwright, the module is skipped with the reason.
 """
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
 import io
 import json
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,6 +49,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+import pyarrow as pa
 import pytest
 
 from procs import (
@@ -44,16 +57,22 @@ from procs import (
     NAMESRV,
     ProcessHarness,
     ServiceProcess,
+    child_env,
     fast_client_config,
     route_has,
     wait_until,
     write_conf,
 )
+from sparkmq.pipelines import tables
+from sparkmq.pipelines.delta_io import append_exactly_once
 from sparkmq.platform.auth import Credentials
 from sparkmq.platform.client import ClientConfig, Message, Producer
 from sparkmq.platform.client.admin import AdminClient
+from sparkmq.platform.client.aio import AsyncConsumer
 from sparkmq.platform.client.push_consumer import ConsumeStatus, PushConsumer
 from sparkmq.platform.client.remoting import SigningAuth
+from sparkmq.platform.common.errors import ErrorCode, SparkMQError
+from sparkmq.platform.common.protocol import parse_held_queue
 from sparkmq.platform.common.wire import ReceivedMessage
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.cluster, pytest.mark.timeout(600)]
@@ -83,6 +102,15 @@ threshold = 5
 for_minutes = 1
 severity = "critical"
 group = "console-alert*"
+
+# Never fires (no such group): the alerts page lists it all the same.
+[[alerts.rules]]
+name = "console-dlq-growth"
+kind = "dlq_growth"
+threshold = 100
+for_minutes = 2
+severity = "warning"
+group = "console-never*"
 """
 
 
@@ -97,6 +125,8 @@ class Cluster:
     admin: AdminClient
     config: ClientConfig
     api: httpx.Client
+    #: The broker's lake (its report tables).
+    lake: Path
     #: Pages worth photographing once the tests have put data on them: (name, hash route).
     pages: dict[str, str] = field(default_factory=dict)
 
@@ -116,7 +146,7 @@ def cluster(module_procs: ProcessHarness) -> Iterator[Cluster]:
     admin = AdminClient(config)
     api = httpx.Client(base_url=console.url + "/api", timeout=30)
     try:
-        yield Cluster(ns, broker, console, gateway, admin, config, api)
+        yield Cluster(ns, broker, console, gateway, admin, config, api, work / "broker" / "lake")
     finally:
         api.close()
         admin.close()
@@ -164,7 +194,7 @@ class Listener:
     """A push listener that records what it consumed, fails while ``failing`` is set, holds while ``gate`` is not."""
 
     def __init__(self) -> None:
-        self.bodies: list[bytes] = []
+        self.messages: list[ReceivedMessage] = []
         self.failing = False
         #: Cleared: the listener holds every batch (a backlog builds up) until it is set again.
         self.gate = threading.Event()
@@ -176,12 +206,16 @@ class Listener:
         if self.failing:
             return ConsumeStatus.RECONSUME_LATER
         with self.lock:
-            self.bodies.extend(m.body for m in batch)
+            self.messages.extend(batch)
         return ConsumeStatus.CONSUME_SUCCESS
 
     def count(self, prefix: bytes = b"") -> int:
+        return len(self.received(prefix))
+
+    def received(self, prefix: bytes = b"") -> list[ReceivedMessage]:
+        """The messages consumed whose body starts with ``prefix``, in order."""
         with self.lock:
-            return sum(1 for b in self.bodies if b.startswith(prefix))
+            return [m for m in self.messages if m.body.startswith(prefix)]
 
 
 def start_consumer(c: Cluster, group: str, topic: str, listener: Callable[[list[ReceivedMessage]], ConsumeStatus],
@@ -448,6 +482,259 @@ def test_an_alert_that_fires_shows_on_the_alerts_page(cluster: Cluster, page: An
         consumer.shutdown()
 
 
+# -- which member holds which queue ----------------------------------------------------------------------------
+
+class AioMember:
+    """An :class:`AsyncConsumer` of a group on its own event loop thread (the asyncio client's heartbeat)."""
+
+    def __init__(self, config: ClientConfig, group: str, topic: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="aio-member", daemon=True)
+        self.thread.start()
+
+        async def start() -> AsyncConsumer:
+            consumer = AsyncConsumer(group, config, consume_from_where="FIRST_OFFSET")
+            consumer.subscribe(topic)
+            return await consumer.start()
+        self.consumer = asyncio.run_coroutine_threadsafe(start(), self.loop).result(60)
+        self.client_id = self.consumer.client_id
+
+    def stop(self) -> None:
+        if self.thread.is_alive():
+            asyncio.run_coroutine_threadsafe(self.consumer.shutdown(), self.loop).result(60)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(30)
+
+
+def held_by(admin: AdminClient, group: str, topic: str, members: set[str], queues: int) -> dict[int, str] | None:
+    """Queue id -> its one holder among ``members`` (the admin API's view), once every queue of ``topic`` has
+    exactly one and the group's members are ``members``; else None."""
+    clients = admin.group_clients(group)
+    if {c.client_id for c in clients} != members:
+        return None
+    owners: dict[int, list[str]] = {}
+    for c in clients:
+        for key in c.held_queues:
+            t, _, queue_id = parse_held_queue(key)
+            if t == topic:
+                owners.setdefault(queue_id, []).append(c.client_id)
+    if sorted(owners) != list(range(queues)) or any(len(h) != 1 for h in owners.values()):
+        return None
+    return {q: h[0] for q, h in owners.items()}
+
+
+def shown_holders(page: Any, topic: str) -> dict[int, str]:
+    """The lag table's "held by" cell of each queue of ``topic`` on the group page, by queue id."""
+    rows = page.locator(f"[data-testid=group-queues] tbody tr[data-queue^='{topic}@']").evaluate_all(
+        "rows => rows.map(r => [r.dataset.queue, r.lastElementChild.textContent])")
+    return {parse_held_queue(key)[2]: text for key, text in rows}
+
+
+def test_the_group_page_shows_which_member_holds_which_queue(cluster: Cluster, page: Any) -> None:
+    topic, group, n = "ConsoleHeld", "console-held", 4
+    create_topic(cluster, topic, queues=n)
+    push = start_consumer(cluster, group, topic, Listener())
+    aio: AioMember | None = None
+    try:
+        aio = AioMember(cluster.config, group, topic)
+        members = {push.client_id, aio.client_id}
+        # The two members split the queues, and what the brokers show is what each one says it holds.
+        owners = wait_until(lambda: held_by(cluster.admin, group, topic, members, n), 30,
+                            lambda: f"each queue held by one member; clients: {cluster.admin.group_clients(group)}")
+        assert set(owners.values()) == members, owners
+        for member, held in ((push.client_id, push.assignment()), (aio.client_id, aio.consumer.assignment())):
+            assert {q for q, c in owners.items() if c == member} == {mq.queue_id for mq in held if mq.topic == topic}
+
+        open_page(page, cluster.console.url, f"groups/{group}")
+        wait_until(lambda: shown_holders(page, topic) == owners, 15,
+                   lambda: f"the page's 'held by' column to show {owners}; shows {shown_holders(page, topic)}")
+        member_rows = page.locator("[data-testid=group-members] tbody tr")
+        assert member_rows.count() == 2
+        for member in members:
+            row = page.locator(f"[data-testid=group-members] tbody tr[data-client='{member}']").inner_text()
+            mine = sorted(q for q, c in owners.items() if c == member)
+            assert f"{topic} {','.join(map(str, mine))} on broker-a" in row and "PUSH" in row, row
+        photograph(page, "group-held")
+
+        # One member leaves: the other takes every queue within a few heartbeats of its rebalance.
+        aio.stop()
+        everything = {q: push.client_id for q in range(n)}
+        wait_until(lambda: held_by(cluster.admin, group, topic, {push.client_id}, n) == everything, 15,
+                   lambda: f"{push.client_id} to hold every queue; clients: {cluster.admin.group_clients(group)}")
+        wait_until(lambda: shown_holders(page, topic) == everything, 15,
+                   lambda: f"the page to follow; shows {shown_holders(page, topic)}")
+        page.wait_for_function("document.querySelectorAll('[data-testid=group-members] tbody tr').length === 1")
+    finally:
+        if aio is not None:
+            aio.stop()
+        push.shutdown()
+
+    # A POP member (a RocketMQ 5 client over gRPC) is handed messages by the broker: it holds no queue.
+    pop_group = "console-pop"
+    heartbeat = {"client_id": "pop-client-1", "consumers": [{"group": pop_group, "consume_type": "POP",
+                                                             "subscriptions": [{"topic": topic}]}]}
+    assert httpx.post(f"{cluster.broker.url}/clients/heartbeat", json=heartbeat, timeout=10).status_code == 200
+    open_page(page, cluster.console.url, f"groups/{pop_group}")
+    row = page.locator("[data-testid=group-members] tbody tr[data-client='pop-client-1']").inner_text()
+    assert "POP" in row and "no queues" in row, row
+    photograph(page, "group-pop")
+
+
+# -- re-send a message to a group -------------------------------------------------------------------------------
+
+def retry_end(c: Cluster, group: str) -> int:
+    """The end of ``%RETRY%<group>``'s queue on the broker (read over HTTP: not through the console)."""
+    stats = httpx.get(f"{c.broker.url}/topics/%25RETRY%25{group}/stats", timeout=10).json()
+    return sum(q["max_offset"] for q in stats["queues"])
+
+
+def test_a_message_is_re_sent_to_one_group_from_the_messages_page(cluster: Cluster, page: Any) -> None:
+    topic, again, other, body = "ConsoleResend", "console-resend-a", "console-resend-b", b"resend-me"
+    create_topic(cluster, topic)
+    mine, listener = Listener(), Listener()
+    first = start_consumer(cluster, again, topic, mine)
+    second = start_consumer(cluster, other, topic, listener)
+    try:
+        with Producer("console-resend-producer", cluster.config) as producer:
+            sent = producer.send(Message(topic, body, tags="t1", keys=("resend-1",)))
+        wait_until(lambda: mine.count(body) == 1 and listener.count(body) == 1, 30, "both groups to consume it")
+
+        open_page(page, cluster.console.url, "messages")
+        page.fill("[data-testid=msg-id]", sent.offset_msg_id)
+        page.click("[data-testid=msg-search]")
+        page.wait_for_selector("[data-testid=msg-detail]")
+        page.fill("[data-testid=resend-group]", again)
+        page.click("[data-testid=resend-go]")
+        page.click("[data-testid=confirm-ok]")
+        page.wait_for_function("document.querySelector('[data-testid=resend-result]').textContent"
+                               ".startsWith('re-sent to ')")
+        assert f"%RETRY%{again}" in page.inner_text("[data-testid=resend-result]")
+        photograph(page, "message-resent")
+        # That group consumes it again, as it was sent (its own topic, reconsume count 0) ...
+        wait_until(lambda: mine.count(body) == 2, 30, "the group to consume the re-sent message")
+        copy = mine.received(body)[1]
+        assert (copy.topic, copy.msg_id, copy.reconsume_times, copy.tags) == (topic, sent.msg_id, 0, "t1")
+        # ... and the other group does not (its consumer is running and pulls its own retry topic too).
+        time.sleep(3)
+        assert listener.count(body) == 1
+
+        # An unknown group: the broker's code on the page, nothing stored.
+        end = retry_end(cluster, again)
+        page.fill("[data-testid=resend-group]", "console-nobody")
+        page.click("[data-testid=resend-go]")
+        page.click("[data-testid=confirm-ok]")
+        page.wait_for_function("document.getElementById('flash').textContent.startsWith('GROUP_NOT_EXIST: ')")
+        for msg_id, code in (("not an id", ErrorCode.MESSAGE_ID_ILLEGAL), ("0" * 32, ErrorCode.MESSAGE_NOT_FOUND)):
+            with pytest.raises(SparkMQError) as refused:
+                cluster.admin.resend(msg_id, again)
+            assert refused.value.code is code
+        out = sparkmq_cli(cluster, "admin", "--json", "msg", "resend", sent.offset_msg_id, "--group", "console-nobody",
+                          expect=1)
+        assert json.loads(out)["code"] == "GROUP_NOT_EXIST"
+        assert retry_end(cluster, again) == end and mine.count(body) == 2
+
+        # By the producer's msgId (the lake's index finds the original among its retry copy), to the other group.
+        wait_until(lambda: cluster.api.get("/messages", params={"msg_id": sent.msg_id}).json().get("messages"), 180,
+                   "the message in the lake's index")
+        answer = json.loads(sparkmq_cli(cluster, "admin", "--json", "msg", "resend", sent.msg_id, "--group", other))
+        assert answer["origin_topic"] == topic and answer["topic"] == f"%RETRY%{other}", answer
+        wait_until(lambda: listener.count(body) == 2, 30, "the other group to consume it again")
+        time.sleep(1)
+        assert mine.count(body) == 2
+    finally:
+        first.shutdown()
+        second.shutdown()
+
+
+def sparkmq_cli(c: Cluster, *args: str, expect: int = 0) -> str:
+    """``sparkmq <args>`` against the module's name server; its stdout."""
+    result = subprocess.run([sys.executable, "-m", "sparkmq.api.cli", *args], capture_output=True, text=True,
+                            timeout=120, env=child_env(SPARKMQ_NAMESRV=c.namesrv.addr))
+    assert result.returncode == expect, result.stdout + result.stderr
+    return result.stdout
+
+
+# -- charts from the report tables --------------------------------------------------------------------------------
+
+def test_the_longer_chart_ranges_draw_the_report_tables(cluster: Cluster, page: Any) -> None:
+    topic, group = "ConsoleReport", "console-report"
+    create_topic(cluster, topic)
+    now = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0)
+    ago = {m: now - dt.timedelta(minutes=m) for m in (100, 150, 200, 2 * 24 * 60)}
+    # Rows as the report job writes them; one of another broker sharing the lake, which is not this one's.
+    topic_rows = [(ago[200], "broker-a", 600), (ago[150], "broker-a", 120), (ago[100], "broker-a", 60),
+                  (ago[150], "broker-z", 999), (ago[2 * 24 * 60], "broker-a", 6)]
+    tables.ensure_tables(cluster.lake, [tables.TOPIC_STATS, tables.GROUP_STATS])  # the lake may not have reported
+    append_exactly_once(tables.table_path(cluster.lake, tables.TOPIC_STATS), pa_table(tables.TOPIC_STATS, [
+        {"window_start": w, "topic": topic, "broker": b, "messages_in": n, "bytes_in": n, "messages_out": n // 2,
+         "bytes_out": n // 2, "tps_in": n / 60, "tps_out": n / 120} for w, b, n in topic_rows]), "console-test", 1)
+    group_rows = [(ago[200], q, 40 + q) for q in (0, 1)] + [(ago[100], q, 10 + q) for q in (0, 1)]
+    append_exactly_once(tables.table_path(cluster.lake, tables.GROUP_STATS), pa_table(tables.GROUP_STATS, [
+        {"window_start": w, "group": group, "topic": topic, "broker": "broker-a", "queue_id": q, "messages_in": 0,
+         "messages_out": 30, "bytes_out": 30, "tps_out": 0.5, "committed_offset": 0, "max_offset": lag, "lag": lag}
+        for w, q, lag in group_rows]), "console-test", 2)
+
+    # The admin API: this broker's rows of the topic, one point per minute window over 6 hours.
+    minutes = [int(ago[m].timestamp()) for m in (200, 150, 100)]
+    series = cluster.admin.report_series("topic", topic, "6h")
+    assert [(p.t, p.messages_in) for p in series.points] == list(zip(minutes, [600, 120, 60], strict=True))
+    history = cluster.api.get("/history", params={"kind": "topic", "name": topic, "range_s": 21600}).json()
+    assert history["source"] == "reports" and history["tps"] == [[t, n / 60] for t, n in
+                                                                  zip(minutes, [600, 120, 60], strict=True)]
+    lag = cluster.admin.report_series("group", group, "24h")
+    assert [p.lag for p in lag.points] == [81, 21] and [p.messages_out for p in lag.points] == [60, 60]
+
+    # The browser: the short ranges are live, the longer ones are these points.
+    open_page(page, cluster.console.url, f"topics/{topic}")
+    assert page.get_attribute("[data-testid=topic-chart]", "data-source") == "live"
+    page.select_option("[data-testid=range]", "21600")
+    page.wait_for_selector("[data-testid=topic-chart][data-source=reports]")
+    assert page.get_attribute("[data-testid=topic-chart]", "data-points") == "3"
+    assert page.evaluate("state.charts[0].plot.data[0]") == minutes
+    assert page.evaluate("state.charts[0].plot.data[1]") == [10, 2, 1]
+    page.select_option("[data-testid=range]", "604800")  # a week: the row of two days ago too, half-hour buckets
+    page.wait_for_function("document.querySelector('[data-testid=topic-chart]').dataset.points === '4'")
+    assert sum(p.messages_in for p in cluster.admin.report_series("topic", topic, "7d").points) == 786
+    page.select_option("[data-testid=range]", "900")
+    page.wait_for_selector("[data-testid=topic-chart][data-source=live]")
+    assert not flash_text(page)
+
+    open_page(page, cluster.console.url, f"groups/{group}")
+    page.select_option("[data-testid=range]", "86400")
+    page.wait_for_selector("[data-testid=group-chart][data-source=reports]")
+    assert page.get_attribute("[data-testid=group-chart]", "data-points") == "4"  # lag and consumed/s, 2 each
+    assert page.evaluate("state.charts[0].plot.data[1]") == [81, 21]
+    assert not flash_text(page)
+    cluster.pages["topic-reports"] = f"topics/{topic}"
+
+
+def pa_table(name: str, rows: list[dict[str, Any]]) -> pa.Table:
+    """``rows`` as an Arrow table of report table ``name``'s schema."""
+    return pa.Table.from_pylist(rows, schema=tables.get_spec(name).schema)
+
+
+# -- alert rules ---------------------------------------------------------------------------------------------------
+
+def test_the_alerts_page_lists_the_configured_rules_above_the_alerts(cluster: Cluster, page: Any) -> None:
+    rules = {r["name"]: r for answer in cluster.admin.alert_rules().values() for r in answer["rules"]}
+    assert rules["console-dlq-growth"] == {"name": "console-dlq-growth", "kind": "dlq_growth", "threshold": 100,
+                                           "for_minutes": 2, "severity": "warning", "group": "console-never*",
+                                           "topic": None}
+    assert set(rules) == {"console-lag", "console-dlq-growth"}
+    open_page(page, cluster.console.url, "alerts")
+    shown = page.locator("[data-testid=alert-rules] tbody tr").evaluate_all("rows => rows.map(r => r.dataset.rule)")
+    assert shown == ["console-dlq-growth", "console-lag"]
+    assert page.inner_text("[data-testid=alert-rules-count]") == "2"
+    growth = page.inner_text("[data-testid=alert-rules] tbody tr[data-rule=console-dlq-growth]")
+    assert "dead letters / min > 100 for 2 min" in growth and "warning" in growth, growth
+    assert "group console-never*" in growth and "broker-a" in growth, growth
+    lag = page.inner_text("[data-testid=alert-rules] tbody tr[data-rule=console-lag]")
+    assert "lag > 5 for 1 min" in lag and "critical" in lag, lag
+    headings = [h.strip().lower() for h in page.locator("main h2").all_inner_texts()]
+    assert headings.index("rules") < headings.index("firing") < headings.index("resolved"), headings
+    assert "null" not in page.inner_text("main") and "undefined" not in page.inner_text("main")
+
+
 # -- every page, photographed ----------------------------------------------------------------------------------
 
 def readme_png(png: bytes, path: Path) -> Path:
@@ -461,6 +748,32 @@ def readme_png(png: bytes, path: Path) -> Path:
     image = Image.open(io.BytesIO(png)).convert("RGB")
     image.quantize(colors=64, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
     return path
+
+
+def shoot(page: Any, name: str, label: str, viewport: dict[str, int]) -> None:
+    """``page`` as it is now into ``SCREENSHOTS/<name>-<label>.png``; at phone width nothing is wider than the
+    screen (tables scroll inside their box)."""
+    assert not flash_text(page), (name, label, flash_text(page))
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}-{label}.png"
+    page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 5000
+    if (name, label) in README_SHOTS:
+        small = readme_png(page.screenshot(), SCREENSHOTS / "readme" / README_SHOTS[name, label])
+        assert 5000 < small.stat().st_size < 150_000, (small, small.stat().st_size)
+    if label == "phone":
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= viewport["width"], (name, width)
+
+
+def photograph(page: Any, name: str) -> None:
+    """A view that only lasts while its test runs (members online, a result shown), at both widths."""
+    for label, viewport in (("desktop", DESKTOP), ("phone", PHONE)):
+        page.set_viewport_size(viewport)
+        page.evaluate("window.scrollTo(0, 0)")  # a page scrolled by a click would draw its sticky header mid-picture
+        page.wait_for_timeout(300)  # the charts follow a resize (debounced 150 ms)
+        shoot(page, name, label, viewport)
+    page.set_viewport_size(DESKTOP)
 
 
 def test_every_page_at_desktop_and_phone_width(cluster: Cluster, browser: Any) -> None:
@@ -482,16 +795,11 @@ def test_every_page_at_desktop_and_phone_width(cluster: Cluster, browser: Any) -
                     page.fill("[data-testid=msg-key]", "order-42")
                     page.click("[data-testid=msg-search]")
                     page.wait_for_selector("[data-testid=msg-count]")
-                assert not flash_text(page), (name, label, flash_text(page))
-                path = SCREENSHOTS / f"{name}-{label}.png"
-                page.screenshot(path=str(path), full_page=True)
-                assert path.stat().st_size > 5000
-                if (name, label) in README_SHOTS:
-                    small = readme_png(page.screenshot(), SCREENSHOTS / "readme" / README_SHOTS[name, label])
-                    assert 5000 < small.stat().st_size < 150_000, (small, small.stat().st_size)
-                if label == "phone":  # tables scroll inside their box; the page itself fits the screen
-                    width = page.evaluate("document.documentElement.scrollWidth")
-                    assert width <= viewport["width"], (name, width)
+                if name == "topic-reports":  # the chart over the report tables' longer range
+                    page.select_option("[data-testid=range]", "21600")
+                    page.wait_for_selector("[data-testid=topic-chart][data-source=reports]")
+                shoot(page, name, label, viewport)
+                page.evaluate("state.range = 900")  # the picked range outlives the page: the next one starts live
         finally:
             context.close()
         assert not errors, errors

@@ -10,7 +10,6 @@ import dataclasses
 import datetime
 import functools
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from typing import Any, TypeVar
 
 import click
 
+from ...platform.auth import Credentials
 from ...platform.client.admin import AdminClient
 from ...platform.client.config import ClientConfig
 from ...platform.client.producer import Producer
@@ -26,6 +26,7 @@ from ...platform.common.errors import SparkMQError
 from ...platform.common.message import Message
 from ...platform.common.system_topics import PROPERTY_DLQ_ORIGIN_TOPIC, PROPERTY_DLQ_REASON, PROPERTY_ORIGIN_MSG_ID
 from ...platform.common.wire import ReceivedMessage
+from .credentials import credential_options, credentials_of
 from .output import console, emit, emit_rows, fail
 
 __all__ = ["admin", "produce", "consume"]
@@ -37,15 +38,10 @@ namesrv_option = click.option("--namesrv", envvar="SPARKMQ_NAMESRV", default="12
 json_option = click.option("--json", "as_json", is_flag=True, help="print JSON")
 
 
-def _client_config(namesrv: str) -> ClientConfig:
-    # Brokers with ACL on want signed requests: the caller's keys come from the environment, never argv.
-    access_key, secret_key = os.environ.get("SPARKMQ_ACCESS_KEY"), os.environ.get("SPARKMQ_SECRET_KEY")
-    if not (access_key and secret_key):
-        return ClientConfig(namesrv_addrs=namesrv)
-    try:
-        return ClientConfig(namesrv_addrs=namesrv, access_key=access_key, secret_key=secret_key)
-    except ValueError as exc:
-        raise click.UsageError(f"SPARKMQ_ACCESS_KEY / SPARKMQ_SECRET_KEY: {exc}") from None
+def _client_config(namesrv: str, credentials: Credentials | None) -> ClientConfig:
+    # Services with ACL on want signed requests (--access-key / --secret-key or their environment variables).
+    keys = {"access_key": credentials.access_key, "secret_key": credentials.secret_key} if credentials else {}
+    return ClientConfig(namesrv_addrs=namesrv, **keys)
 
 
 def stable_errors(fn: F) -> F:
@@ -61,18 +57,19 @@ def stable_errors(fn: F) -> F:
 
 
 def _admin(ctx: click.Context) -> AdminClient:
-    admin = AdminClient(_client_config(ctx.obj["namesrv"]))
+    admin = AdminClient(_client_config(ctx.obj["namesrv"], ctx.obj["credentials"]))
     ctx.call_on_close(admin.close)
     return admin
 
 
 @click.group()
 @namesrv_option
+@credential_options
 @json_option
 @click.pass_context
-def admin(ctx: click.Context, namesrv: str, as_json: bool) -> None:
+def admin(ctx: click.Context, namesrv: str, access_key: str | None, secret_key: str | None, as_json: bool) -> None:
     """Topics, groups, offsets, messages and the cluster."""
-    ctx.obj = {"namesrv": namesrv, "json": as_json}
+    ctx.obj = {"namesrv": namesrv, "json": as_json, "credentials": credentials_of(access_key, secret_key)}
 
 
 # -- topics -------------------------------------------------------------------------------
@@ -181,7 +178,7 @@ server_option = click.option("--server", "servers", multiple=True, metavar="HOST
 
 @admin.group()
 def user() -> None:
-    """Create, list, delete ACL users (super users only while ACL is on; keys: SPARKMQ_ACCESS_KEY/SECRET_KEY)."""
+    """Create, list, delete ACL users (super users only while ACL is on: sign with admin --access-key/--secret-key)."""
 
 
 @user.command("create")
@@ -507,6 +504,20 @@ def msg_query(ctx: click.Context, topic_name: str | None, key: str | None, msg_i
               ctx.obj["json"], title="messages found")
 
 
+@msg.command("resend")
+@click.argument("msg_id")
+@click.option("--group", "group_name", required=True, help="the consumer group that consumes it again (only it)")
+@click.pass_context
+@stable_errors
+def msg_resend(ctx: click.Context, msg_id: str, group_name: str) -> None:
+    """Have one group consume a message again (an offsetMsgId, or a msgId the lake's index knows): a copy goes to
+    %RETRY%<group> with reconsume count 0."""
+    result = _admin(ctx).resend(msg_id, group_name)
+    emit({"group": result["group"], "msg_id": result["msg_id"], "origin_topic": result["origin_topic"],
+          **{k: result["result"].get(k) for k in ("topic", "queue_id", "queue_offset", "offset_msg_id")}},
+         ctx.obj["json"])
+
+
 def _message_row(m: ReceivedMessage) -> dict[str, Any]:
     return {"topic": m.topic, "broker": m.broker_name, "queue_id": m.queue_id, "queue_offset": m.queue_offset,
             "msg_id": m.msg_id, "offset_msg_id": m.offset_msg_id, "tags": m.tags, "keys": list(m.keys),
@@ -657,11 +668,12 @@ def trace(ctx: click.Context, msg_id: str, cluster: str | None, as_json: bool) -
 @click.option("--group", default="SPARKMQ_CLI_PRODUCER", show_default=True)
 @click.option("--delay-level", type=int, default=None, help="deliver after delay level N (1 = 1s ... 18 = 2h)")
 @click.option("--deliver-at-ms", type=int, default=None, help="a timer message: deliver at this epoch ms")
+@credential_options
 @json_option
 @stable_errors
 def produce(topic_name: str, namesrv: str, body: str | None, tags: str | None, keys: str | None,
             properties: tuple[str, ...], sharding_key: str | None, group: str, delay_level: int | None,
-            deliver_at_ms: int | None, as_json: bool) -> None:
+            deliver_at_ms: int | None, access_key: str | None, secret_key: str | None, as_json: bool) -> None:
     """Send messages to TOPIC (one per stdin line, or --body) and print where each was stored.
 
     With --delay-level or --deliver-at-ms the place printed is the parked copy's.
@@ -674,7 +686,7 @@ def produce(topic_name: str, namesrv: str, body: str | None, tags: str | None, k
         props[key] = value
     bodies = [body] if body is not None else [line.rstrip("\n") for line in sys.stdin if line.strip()]
     rows = []
-    with Producer(group, _client_config(namesrv)) as producer:
+    with Producer(group, _client_config(namesrv, credentials_of(access_key, secret_key))) as producer:
         for text in bodies:
             message = Message(topic_name, text.encode("utf-8"), tags=tags, keys=tuple((keys or "").split()),
                               properties=dict(props))
@@ -697,13 +709,16 @@ def produce(topic_name: str, namesrv: str, body: str | None, tags: str | None, k
 @click.option("--count", type=int, default=None, help="stop after this many messages")
 @click.option("--timeout", "timeout_s", type=float, default=10.0, show_default=True,
               help="stop after this many seconds without a message")
+@credential_options
 @json_option
 @stable_errors
 def consume(topic_name: str, namesrv: str, group: str, expression: str, sql: str | None, from_where: str,
-            count: int | None, timeout_s: float, as_json: bool) -> None:
+            count: int | None, timeout_s: float, access_key: str | None, secret_key: str | None,
+            as_json: bool) -> None:
     """Receive messages of TOPIC as GROUP and print them (JSON lines with --json); commits as it goes."""
     start = "CONSUME_FROM_FIRST_OFFSET" if from_where == "first" else "CONSUME_FROM_LAST_OFFSET"
-    consumer = PullConsumer(group, _client_config(namesrv), consume_from_where=start)
+    consumer = PullConsumer(group, _client_config(namesrv, credentials_of(access_key, secret_key)),
+                            consume_from_where=start)
     if sql is not None:
         consumer.subscribe(topic_name, sql, filter_type="SQL92")
     else:

@@ -29,8 +29,9 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...platform.auth import CLUSTER, Action, Resource
-from ...platform.client.admin import AdminClient
+from ...platform.client.admin import AdminClient, merge_group_clients
 from ...platform.common.errors import ErrorCode, SparkMQError
+from ...platform.common.protocol import REPORT_RANGES, ConsumeType, held_queue_key, parse_held_queue
 from ...platform.common.system_topics import (
     PROPERTY_DLQ_ORIGIN_TOPIC,
     PROPERTY_DLQ_REASON,
@@ -52,8 +53,10 @@ T = TypeVar("T")
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 #: The largest page a table asks for.
 MAX_PAGE_SIZE = 200
-#: Chart ranges the page offers, in seconds (the time-range picker).
+#: Chart ranges the page offers from its live samples, in seconds (the time-range picker).
 CHART_RANGES_S = (300, 900, 3600)
+#: The longer ranges, from the lake's report tables: seconds -> the brokers' range name.
+REPORT_RANGE_S = {seconds: name for name, (seconds, _) in REPORT_RANGES.items() if seconds > max(CHART_RANGES_S)}
 #: Parallel admin calls per request (one per table row).
 _FANOUT = 8
 
@@ -313,11 +316,27 @@ def group_detail(group: str, admin: AdminDep, sampler: SamplerDep, request: Requ
     sampler.watch("group", group, admin if session is not None else None)
     store: SeriesStore = request.app.state.series
     subscriptions = {s["topic"]: s for v in views.values() for s in v.get("subscriptions") or ()}
+    clients = merge_group_clients(views)
+    holders: dict[str, list[str]] = {}
+    for c in clients:
+        for key in c.held_queues:
+            holders.setdefault(key, []).append(c.client_id)
     return {"group": group, "members": sorted({m for v in views.values() for m in v.get("members") or ()}),
+            "clients": [{"client_id": c.client_id, "consume_type": c.consume_type, "message_model": c.message_model,
+                         "held_queues": [_held_view(k) for k in c.held_queues],
+                         # POP (gRPC) members are handed messages by the broker: they never hold a queue.
+                         "holds_queues": c.consume_type != str(ConsumeType.POP)} for c in clients],
             "brokers": views, "subscriptions": list(subscriptions.values()), "total_lag": lag.total_lag,
-            "queues": [dataclasses.asdict(q) for q in lag.queues],
+            "queues": [{**dataclasses.asdict(q),
+                        "held_by": holders.get(held_queue_key(q.topic, q.broker_name, q.queue_id), [])}
+                       for q in lag.queues],
             "consume_per_s": store.latest_rate(f"group:{group}:consumed"),
             "may_reset": _may(session, Action.UPDATE, Resource.group(group))}
+
+
+def _held_view(key: str) -> dict[str, Any]:
+    topic, broker, queue_id = parse_held_queue(key)
+    return {"topic": topic, "broker_name": broker, "queue_id": queue_id}
 
 
 class ResetForm(BaseModel):
@@ -421,6 +440,22 @@ def messages(admin: AdminDep, topic: str | None = None, key: str | None = None, 
     return {"messages": [message_json(m) for m in found]}
 
 
+class ResendForm(BaseModel):
+    """A message to have one consumer group consume again."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    msg_id: str = Field(description="the message's offsetMsgId (or its msgId, found through the lake's index)")
+    group: str = Field(description="the consumer group that consumes it again (only that group)")
+
+
+@router.post("/messages/resend")
+def resend(form: ResendForm, admin: AdminDep) -> dict[str, Any]:
+    """Re-send a message to one group: a copy in ``%RETRY%<group>`` that only that group consumes (reconsume
+    count 0).  MESSAGE_NOT_FOUND, GROUP_NOT_EXIST, NO_PERMISSION (Update on the group) as the brokers say."""
+    return admin.resend(form.msg_id.strip(), form.group.strip())
+
+
 @router.get("/trace/{msg_id}")
 def trace(msg_id: str, admin: AdminDep) -> dict[str, Any]:
     """A message's path (send, store, deliver, consume, retry, dlq) in time order with the ms between steps."""
@@ -465,9 +500,12 @@ def redrive(group: str, form: RedriveForm, admin: AdminDep) -> dict[str, Any]:
 # -- alerts -------------------------------------------------------------------------------------------
 
 @router.get("/alerts")
-def alerts(admin: AdminDep, limit: Annotated[int, Query(ge=1, le=5000)] = 500) -> dict[str, Any]:
+def alerts(admin: AdminDep, pool: PoolDep, limit: Annotated[int, Query(ge=1, le=5000)] = 500) -> dict[str, Any]:
     """Every master's alerts from the lake's report rules: ``firing`` (open, oldest first), ``resolved``
-    (newest first) and ``rules``: each rule seen with its severity, threshold and firing / resolved counts."""
+    (newest first) and ``rules``: each configured rule (kind, threshold, for how long, severity, filters, the
+    brokers evaluating it) with its firing / resolved counts; a rule that raised alerts but is no longer
+    configured is listed too (``configured`` false).  ``rule_errors``: brokers whose ``[alerts]`` is bad."""
+    configured = pool.submit(admin.alert_rules)  # in parallel with the alerts
     firing: list[dict[str, Any]] = []
     resolved: list[dict[str, Any]] = []
     for broker, rows in admin.alerts(resolved=True, limit=limit).items():
@@ -476,13 +514,24 @@ def alerts(admin: AdminDep, limit: Annotated[int, Query(ge=1, le=5000)] = 500) -
     firing.sort(key=lambda a: (a.get("raised_at") or "", a.get("alert_id") or ""))
     resolved.sort(key=lambda a: a.get("resolved_at") or "", reverse=True)
     rules: dict[str, dict[str, Any]] = {}
+
+    def rule_of(name: str, seed: dict[str, Any]) -> dict[str, Any]:
+        return rules.setdefault(name, {**seed, "rule": name, "brokers": [], "firing": 0, "resolved": 0,
+                                       "last_raised_at": None})
+
+    errors: dict[str, str] = {}
+    for broker, answer in configured.result().items():
+        if answer.get("error"):
+            errors[broker] = answer["error"]
+        for r in answer.get("rules") or ():
+            rule_of(r["name"], {**r, "configured": True})["brokers"].append(broker)
     for row in firing + resolved:
-        rule = rules.setdefault(row["rule"], {"rule": row["rule"], "severity": row.get("severity"),
-                                              "threshold": row.get("threshold"), "firing": 0, "resolved": 0,
-                                              "last_raised_at": None})
+        rule = rule_of(row["rule"], {"severity": row.get("severity"), "threshold": row.get("threshold"),
+                                     "configured": False})
         rule["firing" if not row.get("resolved_at") else "resolved"] += 1
         rule["last_raised_at"] = max(filter(None, (rule["last_raised_at"], row.get("raised_at"))), default=None)
-    return {"firing": firing, "resolved": resolved, "rules": sorted(rules.values(), key=lambda r: r["rule"])}
+    return {"firing": firing, "resolved": resolved, "rules": sorted(rules.values(), key=lambda r: r["rule"]),
+            "rule_errors": errors}
 
 
 # -- lake and charts ----------------------------------------------------------------------------------
@@ -494,10 +543,14 @@ def lake(admin: AdminDep) -> dict[str, Any]:
 
 
 @router.get("/history")
-def history(request: Request, session: SessionDep, kind: Literal["group", "topic", "broker"], name: str,
-            range_s: Annotated[int, Query(ge=10, le=3600)] = 900) -> dict[str, Any]:
+def history(request: Request, session: SessionDep, admin: AdminDep, kind: Literal["group", "topic", "broker"],
+            name: str, range_s: Annotated[int, Query(ge=10, le=max(REPORT_RANGE_S))] = 900) -> dict[str, Any]:
     """A chart's series over the last ``range_s`` seconds: a group's lag and consume rate, a topic's store
-    rate, or a master's written bytes per second (``t`` in epoch seconds)."""
+    rate, or a master's written bytes per second (``t`` in epoch seconds).  Up to an hour they are the
+    console's live samples; the longer ranges (:data:`REPORT_RANGE_S`) come from the lake's per-minute report
+    tables of every master (``source`` "reports", one point per ``step_s``)."""
+    if range_s > max(CHART_RANGES_S):
+        return _report_history(admin, kind, name, range_s)
     store: SeriesStore = request.app.state.series
     # The samples are shared by every session: with ACL on, show them only to a user who may read the source.
     resource = {"group": Resource.group, "topic": Resource.topic}.get(kind, lambda _: CLUSTER)(name)
@@ -515,11 +568,26 @@ def history(request: Request, session: SessionDep, kind: Literal["group", "topic
     return {"bytes_per_s": store.rate(f"broker:{name}:bytes", range_s)}
 
 
+def _report_history(admin: AdminClient, kind: str, name: str, range_s: int) -> dict[str, Any]:
+    """The report tables' series in the live series' shape (the brokers check the user's access themselves)."""
+    range_name = REPORT_RANGE_S.get(range_s)
+    if range_name is None or kind == "broker":
+        raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"beyond an hour the charts read the report tables: "
+                                                       f"range_s one of {sorted(REPORT_RANGE_S)} for a topic or "
+                                                       f"group, got {range_s} for a {kind}")
+    series = admin.report_series(kind, name, range_name)
+    out: dict[str, Any] = {"source": "reports", "step_s": series.step_s, "truncated": series.truncated}
+    if kind == "group":
+        return {**out, "lag": [[p.t, p.lag] for p in series.points], "tps": [[p.t, p.tps_out] for p in series.points]}
+    return {**out, "tps": [[p.t, p.tps_in] for p in series.points],
+            "tps_out": [[p.t, p.tps_out] for p in series.points]}
+
+
 @router.get("/config")
 def console_config(admin: AdminDep) -> dict[str, Any]:
     """What the page needs to start: the name servers and the chart ranges offered."""
     return {"namesrv_addrs": list(admin.config.namesrv_addrs), "chart_ranges_s": list(CHART_RANGES_S),
-            "server_time_ms": int(time.time() * 1000)}
+            "report_ranges_s": sorted(REPORT_RANGE_S), "server_time_ms": int(time.time() * 1000)}
 
 
 # -- the app ------------------------------------------------------------------------------------------

@@ -20,8 +20,18 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from ..common.errors import ErrorCode, SparkMQError
-from ..common.protocol import ConsumeFromWhere, ConsumeType, ExpressionType, MessageModel
+from ..common.protocol import (
+    MAX_HELD_QUEUES,
+    ConsumeFromWhere,
+    ConsumeType,
+    ExpressionType,
+    GroupMemberData,
+    MessageModel,
+    parse_held_queue,
+)
 from ..common.validation import validate_group, validate_topic
 from ..common.waiters import WaiterRegistry
 
@@ -89,6 +99,8 @@ class ConsumerData:
     message_model: MessageModel = MessageModel.CLUSTERING
     consume_from_where: ConsumeFromWhere = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
     subscriptions: tuple[Subscription, ...] = ()
+    #: The queues the member holds (``topic@broker/queue_id``, :func:`~..common.protocol.held_queue_key`).
+    held_queues: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         validate_group(self.group)
@@ -97,6 +109,12 @@ class ConsumerData:
         object.__setattr__(self, "consume_from_where",
                            _enum(ConsumeFromWhere, self.consume_from_where, "consume_from_where"))
         object.__setattr__(self, "subscriptions", tuple(self.subscriptions))
+        if isinstance(self.held_queues, str) or len(self.held_queues) > MAX_HELD_QUEUES:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT,
+                               f"held_queues must be a list of at most {MAX_HELD_QUEUES} queues")
+        for key in self.held_queues:
+            parse_held_queue(key)
+        object.__setattr__(self, "held_queues", tuple(sorted(set(self.held_queues))))
 
 
 @dataclass(frozen=True)
@@ -110,6 +128,8 @@ class GroupInfo:
     consume_type: ConsumeType | None = None
     consume_from_where: ConsumeFromWhere | None = None
     subscriptions: list[Subscription] = field(default_factory=list)
+    #: Each member's protocol and held queues, sorted by client id.
+    clients: list[GroupMemberData] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (``GET /consumers/{group}``)."""
@@ -117,7 +137,8 @@ class GroupInfo:
                 "message_model": self.message_model and str(self.message_model),
                 "consume_type": self.consume_type and str(self.consume_type),
                 "consume_from_where": self.consume_from_where and str(self.consume_from_where),
-                "subscriptions": [s.to_dict() for s in self.subscriptions]}
+                "subscriptions": [s.to_dict() for s in self.subscriptions],
+                "clients": [msgspec.structs.asdict(c) for c in self.clients]}
 
 
 @dataclass
@@ -347,8 +368,10 @@ class ClientManager:
             for m in members:  # oldest first, so the newest heartbeat's expression wins per topic
                 for s in m.data.subscriptions:
                     subs[s.topic] = s
+            clients = [GroupMemberData(client_id, str(m.data.consume_type), str(m.data.message_model),
+                                       list(m.data.held_queues)) for client_id, m in sorted(g.members.items())]
             return GroupInfo(group, g.version, sorted(g.members), latest.message_model, latest.consume_type,
-                             latest.consume_from_where, [subs[t] for t in sorted(subs)])
+                             latest.consume_from_where, [subs[t] for t in sorted(subs)], clients)
 
     def subscribed_topics(self, group: str) -> list[str]:
         """Topics some member of ``group`` subscribes to, sorted."""

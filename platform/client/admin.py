@@ -22,6 +22,7 @@ import httpx
 
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.ids import decode_offset_msg_id
+from ..common.protocol import REPORT_KINDS, GroupMemberData, ReportSeries, report_range
 from ..common.trace import trace_path
 from ..common.validation import validate_group, validate_topic
 from ..common.wire import ReceivedMessage
@@ -31,7 +32,7 @@ from .config import ClientConfig
 from .remoting import BrokerClientPool, NameServerClient
 from .routes import MASTER_ID, TopicRouteInfo
 
-__all__ = ["AdminClient", "QueueStats", "QueueLag", "GroupLag"]
+__all__ = ["AdminClient", "QueueStats", "QueueLag", "GroupLag", "merge_group_clients"]
 
 log = logging.getLogger("sparkmq.client")
 
@@ -196,9 +197,40 @@ class AdminClient:
 
             firing = [a for rows in admin.alerts().values() for a in rows]
         """
-        params = {"state": "all" if resolved else "open", "limit": limit}
-        return {name: list(self._brokers.get(addr)._get("/alerts", params=params).get("alerts") or [])
+        state = "all" if resolved else "open"
+        return {name: self._brokers.get(addr).alerts(state, limit)
                 for name, addr in sorted(self.masters(cluster).items())}
+
+    def alert_rules(self, cluster: str | None = None) -> dict[str, dict[str, Any]]:
+        """Each master's alert rules (``GET /alerts/rules``), by broker name: ``{"rules": [{"name", "kind",
+        "threshold", "for_minutes", "severity", "group", "topic"}], "error"}``, as its ``[[alerts.rules]]``
+        configure them (none on a broker without a lake; ``error`` when the table does not parse).
+
+        Example::
+
+            names = {r["name"] for answer in admin.alert_rules().values() for r in answer["rules"]}
+        """
+        return {name: self._brokers.get(addr).alert_rules() for name, addr in sorted(self.masters(cluster).items())}
+
+    def report_series(self, kind: str, name: str, range_name: str = "6h", cluster: str | None = None
+                      ) -> ReportSeries:
+        """A topic's (``kind`` "topic") or group's ("group") per-minute report rows (``topic_stats`` /
+        ``group_stats``) over the last ``range_name`` ("1h", "6h", "24h", "7d"), bucketed and summed over every
+        master: messages and TPS in and out, and a group's lag.  No points before the lakes wrote a report.
+
+        Example::
+
+            lag = [(p.t, p.lag) for p in admin.report_series("group", "orders-cg", "24h").points]
+        """
+        report_range(range_name)
+        if kind not in REPORT_KINDS:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"kind must be one of {list(REPORT_KINDS)}, got {kind!r}")
+        (validate_topic if kind == "topic" else validate_group)(name)
+        series = [self._brokers.get(addr).report(kind, name, range_name)
+                  for _, addr in sorted(self.masters(cluster).items())]
+        if not series:
+            raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, "no live master to read reports from")
+        return ReportSeries.merged(series)
 
     def whoami(self, cluster: str | None = None) -> dict[str, dict[str, Any]]:
         """Who each master takes this client for (``GET /acl/whoami``): ``acl_enabled``, ``access_key``,
@@ -206,7 +238,7 @@ class AdminClient:
 
         AUTHENTICATION_FAILED when a master has ACL on and the credentials are missing or wrong.
         """
-        return self._on_targets("asking who we are", cluster, lambda b: b._get("/acl/whoami"))
+        return self._on_targets("asking who we are", cluster, lambda b: b.whoami())
 
     # -- topics -------------------------------------------------------------------------------------
     def _targets(self, cluster: str | None, broker_addrs: Sequence[str] | None) -> list[str]:
@@ -366,6 +398,17 @@ class AdminClient:
         validate_group(group)
         return self._each_master(lambda b: b.consumer_group(group))
 
+    def group_clients(self, group: str) -> list[GroupMemberData]:
+        """Each member of ``group`` with its protocol and the queues it holds on every master (its last
+        heartbeat's; a POP / gRPC member holds none), sorted by client id.
+
+        Example::
+
+            for member in admin.group_clients("orders-cg"):
+                print(member.client_id, member.consume_type, member.held_queues)
+        """
+        return merge_group_clients(self.group_info(group))
+
     def group_members(self, group: str) -> list[str]:
         """Client ids of ``group`` known to any master, sorted."""
         members: set[str] = set()
@@ -513,6 +556,41 @@ class AdminClient:
             raise errors[0]
         return {"redriven": total, "results": results}
 
+    def resend(self, msg_id: str, group: str) -> dict[str, Any]:
+        """Have ``group`` consume one message again: a copy (reconsume count 0) goes to ``%RETRY%<group>`` on the
+        master holding it, so no other group sees it (RocketMQ dashboard's re-send).
+
+        ``msg_id``: an offsetMsgId, or a msgId (UNIQ_KEY) the masters' lake index knows.  Answers the first
+        master that had it: ``{"group", "msg_id", "origin_topic", "result"}``.  Errors, nothing stored:
+        MESSAGE_ID_ILLEGAL, MESSAGE_NOT_FOUND (no master has it), GROUP_ILLEGAL, GROUP_NOT_EXIST (unknown
+        where the message is).
+
+        Example::
+
+            admin.resend(sent.offset_msg_id, "billing-cg")
+        """
+        if not isinstance(msg_id, str) or not msg_id.strip():
+            raise SparkMQError(ErrorCode.MESSAGE_ID_ILLEGAL, "a message id is needed")
+        validate_group(group)
+        masters = sorted(self.masters().values())
+        if not masters:
+            raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, "no live master to re-send on")
+        refused: SparkMQError | None = None
+        not_found: SparkMQError | None = None
+        for addr in masters:
+            try:
+                return self._brokers.get(addr).resend(group, msg_id.strip())
+            except SparkMQError as exc:
+                # Only the master holding the message can copy it: a plain "not here" from the others is no
+                # answer while one of them said why it refused (an unknown group, no permission).
+                if exc.code is ErrorCode.MESSAGE_NOT_FOUND:
+                    not_found = not_found or exc
+                else:
+                    refused = refused or exc
+        error = refused or not_found
+        assert error is not None
+        raise error
+
     def recall_timer(self, msg_id: str) -> dict[str, Any]:
         """Recall a pending timer message on whichever master holds it: ``{"msg_id", "recalled"}``."""
         if not isinstance(msg_id, str) or not msg_id.strip():
@@ -522,6 +600,20 @@ class AdminClient:
             if answer.get("recalled"):
                 return dict(answer)
         return {"msg_id": msg_id, "recalled": False}
+
+
+def merge_group_clients(views: Mapping[str, Mapping[str, Any]]) -> list[GroupMemberData]:
+    """The members of one group over several brokers' views (``group_info``'s answer: broker name -> ``GET
+    /consumers/{group}``): each member once, with the queues it holds on any of them, sorted by client id."""
+    merged: dict[str, GroupMemberData] = {}
+    for view in views.values():
+        for c in view.get("clients") or ():
+            seen = merged.get(c["client_id"])
+            held = sorted(set(c.get("held_queues") or ()) | set(seen.held_queues if seen else ()))
+            merged[c["client_id"]] = GroupMemberData(
+                c["client_id"], (seen and seen.consume_type) or c.get("consume_type"),
+                (seen and seen.message_model) or c.get("message_model"), held)
+    return [merged[k] for k in sorted(merged)]
 
 
 def _parse_queue(topic: str, text: str) -> MessageQueue:

@@ -14,9 +14,11 @@ come from the threaded :class:`~.routes.TopicRouteCache`, asked in a worker thre
 * **One loop.**  A client belongs to the loop it was started on; start, use and shut it down there.
 
 :class:`AsyncProducer` routes, retries and avoids slow brokers exactly as :class:`~.producer.Producer`
-does (the same :class:`~.fault.QueueSelector`, :class:`~.fault.LatencyFaultTolerance`,
-:func:`~.producer.select_by_sharding_key` and ``RETRYABLE_CODES``); a batch is packed natively by
-``encode_batch`` and stored in one queue at consecutive offsets.
+does: the same decisions (:mod:`.send_retry`: which queue next, which failures to retry, waiting within the
+send budget while no live master has a writable queue or a broker has no master), the same
+:class:`~.fault.QueueSelector`, :class:`~.fault.LatencyFaultTolerance` and
+:func:`~.producer.select_by_sharding_key`; a batch is packed natively by ``encode_batch`` and stored in one
+queue at consecutive offsets.
 
 :class:`AsyncConsumer` is a clustering member of a consumer group: it heartbeats its subscriptions,
 allocates the topics' read queues over the group's members with a strategy of :mod:`.allocation`,
@@ -76,6 +78,7 @@ from .rebalance import (
 )
 from .remoting import NameServerClient
 from .routes import UNREACHABLE_PASS_OVER_S, TopicRouteCache, TopicRouteInfo, mark_unreachable
+from .send_retry import Failover, OrderedQueue, RetryPolicy
 
 __all__ = ["AsyncProducer", "AsyncConsumer"]
 
@@ -224,6 +227,7 @@ class AsyncProducer(_AsyncClient):
         super().__init__(group, config)
         self.fault = LatencyFaultTolerance()
         self._selector = QueueSelector(self.fault if config.send_latency_fault_enable else None)
+        self._retries = RetryPolicy(config, self._selector, self.fault)
         self._ids = UniqueIdGenerator()
         self._met_addrs: set[str] = set()
 
@@ -344,64 +348,46 @@ class AsyncProducer(_AsyncClient):
         return topic, body, False
 
     @staticmethod
-    def _ordered(sharding_key: str | None) -> Callable[[TopicRouteInfo], MessageQueue] | None:
+    def _ordered(sharding_key: str | None) -> OrderedQueue | None:
         if sharding_key is None:
             return None
         return lambda route: select_by_sharding_key(route.write_queues, sharding_key)
 
-    async def _with_retries(self, topic: str, timeout: float | None,
-                            ordered: Callable[[TopicRouteInfo], MessageQueue] | None,
+    async def _with_retries(self, topic: str, timeout: float | None, ordered: OrderedQueue | None,
                             attempt_fn: Callable[[str, MessageQueue, float], Awaitable[T]]) -> T:
-        """Await ``attempt_fn(addr, queue, time_left)`` until it succeeds, retrying on other brokers."""
-        budget = self.config.send_timeout_s if timeout is None else timeout
-        if budget <= 0:
-            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"timeout must be > 0, got {timeout!r}")
-        deadline = time.monotonic() + budget
-        attempts = 1 if ordered is not None else 1 + self.config.retry_times
-        last_broker: str | None = None
-        last_error: SparkMQError | None = None
-        for attempt in range(attempts):
-            if time.monotonic() >= deadline:
-                break
-            route = await self._route(topic, allow_default=True)
-            left = deadline - time.monotonic()
-            if left <= 0:  # the route took the whole budget: no broker is to blame
-                break
-            if not route.write_queues:
-                raise SparkMQError(ErrorCode.NO_PERMISSION, f"topic {topic!r} has no writable queue on any live master")
-            mq = ordered(route) if ordered is not None else self._selector.select(route.write_queues, last_broker)
-            addr = route.master_addr(mq.broker_name)
-            if addr is None:
-                last_broker = mq.broker_name
-                last_error = SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"{mq.broker_name} has no master")
+        """Await ``attempt_fn(addr, queue, time_left)`` until it succeeds, retrying on other brokers (the decisions
+        are :mod:`.send_retry`'s, shared with the threaded producer)."""
+        attempts = self._retries.begin(topic, timeout, ordered)
+        for _ in attempts:
+            step = attempts.next_step(await self._route(topic, allow_default=True))
+            if isinstance(step, Failover):
+                await self._fail_over(topic, step)
                 continue
-            if addr not in self._met_addrs:
+            if step.addr not in self._met_addrs:
                 # A broker first met hears of this producer now, not at the next period.
-                self._met_addrs.add(addr)
+                self._met_addrs.add(step.addr)
                 self._background(self.send_heartbeats(), "heartbeat")
-            begin = time.monotonic()
             try:
-                result = await attempt_fn(addr, mq, left)
+                result = await attempt_fn(step.addr, step.queue, step.time_left)
             except SparkMQError as exc:
-                if exc.code not in RETRYABLE_CODES:
-                    raise
-                if exc.code in BROKER_FAULT_CODES:
-                    unreachable = isinstance(exc, RemotingError) and not exc.timed_out
-                    self.fault.update(mq.broker_name, (time.monotonic() - begin) * 1000, isolation=True,
-                                      reachable=not unreachable)
-                else:
-                    try:
-                        await asyncio.to_thread(self._routes.refresh, topic)
-                    except SparkMQError:
-                        pass
-                log.info("send to %s (%s) failed, attempt %d of %d: %s", mq.key, addr, attempt + 1, attempts, exc)
-                last_broker, last_error = mq.broker_name, exc
+                await self._fail_over(topic, attempts.failed(step, exc))
                 continue
-            self.fault.update(mq.broker_name, (time.monotonic() - begin) * 1000)
+            attempts.succeeded(step)
             return result
-        if last_error is not None:
-            raise last_error
-        raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"send to {topic!r} timed out after {budget:.3f} s")
+        raise attempts.give_up()
+
+    async def _fail_over(self, topic: str, failover: Failover | None) -> None:
+        """Ask for ``topic``'s route again (in a worker thread: name servers are HTTP) and pause, as ``failover``
+        says."""
+        if failover is None:
+            return
+        if failover.refresh:
+            try:
+                await asyncio.to_thread(self._routes.refresh, topic)
+            except SparkMQError:
+                pass  # the cached route stays; the next attempt decides
+        if pause_s := failover.pause_s():
+            await asyncio.sleep(pause_s)
 
     # -- periodic work -----------------------------------------------------------------------
     def _known_addrs(self) -> list[str]:
@@ -798,8 +784,10 @@ class AsyncConsumer(_AsyncClient):
                     continue
         subs = [p.SubscriptionData(s.topic, s.expression, s.filter_type)
                 for _, s in sorted(self._subscriptions.items())]
+        held = [p.held_queue_key(q.topic, q.broker_name, q.queue_id) for q in self.assignment()]
         req = p.HeartbeatRequest(self.client_id, [], [p.ConsumerGroupData(
-            self.group, str(self.consume_type), str(p.MessageModel.CLUSTERING), str(self.consume_from_where), subs)])
+            self.group, str(self.consume_type), str(p.MessageModel.CLUSTERING), str(self.consume_from_where), subs,
+            held)])
         for addr in self._cached_addrs(sorted(self._topics())):
             try:
                 await self._request(addr, RequestCode.HEARTBEAT, req)
@@ -832,6 +820,8 @@ class AsyncConsumer(_AsyncClient):
             if changed:
                 log.info("%s of %s holds %s", self.client_id, self.group,
                          [f"{q.topic}@{q.key}" for q in self.assignment()])
+                # The brokers show who holds what: tell them now, not at the next heartbeat period.
+                self._background(self.send_heartbeats(), "heartbeat")
             return changed
 
     async def _allocate(self, topic: str) -> set[MessageQueue] | None:

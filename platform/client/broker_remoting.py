@@ -299,9 +299,12 @@ class RemotingBrokerClient:
         return out
 
     def consumer_group(self, group: str) -> dict[str, Any]:
-        """A group's version and sorted member ids."""
+        """A group's version, sorted member ids, settings, subscriptions and members (``GET /consumers/{group}``)."""
         r = decode_answer(self.request(RequestCode.GROUP_INFO, p.GroupInfoRequest(group)).header, p.GroupInfoResponse)
-        return {"group": r.group, "version": r.version, "members": list(r.members), "message_model": r.message_model}
+        return {"group": r.group, "version": r.version, "members": list(r.members), "message_model": r.message_model,
+                "consume_type": r.consume_type, "consume_from_where": r.consume_from_where,
+                "subscriptions": [msgspec.structs.asdict(s) for s in r.subscriptions],
+                "clients": [msgspec.structs.asdict(c) for c in r.clients]}
 
     def commit_offsets(self, group: str, offsets: Sequence[Mapping[str, Any]]) -> int:
         """How many of the ``{"topic", "queue_id", "offset"}`` entries were committed."""

@@ -26,7 +26,7 @@ from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from ..common.errors import ErrorCode, SparkMQError
-from ..common.protocol import OffsetResetNotice
+from ..common.protocol import OffsetResetNotice, held_queue_key
 from ..common.validation import validate_group, validate_topic
 from ..common.wire import ReceivedMessage
 from ..remoting import RemotingError, new_event_loop
@@ -194,6 +194,8 @@ class ConsumerBase(ABC):
                               initial_delay_s=cfg.rebalance_interval_s)
         self._scheduler.every("commit", cfg.offset_commit_interval_s, self._commit_quietly,
                               initial_delay_s=cfg.offset_commit_interval_s)
+        # The first rebalance ran before the heartbeat task existed: report the queues it took at once.
+        self._scheduler.trigger("heartbeat")
         self._scheduler.start()
 
     def _shutdown_base(self, *, commit: bool = True, before_commit: Any = None) -> None:
@@ -464,11 +466,13 @@ class ConsumerBase(ABC):
             self._scheduler.trigger("heartbeat")
 
     def heartbeat_body(self) -> dict[str, Any]:
-        """The ``POST /clients/heartbeat`` body: this client, its group, model and subscriptions."""
+        """The ``POST /clients/heartbeat`` body: this client, its group, model, subscriptions and held queues."""
         return {"client_id": self.client_id, "producer_groups": [], "consumers": [{
             "group": self.group, "consume_type": self.consume_type, "message_model": self.message_model.value,
             "consume_from_where": self.consume_from_where.value,
-            "subscriptions": [s.to_dict() for _, s in sorted(self._subscriptions.items())]}]}
+            "subscriptions": [s.to_dict() for _, s in sorted(self._subscriptions.items())],
+            "held_queues": [held_queue_key(q.topic, q.broker_name, q.queue_id)
+                            for q in self._rebalance.assignment()]}]}
 
     def send_heartbeats(self) -> None:
         """Heartbeat every broker serving the subscribed topics (done every ``heartbeat_interval_s``)."""
@@ -502,6 +506,7 @@ class ConsumerBase(ABC):
         if changed:
             log.info("%s of %s holds %s", self.client_id, self.group,
                      [f"{q.topic}@{q.key}" for q in self._rebalance.assignment()])
+            self._scheduler.trigger("heartbeat")  # the brokers show who holds what: tell them now, not in 30 s
         return changed
 
     def pickup_offset_reset(self) -> list[MessageQueue]:

@@ -26,7 +26,7 @@ import httpx
 
 from ..auth.signing import Credentials, Signer
 from ..common.errors import ErrorCode, SparkMQError
-from ..common.protocol import PullResult, PullStatus, pull_status
+from ..common.protocol import PullResult, PullStatus, ReportSeries, pull_status
 from ..common.tls import TlsSettings
 from ..common.wire import (
     ARROW_STREAM,
@@ -557,6 +557,28 @@ class BrokerClient:
     def health(self, timeout: float | None = None) -> dict[str, Any]:
         """``GET /health``."""
         return self._get("/health", timeout=timeout)
+
+    # the lake's reports and alerts, re-send (the console's admin calls)
+    def alerts(self, state: str = "open", limit: int = 500) -> list[dict[str, Any]]:
+        """``GET /alerts``: rows of the lake's ``alerts`` table (``state`` "open" or "all")."""
+        return list(self._get("/alerts", params={"state": state, "limit": limit}).get("alerts") or [])
+
+    def alert_rules(self) -> dict[str, Any]:
+        """``GET /alerts/rules``: ``{"rules": [...], "error"}``, the rules this broker's lake evaluates."""
+        return self._get("/alerts/rules")
+
+    def report(self, kind: str, name: str, range_name: str) -> ReportSeries:
+        """``GET /reports/{kind}s/{name}``: this broker's report rows of a topic or group, bucketed."""
+        return ReportSeries.from_dict(self._get(f"/reports/{_seg(kind)}s/{_seg(name)}",
+                                                params={"range": range_name}))
+
+    def resend(self, group: str, msg_id: str) -> dict[str, Any]:
+        """``POST /consumers/{group}/resend``: a copy of the message into ``%RETRY%<group>``."""
+        return self._post(f"/consumers/{_seg(group)}/resend", {"msg_id": msg_id})
+
+    def whoami(self) -> dict[str, Any]:
+        """``GET /acl/whoami``: who this broker takes the caller for."""
+        return self._get("/acl/whoami")
 
     # access control (docs/security.md); super users only while ACL is on
     def acl_users(self) -> list[dict[str, Any]]:

@@ -47,6 +47,10 @@ __all__ = [
     "PullResponse",
     "SubscriptionData",
     "ConsumerGroupData",
+    "MAX_HELD_QUEUES",
+    "held_queue_key",
+    "parse_held_queue",
+    "GroupMemberData",
     "HeartbeatRequest",
     "HeartbeatResponse",
     "UnregisterRequest",
@@ -351,6 +355,40 @@ class SubscriptionData(Header):
     type: str = "TAG"
 
 
+#: The most queues one member may report holding in one heartbeat (an operator's view, not a hard limit of
+#: consumption: a member past it is refused with INVALID_ARGUMENT rather than silently shown half its queues).
+MAX_HELD_QUEUES = 65_536
+
+
+def held_queue_key(topic: str, broker_name: str, queue_id: int) -> str:
+    """How a heartbeat names one queue a member holds: ``"topic@broker/queue_id"``.
+
+    Topic names cannot hold ``@`` (``[%|a-zA-Z0-9_-]``), so the first ``@`` ends the topic.
+
+    Example::
+
+        >>> held_queue_key("orders", "broker-a", 3)
+        'orders@broker-a/3'
+    """
+    return f"{topic}@{broker_name}/{queue_id}"
+
+
+def parse_held_queue(key: object) -> tuple[str, str, int]:
+    """``(topic, broker_name, queue_id)`` of a :func:`held_queue_key`; INVALID_ARGUMENT when malformed.
+
+    Example::
+
+        >>> parse_held_queue("%RETRY%cg@broker-a/0")
+        ('%RETRY%cg', 'broker-a', 0)
+    """
+    if isinstance(key, str) and len(key) <= 512:
+        topic, at, rest = key.partition("@")
+        broker, slash, queue = rest.rpartition("/")
+        if topic and at and broker and slash and queue.isdigit() and len(queue) <= 5:
+            return topic, broker, int(queue)
+    raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"a held queue is 'topic@broker/queue_id', got {key!r}")
+
+
 class ConsumerGroupData(Header):
     """What one client says about one consumer group."""
 
@@ -359,6 +397,9 @@ class ConsumerGroupData(Header):
     message_model: str = "CLUSTERING"
     consume_from_where: str = "CONSUME_FROM_LAST_OFFSET"
     subscriptions: list[SubscriptionData] = []
+    #: The queues this member holds after its last rebalance (:func:`held_queue_key`), so operators see who
+    #: reads what: queues are allocated on the clients, the broker only learns it from here.
+    held_queues: list[str] = []
 
 
 class HeartbeatRequest(Header):
@@ -477,13 +518,30 @@ class GroupInfoRequest(Header):
     group: str
 
 
+class GroupMemberData(Header):
+    """One member of a consumer group as the broker knows it from its last heartbeat."""
+
+    client_id: str
+    #: PUSH / PULL (the client pulls and rebalances: it holds queues) or POP (the broker hands messages out:
+    #: a POP or gRPC member holds no queue).
+    consume_type: str | None = None
+    message_model: str | None = None
+    #: :func:`held_queue_key` of each queue of this broker the member holds, sorted.
+    held_queues: list[str] = []
+
+
 class GroupInfoResponse(Header):
-    """A group's membership version, sorted member ids and model."""
+    """A group's membership version, sorted member ids and model (the rest as ``GET /consumers/{group}``)."""
 
     group: str
     version: int
     members: list[str] = []
     message_model: str | None = None
+    consume_type: str | None = None
+    consume_from_where: str | None = None
+    subscriptions: list[SubscriptionData] = []
+    #: Each member with its protocol and the queues it holds here, by client id.
+    clients: list[GroupMemberData] = []
 
 
 class SendBackRequest(Header):
@@ -666,3 +724,112 @@ class PopLag:
 
 __all__ += ["MAX_POP_BATCH", "POP_MIN_INVISIBLE_MS", "POP_MAX_INVISIBLE_MS", "POP_MAX_LONG_POLL_MS",
             "POP_DEFAULT_MAX_ATTEMPTS", "PopRequest", "PoppedMessage", "PopQueueLag", "PopLag"]
+
+
+# ================================================================================================
+# Report reads: the lake's per-minute ``topic_stats`` / ``group_stats`` (pipelines/reports.py) as chart
+# series over hours and days.  The broker reads its own rows (``GET /reports/{kind}s/{name}``), the admin
+# client sums the masters' series.
+# ================================================================================================
+
+#: The ranges a report read answers: name -> (seconds back from now, bucket seconds).  Buckets keep an answer
+#: at a few hundred points (a week of minute rows would be 10,080 per series).
+REPORT_RANGES: dict[str, tuple[int, int]] = {
+    "1h": (3_600, 60), "6h": (21_600, 60), "24h": (86_400, 300), "7d": (604_800, 1_800)}
+#: What a report read covers: one topic (``topic_stats``) or one consumer group (``group_stats``).
+REPORT_KINDS = ("topic", "group")
+#: The most report rows one read scans (a week of a group on thousands of queues); past it the answer is
+#: ``truncated`` (its newest buckets may be missing rows) instead of the broker scanning without bound.
+MAX_REPORT_ROWS = 2_000_000
+
+
+def report_range(name: object) -> tuple[int, int]:
+    """``(seconds, bucket seconds)`` of a report range name; INVALID_ARGUMENT for any other.
+
+    Example::
+
+        >>> report_range("24h")
+        (86400, 300)
+    """
+    if isinstance(name, str) and name in REPORT_RANGES:
+        return REPORT_RANGES[name]
+    raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"range must be one of {list(REPORT_RANGES)}, got {name!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ReportPoint:
+    """One bucket of a report series: sums over the bucket's minute windows (and over brokers when merged)."""
+
+    #: The bucket's start, epoch seconds.
+    t: int
+    #: Messages stored (a topic's, or on the queues a group reads).
+    messages_in: int
+    #: Messages consumed (by every group of a topic, or by the group).
+    messages_out: int
+    #: ``messages_in`` / bucket seconds.
+    tps_in: float
+    #: ``messages_out`` / bucket seconds.
+    tps_out: float
+    #: A group's lag summed over its queues at the end of the bucket's last window (None for a topic).
+    lag: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReportSeries:
+    """A topic's or a group's report rows over one range, bucketed; points oldest first.
+
+    Example::
+
+        >>> s = ReportSeries("topic", "orders", "1h", 60, [ReportPoint(60, 120, 60, 2.0, 1.0)])
+        >>> ReportSeries.merged([s, s]).points[0].messages_in
+        240
+    """
+
+    kind: str
+    name: str
+    range: str
+    step_s: int
+    points: list[ReportPoint] = field(default_factory=list)
+    #: MAX_REPORT_ROWS were scanned before the range's end: some rows are missing.
+    truncated: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (``GET /reports/...``)."""
+        return {"kind": self.kind, "name": self.name, "range": self.range, "step_s": self.step_s,
+                "truncated": self.truncated,
+                "points": [{"t": p.t, "messages_in": p.messages_in, "messages_out": p.messages_out,
+                            "tps_in": p.tps_in, "tps_out": p.tps_out, "lag": p.lag} for p in self.points]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ReportSeries:
+        """From :meth:`to_dict`'s form; INTERNAL_ERROR when malformed (a server this client does not know)."""
+        try:
+            points = [ReportPoint(int(p["t"]), int(p["messages_in"]), int(p["messages_out"]), float(p["tps_in"]),
+                                  float(p["tps_out"]), None if p.get("lag") is None else int(p["lag"]))
+                      for p in data.get("points") or ()]
+            return cls(str(data["kind"]), str(data["name"]), str(data["range"]), int(data["step_s"]), points,
+                       bool(data.get("truncated")))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"malformed report series: {exc!r}") from None
+
+    @classmethod
+    def merged(cls, series: list[ReportSeries]) -> ReportSeries:
+        """Several brokers' series of the same kind, name and range summed per bucket (an empty list: none)."""
+        if not series:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "nothing to merge")
+        first = series[0]
+        sums: dict[int, list[Any]] = {}
+        for s in series:
+            for p in s.points:
+                acc = sums.setdefault(p.t, [0, 0, 0.0, 0.0, None])
+                acc[0] += p.messages_in
+                acc[1] += p.messages_out
+                acc[2] += p.tps_in
+                acc[3] += p.tps_out
+                if p.lag is not None:
+                    acc[4] = (acc[4] or 0) + p.lag
+        points = [ReportPoint(t, *acc) for t, acc in sorted(sums.items())]
+        return cls(first.kind, first.name, first.range, first.step_s, points, any(s.truncated for s in series))
+
+
+__all__ += ["REPORT_RANGES", "REPORT_KINDS", "MAX_REPORT_ROWS", "report_range", "ReportPoint", "ReportSeries"]

@@ -152,11 +152,43 @@ window.addEventListener("resize", debounce(() => {
     height: 220 });
 }, 150));
 
+// Up to an hour the charts show the console's live samples; the longer ranges read the lake's per-minute
+// report tables (topic_stats, group_stats) through the brokers.
+const LIVE_RANGES = [[300, "last 5 min"], [900, "last 15 min"], [3600, "last hour"]];
+const REPORT_RANGES = [[21600, "last 6 hours (reports)"], [86400, "last 24 hours (reports)"],
+  [604800, "last 7 days (reports)"]];
+const isReportRange = (s) => s > LIVE_RANGES[LIVE_RANGES.length - 1][0];
+
 function rangePicker(onChange) {
   const select = el("select", { "data-testid": "range", onchange: () => { state.range = +select.value; onChange(); } },
-    [[300, "last 5 min"], [900, "last 15 min"], [3600, "last hour"]].map(([v, label]) =>
-      el("option", { value: v, selected: v === state.range }, label)));
+    el("optgroup", { label: "live" }, LIVE_RANGES.map(([v, label]) =>
+      el("option", { value: v, selected: v === state.range }, label))),
+    el("optgroup", { label: "report tables (per minute)" }, REPORT_RANGES.map(([v, label]) =>
+      el("option", { value: v, selected: v === state.range }, label))));
   return el("label", {}, "time range", select);
+}
+
+// A chart over the picked range: `fetch(range)` answers /api/history; live ranges redraw on every refresh,
+// report ranges (a new point per minute at most) every 30 s.
+function historyChart(container, title, seriesDefs, fetch, toColumns) {
+  let plot = null;
+  let fetched = 0;
+  let shownRange = null;
+  return async (force) => {
+    const report = isReportRange(state.range);
+    if (!force && report && shownRange === state.range && Date.now() - fetched < 30000) return;
+    const h = await fetch(state.range);
+    fetched = Date.now();
+    shownRange = state.range;
+    const data = toColumns(h);
+    // The points drawn (tests and people can tell an empty chart from a flat one), and where they came from.
+    container.dataset.points = String(data.slice(1).reduce((n, s) => n + s.filter(v => v !== null).length, 0));
+    container.dataset.source = h.source || "live";
+    if (plot) plot.setData(data); else plot = lineChart(container, title, seriesDefs, data);
+    const note = container.querySelector(".chart-note") || container.appendChild(el("p", { class: "muted chart-note" }));
+    note.textContent = report ? (data[0].length ? `from the report tables, one point per ${h.step_s / 60} min` +
+      (h.truncated ? " (truncated: too many rows)" : "") : "no report rows in this range yet (the lake writes one per minute)") : "";
+  };
 }
 
 function columns(points, ...more) {
@@ -302,15 +334,11 @@ pages.topics = async (main, params) => {
 
 async function topicDetail(main, topic) {
   const body = el("div");
-  const chart = el("div", { class: "chart card" });
-  main.append(el("h1", {}, `Topic ${topic}`), el("div", { class: "toolbar" }, rangePicker(() => drawChart())),
-    chart, body);
-  let plot = null;
-  const drawChart = async () => {
-    const h = await api(`/history?kind=topic&name=${enc(topic)}&range_s=${state.range}`);
-    const data = columns(h.tps);
-    if (plot) plot.setData(data); else plot = lineChart(chart, "messages stored / s", [{ label: "TPS", stroke: "#2f6fde" }], data);
-  };
+  const chart = el("div", { class: "chart card", "data-testid": "topic-chart" });
+  main.append(el("h1", {}, `Topic ${topic}`), el("div", { class: "toolbar" },
+    rangePicker(() => drawChart(true).catch(e => flash(e.message)))), chart, body);
+  const drawChart = historyChart(chart, "messages stored / s", [{ label: "TPS", stroke: "#2f6fde" }],
+    range => api(`/history?kind=topic&name=${enc(topic)}&range_s=${range}`), h => columns(h.tps));
   const render = async () => {
     const d = await api(`/topics/${enc(topic)}`);
     body.replaceChildren(el("div", { class: "cards" }, stat("messages kept", fmtNum(d.messages)),
@@ -353,21 +381,16 @@ pages.groups = async (main, params) => {
 
 async function groupDetail(main, group) {
   const summary = el("div");
-  const chart = el("div", { class: "chart card" });
+  const chart = el("div", { class: "chart card", "data-testid": "group-chart" });
   const queues = el("div");
   const reset = el("div", { class: "card" });
   main.append(el("h1", {}, `Group ${group}`), summary,
-    el("div", { class: "toolbar" }, rangePicker(() => drawChart())), chart,
+    el("div", { class: "toolbar" }, rangePicker(() => drawChart(true).catch(e => flash(e.message)))), chart,
     el("h2", {}, "Lag per queue"), queues, el("h2", {}, "Reset offsets"), reset);
-  let plot = null;
   let topics = [];
-  const drawChart = async () => {
-    const h = await api(`/history?kind=group&name=${enc(group)}&range_s=${state.range}`);
-    const data = columns(h.lag, h.tps);
-    if (plot) plot.setData(data);
-    else plot = lineChart(chart, "lag and consume rate", [{ label: "lag", stroke: "#c8382c", fill: "rgba(200,56,44,.08)" },
-      { label: "consumed / s", stroke: "#1f8a4c", scale: "r" }], data);
-  };
+  const drawChart = historyChart(chart, "lag and consume rate",
+    [{ label: "lag", stroke: "#c8382c", fill: "rgba(200,56,44,.08)" }, { label: "consumed / s", stroke: "#1f8a4c", scale: "r" }],
+    range => api(`/history?kind=group&name=${enc(group)}&range_s=${range}`), h => columns(h.lag, h.tps));
   const render = async () => {
     const d = await api(`/groups/${enc(group)}`);
     const types = [...new Set(Object.values(d.brokers).map(b => b.consume_type).filter(Boolean))];
@@ -378,15 +401,22 @@ async function groupDetail(main, group) {
       stat("total lag", fmtNum(d.total_lag), "total-lag"), stat("members", d.members.length),
       stat("consumed / s", fmtRate(d.consume_per_s)), stat("protocol", types.join(", ") || "—")),
       el("h2", {}, "Members"),
-      table([{ label: "client id", render: m => m }, { label: "protocol", render: () => types.join(", ") }],
-        d.members, { empty: "no member online" }),
+      // Which member holds which queue: what each one reported after its last rebalance.
+      table([{ label: "client id", key: "client_id" }, { label: "protocol", render: c => c.consume_type || "" },
+        { label: "queues", num: true, render: c => c.holds_queues ? fmtNum(c.held_queues.length) : "—" },
+        { label: "holds", render: c => c.holds_queues ? heldText(c.held_queues) :
+          el("span", { class: "muted" }, "no queues: the broker hands it messages (POP)") }],
+      d.clients, { testid: "group-members", empty: "no member online",
+        rowAttrs: c => ({ "data-client": c.client_id }) }),
       el("h2", {}, "Subscriptions"),
       table([{ label: "topic", key: "topic" }, { label: "expression", render: s => s.expression ?? s.sub_string ?? "" },
         { label: "type", render: s => s.expression_type ?? s.type ?? "" }], d.subscriptions, { empty: "none" }));
     queues.replaceChildren(table([{ label: "topic", key: "topic" }, { label: "broker", key: "broker_name" },
       { label: "queue", key: "queue_id", num: true }, { label: "broker offset", key: "broker_offset", num: true },
-      { label: "consumer offset", key: "consumer_offset", num: true }, { label: "lag", key: "lag", num: true }],
-    d.queues, { testid: "group-queues", empty: "no committed offsets" }));
+      { label: "consumer offset", key: "consumer_offset", num: true }, { label: "lag", key: "lag", num: true },
+      { label: "held by", render: q => q.held_by.length ? q.held_by.join(", ") : el("span", { class: "muted" }, "nobody") }],
+    d.queues, { testid: "group-queues", empty: "no committed offsets",
+      rowAttrs: q => ({ "data-queue": `${q.topic}@${q.broker_name}/${q.queue_id}` }) }));
     if (!reset.childElementCount) buildReset();
     for (const b of reset.querySelectorAll("button")) if (d.may_reset === false) b.disabled = true;
     reset.title = d.may_reset === false ? "your access key may not move this group's offsets" : "";
@@ -447,6 +477,17 @@ async function groupDetail(main, group) {
   }
   await Promise.all([render(), drawChart()]);
   live(() => Promise.all([render(), drawChart()]), 2000);
+}
+
+function heldText(held) {
+  // "Orders 0-3 on broker-a, %RETRY%cg 0 on broker-a": a member's queues, grouped per topic and broker.
+  const by = new Map();
+  for (const q of held) {
+    const k = `${q.topic} on ${q.broker_name}`;
+    if (!by.has(k)) by.set(k, { topic: q.topic, broker: q.broker_name, ids: [] });
+    by.get(k).ids.push(q.queue_id);
+  }
+  return [...by.values()].map(g => `${g.topic} ${g.ids.sort((a, b) => a - b).join(",")} on ${g.broker}`).join("; ");
 }
 
 // Messages: by id, by topic + key, by topic + time range.
@@ -542,8 +583,39 @@ function showMessage(container, m) {
     el("h2", {}, "Body ", seg), pre,
     el("h2", {}, "Properties"),
     table([{ label: "name", render: r => r[0] }, { label: "value", render: r => r[1] }],
-      Object.entries(m.properties).sort(), { testid: "msg-properties" })));
+      Object.entries(m.properties).sort(), { testid: "msg-properties" }),
+    resendBox(m)));
   pick(first);
+}
+
+// Re-send (RocketMQ dashboard's "resend"): one group, and no other, consumes the message again.
+function resendBox(m) {
+  const group = el("input", { placeholder: "consumer group", "data-testid": "resend-group", list: "resend-groups" });
+  const result = el("p", { "data-testid": "resend-result" });
+  const send = async (g) => {
+    try {
+      // The offsetMsgId names this very copy on its broker: no index lookup, no ambiguity.
+      const r = await api("/messages/resend", { method: "POST", body: { msg_id: m.offset_msg_id || m.msg_id, group: g } });
+      result.textContent = `re-sent to ${r.group}: ${r.result.topic} queue ${r.result.queue_id} at offset ` +
+        `${fmtNum(r.result.queue_offset)} (only ${r.group} consumes it)`;
+      result.className = "ok";
+    } catch (e) { result.textContent = ""; flash(e.message); }
+  };
+  const go = el("button", { "data-testid": "resend-go", onclick: () => {
+    const g = group.value.trim();
+    if (!g) { flash("pick the consumer group that should consume the message again"); return; }
+    confirmModal(`Re-send to ${g}?`, `Group ${g}, and no other, consumes this message again: a copy goes to ` +
+      `its retry topic with reconsume count 0.`, null, () => send(g));
+  } }, "Re-send");
+  return el("div", {}, el("h2", {}, "Re-send to a group"),
+    el("div", { class: "toolbar" }, el("label", {}, "group", group), groupSuggestions("resend-groups"), go), result);
+}
+
+// A <datalist> of the group names (at most a page of them: typing narrows nothing server-side, it is a picker).
+function groupSuggestions(id) {
+  const list = el("datalist", { id });
+  api("/group-names").then(d => list.replaceChildren(...d.names.map(g => el("option", { value: g })))).catch(() => {});
+  return list;
 }
 
 // Trace: a message's path as a timeline.
@@ -597,7 +669,6 @@ function renderTimeline(out, events) {
 pages.dlq = async (main, params) => {
   const group = el("input", { placeholder: "consumer group", "data-testid": "dlq-group", list: "dlq-groups",
     value: params.length ? decodeURIComponent(params[0]) : "" });
-  const groups = el("datalist", { id: "dlq-groups" });
   const origin = el("input", { placeholder: "original topic (optional)", "data-testid": "dlq-topic" });
   const out = el("div");
   const result = el("p", { "data-testid": "dlq-result" });
@@ -652,14 +723,20 @@ pages.dlq = async (main, params) => {
       shown, { testid: "dlq", empty: "no dead letters" }), result);
   };
   const show = el("button", { class: "primary", "data-testid": "dlq-load", onclick: load }, "Show");
-  main.append(el("h1", {}, "Dead letters"), el("div", { class: "toolbar" }, el("label", {}, "group", group), groups,
-    el("label", {}, "original topic", origin), show), out);
-  api("/group-names").then(d => groups.replaceChildren(...d.names.map(g => el("option", { value: g }))))
-    .catch(() => {});
+  main.append(el("h1", {}, "Dead letters"), el("div", { class: "toolbar" }, el("label", {}, "group", group),
+    groupSuggestions("dlq-groups"), el("label", {}, "original topic", origin), show), out);
   if (group.value) await load();
 };
 
-// Alerts: what the lake's report rules raised, firing and resolved, and each rule seen.
+// What each kind of rule watches, for the rules table ("lag > 1,000 for 5 min").
+const RULE_WATCHES = { lag: "lag", idle_group: "no progress while lag", dlq_growth: "dead letters / min" };
+
+function ruleCondition(r) {
+  if (!r.kind) return "";
+  return `${RULE_WATCHES[r.kind] || r.kind} > ${fmtNum(r.threshold)} for ${r.for_minutes} min`;
+}
+
+// Alerts: the configured rules, then what they raised, firing and resolved.
 pages.alerts = async (main) => {
   const out = el("div");
   main.append(el("h1", {}, "Alerts"), out);
@@ -670,19 +747,27 @@ pages.alerts = async (main) => {
       { label: "subject", key: "subject" }, { label: "value", key: "value", num: true },
       { label: "threshold", key: "threshold", num: true, cls: "hide-phone" },
       { label: "raised", render: a => fmtTime(Date.parse(a.raised_at)) }];
+    const errors = Object.entries(data.rule_errors || {});
     out.replaceChildren(el("div", { class: "cards" },
       stat("firing", data.firing.length, "alerts-firing-count"), stat("resolved", data.resolved.length),
-      stat("rules seen", data.rules.length)),
+      stat("rules", data.rules.filter(r => r.configured).length, "alert-rules-count")),
+    el("h2", {}, "Rules"),
+    el("div", {}, errors.length ? el("p", { class: "bad", "data-testid": "alert-rule-errors" },
+      errors.map(([b, e]) => `${b}: [alerts] does not parse (${e})`).join("; ")) : null),
+    table([{ label: "rule", key: "rule" }, { label: "kind", key: "kind", cls: "hide-phone" },
+      { label: "condition", render: ruleCondition }, { label: "severity", render: r => severity(r.severity) },
+      { label: "applies to", cls: "hide-phone", render: r => [r.group && `group ${r.group}`, r.topic && `topic ${r.topic}`]
+        .filter(Boolean).join(", ") || (r.configured ? "every group and topic" : "") },
+      { label: "firing", key: "firing", num: true }, { label: "resolved", key: "resolved", num: true },
+      { label: "last raised", render: r => fmtTime(Date.parse(r.last_raised_at)), cls: "hide-phone" },
+      { label: "brokers", cls: "hide-phone", render: r => r.configured ? r.brokers.join(", ") :
+        el("span", { class: "muted" }, "no longer configured") }],
+    data.rules, { testid: "alert-rules", rowAttrs: r => ({ "data-rule": r.rule }),
+      empty: "no rules: add [[alerts.rules]] to the brokers' config (their lakes evaluate them)" }),
     el("h2", {}, "Firing"),
     table([...columns, { label: "broker", key: "broker", cls: "hide-phone" },
       { label: "detail", key: "detail", cls: "hide-phone" }], data.firing,
     { testid: "alerts-firing", empty: "nothing is firing", rowAttrs: a => ({ "data-alert": a.alert_id }) }),
-    el("h2", {}, "Rules"),
-    table([{ label: "rule", key: "rule" }, { label: "severity", render: r => severity(r.severity) },
-      { label: "threshold", key: "threshold", num: true }, { label: "firing", key: "firing", num: true },
-      { label: "resolved", key: "resolved", num: true },
-      { label: "last raised", render: r => fmtTime(Date.parse(r.last_raised_at)), cls: "hide-phone" }],
-    data.rules, { testid: "alert-rules", empty: "no rule has fired yet (rules live in the brokers' [alerts] config)" }),
     el("h2", {}, "Resolved"),
     table([...columns, { label: "resolved", render: a => fmtTime(Date.parse(a.resolved_at)) }], data.resolved,
       { testid: "alerts-resolved", empty: "none resolved yet" }));
@@ -742,14 +827,15 @@ function showUser() {
   const me = state.me;
   box.hidden = !me.acl_enabled;
   if (!me.acl_enabled) return;
-  box.replaceChildren(me.signed_in ? el("span", { "data-testid": "whoami" }, me.access_key,
+  // replaceChildren would write a null as the text "null": only what is there.
+  box.replaceChildren(...[me.signed_in ? el("span", { "data-testid": "whoami" }, me.access_key,
     me.super_user ? el("span", { class: "pill" }, "super user") : null) : "signed out",
   me.signed_in ? el("button", { "data-testid": "signout", onclick: async () => {
     await api("/session", { method: "DELETE" }).catch(() => {});
     state.me = { acl_enabled: true, signed_in: false };
     showUser();
     await route();
-  } }, "Sign out") : null);
+  } }, "Sign out") : null].filter(Boolean));
 }
 
 // -- router -------------------------------------------------------------------------------------

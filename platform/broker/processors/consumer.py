@@ -1,12 +1,13 @@
 """Consumer management: heartbeats, groups, queue locks, committed offsets, lag and offset reset."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...common.errors import ErrorCode, SparkMQError
-from ...common.protocol import MAX_LONG_POLL_MS
+from ...common.protocol import MAX_LONG_POLL_MS, parse_held_queue
 from ...common.system_topics import (
     retry_topic,
 )
@@ -148,7 +149,8 @@ class ConsumerProcessor(Processor):
 
         Clustering groups get their retry topic ``%RETRY%<group>`` (1 queue), as in RocketMQ.
         Every subscription's expression is compiled first: a malformed one refuses the whole
-        heartbeat with FILTER_EXPRESSION_ILLEGAL and changes nothing.
+        heartbeat with FILTER_EXPRESSION_ILLEGAL and changes nothing.  Of the queues a member says
+        it holds, those of this broker are kept (``group_info`` shows them).
         """
         for data in consumers:
             for sub in getattr(data, "subscriptions", ()):
@@ -156,6 +158,11 @@ class ConsumerProcessor(Processor):
                     cached_filter(sub.expression, str(sub.type))
                 except SparkMQError as exc:
                     raise SparkMQError(exc.code, f"group {data.group}, topic {sub.topic}: {exc.message}") from None
+        # A client sends every broker the same heartbeat: each keeps its own queues, so views merged over the
+        # masters name each queue once.
+        consumers = [dataclasses.replace(d, held_queues=tuple(q for q in d.held_queues
+                                                              if parse_held_queue(q)[1] == self.name))
+                     if isinstance(d, ConsumerData) and d.held_queues else d for d in consumers]
         versions = self.clients.heartbeat(client_id, producer_groups, consumers)
         self.topics.ensure_system_topics(
             retry_topic(data.group) for data in consumers if data.message_model is MessageModel.CLUSTERING)
@@ -167,7 +174,7 @@ class ConsumerProcessor(Processor):
         return self.clients.unregister(client_id, producer_groups, consumer_groups)
 
     def group_info(self, group: str) -> GroupInfo:
-        """A consumer group's members, version and subscriptions."""
+        """A consumer group's members, version and subscriptions, and each member's protocol and held queues."""
         return self.clients.group_info(group)
 
     async def wait_group_change(self, group: str, version: int, wait_ms: int) -> tuple[int, list[str]]:
