@@ -1213,6 +1213,7 @@ void cl_release_cache(cl_log *c, int64_t keep)
     int64_t upto = c->max - keep;
     if (c->log_flushed < upto)
         upto = c->log_flushed;
+    upto &= ~(int64_t)(page_size() - 1); /* whole pages: the next step starts where this one ended */
     int64_t from = c->released;
     int64_t min = cl_min_offset_locked(c);
     if (from < min)

@@ -199,6 +199,13 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str | 
         time.sleep(interval)
 
 
+def broker_restart_ports(port: int) -> tuple[str, ...]:
+    """Broker flags to start again on its old HTTP ``port``, with remoting on a free port and no HA port: the
+    ports beside it (HTTP + 1 and + 2, the defaults) were never reserved, and after the first broker let go
+    of them another socket may hold one (CI saw ``address already in use`` on HTTP + 1)."""
+    return ("--port", str(port), "--remoting-port", "0", "--ha-port", "-1")
+
+
 def fast_client_config(namesrv_addrs: str, offset_dir: Path, **overrides: Any) -> Any:
     """A ClientConfig with sub-second intervals for tests against real processes (``overrides`` win)."""
     from sparkmq.platform.client import ClientConfig

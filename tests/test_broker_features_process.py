@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from procs import wait_until
+from procs import broker_restart_ports, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -53,7 +53,7 @@ def test_pending_timers_and_delays_survive_kill9_and_a_recalled_timer_never_arri
         due[delayed["msg_id"]] = before + 3000
         assert _pull_all(http, topic, 0) == [] and _pull_all(http, topic, 1) == []
     broker.kill9()
-    broker = procs.start("broker", "sparkmq.api.broker_main", *args, "--port", str(broker.port))
+    broker = procs.start("broker", "sparkmq.api.broker_main", *args, *broker_restart_ports(broker.port))
     with httpx.Client(base_url=broker.url, timeout=10) as http:
         got: dict[str, dict[str, Any]] = {}
 
@@ -83,7 +83,7 @@ def test_open_halves_survive_kill9_and_are_checked_back_then_committed(procs, tm
         _ok(http.post(f"/transactions/{settled['transaction_id']}", json={"producer_group": "ppg",
                                                                          "action": "COMMIT"}))
     broker.kill9()
-    broker = procs.start("broker", "sparkmq.api.broker_main", *args, "--port", str(broker.port))
+    broker = procs.start("broker", "sparkmq.api.broker_main", *args, *broker_restart_ports(broker.port))
     answers = {keep["transaction_id"]: "COMMIT", drop["transaction_id"]: "ROLLBACK"}
     seen: set[str] = set()
     with httpx.Client(base_url=broker.url, timeout=20) as http:

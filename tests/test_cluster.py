@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from procs import ProcessHarness, ServiceProcess, wait_until
+from procs import ProcessHarness, ServiceProcess, broker_restart_ports, wait_until
 from sparkmq.platform.client.admin import AdminClient
 from sparkmq.platform.client.config import ClientConfig
 from sparkmq.platform.client.producer import Producer
@@ -312,7 +312,7 @@ def test_offsets_survive_a_broker_restart(cluster: Cluster, how: str) -> None:
             broker.kill9()
         else:
             assert broker.stop() == 0
-        restarted = cluster.start_broker("broker-a", "--port", str(broker.port))
+        restarted = cluster.start_broker("broker-a", *broker_restart_ports(broker.port))
         wait_until(lambda: all(restarted.addr in cluster.live_brokers(ns) for ns in cluster.namesrvs), 20,
                    "broker-a registered again")
         table = httpx.get(f"{restarted.url}/consumers/g-restart/offsets", params={"topic": TOPIC}, timeout=5).json()

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from procs import ProcessHarness, child_env, wait_until
+from procs import ProcessHarness, broker_restart_ports, child_env, wait_until
 from sparkmq.platform.broker.lake_index import LakeIndex
 from sparkmq.platform.client import ClientConfig, Message, Producer
 from sparkmq.platform.common import wire
@@ -87,7 +87,7 @@ def test_lake_jobs_index_and_the_lake_tier(procs: ProcessHarness, tmp_path: Path
 
     # Restart without Spark and with a retention that deletes every closed segment at once.
     broker = procs.start("broker", "sparkmq.api.broker_main", "--config", str(tmp_path / "retention.toml"),
-                         "--port", str(broker.port), *common)
+                         *broker_restart_ports(broker.port), *common)
     http = httpx.Client(base_url=broker.url, timeout=10)
     low = wait_until(lambda: http.get(f"/topics/History/queues/{queue_id}/offsets").json()["min_offset"], 30,
                      "retention to remove the oldest segments")

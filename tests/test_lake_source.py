@@ -16,7 +16,7 @@ from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from procs import ProcessHarness, ServiceProcess, wait_until
+from procs import ProcessHarness, ServiceProcess, broker_restart_ports, wait_until
 from sparkmq.pipelines.cluster_io import OptionError, PullPage, topic_path
 from sparkmq.pipelines.source import (
     SOURCE_SCHEMA,
@@ -76,7 +76,7 @@ class Cluster:
         """Start broker ``name`` again on its old port and data dir (after ``kill9``)."""
         old = self.brokers[name]
         self.brokers[name] = self.harness.start("broker", "sparkmq.api.broker_main", *self.broker_args(name),
-                                                "--port", str(old.port))
+                                                *broker_restart_ports(old.port))
         return self.brokers[name]
 
     def client(self, broker: str) -> BrokerClient:
