@@ -181,6 +181,47 @@ class ProcessHarness:
             service.stop()
 
 
+@dataclass
+class HttpsService:
+    """A service started serving TLS: its process, HTTPS address, and the other endpoints it printed."""
+
+    proc: ServiceProcess
+    addr: str
+    remoting: str | None = None
+    grpc: str | None = None
+
+    @property
+    def url(self) -> str:
+        return f"https://{self.addr}"
+
+
+def start_https(procs: ProcessHarness, kind: str, module: str, *args: str, want: tuple[str, ...] = ()) -> HttpsService:
+    """Start ``module`` on a free port; wait for its ``listening on https://`` line and the ``want`` lines."""
+    argv = [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", "0", *args]
+    proc = procs.spawn(kind, argv, stdout=subprocess.PIPE)
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        for text in proc.proc.stdout:  # type: ignore[union-attr]
+            lines.put(text)
+        lines.put("")
+    threading.Thread(target=pump, daemon=True).start()
+    found: dict[str, str] = {}
+    while "https" not in found or any(w not in found for w in want):
+        try:
+            text = lines.get(timeout=60)
+        except queue.Empty:
+            text = ""
+        if not text:
+            raise AssertionError(f"{kind} did not start ({found}); log:\n{proc.log()[-4000:]}")
+        if " listening on https://" in text:
+            found["https"] = text.split("https://", 1)[1].strip()
+        for key in want:
+            if text.startswith(f"broker {key} on "):
+                found[key] = text.split(" on ", 1)[1].strip()
+    return HttpsService(proc, found["https"], found.get("remoting"), found.get("grpc"))
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str | Callable[[], str] = "condition",
                interval: float = 0.05) -> Any:
     """Poll ``predicate`` every ``interval`` s until it returns something truthy, and return that.

@@ -13,12 +13,8 @@ Every broker here has ACL on and the same bootstrap super user (``root``); ``clu
 """
 from __future__ import annotations
 
-import queue
 import socket
 import ssl
-import subprocess
-import sys
-import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -27,7 +23,7 @@ import httpx
 import pytest
 from acl_users import ROOT
 
-from procs import BROKER, NAMESRV, ProcessHarness, ServiceProcess, wait_until, write_conf
+from procs import BROKER, NAMESRV, ProcessHarness, ServiceProcess, start_https, wait_until, write_conf
 from sparkmq.platform.auth import Credentials
 from sparkmq.platform.client import ClientConfig, Message, Producer
 from sparkmq.platform.client.admin import AdminClient
@@ -205,26 +201,10 @@ def _free_port() -> int:
 
 
 def _start_https(procs: ProcessHarness, module: str, *args: str) -> ServiceProcess:
-    """A service serving TLS (it prints ``listening on https://``); its URL is the HTTPS one."""
-    argv = [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", "0", *args]
-    proc = procs.spawn(module.rsplit(".", 1)[-1], argv, stdout=subprocess.PIPE)
-    lines: queue.Queue[str] = queue.Queue()
-
-    def pump() -> None:
-        for text in proc.proc.stdout:  # type: ignore[union-attr]
-            lines.put(text)
-        lines.put("")
-    threading.Thread(target=pump, daemon=True).start()
-    while True:
-        try:
-            text = lines.get(timeout=60)
-        except queue.Empty:
-            text = ""
-        if not text:
-            raise AssertionError(f"{module} did not start; log:\n{proc.log()[-4000:]}")
-        if " listening on https://" in text:
-            proc.url = "https://" + text.split("https://", 1)[1].strip()
-            return proc
+    """A service serving TLS; its ``url`` is the HTTPS one."""
+    service = start_https(procs, module.rsplit(".", 1)[-1], module, *args)
+    service.proc.url = service.url
+    return service.proc
 
 
 @pytest.mark.slow

@@ -9,13 +9,11 @@ required; the slave replicates from the master over TLS; a permissive port serve
 from __future__ import annotations
 
 import asyncio
-import queue
 import socket
 import ssl
 import subprocess
 import sys
 import textwrap
-import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +25,7 @@ import httpx
 import pytest
 from tls_certs import Pki, make_pki
 
-from procs import BROKER, NAMESRV, ProcessHarness, ServiceProcess, child_env, wait_until
+from procs import BROKER, NAMESRV, HttpsService, ProcessHarness, child_env, start_https, wait_until
 from sparkmq.platform.client import ClientConfig, Message, Producer, PullConsumer
 from sparkmq.platform.client.admin import AdminClient
 from sparkmq.platform.common.protocol import RequestCode
@@ -39,54 +37,15 @@ pytestmark = pytest.mark.cluster
 INTERVAL_S = 0.5
 
 
-@dataclass
-class Service:
-    """A started service: its process, HTTPS address, and the other endpoints it printed."""
-
-    proc: ServiceProcess
-    addr: str
-    remoting: str | None = None
-    grpc: str | None = None
-
-    @property
-    def url(self) -> str:
-        return f"https://{self.addr}"
-
-
-def _start(procs: ProcessHarness, kind: str, module: str, *args: str, want: tuple[str, ...] = ()) -> Service:
-    """Start ``module`` on a free port; wait for its ``listening on https://`` line and the ``want`` lines."""
-    argv = [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", "0", *args]
-    proc = procs.spawn(kind, argv, stdout=subprocess.PIPE)
-    lines: queue.Queue[str] = queue.Queue()
-
-    def pump() -> None:
-        for text in proc.proc.stdout:  # type: ignore[union-attr]
-            lines.put(text)
-        lines.put("")
-    threading.Thread(target=pump, daemon=True).start()
-    found: dict[str, str] = {}
-    while "https" not in found or any(w not in found for w in want):
-        try:
-            text = lines.get(timeout=60)
-        except queue.Empty:
-            text = ""
-        if not text:
-            raise AssertionError(f"{kind} did not start ({found}); log:\n{proc.log()[-4000:]}")
-        if " listening on https://" in text:
-            found["https"] = text.split("https://", 1)[1].strip()
-        for key in want:
-            if text.startswith(f"broker {key} on "):
-                found[key] = text.split(" on ", 1)[1].strip()
-    return Service(proc, found["https"], found.get("remoting"), found.get("grpc"))
 
 
 @dataclass
 class Cluster:
     pki: Pki
     tmp: Path
-    namesrv: Service
-    master: Service
-    slave: Service
+    namesrv: HttpsService
+    master: HttpsService
+    slave: HttpsService
 
     def config(self, **overrides: Any) -> ClientConfig:
         settings: dict[str, Any] = dict(namesrv_addrs=self.namesrv.addr, tls=True, tls_ca_file=self.pki.ca_file,
@@ -99,7 +58,7 @@ class Cluster:
     def http(self) -> httpx.Client:
         return httpx.Client(verify=ssl.create_default_context(cafile=self.pki.ca_file), timeout=10)
 
-    def ha(self, broker: Service) -> dict[str, Any]:
+    def ha(self, broker: HttpsService) -> dict[str, Any]:
         with self.http() as http:
             return http.get(f"{broker.url}/broker/ha").json()
 
@@ -109,12 +68,12 @@ def cluster(module_procs: ProcessHarness, tmp_path_factory: pytest.TempPathFacto
     tmp = tmp_path_factory.mktemp("tls")
     pki = make_pki(tmp / "pki")
     certs = ("--tls-cert-file", str(pki.cert_file), "--tls-key-file", str(pki.key_file))
-    namesrv = _start(module_procs, "namesrv", NAMESRV, "--scan-interval-s", "0.5", *certs)
+    namesrv = start_https(module_procs, "namesrv", NAMESRV, "--scan-interval-s", "0.5", *certs)
     common = ("--namesrv", namesrv.addr, "--register-interval-s", str(INTERVAL_S), "--segment-size", str(8 << 20),
               "--broker-name", "broker-a", *certs, "--tls-ca-file", str(pki.ca_file))
-    master = _start(module_procs, "broker", BROKER, "--data-dir", str(tmp / "master"), *common, "--tls-required",
+    master = start_https(module_procs, "broker", BROKER, "--data-dir", str(tmp / "master"), *common, "--tls-required",
                     "--grpc-port", "0", "--ha-port", "0", want=("remoting", "grpc"))
-    slave = _start(module_procs, "broker", BROKER, "--data-dir", str(tmp / "slave"), *common, "--role", "SLAVE",
+    slave = start_https(module_procs, "broker", BROKER, "--data-dir", str(tmp / "slave"), *common, "--role", "SLAVE",
                    "--broker-id", "1", want=("remoting",))
     cluster = Cluster(pki, tmp, namesrv, master, slave)
     with AdminClient(cluster.config()) as admin:
@@ -303,7 +262,8 @@ def test_tls_settings_refuse_bad_files_with_the_file_named(tmp_path: Path) -> No
 def test_gateway_serves_https_and_sends_over_tls(cluster: Cluster, module_procs: ProcessHarness) -> None:
     certs = ("--tls-cert-file", str(cluster.pki.cert_file), "--tls-key-file", str(cluster.pki.key_file),
              "--tls-ca-file", str(cluster.pki.ca_file))
-    gateway = _start(module_procs, "gateway", "sparkmq.api.gateway_main", "--namesrv", cluster.namesrv.addr, *certs)
+    gateway = start_https(module_procs, "gateway", "sparkmq.api.gateway_main", "--namesrv", cluster.namesrv.addr,
+                          *certs)
     with cluster.http() as http:
         answer = http.post(f"{gateway.url}/topics/TlsTopic/messages",
                            json={"body": "via the gateway", "body_encoding": "utf8"})
