@@ -205,6 +205,11 @@ def test_http_signature_covers_method_path_query_body_and_time() -> None:
                                  ("POST", "/topics/t/batch?queue_id=1", b"bodx")):
         tampered = parse_http(method, target, headers, body)
         assert tampered is not None and not tampered.verify(SECRET)
+    nonce = good.nonce.hex()
+    other_nonce = dict(headers, authorization=headers["authorization"].replace(nonce, nonce[::-1]))
+    assert not parse_http("POST", "/topics/t/batch?queue_id=1", other_nonce, b"body").verify(SECRET)
+    again = signer.http_headers("POST", "/topics/t/batch?queue_id=1", b"body", timestamp_ms=1000)
+    assert again["authorization"] != headers["authorization"], "every request is signed with a fresh nonce"
     assert parse_http("GET", "/x", {}, b"") is None
     with pytest.raises(SparkMQError) as info:
         parse_http("GET", "/x", {"authorization": "Basic abc"}, b"")
@@ -217,8 +222,10 @@ def test_remoting_signature_rides_in_front_of_the_header() -> None:
     signed, plain = split_remoting(11, signed_header, b"payload")
     assert plain == b"\x81\xa5topic\xa1t" and signed is not None and signed.verify(SECRET)
     assert split_remoting(11, b"\x81\xa5topic\xa1t", b"") == (None, b"\x81\xa5topic\xa1t")
+    nonce_at = 3 + len("alice") + 8
+    other_nonce = signed_header[:nonce_at] + bytes([signed_header[nonce_at] ^ 1]) + signed_header[nonce_at + 1:]
     for code, header, body in ((10, signed_header, b"payload"), (11, signed_header, b"paylOad"),
-                               (11, signed_header[:-1] + b"u", b"payload")):
+                               (11, signed_header[:-1] + b"u", b"payload"), (11, other_nonce, b"payload")):
         tampered, _ = split_remoting(code, header, body)
         assert tampered is not None and not tampered.verify(SECRET)
     with pytest.raises(SparkMQError) as info:

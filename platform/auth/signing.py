@@ -3,20 +3,25 @@ the ``MQv2-HMAC-SHA1`` header the official RocketMQ 5 gRPC clients send.
 
 sparkmq's scheme signs what a request does and when it was made::
 
-    mac = HMAC-SHA256(secret_key,
-                      "SPARKMQ-HMAC-SHA256\\n" METHOD "\\n" TARGET "\\n" TIMESTAMP_MS "\\n"
-                      then, per content part: its length (8 bytes, big-endian) and its BLAKE3 digest (32 bytes))
+    part_key = HMAC-SHA256(secret_key, "SPARKMQ-PART-KEY\\n" NONCE)[:16]     # a key for this request only
+    tag_i    = GMAC(part_key, iv = i, part_i)                               # AES-128-GCM, no plaintext
+    mac      = HMAC-SHA256(secret_key,
+                           "SPARKMQ-HMAC-SHA256\\n" METHOD "\\n" TARGET "\\n" TIMESTAMP_MS "\\n" hex(NONCE) "\\n"
+                           then, per content part i: its length (8 bytes, big-endian) and tag_i (16 bytes))
 
-The parts are digested with BLAKE3 (a cryptographic hash about three times as fast as SHA-256 here): a
-256 KiB batch costs the client and the broker ~0.1 ms each instead of ~0.3 ms.
+NONCE is 16 random bytes the signer picks per request.  The content parts are authenticated by GMAC under a
+key derived for that request alone (the Carter-Wegman construction: a one-time key makes the polynomial MAC
+unforgeable), because GMAC runs at AES-NI/PCLMUL speed: a 256 KiB batch costs the client and the broker
+~17 us each, where BLAKE3 cost ~55 us and SHA-256 ~145 us on this machine's cores.
 
 * HTTP: METHOD is the HTTP method, TARGET the raw path with its query string (``/topics/t/batch?queue_id=1``),
   the one part is the body.  Headers: ``x-sparkmq-date: <epoch ms>`` and
-  ``authorization: SPARKMQ-HMAC-SHA256 Credential=<access key>, Signature=<hex mac>``.
+  ``authorization: SPARKMQ-HMAC-SHA256 Credential=<access key>, Nonce=<hex nonce>, Signature=<hex mac>``.
 * Remoting: METHOD is ``REMOTING``, TARGET the request code in decimal, the parts are the frame's header and
   body.  The credentials ride in front of the msgpack header (the header field of the frame)::
 
-      0xC1 | version (1) | access key length (1) | access key | timestamp ms (8, big-endian) | mac (32) | header
+      0xC1 | version (2) | access key length (1) | access key | timestamp ms (8, big-endian) | nonce (16)
+           | mac (32) | header
 
   0xC1 is the one byte msgpack never uses, so a signed header cannot be mistaken for a plain one.
 
@@ -34,20 +39,21 @@ from __future__ import annotations
 import calendar
 import hashlib
 import hmac
+import os
 import re
 import struct
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from blake3 import blake3
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from ..common.errors import ErrorCode, SparkMQError
 from .model import validate_access_key, validate_secret_key
 
 __all__ = ["Credentials", "SignedRequest", "Signer", "SCHEME", "AUTHORIZATION_HEADER", "DATE_HEADER",
-           "REMOTING_MARKER", "GrpcSignature", "mac_of", "parse_http", "split_remoting", "parse_grpc", "grpc_date_ms",
-           "grpc_signature", "auth_failed"]
+           "REMOTING_MARKER", "NONCE_SIZE", "GrpcSignature", "mac_of", "parse_http", "split_remoting", "parse_grpc",
+           "grpc_date_ms", "grpc_signature", "auth_failed"]
 
 SCHEME = "SPARKMQ-HMAC-SHA256"
 #: HTTP header of the credential and signature (``SPARKMQ-HMAC-SHA256 Credential=..., Signature=...``).
@@ -56,11 +62,16 @@ AUTHORIZATION_HEADER = "authorization"
 DATE_HEADER = "x-sparkmq-date"
 #: First byte of a signed remoting header (never a msgpack byte).
 REMOTING_MARKER = 0xC1
-_REMOTING_VERSION = 1
+_REMOTING_VERSION = 2
 _MAC_SIZE = 32
+#: Random bytes a signer picks per request (they make its part key).
+NONCE_SIZE = 16
+_PART_KEY_LABEL = b"SPARKMQ-PART-KEY\n"
+_IVS = tuple(i.to_bytes(12, "big") for i in range(4))  # one GCM IV per content part (no request has more)
 _TS = struct.Struct(">q")
 _LEN = struct.Struct(">Q")
-_HTTP_AUTH = re.compile(rf"^{SCHEME}\s+Credential=([^,\s]*),\s*Signature=([0-9a-fA-F]{{64}})\s*$")
+_HTTP_AUTH = re.compile(rf"^{SCHEME}\s+Credential=([^,\s]*),\s*Nonce=([0-9a-fA-F]{{{2 * NONCE_SIZE}}}),"
+                        r"\s*Signature=([0-9a-fA-F]{64})\s*$")
 _GRPC_AUTH = re.compile(r"^MQv2-HMAC-SHA1\s+Credential=([^,]*),\s*SignedHeaders=([^,]*),"
                         r"\s*Signature=([0-9a-fA-F]*)\s*$")
 _GRPC_DATE = re.compile(r"^(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(\d{2})Z$")
@@ -89,14 +100,18 @@ class Credentials:
         validate_secret_key(self.secret_key)
 
 
-def mac_of(secret_key: str | bytes, method: str, target: str, timestamp_ms: int,
+def mac_of(secret_key: str | bytes, method: str, target: str, timestamp_ms: int, nonce: bytes,
            parts: Sequence[bytes | bytearray | memoryview]) -> bytes:
-    """The 32-byte HMAC-SHA256 of a request (see the module docstring for what is signed)."""
+    """The 32-byte HMAC-SHA256 of a request (see the module docstring for what is signed); ``nonce`` is the
+    request's :data:`NONCE_SIZE` random bytes, at most four ``parts``."""
+    if len(parts) > len(_IVS):
+        raise ValueError(f"at most {len(_IVS)} content parts are signed")
     key = secret_key.encode() if isinstance(secret_key, str) else secret_key
-    message = [f"{SCHEME}\n{method}\n{target}\n{timestamp_ms}\n".encode()]
-    for part in parts:
+    gmac = AESGCM(hmac.digest(key, _PART_KEY_LABEL + nonce, "sha256")[:16])
+    message = [f"{SCHEME}\n{method}\n{target}\n{timestamp_ms}\n{nonce.hex()}\n".encode()]
+    for iv, part in zip(_IVS, parts, strict=False):  # len(parts) <= len(_IVS), checked above
         message.append(_LEN.pack(len(part)))
-        message.append(blake3(part).digest())
+        message.append(gmac.encrypt(iv, b"", part))  # no plaintext: the tag over ``part`` alone
     return hmac.digest(key, b"".join(message), "sha256")
 
 
@@ -106,6 +121,7 @@ class SignedRequest:
 
     access_key: str
     timestamp_ms: int
+    nonce: bytes
     mac: bytes
     method: str
     target: str
@@ -114,7 +130,7 @@ class SignedRequest:
     def verify(self, secret_key: str) -> bool:
         """Whether the mac is the one ``secret_key`` makes (constant-time comparison)."""
         return hmac.compare_digest(self.mac, mac_of(secret_key, self.method, self.target, self.timestamp_ms,
-                                                    self.parts))
+                                                    self.nonce, self.parts))
 
 
 class Signer:
@@ -143,17 +159,20 @@ class Signer:
                      ) -> dict[str, str]:
         """The two headers that sign ``method target`` with ``body`` (``target`` = raw path + ``?query``)."""
         ts = self._now_ms() if timestamp_ms is None else timestamp_ms
-        mac = mac_of(self._key, method.upper(), target, ts, (body,))
+        nonce = os.urandom(NONCE_SIZE)
+        mac = mac_of(self._key, method.upper(), target, ts, nonce, (body,))
         return {DATE_HEADER: str(ts),
-                AUTHORIZATION_HEADER: f"{SCHEME} Credential={self.credentials.access_key}, Signature={mac.hex()}"}
+                AUTHORIZATION_HEADER: f"{SCHEME} Credential={self.credentials.access_key}, Nonce={nonce.hex()}, "
+                                      f"Signature={mac.hex()}"}
 
     def remoting_header(self, code: int, header: bytes, body: bytes | memoryview = b"", *,
                         timestamp_ms: int | None = None) -> bytes:
         """``header`` with the signed credential block in front (see the module docstring)."""
         ts = self._now_ms() if timestamp_ms is None else timestamp_ms
-        mac = mac_of(self._key, "REMOTING", str(code), ts, (header, body))
-        return b"".join((bytes((REMOTING_MARKER, _REMOTING_VERSION, len(self._ak))), self._ak, _TS.pack(ts), mac,
-                         header))
+        nonce = os.urandom(NONCE_SIZE)
+        mac = mac_of(self._key, "REMOTING", str(code), ts, nonce, (header, body))
+        return b"".join((bytes((REMOTING_MARKER, _REMOTING_VERSION, len(self._ak))), self._ak, _TS.pack(ts), nonce,
+                         mac, header))
 
 
 def parse_http(method: str, target: str, headers: Mapping[str, str], body: bytes) -> SignedRequest | None:
@@ -163,11 +182,14 @@ def parse_http(method: str, target: str, headers: Mapping[str, str], body: bytes
         return None
     match = _HTTP_AUTH.match(auth)
     if match is None:
-        raise auth_failed(f"the authorization header is not '{SCHEME} Credential=<access key>, Signature=<hex>'")
+        raise auth_failed(f"the authorization header is not "
+                          f"'{SCHEME} Credential=<access key>, Nonce=<hex>, Signature=<hex>'")
     date = headers.get(DATE_HEADER, "")
     if not date.isdigit() or len(date) > 18:
         raise auth_failed(f"the {DATE_HEADER} header must be the signing time in epoch milliseconds")
-    return SignedRequest(match.group(1), int(date), bytes.fromhex(match.group(2)), method.upper(), target, (body,))
+    access_key, nonce, mac = match.groups()
+    return SignedRequest(access_key, int(date), bytes.fromhex(nonce), bytes.fromhex(mac), method.upper(), target,
+                         (body,))
 
 
 def split_remoting(code: int, header: bytes | memoryview, body: bytes | memoryview
@@ -181,7 +203,7 @@ def split_remoting(code: int, header: bytes | memoryview, body: bytes | memoryvi
         raise auth_failed("the remoting credential block is truncated or of an unknown version")
     ak_len = view[2]
     start = 3 + ak_len
-    end = start + _TS.size + _MAC_SIZE
+    end = start + _TS.size + NONCE_SIZE + _MAC_SIZE
     if len(view) < end:
         raise auth_failed("the remoting credential block is truncated")
     try:
@@ -191,8 +213,9 @@ def split_remoting(code: int, header: bytes | memoryview, body: bytes | memoryvi
     ts = _TS.unpack_from(view, start)[0]
     rest = view[end:]
     rest_header = bytes(rest) if isinstance(header, bytes) else rest
-    signed = SignedRequest(access_key, ts, bytes(view[start + _TS.size:end]), "REMOTING", str(code),
-                           (rest_header, body))
+    nonce_at = start + _TS.size
+    signed = SignedRequest(access_key, ts, bytes(view[nonce_at:nonce_at + NONCE_SIZE]),
+                           bytes(view[nonce_at + NONCE_SIZE:end]), "REMOTING", str(code), (rest_header, body))
     return signed, rest_header
 
 

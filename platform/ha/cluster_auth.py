@@ -4,10 +4,9 @@ Every connection between brokers -- a slave's HA stream to its master, a DLedger
 connection to a peer -- starts with a proof over a fresh nonce and the time::
 
     proof = timestamp ms i64 (little-endian) | nonce (16 random bytes) | mac (32 bytes)
-    mac   = HMAC-SHA256(cluster_secret, "SPARKMQ-HMAC-SHA256\\n" "CLUSTER-" PURPOSE "\\n" IDENTITY "\\n" TIMESTAMP
-                        "\\n" + per part: length + BLAKE3(part))        # platform/auth/signing.py's mac_of
+    mac   = mac_of(cluster_secret, "CLUSTER-" PURPOSE, IDENTITY, TIMESTAMP, nonce, parts)  # platform/auth/signing.py
 
-with the parts ``nonce`` and what the connection is about (the HELLO's bytes).  The answering side
+with the one part what the connection is about (the HELLO's bytes).  The answering side
 checks the timestamp against the clock-skew window, the mac (constant time), and that it has not
 seen the nonce within the window, so a captured handshake cannot be replayed, later or sooner.  It
 answers with a mac of its own over the same nonce (purpose ``...-ANSWER``): the connecting side
@@ -145,7 +144,7 @@ class ClusterAuth:
 
     def _mac(self, purpose: str, identity: str, ts: int, nonce: bytes, context: bytes) -> bytes:
         assert self._secret is not None
-        return mac_of(self._secret, f"CLUSTER-{purpose}", identity, ts, (nonce, context))
+        return mac_of(self._secret, f"CLUSTER-{purpose}", identity, ts, nonce, (context,))
 
 
 def _ip_of(peer: str | None) -> str:
