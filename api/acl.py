@@ -31,7 +31,6 @@ from ..platform.auth import (
     PolicyEntry,
     Principal,
     Resource,
-    ResourceType,
     User,
 )
 from ..platform.broker.broker import Broker
@@ -83,11 +82,12 @@ def _on(action: Action, kind: str, source: str = "path", key: str | None = None)
         name = where.get(key or kind)
         if not isinstance(name, str):
             return []  # the endpoint refuses the request itself (a field missing or of the wrong type)
-        return [(action, Resource(_KINDS[kind], name))]
+        return [(action, _KINDS[kind](name))]
     return needs
 
 
-_KINDS = {"topic": ResourceType.TOPIC, "group": ResourceType.GROUP}
+# Resource.topic names a group's %RETRY% / %DLQ% topic as the group, as every other entry point does.
+_KINDS: dict[str, Callable[[str], Resource]] = {"topic": Resource.topic, "group": Resource.group}
 
 
 def _all(*parts: NeedsOf) -> NeedsOf:

@@ -248,7 +248,8 @@ class LakeService:
         from .reports import Reporter, offsets_source
 
         brokers = list(self.endpoints) if isinstance(self.endpoints, Mapping) else None
-        self.reporter = Reporter(self.lake_root, offsets_source(self.endpoints), spark=self.spark,
+        offsets = offsets_source(self.endpoints, credentials=self.credentials)
+        self.reporter = Reporter(self.lake_root, offsets, spark=self.spark,
                                  job=self.job_name or "cluster", brokers=brokers, alerts=self.alerts)
         self._report_thread = threading.Thread(target=self.reporter.loop,
                                                args=(self._report_stop, self.report_interval_s),

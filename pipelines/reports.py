@@ -70,6 +70,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 from deltalake import DeltaTable
 
+from sparkmq.platform.auth import Credentials
 from sparkmq.platform.client import AdminClient, BrokerClient, ClientConfig
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 from sparkmq.platform.common.protocol import (
@@ -181,13 +182,16 @@ class BrokerOffsets:
     """
 
     def __init__(self, *, namesrv: str | None = None, brokers: Mapping[str, str] | None = None,
-                 timeout_s: float = 5.0) -> None:
-        """Exactly one of ``namesrv`` (``"host:port;host:port"``) and ``brokers`` (name -> host:port)."""
+                 timeout_s: float = 5.0, credentials: Credentials | None = None) -> None:
+        """Exactly one of ``namesrv`` (``"host:port;host:port"``) and ``brokers`` (name -> host:port);
+        ``credentials`` sign every request (name servers and brokers with ACL on: ``Get`` on the groups)."""
         if (namesrv is None) == (brokers is None):
             raise ValueError("give exactly one of namesrv and brokers")
-        self._admin = AdminClient(ClientConfig(namesrv_addrs=namesrv)) if namesrv else None
+        keys = {"access_key": credentials.access_key, "secret_key": credentials.secret_key} if credentials else {}
+        self._admin = AdminClient(ClientConfig(namesrv_addrs=namesrv, **keys)) if namesrv else None
         self._fixed = dict(brokers or {})
         self._timeout_s = timeout_s
+        self._credentials = credentials
         self._clients: dict[str, BrokerClient] = {}
         self._lock = threading.Lock()
 
@@ -195,7 +199,7 @@ class BrokerOffsets:
         with self._lock:
             client = self._clients.get(addr)
             if client is None:
-                client = self._clients[addr] = BrokerClient(addr, self._timeout_s)
+                client = self._clients[addr] = BrokerClient(addr, self._timeout_s, credentials=self._credentials)
             return client
 
     def masters(self) -> dict[str, str]:
@@ -232,11 +236,13 @@ class BrokerOffsets:
             self._admin.close()
 
 
-def offsets_source(namesrv_or_brokers: str | Mapping[str, str], timeout_s: float = 5.0) -> BrokerOffsets:
-    """A :class:`BrokerOffsets` from what the lake service holds: a name-server string or name -> address."""
+def offsets_source(namesrv_or_brokers: str | Mapping[str, str], timeout_s: float = 5.0, *,
+                   credentials: Credentials | None = None) -> BrokerOffsets:
+    """A :class:`BrokerOffsets` from what the lake service holds: a name-server string or name -> address
+    (``credentials``: what it signs its requests with)."""
     if isinstance(namesrv_or_brokers, str):
-        return BrokerOffsets(namesrv=namesrv_or_brokers, timeout_s=timeout_s)
-    return BrokerOffsets(brokers=namesrv_or_brokers, timeout_s=timeout_s)
+        return BrokerOffsets(namesrv=namesrv_or_brokers, timeout_s=timeout_s, credentials=credentials)
+    return BrokerOffsets(brokers=namesrv_or_brokers, timeout_s=timeout_s, credentials=credentials)
 
 
 # -- results ---------------------------------------------------------------------------------

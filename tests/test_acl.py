@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import grpc
 import httpx
@@ -183,6 +184,22 @@ def test_http_refuses_bad_signatures_and_unpermitted_users_and_changes_nothing(a
     assert acl.state()["max_offset"] > before["max_offset"]
     with acl.http(None) as http:
         assert http.get("/health").status_code == 200, "health checks need no credentials"
+
+
+def test_a_groups_retry_topic_is_the_groups_resource_over_http(acl: AclPlatform) -> None:
+    """``%RETRY%cg-1`` is ``Group:cg-1`` on HTTP as on remoting and the name server: alice (``Sub`` on
+    ``Group:cg-*``, nothing on ``Topic:%RETRY%*``) reads it; bob (no policy) is refused."""
+    retry = "%RETRY%cg-1"
+    with acl.http() as http:  # the broker makes the retry topic: a message re-sent to the group lands there
+        sent = ok(http.post("/topics/orders-1/messages", json={"body": "again"}))
+        ok(http.post("/consumers/cg-1/resend", json={"msg_id": sent["offset_msg_id"]}))
+    path = f"/topics/{quote(retry, safe='')}/queues/0/offsets"
+    with acl.http(ALICE) as http:
+        assert ok(http.get(path))["max_offset"] >= 1
+    with acl.http(BOB) as http:
+        resp = http.get(path)
+    assert (resp.status_code, resp.json()["code"]) == (403, "NO_PERMISSION"), resp.text
+    assert "resource=Group:cg-1" in acl.broker.log()
 
 
 def _http_send_to_other_path(acl: AclPlatform) -> httpx.Response:

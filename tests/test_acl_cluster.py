@@ -48,6 +48,13 @@ def _get(url: str, path: str, credentials: Credentials | None = ROOT, verify: An
         return http.get(path)
 
 
+def _add_user(http: httpx.Client, user: Credentials, entries: list[dict[str, Any]]) -> None:
+    """Create ``user`` with a policy of ``entries`` (``http`` signed by a super user)."""
+    assert http.post("/acl/users", json={"access_key": user.access_key,
+                                         "secret_key": user.secret_key}).status_code == 200
+    assert http.post("/acl/policies", json={"subject": user.access_key, "entries": entries}).status_code == 200
+
+
 def _ha(broker: ServiceProcess) -> dict[str, Any]:
     resp = _get(broker.url, "/broker/ha")
     assert resp.status_code == 200, resp.text
@@ -167,10 +174,7 @@ def test_the_masters_acl_reaches_its_slave_and_survives_a_restart(procs: Process
     assert _read(slave, "acl-repl", READER).status_code == 401  # no such user yet
     with _http(master.url) as http:
         for user in (READER, KEEPER):
-            assert http.post("/acl/users", json={"access_key": user.access_key,
-                                                 "secret_key": user.secret_key}).status_code == 200
-            assert http.post("/acl/policies", json={"subject": user.access_key, "entries": [
-                {"resource": "Topic:acl-*", "actions": ["Sub"]}]}).status_code == 200
+            _add_user(http, user, [{"resource": "Topic:acl-*", "actions": ["Sub"]}])
     # Created on the master: the slave serves the user within seconds (the master pushes every change).
     wait_until(lambda: _read(slave, "acl-repl", READER).status_code == 200, 10, "reader allowed on the slave")
     assert len(_read(slave, "acl-repl", READER).json()["messages"]) == 5
@@ -187,6 +191,33 @@ def test_the_masters_acl_reaches_its_slave_and_survives_a_restart(procs: Process
     assert _read(slave, "acl-repl", KEEPER).status_code == 200
     assert _read(slave, "acl-repl", READER).status_code == 401
     assert SECRET not in slave.log() and KEEPER.secret_key not in slave.log()
+
+
+def test_the_lakes_offset_sampling_signs_with_its_keys(procs: ProcessHarness, tmp_path: Path) -> None:
+    """The report job's lag samples (``pipelines.reports.BrokerOffsets``) are signed with the lake's keys: with
+    them a broker with ACL on answers every queue's lag; without, it refuses and the job samples nothing."""
+    from sparkmq.pipelines.reports import QueueSample, offsets_source
+    from sparkmq.platform.client import BrokerClient
+
+    namesrv, master = _master(procs, tmp_path)
+    _send(namesrv, tmp_path, "acl-lag", 6)
+    with _http(master.url) as http:
+        _add_user(http, LAKE, [{"resource": "Cluster", "actions": ["List"]},
+                               {"resource": "Group:*", "actions": ["Get"]}])
+    root = BrokerClient(master.addr, 5.0, credentials=ROOT)
+    try:
+        assert root.commit_offsets("lagging", [{"topic": "acl-lag", "queue_id": 0, "offset": 2}]) == 1
+    finally:
+        root.close()
+    signed, unsigned = offsets_source(namesrv.addr, credentials=LAKE), offsets_source(namesrv.addr)
+    try:
+        wait_until(lambda: signed.masters(), 20, "the master registered")
+        assert signed.sample(["lagging"]) == [QueueSample("lagging", "acl-lag", "broker-a", 0, 2, 6, 4)]
+        assert unsigned.sample(["lagging"]) == [], "an unsigned sample is refused, not read"
+    finally:
+        signed.close()
+        unsigned.close()
+    assert "denied user=-" in master.log() and LAKE.secret_key not in master.log()
 
 
 # -- DLedger over TLS ---------------------------------------------------------------------------------------
@@ -271,10 +302,7 @@ def test_dledger_over_tls_refuses_a_member_with_a_wrong_cluster_secret(procs: Pr
         return _get(brokers[member].url, "/topics/dl-acl/stats", READER, verify=verify).status_code
 
     with _http(brokers[lead].url, verify=verify) as http:
-        assert http.post("/acl/users", json={"access_key": READER.access_key,
-                                             "secret_key": READER.secret_key}).status_code == 200
-        assert http.post("/acl/policies", json={"subject": READER.access_key, "entries": [
-            {"resource": "Topic:dl-*", "actions": ["Get"]}]}).status_code == 200
+        _add_user(http, READER, [{"resource": "Topic:dl-*", "actions": ["Get"]}])
     wait_until(lambda: all(stats_as_reader(m) == 200 for m in followers), 15, "reader allowed on the followers")
     with _http(brokers[lead].url, verify=verify) as http:
         assert http.delete(f"/acl/users/{READER.access_key}").json()["deleted"]
@@ -297,10 +325,7 @@ def test_spark_source_and_sink_sign_with_access_keys(sq: Any, procs: ProcessHarn
     namesrv, broker = _master(procs, tmp_path)
     _send(namesrv, tmp_path, "lake-acl-src", 15)
     with _http(broker.url) as http:
-        assert http.post("/acl/users", json={"access_key": LAKE.access_key,
-                                             "secret_key": LAKE.secret_key}).status_code == 200
-        assert http.post("/acl/policies", json={"subject": LAKE.access_key, "entries": [
-            {"resource": "Topic:lake-acl-*", "actions": ["Pub", "Sub", "Get"]}]}).status_code == 200
+        _add_user(http, LAKE, [{"resource": "Topic:lake-acl-*", "actions": ["Pub", "Sub", "Get"]}])
         assert http.post("/topics", json={"topic": "lake-acl-dst", "read_queue_nums": 1,
                                           "write_queue_nums": 1}).status_code == 200
     keys = {"accessKey": LAKE.access_key, "secretKey": LAKE.secret_key}
