@@ -68,7 +68,7 @@ from .config import DEFAULT_CONSUME_TIMESTAMP_BACK_S, ClientConfig
 from .endpoints import remoting_endpoint
 from .fault import LatencyFaultTolerance, QueueSelector
 from .process_queue import ProcessQueue
-from .producer import BROKER_FAULT_CODES, RETRYABLE_CODES, BatchSendResults, select_by_sharding_key
+from .producer import BROKER_FAULT_CODES, RETRYABLE_CODES, BatchSendResults, check_batch, select_by_sharding_key
 from .rebalance import (
     ConsumeFromWhere,
     MessageSelector,
@@ -291,8 +291,9 @@ class AsyncProducer(_AsyncClient):
         return await self._with_retries(topic, timeout, self._ordered(sharding_key), attempt)
 
     async def send_batch(self, msgs: Sequence[Message], timeout: float | None = None, *,
-                         sharding_key: str | None = None) -> list[SendResult]:
-        """Send messages of one topic to one queue in one request; one result per message, consecutive offsets.
+                         sharding_key: str | None = None) -> Sequence[SendResult]:
+        """Send messages of one topic to one queue in one request; one result per message, consecutive offsets
+        (a sequence that makes each :class:`SendResult` when it is read: the answer comes packed).
 
         The batch is validated and packed once (``encode_batch``, which also makes the message ids);
         a retry sends the same bytes.  Every body is compressed when the largest one is above
@@ -303,17 +304,7 @@ class AsyncProducer(_AsyncClient):
             results = await producer.send_batch([Message("orders", f"m{i}".encode()) for i in range(100)])
         """
         self._check_running()
-        if not msgs:
-            raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, "a batch needs at least one message")
-        if not all(isinstance(m, Message) for m in msgs) or len({m.topic for m in msgs}) != 1:
-            raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, "a batch holds Messages of one topic")
-        topic = validate_topic(msgs[0].topic)
-        for m in msgs:
-            if isinstance(m.body, bytes | bytearray | memoryview) and len(m.body) > self.config.max_message_size:
-                raise SparkMQError(ErrorCode.MESSAGE_TOO_LARGE,
-                                   f"a body is {len(m.body)} bytes, the limit is {self.config.max_message_size}")
-        sizes = [len(m.body) for m in msgs if isinstance(m.body, bytes | bytearray | memoryview)]
-        compress = bool(sizes) and max(sizes) > self.config.compress_threshold
+        topic, compress = check_batch(msgs, self.config.max_message_size, self.config.compress_threshold)
         wire = [Message(m.topic, zlib.compress(bytes(m.body), self.config.compress_level), m.tags, m.keys,
                         m.properties, m.flag) for m in msgs] if compress else list(msgs)
         born_ms = int(time.time() * 1000)
@@ -323,11 +314,11 @@ class AsyncProducer(_AsyncClient):
         except StoreError as exc:  # the native encoder's validation, as a client error code
             raise SparkMQError(ErrorCode[exc.code], exc.message) from None
 
-        async def attempt(addr: str, mq: MessageQueue, left: float) -> list[SendResult]:
+        async def attempt(addr: str, mq: MessageQueue, left: float) -> Sequence[SendResult]:
             req = p.SendBatchRequest(topic, len(ids), mq.queue_id, sharding_key, self.group, compress)
             response = await self._request(addr, RequestCode.SEND_BATCH, req, data, left)
             answer = decode_answer(response.header, p.SendBatchResponse)
-            return list(BatchSendResults(answer, ids, bytes(response.body)))
+            return BatchSendResults(answer, ids, bytes(response.body))
 
         return await self._with_retries(topic, timeout, self._ordered(sharding_key), attempt)
 

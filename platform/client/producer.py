@@ -114,6 +114,26 @@ def _schedule_fields(delay_level: int | None, deliver_at_ms: int | None, delay_m
     return given
 
 
+def check_batch(msgs: Sequence[Message], max_message_size: int, compress_threshold: int) -> tuple[str, bool]:
+    """(the topic of a batch, whether its bodies are compressed) in one pass over it: MESSAGE_ILLEGAL unless it
+    holds Messages of one valid topic, MESSAGE_TOO_LARGE for a body over ``max_message_size``.  A batch
+    compresses all its bodies or none: all when its largest is above ``compress_threshold``.  (Bodies that are
+    not bytes are refused by the encoder.)"""
+    if not msgs:
+        raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, "a batch needs at least one message")
+    topic = getattr(msgs[0], "topic", None)
+    largest = 0
+    for m in msgs:
+        if not isinstance(m, Message) or m.topic != topic:
+            raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, "a batch holds Messages of one topic")
+        body = m.body
+        if isinstance(body, bytes | bytearray | memoryview) and len(body) > largest:
+            largest = len(body)
+    if largest > max_message_size:
+        raise SparkMQError(ErrorCode.MESSAGE_TOO_LARGE, f"a body is {largest} bytes, the limit is {max_message_size}")
+    return validate_topic(topic), largest > compress_threshold  # type: ignore[arg-type]  # a Message's topic
+
+
 @dataclass(slots=True)
 class _Prepared:
     """A validated message ready to go on the wire (body already compressed if it should be)."""
@@ -487,14 +507,15 @@ class Producer:
         self._executor.submit(run)
 
     def send_batch(self, msgs: Sequence[Message], timeout: float | None = None, *, sharding_key: str | None = None,
-                   queue_selector: QueueSelectorFn | None = None, arrow: bool = False) -> list[SendResult]:
-        """Send messages of one topic to one queue in one request (consecutive offsets); one result per message.
+                   queue_selector: QueueSelectorFn | None = None, arrow: bool = False) -> Sequence[SendResult]:
+        """Send messages of one topic to one queue in one request (consecutive offsets); one result per message
+        (over remoting a sequence that makes each :class:`SendResult` when it is read: the answer comes packed).
 
         ``arrow=True`` sends an Arrow IPC stream of ``SEND_SCHEMA`` over HTTP (the broker then makes the
         message ids).  A batch whose largest body exceeds ``compress_threshold`` has every body
         compressed.  Retries and ordering are as for :meth:`send`.
         """
-        return list(self._send_batch(msgs, timeout, sharding_key, queue_selector, arrow))
+        return self._send_batch(msgs, timeout, sharding_key, queue_selector, arrow)
 
     def _send_batch_lazily(self, msgs: Sequence[Message]) -> Sequence[SendResult]:
         """A batch of ``send_async`` messages: the results stay packed until a future is asked for one."""
@@ -504,14 +525,7 @@ class Producer:
                     queue_selector: QueueSelectorFn | None, arrow: bool,
                     packed_as: tuple[bytes, list[str]] | None = None) -> Sequence[SendResult]:
         self._check_running()
-        if not msgs:
-            raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, "a batch needs at least one message")
-        topics = {m.topic for m in msgs if isinstance(m, Message)}
-        if len(topics) != 1 or not all(isinstance(m, Message) for m in msgs):
-            raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, f"a batch holds Messages of one topic, got topics {topics}")
-        compress = self._compress_batch(msgs) if all(isinstance(m.body, bytes | bytearray | memoryview)
-                                                     for m in msgs) else False
-        topic = validate_topic(msgs[0].topic)
+        topic, compress = check_batch(msgs, self.config.max_message_size, self.config.compress_threshold)
         born_ms = int(time.time() * 1000)
         begin = time.monotonic()
         # (data, msg ids): made once, sent again unchanged by a retry (given when a first try was made elsewhere)
