@@ -173,7 +173,10 @@ def test_sends_and_batches_arrive_once_with_equal_fields(platform: Platform) -> 
             assert sorted(m.msg_id for m in got_tagged) == sorted(r.msg_id for _, r in matching)
 
             maxima = platform.max_offsets(topic)
-            assert await consumer.commit() == maxima                  # the last one yielded counts as consumed
+            committed = await consumer.commit()                        # the last one yielded counts as consumed
+            assert {mq: o for mq, o in committed.items() if mq.topic == topic} == maxima
+            assert set(committed) - set(maxima) <= {q for q in consumer.assignment(include_retry=True)
+                                                    if q.topic == "%RETRY%acg-all"}, "and the group's retry queue"
             assert platform.admin.group_offsets("acg-all", topic) == maxima
             # Messages filtered out by tag still move the committed offsets.
             await tagged.commit()
@@ -339,6 +342,29 @@ def test_threaded_and_async_clients_interoperate(platform: Platform) -> None:
         assert len(by_id) == len(sent)
         for message, result in sent:
             assert_same(message, result, by_id[result.msg_id])
+    run(consume)
+
+
+@pytest.mark.cluster
+def test_an_async_member_consumes_its_groups_retry_topic(platform: Platform) -> None:
+    """The asyncio consumer holds its share of ``%RETRY%<group>`` as threaded members do, so a message sent
+    back to the group (here re-sent through the admin API) reaches it, shown with its original topic."""
+    topic, group = "aio-retry", "acg-retry"
+    platform.create_topic(topic, 1)
+    with Producer("tpg-retry", platform.config()) as producer:
+        sent = producer.send(Message(topic, b"again", tags="R"))
+
+    async def consume() -> None:
+        consumer = AsyncConsumer(group, platform.config(), consume_from_where="FIRST_OFFSET")
+        consumer.subscribe(topic)
+        async with consumer:
+            assert [m.body for m in await take(consumer, 1)] == [b"again"]
+            await until(lambda: [q for q in consumer.assignment(include_retry=True) if q.topic == f"%RETRY%{group}"],
+                        20, "the group's retry queue held")
+            assert [q.topic for q in consumer.assignment()] == [topic], "the retry topic is plumbing"
+            await asyncio.to_thread(platform.admin.resend, sent.offset_msg_id, group)
+            again = await take(consumer, 1)
+        assert (again[0].topic, again[0].body, again[0].tags) == (topic, b"again", "R")
     run(consume)
 
 

@@ -59,6 +59,7 @@ from ..common.filtering import FILTER_TAG
 from ..common.ids import UniqueIdGenerator
 from ..common.message import Message, SendResult, send_status
 from ..common.protocol import PullStatus, RequestCode
+from ..common.system_topics import RETRY_PREFIX, retry_topic
 from ..common.validation import validate_group, validate_topic
 from ..common.wire import ReceivedMessage
 from ..remoting import AsyncRemotingClient, Frame, RemotingError, Response
@@ -425,7 +426,8 @@ class AsyncConsumer(_AsyncClient):
     ``flow_control_max_messages`` messages (or ``flow_control_max_bytes``, or an offset span above
     ``max_offset_span``) not yet consumed, so buffering is bounded per queue.  Messages are re-checked
     against the subscription's tags.  Iterate from one task at a time.  There is no send-back: a
-    message yielded is consumed once the iteration moves on (there is no retry topic for this client).
+    message yielded is consumed once the iteration moves on.  Messages other members of the group sent back
+    (``%RETRY%<group>``, subscribed by itself) are yielded too, with their original topic and reconsume count.
 
     Example::
 
@@ -494,9 +496,10 @@ class AsyncConsumer(_AsyncClient):
         """Topic -> expression."""
         return {t: s.expression for t, s in self._subscriptions.items()}
 
-    def assignment(self) -> list[MessageQueue]:
-        """The queues this consumer holds now, sorted."""
-        return sorted(self._pqs)
+    def assignment(self, *, include_retry: bool = False) -> list[MessageQueue]:
+        """The queues this consumer holds now, sorted; the group's retry topic (``%RETRY%<group>``, subscribed
+        by itself) is plumbing and left out unless ``include_retry``."""
+        return sorted(q for q in self._pqs if include_retry or not q.topic.startswith(RETRY_PREFIX))
 
     def process_queue(self, mq: MessageQueue) -> ProcessQueue | None:
         """The process queue (in-flight messages, flow-control state) of a held queue, or None."""
@@ -511,6 +514,9 @@ class AsyncConsumer(_AsyncClient):
         """
         if not self._subscriptions:
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"{self._what()} subscribes to nothing; subscribe() first")
+        # Members of a group share its retry topic's queues: messages other members sent back come through here.
+        retry = retry_topic(self.group)
+        self._subscriptions.setdefault(retry, Subscription(retry, "*", None))
         self._begin(on_push=self._on_push)
         try:
             for topic in sorted(self._subscriptions):
@@ -716,6 +722,9 @@ class AsyncConsumer(_AsyncClient):
                 kept = [m for m in result.messages if sub.matches(m.tags)]
                 pq.on_pulled(kept, result.next_offset)
                 if kept:
+                    if mq.topic.startswith(RETRY_PREFIX):
+                        for m in kept:
+                            m.restore_retry_origin()
                     self._ready.extend((pq, m) for m in kept)
                     self._wakeup.set()
                 continue
@@ -775,7 +784,7 @@ class AsyncConsumer(_AsyncClient):
                     continue
         subs = [p.SubscriptionData(s.topic, s.expression, s.filter_type)
                 for _, s in sorted(self._subscriptions.items())]
-        held = [p.held_queue_key(q.topic, q.broker_name, q.queue_id) for q in self.assignment()]
+        held = [p.held_queue_key(q.topic, q.broker_name, q.queue_id) for q in self.assignment(include_retry=True)]
         req = p.HeartbeatRequest(self.client_id, [], [p.ConsumerGroupData(
             self.group, str(self.consume_type), str(p.MessageModel.CLUSTERING), str(self.consume_from_where), subs,
             held)])

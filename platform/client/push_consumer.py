@@ -48,7 +48,7 @@ from enum import StrEnum
 from typing import Any
 
 from ..common.errors import ErrorCode, SparkMQError
-from ..common.system_topics import PROPERTY_RECONSUME_TIME, PROPERTY_RETRY_TOPIC, RETRY_PREFIX, retry_topic
+from ..common.system_topics import retry_topic
 from ..common.trace import TraceEvent
 from ..common.wire import ReceivedMessage
 from .allocation import DEFAULT_STRATEGY, AllocateStrategy, MessageQueue
@@ -241,7 +241,7 @@ class PushConsumer(ConsumerBase):
     # -- consumption -----------------------------------------------------------------------------
     def _on_pulled(self, pq: ProcessQueue, messages: list[ReceivedMessage]) -> None:
         for msg in messages:
-            _restore_retry(msg)
+            msg.restore_retry_origin()
         if self._orderly_listener is not None:
             self._schedule_orderly(pq)
             return
@@ -531,15 +531,3 @@ class PushConsumer(ConsumerBase):
     def _before_leave(self) -> None:
         if self._needs_locks:
             self._unlock(self._rebalance.assignment())
-
-
-def _restore_retry(msg: ReceivedMessage) -> None:
-    """A message read from ``%RETRY%<group>`` is shown with its original topic and reconsume count."""
-    if msg.topic.startswith(RETRY_PREFIX):
-        real = msg.properties.get(PROPERTY_RETRY_TOPIC)
-        if real:
-            msg.topic = real
-    if not msg.reconsume_times:
-        text = msg.properties.get(PROPERTY_RECONSUME_TIME)
-        if text and text.isdigit():
-            msg.reconsume_times = int(text)

@@ -26,6 +26,7 @@ import pyarrow as pa
 from .errors import ErrorCode, SparkMQError
 from .message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, StoredMessage
 from .sysflag import COMPRESSED
+from .system_topics import PROPERTY_RECONSUME_TIME, PROPERTY_RETRY_TOPIC, RETRY_PREFIX
 
 __all__ = [
     "ARROW_STREAM",
@@ -120,6 +121,18 @@ class ReceivedMessage:
     def user_properties(self) -> dict[str, str]:
         """Properties without the reserved ones the fields above already show."""
         return {k: v for k, v in self.properties.items() if k not in _RESERVED}
+
+    def restore_retry_origin(self) -> None:
+        """Show a message read from ``%RETRY%<group>`` with its original topic and reconsume count (what a
+        consumer's listener sees, as in RocketMQ); other messages are left as they are."""
+        if self.topic.startswith(RETRY_PREFIX):
+            real = self.properties.get(PROPERTY_RETRY_TOPIC)
+            if real:
+                self.topic = real
+        if not self.reconsume_times:
+            text = self.properties.get(PROPERTY_RECONSUME_TIME)
+            if text and text.isdigit():
+                self.reconsume_times = int(text)
 
 
 _RESERVED = frozenset({PROPERTY_TAGS, PROPERTY_KEYS, "UNIQ_KEY"})
