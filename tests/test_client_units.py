@@ -1072,3 +1072,23 @@ def test_accumulator_groups_smaller_than_in_flight_wait_and_flush_sends_them() -
         threading.Timer(0.05, lambda: [answer(i) for i in range(3, len(sent))]).start()
         assert acc.flush(5)
         assert all(f.done() and f.exception() is None for f in futures)
+
+
+def test_batch_results_are_made_when_read_and_concatenate_as_lists() -> None:
+    """A packed batch answer reads as one SendResult per message: ids in order, consecutive queue offsets, each
+    commit-log offset in its offsetMsgId; ``+`` with a list makes a list either way round."""
+    from sparkmq.platform.common import protocol
+
+    answer = protocol.SendBatchResponse("SEND_OK", "t", "broker-a", 2, 40, 3, 1_700_000_000_000, "127.0.0.1:10911")
+    offsets = [1000, 2024, 3048]
+    results = producer_module.BatchSendResults(answer, ["id-0", "id-1", "id-2"], b"".join(
+        o.to_bytes(8, "little") for o in offsets))
+    assert len(results) == 3 and [r.msg_id for r in results] == ["id-0", "id-1", "id-2"]
+    assert [r.queue_offset for r in results] == [40, 41, 42]
+    assert all(r.status is SendStatus.SEND_OK and (r.topic, r.queue_id) == ("t", 2) for r in results)
+    assert [int(r.offset_msg_id[-16:], 16) for r in results] == offsets
+    assert results[-1].msg_id == "id-2" and [r.msg_id for r in results[1:]] == ["id-1", "id-2"]
+    before = [results[0]]
+    assert isinstance(before + results, list) and [r.msg_id for r in before + results] == ["id-0", "id-0", "id-1",
+                                                                                            "id-2"]
+    assert [r.msg_id for r in results + before] == ["id-0", "id-1", "id-2", "id-0"]

@@ -178,6 +178,13 @@ class BatchSendResults(Sequence[SendResult]):
     def __eq__(self, other: object) -> bool:
         return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
 
+    # Concatenation makes a list, as it did when batches answered one (``results + more_results``).
+    def __add__(self, other: Sequence[SendResult]) -> list[SendResult]:
+        return [*self, *other] if isinstance(other, Sequence) else NotImplemented
+
+    def __radd__(self, other: Sequence[SendResult]) -> list[SendResult]:
+        return [*other, *self] if isinstance(other, Sequence) else NotImplemented
+
     def __repr__(self) -> str:
         return f"BatchSendResults({len(self)} messages on {self._answer.broker_name}/{self._answer.queue_id})"
 
