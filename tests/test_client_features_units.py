@@ -18,7 +18,6 @@ from sparkmq.platform.client import (
     TransactionState,
 )
 from sparkmq.platform.client.producer import _schedule_fields
-from sparkmq.platform.client.push_consumer import _restore_retry
 from sparkmq.platform.client.remoting import BrokerClient
 from sparkmq.platform.client.transaction_producer import _state
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
@@ -83,10 +82,10 @@ def test_transaction_states_accept_rocketmq_spellings_and_default_to_unknown() -
 def test_retry_messages_show_their_original_topic_and_count() -> None:
     msg = ReceivedMessage("%RETRY%cg", "broker-a", 0, 3, "id", "oid", b"x",
                           properties={"RETRY_TOPIC": "orders", "RECONSUME_TIME": "2"})
-    _restore_retry(msg)
+    msg.restore_retry_origin()
     assert msg.topic == "orders" and msg.reconsume_times == 2
     plain = ReceivedMessage("orders", "broker-a", 0, 3, "id", "oid", b"x", reconsume_times=1)
-    _restore_retry(plain)
+    plain.restore_retry_origin()
     assert plain.topic == "orders" and plain.reconsume_times == 1
 
 
