@@ -56,7 +56,7 @@ __all__ = ["Credentials", "SignedRequest", "Signer", "SCHEME", "AUTHORIZATION_HE
            "grpc_date_ms", "grpc_signature", "auth_failed"]
 
 SCHEME = "SPARKMQ-HMAC-SHA256"
-#: HTTP header of the credential and signature (``SPARKMQ-HMAC-SHA256 Credential=..., Signature=...``).
+#: HTTP header of the credential and signature (``SPARKMQ-HMAC-SHA256 Credential=..., Nonce=..., Signature=...``).
 AUTHORIZATION_HEADER = "authorization"
 #: HTTP header of the signing time, epoch milliseconds.
 DATE_HEADER = "x-sparkmq-date"
