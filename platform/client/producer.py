@@ -598,10 +598,6 @@ class Producer:
             raise SparkMQError(ErrorCode[exc.code], exc.message) from None
         return data, ids
 
-    def _compress_batch(self, msgs: Sequence[Message]) -> bool:
-        # One flag per request: a batch compresses all its bodies or none (when its largest needs it).
-        return max(len(m.body) for m in msgs) > self.config.compress_threshold
-
     def _start_batch(self, msgs: list[Message]) -> concurrent.futures.Future[Sequence[SendResult]] | None:
         """The first try of a ``send_async`` batch without blocking (the accumulator's fast path), or None.
 
@@ -618,7 +614,7 @@ class Producer:
         client = self._brokers.get(addr) if addr is not None else None
         if not isinstance(client, RemotingBrokerClient) or addr not in self._met_addrs:
             return None  # a broker first met goes the blocking way, which heartbeats it
-        compress = self._compress_batch(msgs)
+        compress = check_batch(msgs, self.config.max_message_size, self.config.compress_threshold)[1]
         born_ms = int(time.time() * 1000)
         data, ids = self._pack(msgs, compress, born_ms)
         begin = time.monotonic()
