@@ -1074,6 +1074,71 @@ def test_accumulator_groups_smaller_than_in_flight_wait_and_flush_sends_them() -
         assert all(f.done() and f.exception() is None for f in futures)
 
 
+def test_accumulator_bounds_unanswered_bytes_and_refuses_after_max_block() -> None:
+    """A caller that outruns the broker waits for room (Kafka's buffer.memory / max.block.ms): it goes on as soon
+    as an answer frees room, and after ``max_block_s`` it gets PRODUCER_BUFFER_FULL with nothing queued."""
+    import concurrent.futures
+
+    from sparkmq.platform.client.accumulator import Accumulator
+    from sparkmq.platform.common.message import Message
+
+    sent: list[tuple[int, concurrent.futures.Future[Any]]] = []
+
+    def start(msgs: list[Message]) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        sent.append((len(msgs), future))
+        return future
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        acc = Accumulator(lambda _m: [], pool, starter=start, max_in_flight=1, buffer_bytes=300, max_block_s=0.2)
+        first = acc.add(Message("T", b"a" * 100))               # in flight
+        queued = [acc.add(Message("T", b"b" * 100)) for _ in range(2)]  # 300 bytes unanswered: full
+        began = time.monotonic()
+        with pytest.raises(SparkMQError) as refused:
+            acc.add(Message("T", b"c" * 100))
+        assert refused.value.code is ErrorCode.PRODUCER_BUFFER_FULL and time.monotonic() - began >= 0.19
+        assert [n for n, _ in sent] == [1] and len(acc._queues["T"]) == 2  # the refused one was not queued
+
+        threading.Timer(0.1, lambda: sent[0][1].set_result([None])).start()
+        began = time.monotonic()
+        late = acc.add(Message("T", b"d" * 100))                # waits for the first answer, then is queued
+        assert 0.05 < time.monotonic() - began < 5 and first.done()
+        assert [n for n, _ in sent] == [1, 2]                   # the answer sent what waited ...
+        sent[1][1].set_result([None, None])
+        assert [n for n, _ in sent] == [1, 2, 1]                # ... and then the late one
+        sent[2][1].set_result([None])
+        assert acc.flush(5) and all(f.done() and f.exception() is None for f in [first, *queued, late])
+
+
+def test_batched_futures_work_with_the_standard_library() -> None:
+    """A batched future is a concurrent.futures.Future to wait(), as_completed() and callbacks, before and after
+    its batch completes (its waiter and callback lists are made on first use)."""
+    import concurrent.futures
+
+    from sparkmq.platform.client.accumulator import BatchedFuture, complete_batch
+    from sparkmq.platform.common.message import Message
+
+    condition = threading.Condition()
+    futures = [BatchedFuture(condition, Message("T", b"x")) for _ in range(3)]
+    assert isinstance(futures[0], concurrent.futures.Future) and not any(f.done() for f in futures)
+    early: list[Any] = []
+    futures[0].add_done_callback(lambda f: early.append(f.result()))
+    not_done = concurrent.futures.wait(futures, timeout=0.01).not_done
+    assert len(not_done) == 3
+    threading.Timer(0.05, lambda: complete_batch(futures, condition, ["r0", "r1", "r2"], None)).start()  # type: ignore[list-item]
+    assert sorted(f.result(5) for f in concurrent.futures.as_completed(futures, timeout=5)) == ["r0", "r1", "r2"]
+    assert early == ["r0"] and not concurrent.futures.wait(futures, timeout=0).not_done
+    late: list[Any] = []
+    futures[2].add_done_callback(lambda f: late.append(f.result()))  # already done: called at once
+    assert late == ["r2"] and futures[1].exception() is None and futures[1].message is None
+
+    failed = BatchedFuture(condition, Message("T", b"x"))
+    complete_batch([failed], condition, None, RuntimeError("broker gone"))
+    assert failed.done() and str(failed.exception()) == "broker gone"
+    with pytest.raises(RuntimeError, match="broker gone"):
+        failed.result()
+
+
 def test_batch_results_are_made_when_read_and_concatenate_as_lists() -> None:
     """A packed batch answer reads as one SendResult per message: ids in order, consecutive queue offsets, each
     commit-log offset in its offsetMsgId; ``+`` with a list makes a list either way round."""

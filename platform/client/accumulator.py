@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, PENDING
 
+from ..common.errors import ErrorCode, SparkMQError
 from ..common.message import Message, SendResult
 
 __all__ = ["Accumulator", "BatchSender", "BatchedFuture"]
@@ -36,27 +37,53 @@ BatchSender = Callable[[Sequence[Message]], Sequence[SendResult]]
 class BatchedFuture(concurrent.futures.Future):  # type: ignore[type-arg]
     """A ``concurrent.futures.Future`` of one batched message, cheap enough to make per message.
 
-    A plain Future builds its own Condition (most of the cost of ``send_async`` at 100,000s of
-    messages per second).  These share their accumulator's condition, are completed a whole batch
+    A plain Future builds its own Condition and two lists (most of the cost of ``send_async`` at 100,000s
+    of messages per second).  These share their accumulator's condition, are completed a whole batch
     at a time under one lock hold, and build their :class:`SendResult` from the batch's packed
-    answer only when asked.  They work with ``concurrent.futures.wait``/``as_completed``, callbacks
-    and ``result``/``exception`` like any Future (waits loop, since the condition is shared).
+    answer only when asked.  Their waiter and callback lists are made on first use: a caller that keeps
+    its futures would otherwise keep three objects per message for the garbage collector to walk, and
+    Python's full collections over them cost as much as the sends.  They work with
+    ``concurrent.futures.wait``/``as_completed``, callbacks and ``result``/``exception`` like any Future
+    (waits loop, since the condition is shared).
     """
 
+    # Slots: no instance dict, so a kept future is one object for the garbage collector, not two.
+    __slots__ = ("_condition", "message", "size", "_state", "_result", "_exception", "_batch", "_index",
+                 "_waiter_list", "_done_callbacks")
+
     def __init__(self, condition: threading.Condition, message: Message | None = None) -> None:  # noqa: D107
-        # No super().__init__(): that would build a Condition per future.
+        # No super().__init__(): that would build a Condition and two lists per future.
         self._condition = condition
-        #: While queued: the message, its body size and when it was added (the accumulator's bookkeeping).
+        #: While queued: the message and its body size (the accumulator's bookkeeping).
         self.message = message
         self.size = len(message.body) if message is not None else 0
-        self.added = time.monotonic()
         self._state = PENDING
-        self._result = None
-        self._exception = None
-        self._waiters: list = []  # type: ignore[type-arg]
-        self._done_callbacks: list = []  # type: ignore[type-arg]
+        self._result: SendResult | None = None
+        self._exception: BaseException | None = None
         self._batch: Sequence[SendResult] | None = None
         self._index = 0
+        self._waiter_list: list | None = None  # type: ignore[type-arg]
+        self._done_callbacks: list | tuple = ()  # type: ignore[type-arg]
+
+    @property
+    def _waiters(self) -> list:  # type: ignore[type-arg,override]
+        # concurrent.futures.wait/as_completed append their waiters here (under the condition).
+        if self._waiter_list is None:
+            self._waiter_list = []
+        return self._waiter_list
+
+    def add_done_callback(self, fn: Callable[[concurrent.futures.Future[SendResult]], object]) -> None:
+        """Call ``fn(future)`` when the future finishes (at once if it has)."""
+        with self._condition:
+            if self._state not in (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED):
+                if not self._done_callbacks:
+                    self._done_callbacks = []
+                self._done_callbacks.append(fn)  # type: ignore[union-attr]
+                return
+        try:
+            fn(self)
+        except Exception:  # as Future.add_done_callback: a failing callback is logged, not raised
+            log.exception("exception calling callback for %r", self)
 
     def _wait_finished(self, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -68,10 +95,16 @@ class BatchedFuture(concurrent.futures.Future):  # type: ignore[type-arg]
         if self._state != FINISHED:
             raise concurrent.futures.CancelledError()
 
+    def done(self) -> bool:
+        """Whether the send finished (or was cancelled)."""
+        # No lock: a state is one attribute, and it is set last when a batch completes.
+        return self._state in (FINISHED, CANCELLED, CANCELLED_AND_NOTIFIED)
+
     def result(self, timeout: float | None = None) -> SendResult:
         """The message's :class:`SendResult` (raises the batch's error)."""
-        with self._condition:
-            self._wait_finished(timeout)
+        if self._state != FINISHED:
+            with self._condition:
+                self._wait_finished(timeout)
         if self._exception is not None:
             raise self._exception
         if self._result is None and self._batch is not None:
@@ -80,8 +113,9 @@ class BatchedFuture(concurrent.futures.Future):  # type: ignore[type-arg]
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """The batch's error, or None when the message was stored."""
-        with self._condition:
-            self._wait_finished(timeout)
+        if self._state != FINISHED:
+            with self._condition:
+                self._wait_finished(timeout)
         return self._exception
 
     def outcome(self) -> tuple[SendResult | None, BaseException | None] | None:
@@ -110,7 +144,7 @@ def complete_batch(futures: Sequence[BatchedFuture], condition: threading.Condit
                 future._batch = results
                 future._index = i
             future._state = FINISHED
-            for waiter in future._waiters:
+            for waiter in future._waiter_list or ():
                 if error is not None:
                     waiter.add_exception(future)
                 else:
@@ -133,8 +167,8 @@ BatchStarter = Callable[[list[Message]], "concurrent.futures.Future[Sequence[Sen
 class Accumulator:
     """Gathers messages per topic and sends them in batches, ``max_in_flight`` at a time.
 
-    No thread of its own and no lock per message: ``add`` appends to the topic's queue (a deque, safe to
-    append from any thread) and, when a send slot is free, dispatches a batch at once.  A batch goes out
+    No thread of its own: ``add`` appends to the topic's queue (one short lock hold, which also counts the
+    buffer) and, when a send slot is free, dispatches a batch at once.  A batch goes out
     from the calling thread when ``starter`` can send it without blocking (remoting), else on the executor;
     when a batch finishes, its slot dispatches what gathered meanwhile.  So while slots are busy, messages
     gather into bigger batches by themselves.  A batch that went out without blocking is completed on the
@@ -144,6 +178,7 @@ class Accumulator:
 
     def __init__(self, sender: BatchSender, executor: concurrent.futures.Executor, *, max_messages: int = 256,
                  max_bytes: int = 1 << 20, linger_s: float = 0.0, max_in_flight: int = 4,
+                 buffer_bytes: int = 8 << 20, max_block_s: float = 60.0,
                  starter: BatchStarter | None = None, name: str = "sparkmq-batcher") -> None:
         self._send = sender
         self._start = starter
@@ -152,11 +187,21 @@ class Accumulator:
         self.max_bytes = max_bytes
         self.linger_s = linger_s
         self.max_in_flight = max_in_flight
+        #: Body bytes added and not yet answered (queued or in flight) are bounded (Kafka's ``buffer.memory``):
+        #: ``add`` waits up to ``max_block_s`` for room, so a caller faster than the broker is slowed, not
+        #: left to fill memory (and the garbage collector's walks) with queued messages.
+        self.buffer_bytes = buffer_bytes
+        self.max_block_s = max_block_s
+        self._buffered = 0
         self.name = name
         self._lock = threading.Lock()
         #: Shared by every future this accumulator hands out (see :class:`BatchedFuture`).
         self._futures_cond = threading.Condition()
         self._queues: dict[str, collections.deque[_Pending]] = {}
+        #: Per topic, when its next batch began to gather (a clock read per batch, not per message): the topic
+        #: waiting longest goes first, and the linger counts from there (as Kafka's counts from a batch's first
+        #: record).
+        self._since: dict[str, float] = {}
         self._in_flight = 0
         #: Messages in the batches in flight: a smaller group waits for more (see the module's doc).
         self._in_flight_msgs = 0
@@ -168,14 +213,28 @@ class Accumulator:
     def add(self, message: Message) -> concurrent.futures.Future[SendResult]:
         """Queue ``message`` (already validated) for the next batch of its topic; a future of its result."""
         future = BatchedFuture(self._futures_cond, message)
-        queue = self._queues.get(message.topic)
-        if queue is None:
-            with self._lock:
-                queue = self._queues.setdefault(message.topic, collections.deque())
-        queue.append(future)
-        if self._in_flight < self.max_in_flight:
+        with self._lock:
+            if self._buffered + future.size > self.buffer_bytes and self._buffered:
+                self._wait_for_room(future.size)
+            self._buffered += future.size
+            queue = self._queues.get(message.topic)
+            if queue is None:
+                queue = self._queues[message.topic] = collections.deque()
+            if not queue:
+                self._since[message.topic] = time.monotonic()
+            queue.append(future)
+            free_slot = self._in_flight < self.max_in_flight
+        if free_slot:
             self._dispatch()
         return future
+
+    def _wait_for_room(self, size: int) -> None:
+        """Wait (lock held) until ``size`` more bytes fit in the buffer, or raise PRODUCER_BUFFER_FULL."""
+        if not self._idle.wait_for(lambda: not self._buffered or self._buffered + size <= self.buffer_bytes,
+                                   self.max_block_s):
+            raise SparkMQError(ErrorCode.PRODUCER_BUFFER_FULL,
+                               f"{self._buffered} bytes of earlier sends stayed unanswered for {self.max_block_s} s "
+                               f"(the buffer holds {self.buffer_bytes})")
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every message added so far was sent (or failed); False at the timeout."""
@@ -204,45 +263,46 @@ class Accumulator:
             with self._lock:
                 if self._in_flight >= self.max_in_flight:
                     return
-                batch = self._take(force or self._flushing > 0)
-                if batch is None:
+                taken = self._take(force or self._flushing > 0)
+                if taken is None:
                     return
                 self._in_flight += 1
-                self._in_flight_msgs += len(batch)
-            self._launch(batch)
+                self._in_flight_msgs += len(taken[0])
+            self._launch(*taken)
 
-    def _launch(self, batch: list[_Pending]) -> None:
+    def _launch(self, batch: list[_Pending], size: int) -> None:
         started = None
         if self._start is not None:
             try:
                 started = self._start([p.message for p in batch])  # type: ignore[misc]
             except Exception as exc:  # noqa: BLE001  # a bad batch: its futures get the error
-                self._finish(batch, None, exc)
+                self._finish(batch, size, None, exc)
                 return
         try:
             if started is None:
-                self._executor.submit(self._send_batch, batch)
+                self._executor.submit(self._send_batch, batch, size)
             else:
                 # Completed where the answer arrives (the connection's loop), as Kafka's producer runs its
                 # callbacks on its I/O thread: a hop to a pool thread here costs more than the callbacks.
-                started.add_done_callback(lambda f: self._started_done(batch, f))
+                started.add_done_callback(lambda f: self._started_done(batch, size, f))
         except RuntimeError as exc:  # the executor is shut down: nobody will send these
-            self._finish(batch, None, exc)
+            self._finish(batch, size, None, exc)
 
-    def _take(self, force: bool) -> list[_Pending] | None:
-        """The next batch (lock held): up to max_messages / max_bytes of the topic whose oldest message waited
-        longest; None when nothing waits, when fewer wait than are in flight (they leave with more, or when
-        those are answered), or when the linger asks to wait for more."""
-        oldest: collections.deque[_Pending] | None = None
-        for queue in self._queues.values():
-            if queue and (oldest is None or queue[0].added < oldest[0].added):
-                oldest = queue
-        if oldest is None:
+    def _take(self, force: bool) -> tuple[list[_Pending], int] | None:
+        """The next batch and its body bytes (lock held): up to max_messages / max_bytes of the topic whose batch
+        began gathering first; None when nothing waits, when fewer wait than are in flight (they leave with
+        more, or when those are answered), or when the linger asks to wait for more."""
+        topic = None
+        for name, queue in self._queues.items():
+            if queue and (topic is None or self._since[name] < self._since[topic]):
+                topic = name
+        if topic is None:
             return None
+        oldest = self._queues[topic]
         if not force and len(oldest) < min(self._in_flight_msgs, self.max_messages):
             return None
         if not force and self.linger_s > 0 and len(oldest) < self.max_messages:
-            wait = oldest[0].added + self.linger_s - time.monotonic()
+            wait = self._since[topic] + self.linger_s - time.monotonic()
             if wait > 0:
                 self._arm_linger(wait)
                 return None
@@ -252,7 +312,9 @@ class Accumulator:
             item = oldest.popleft()
             batch.append(item)
             size += item.size
-        return batch
+        if oldest:  # the rest is the topic's next batch: behind the other topics' waiting batches
+            self._since[topic] = time.monotonic()
+        return batch, size
 
     def _arm_linger(self, wait: float) -> None:
         # One timer at a time: when it fires, what gathered goes out.
@@ -261,19 +323,20 @@ class Accumulator:
             self._linger_timer.daemon = True
             self._linger_timer.start()
 
-    def _send_batch(self, batch: list[_Pending]) -> None:
+    def _send_batch(self, batch: list[_Pending], size: int) -> None:
         try:
             results = self._send([p.message for p in batch])  # type: ignore[misc]
         except BaseException as exc:  # noqa: BLE001  # every waiting future gets the error
-            self._finish(batch, None, exc)
+            self._finish(batch, size, None, exc)
             return
-        self._finish(batch, results, None)
+        self._finish(batch, size, results, None)
 
-    def _started_done(self, batch: list[_Pending], started: concurrent.futures.Future[Sequence[SendResult]]) -> None:
+    def _started_done(self, batch: list[_Pending], size: int,
+                      started: concurrent.futures.Future[Sequence[SendResult]]) -> None:
         error = started.exception()
-        self._finish(batch, None if error is not None else started.result(), error)
+        self._finish(batch, size, None if error is not None else started.result(), error)
 
-    def _finish(self, batch: list[_Pending], results: Sequence[SendResult] | None,
+    def _finish(self, batch: list[_Pending], size: int, results: Sequence[SendResult] | None,
                 error: BaseException | None) -> None:
         if error is None and (results is None or len(results) != len(batch)):
             error = RuntimeError(f"a batch of {len(batch)} messages got {0 if results is None else len(results)} "
@@ -282,5 +345,6 @@ class Accumulator:
         with self._idle:
             self._in_flight -= 1
             self._in_flight_msgs -= len(batch)
+            self._buffered -= size
             self._idle.notify_all()
         self._dispatch()

@@ -125,6 +125,12 @@ class ClientConfig:
     linger_ms: float = 0.0
     #: Batches in flight at once (each on one of ``async_send_threads``).
     max_in_flight_batches: int = 4
+    #: Body bytes of batched ``send_async`` messages not yet answered (Kafka's buffer.memory): a caller that
+    #: outruns the brokers waits for room ...  Smaller than Kafka's 32 MiB: queued messages are Python objects
+    #: here, and the more of them live, the longer each of Python's full garbage collections takes.
+    buffer_memory_bytes: int = 8 << 20
+    #: ... at most this long, then gets PRODUCER_BUFFER_FULL (Kafka's max.block.ms).
+    max_block_ms: float = 60_000.0
     #: Avoid brokers whose sends were slow or failed, for a latency-dependent time.
     send_latency_fault_enable: bool = True
     #: How often the producer probes isolated brokers to lift the isolation early (RocketMQ 5's detector).
@@ -213,13 +219,11 @@ class ClientConfig:
         _count("compress_threshold", self.compress_threshold, 0)
         if isinstance(self.compress_level, bool) or self.compress_level not in range(0, 10):
             raise ValueError(f"compress_level must be an integer 0..9, got {self.compress_level!r}")
-        if self.linger_ms < 0:
-            raise ValueError(f"linger_ms must be >= 0, got {self.linger_ms!r}")
-        for name in ("batch_max_messages", "batch_max_bytes", "max_in_flight_batches"):
-            _count(name, getattr(self, name))
-        if isinstance(self.linger_ms, bool) or not isinstance(self.linger_ms, int | float) or self.linger_ms < 0:
-            raise ValueError(f"linger_ms must be a number >= 0, got {self.linger_ms!r}")
-        for name in ("batch_max_messages", "batch_max_bytes", "max_in_flight_batches"):
+        for name in ("linger_ms", "max_block_ms"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number of milliseconds >= 0, got {value!r}")
+        for name in ("batch_max_messages", "batch_max_bytes", "max_in_flight_batches", "buffer_memory_bytes"):
             _count(name, getattr(self, name))
         for name in ("max_message_size", "async_send_threads", "pull_batch_size", "flow_control_max_messages",
                      "flow_control_max_bytes", "max_offset_span", "consume_threads", "consume_batch_size"):

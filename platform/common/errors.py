@@ -52,6 +52,8 @@ class ErrorCode(Enum):
     INVISIBLE_TIME_ILLEGAL = (29, 400, "a POP invisible time is outside the allowed range")
     AUTHENTICATION_FAILED = (30, 401, "the request carries no credentials, an unknown access key, a bad signature, "
                                       "or a timestamp outside the clock-skew window (ACL on)")
+    PRODUCER_BUFFER_FULL = (31, 503, "the producer's send buffer stayed full of unanswered sends for max_block_ms "
+                                     "(the brokers are slower than the caller, or unreachable)")
 
     @property
     def remoting_code(self) -> int:
