@@ -2037,7 +2037,7 @@ static const char *prop_text(Py_ssize_t i, PyObject *s, PyObject *name, Py_ssize
 
 static PyObject *type_name(PyObject *o) { return PyType_GetName(Py_TYPE(o)); }
 
-/* `digits` upper-case hex digits of v, most significant first (snprintf's "%0*X" at a tenth of its cost) */
+/* `digits` upper-case hex digits of v, most significant first (snprintf's "%0*X" without its format parsing) */
 static void put_hex(char *out, uint32_t v, int digits)
 {
     static const char hex[] = "0123456789ABCDEF";

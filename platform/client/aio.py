@@ -69,7 +69,14 @@ from .config import DEFAULT_CONSUME_TIMESTAMP_BACK_S, ClientConfig
 from .endpoints import remoting_endpoint
 from .fault import LatencyFaultTolerance, QueueSelector
 from .process_queue import ProcessQueue
-from .producer import BROKER_FAULT_CODES, RETRYABLE_CODES, BatchSendResults, check_batch, select_by_sharding_key
+from .producer import (
+    BROKER_FAULT_CODES,
+    RETRYABLE_CODES,
+    BatchSendResults,
+    check_batch,
+    check_body,
+    select_by_sharding_key,
+)
 from .rebalance import (
     ConsumeFromWhere,
     MessageSelector,
@@ -328,13 +335,8 @@ class AsyncProducer(_AsyncClient):
         if not isinstance(msg, Message):
             raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, f"expected a Message, got {type(msg).__name__}")
         topic = validate_topic(msg.topic)
-        body = msg.body
-        if not isinstance(body, bytes | bytearray | memoryview) or len(body) == 0:
-            raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, "the body must be non-empty bytes (encode text first)")
-        body = bytes(body)
-        if len(body) > self.config.max_message_size:
-            raise SparkMQError(ErrorCode.MESSAGE_TOO_LARGE,
-                               f"the body is {len(body)} bytes, the limit is {self.config.max_message_size}")
+        check_body(msg.body, self.config.max_message_size)
+        body = bytes(msg.body)
         if len(body) > self.config.compress_threshold:
             return topic, zlib.compress(body, self.config.compress_level), True
         return topic, body, False

@@ -12,7 +12,7 @@ from .errors import ErrorCode, SparkMQError
 from .ids import encode_offset_msg_id
 
 __all__ = ["Message", "MessageQueue", "StoredMessage", "SendResult", "SendStatus", "send_status", "PROPERTY_TAGS",
-           "PROPERTY_KEYS", "PROPERTY_UNIQUE_ID", "KEY_SEPARATOR"]
+           "PROPERTY_KEYS", "PROPERTY_UNIQUE_ID", "KEY_SEPARATOR", "BODY_TYPES"]
 
 #: Reserved property names (RocketMQ's spelling, so its users recognise them).
 PROPERTY_TAGS = "TAGS"
@@ -20,6 +20,8 @@ PROPERTY_KEYS = "KEYS"
 PROPERTY_UNIQUE_ID = "UNIQ_KEY"
 #: KEYS holds several keys separated by spaces.
 KEY_SEPARATOR = " "
+#: What a message body may be (a tuple: ``isinstance`` with it is cheaper than with a ``|`` union made per call).
+BODY_TYPES = (bytes, bytearray, memoryview)
 
 
 class SendStatus(enum.StrEnum):

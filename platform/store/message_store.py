@@ -28,6 +28,7 @@ from ..common.codec import decode_properties, encode_properties, pack_host, tag_
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.ids import UniqueIdGenerator, decode_offset_msg_id, encode_offset_msg_id, offset_msg_id_prefix
 from ..common.message import (
+    BODY_TYPES,
     KEY_SEPARATOR,
     PROPERTY_KEYS,
     PROPERTY_TAGS,
@@ -357,7 +358,7 @@ class MessageStore:
         """(body, properties, tag_hash, unique id) of a validated message."""
         validate_topic(msg.topic)
         body = msg.body
-        if not isinstance(body, (bytes, bytearray, memoryview)):
+        if not isinstance(body, BODY_TYPES):
             raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, f"the body must be bytes, got {type(body).__name__}")
         if len(body) == 0:
             raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, "the body must not be empty")
