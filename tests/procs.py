@@ -240,6 +240,20 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str | 
         time.sleep(interval)
 
 
+def route_read_queues(admin: Any, topic: str) -> list[Any]:
+    """The read queues the name server's route of ``topic`` lists, or none while no broker has registered it yet
+    (a broker registers a new topic on its next heartbeat, so right after creating it the route is TOPIC_NOT_EXIST;
+    CI saw that under load)."""
+    from sparkmq.platform.common.errors import ErrorCode, SparkMQError
+
+    try:
+        return list(admin.topic_route(topic).read_queues)
+    except SparkMQError as exc:
+        if exc.code is ErrorCode.TOPIC_NOT_EXIST:
+            return []
+        raise
+
+
 def broker_restart_ports(port: int) -> tuple[str, ...]:
     """Broker flags to start again on its old HTTP ``port``, with remoting on a free port and no HA port: the
     ports beside it (HTTP + 1 and + 2, the defaults) were never reserved, and after the first broker let go

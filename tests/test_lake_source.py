@@ -16,7 +16,7 @@ from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from procs import ProcessHarness, ServiceProcess, broker_restart_ports, wait_until
+from procs import ProcessHarness, ServiceProcess, broker_restart_ports, route_read_queues, wait_until
 from sparkmq.pipelines.cluster_io import OptionError, PullPage, topic_path
 from sparkmq.pipelines.source import (
     SOURCE_SCHEMA,
@@ -86,8 +86,11 @@ class Cluster:
     def create_topic(self, topic: str, queues: int = 2) -> None:
         """Create ``topic`` with ``queues`` queues on both brokers; wait until its route shows both."""
         self.admin.create_topic(topic, read_queue_nums=queues, write_queue_nums=queues)
-        wait_until(lambda: len({q.broker_name for q in self.admin.topic_route(topic).read_queues}) == 2
-                   and len(self.admin.topic_route(topic).read_queues) == 2 * queues, what=f"route of {topic}")
+        def both_brokers_listed() -> bool:
+            queues_listed = route_read_queues(self.admin, topic)
+            return len({q.broker_name for q in queues_listed}) == 2 and len(queues_listed) == 2 * queues
+
+        wait_until(both_brokers_listed, what=f"route of {topic}")
 
     def close(self) -> None:
         self.producer.shutdown()

@@ -16,7 +16,7 @@ from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from procs import ProcessHarness, ServiceProcess, wait_until
+from procs import ProcessHarness, ServiceProcess, route_read_queues, wait_until
 from sparkmq.pipelines import cluster_io
 from sparkmq.pipelines.source import (
     SOURCE_SCHEMA,
@@ -51,7 +51,7 @@ class Cluster:
     def create_topic(self, topic: str, queues: int = 2) -> None:
         """``topic`` with ``queues`` queues on both brokers, once its route shows both."""
         self.admin.create_topic(topic, read_queue_nums=queues, write_queue_nums=queues)
-        wait_until(lambda: len(self.admin.topic_route(topic).read_queues) == 2 * queues, what=f"route of {topic}")
+        wait_until(lambda: len(route_read_queues(self.admin, topic)) == 2 * queues, what=f"route of {topic}")
 
     def remoting_endpoint(self, topic: str) -> str | None:
         """The remoting endpoint the name server's route of ``topic`` names for broker-r's master."""
