@@ -16,6 +16,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h> /* T_OBJECT_EX: a class's __slots__ members (see record_slots) */
 
 #include <errno.h>
 #include <limits.h>
@@ -2575,6 +2576,70 @@ static PyObject *cached_int(int_cache *c, long long v)
     return Py_NewRef(c->o);
 }
 
+/* The factory's 18 fields as __slots__ offsets, when it is a class whose fields are all plain slots and
+ * that adds nothing to construction (a slots dataclass without __post_init__, as ReceivedMessage): a
+ * record is then one allocation and 18 stores instead of a Python __init__ call, the largest part of a
+ * message's decoding.  0 when the factory is anything else (it is then called). */
+static const char *const record_fields[18] = {
+    "topic", "broker_name", "queue_id", "queue_offset", "msg_id", "offset_msg_id", "body", "tags", "keys",
+    "properties", "born_timestamp", "born_host", "store_timestamp", "store_host", "reconsume_times",
+    "sys_flag", "commitlog_offset", "store_size"};
+
+static PyTypeObject *slots_type; /* the last factory checked (a strong reference) and its verdict */
+static int slots_usable;
+static Py_ssize_t slot_offsets[18];
+
+static int record_slots(PyObject *factory)
+{
+    if ((PyObject *)slots_type == factory)
+        return slots_usable;
+    if (!PyType_Check(factory))
+        return 0;
+    PyTypeObject *t = (PyTypeObject *)factory;
+    int usable = t->tp_new == PyBaseObject_Type.tp_new && t->tp_alloc == PyType_GenericAlloc
+                 && !(t->tp_flags & Py_TPFLAGS_IS_ABSTRACT) && t->tp_dictoffset == 0
+                 && !PyObject_HasAttrString(factory, "__post_init__");
+    for (int k = 0; usable && k < 18; k++) {
+        PyObject *d = PyObject_GetAttrString(factory, record_fields[k]); /* a slot's descriptor, on the class */
+        if (!d) {
+            PyErr_Clear();
+            usable = 0;
+            break;
+        }
+        if (Py_IS_TYPE(d, &PyMemberDescr_Type) && PyType_IsSubtype(t, PyDescr_TYPE(d))) {
+            PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+            usable = m->type == T_OBJECT_EX && !(m->flags & READONLY);
+            slot_offsets[k] = m->offset;
+        } else
+            usable = 0;
+        Py_DECREF(d);
+    }
+    Py_XSETREF(slots_type, (PyTypeObject *)Py_NewRef(factory));
+    slots_usable = usable;
+    return usable;
+}
+
+/* factory(*f) of record_slots' kind: the fields stored straight into a new instance (references stolen).
+ * The instance and its keys tuple are left out of the garbage collector's lists: they hold only strings,
+ * ints, bytes and a dict of strings, so no cycle runs through them, and a pull of a thousand messages
+ * would otherwise set off collections that walk every message a consumer still buffers. */
+static PyObject *record_from_slots(PyTypeObject *t, PyObject *f[18])
+{
+    PyObject *m = t->tp_alloc(t, 0);
+    if (!m)
+        return NULL;
+    for (int k = 0; k < 18; k++) {
+        *(PyObject **)((char *)m + slot_offsets[k]) = f[k];
+        f[k] = NULL;
+    }
+    if (PyObject_GC_IsTracked(m))
+        PyObject_GC_UnTrack(m);
+    PyObject *keys = *(PyObject **)((char *)m + slot_offsets[8]);
+    if (PyTuple_CheckExact(keys) && PyObject_GC_IsTracked(keys))
+        PyObject_GC_UnTrack(keys);
+    return m;
+}
+
 static PyObject *mod_decode_records(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     PyObject *a[4];
@@ -2587,6 +2652,7 @@ static PyObject *mod_decode_records(PyObject *mod, PyObject *const *args, Py_ssi
     str_cache names = {0}, tagvals = {0};
     host_cache born = {0}, store = {0};
     int_cache ints[3] = {{0}};
+    int direct = record_slots(a[2]);
     const char *base = b.buf;
     size_t len = (size_t)b.len, pos = 0;
     while (out && pos < len) {
@@ -2665,7 +2731,9 @@ static PyObject *mod_decode_records(PyObject *mod, PyObject *const *args, Py_ssi
                 ok = ok && f[k];
             ok = ok && !PyErr_Occurred();
         }
-        PyObject *m = ok ? PyObject_Vectorcall(a[2], f, 18, NULL) : NULL;
+        PyObject *m = !ok ? NULL
+                      : direct ? record_from_slots((PyTypeObject *)a[2], f)
+                               : PyObject_Vectorcall(a[2], f, 18, NULL);
         for (int k = 0; k < 18; k++)
             Py_XDECREF(f[k]);
         for (int k = 0; k < 3; k++)

@@ -166,6 +166,37 @@ def test_decode_records_reuses_repeated_strings(impl, tmp_path):
     assert [m.topic for m in got] == ["T"] * 3 and got[2].born_host == "[2001:db8::7]:4242"
 
 
+def test_decode_records_builds_slots_classes_directly_and_equal_to_their_init(impl, tmp_path):
+    """ReceivedMessage itself as the factory (the consumers' call) gives what its __init__ gives; the C core
+    builds it without __init__ and leaves it and its keys out of the collector's lists; a class that adds
+    to construction (__post_init__) still gets its __init__ run."""
+    import gc
+
+    @dataclass(slots=True)
+    class Checked(ReceivedMessage):
+        seen: list[str] = field(default_factory=list)
+
+        def __post_init__(self) -> None:
+            self.seen.append(self.topic)
+
+    with _open(impl, tmp_path) as log:
+        data, _ids, _ = impl.encode_batch([Message("T", b"b%d" % i, tags="t", keys=("k", f"k{i}"),
+                                                   properties={"p": str(i)}) for i in range(3)], PREFIX, MONTH,
+                                          0, TS)
+        log.append_packed("T", 0, data, 3, born_host=BORN, store_host=STORE)
+        raw = log.read_packed("T", 0, 0, 10)[2]
+        direct = impl.decode_records(raw, "b", ReceivedMessage, zlib.decompress)
+        called = impl.decode_records(raw, "b", _received, zlib.decompress)
+        checked = impl.decode_records(raw, "b", Checked, zlib.decompress)
+    assert direct == called and len(direct) == 3 and [m.keys for m in direct][1] == ("k", "k1")
+    assert [type(m) for m in direct] == [ReceivedMessage] * 3
+    assert [m.seen for m in checked] == [["T"]] * 3 and [m.body for m in checked] == [b"b0", b"b1", b"b2"]
+    if impl is IMPLS.get("native"):
+        assert not any(gc.is_tracked(m) or gc.is_tracked(m.keys) for m in direct)
+    direct[0].tags = "changed"  # an ordinary, writable instance
+    assert direct[0].tags == "changed" and direct[1].tags == "t"
+
+
 def test_decode_records_inflates_compressed_records_only(impl, tmp_path):
     calls = []
     with _open(impl, tmp_path) as log:
