@@ -15,8 +15,8 @@ from . import layout
 from .errors import StoreError
 
 __all__ = ["CommitLog", "ConsumeQueue", "decode_record", "decode_batch", "encode_batch", "decode_records",
-           "v2_send_summary", "pack_v2_send", "encode_v2_send_response", "StoreError", "IMPL", "implementations",
-           "layout"]
+           "v2_send_summary", "pack_v2_send", "encode_v2_send_response", "gc_untrack", "gc_track", "StoreError",
+           "IMPL", "implementations", "layout"]
 
 #: Environment variable that selects the implementation: "native" (default) or "python".
 IMPL_ENV = "SPARKMQ_STORE_IMPL"
@@ -61,3 +61,17 @@ decode_records = _module.decode_records
 v2_send_summary = getattr(_module, "v2_send_summary", None)
 pack_v2_send = getattr(_module, "pack_v2_send", None)
 encode_v2_send_response = getattr(_module, "encode_v2_send_response", None)
+
+
+def _keep_tracked(obj: object) -> None:
+    """The twin's gc_untrack/gc_track: objects stay in the collector's lists."""
+
+
+#: ``gc_untrack(obj)`` takes a container out of the garbage collector's lists; ``gc_track(obj)`` puts it back
+#: (both no-ops for objects that are not containers or already so).  For objects held in bulk for a short
+#: while (a producer's queued messages and their futures): untracked, they are not walked and promoted by
+#: every collection meanwhile.  Only sound while the holder keeps the object alive (no cycle through it
+#: can be garbage then): call ``gc_track`` before letting go, or a cycle through it would never be freed.
+#: The Python twin keeps everything tracked.
+gc_untrack = getattr(_module, "gc_untrack", _keep_tracked)
+gc_track = getattr(_module, "gc_track", _keep_tracked)

@@ -2755,6 +2755,23 @@ static PyObject *mod_decode_records(PyObject *mod, PyObject *const *args, Py_ssi
     return out;
 }
 
+/* gc_untrack(obj) / gc_track(obj): take a container out of the garbage collector's lists while its holder
+ * keeps it alive, and put it back before letting go (see storage_native.gc_untrack).  Both are no-ops
+ * for an object that is not a container or is already in the wanted state. */
+static PyObject *mod_gc_untrack(PyObject *mod, PyObject *obj)
+{
+    if (PyObject_IS_GC(obj) && PyObject_GC_IsTracked(obj))
+        PyObject_GC_UnTrack(obj);
+    Py_RETURN_NONE;
+}
+
+static PyObject *mod_gc_track(PyObject *mod, PyObject *obj)
+{
+    if (PyObject_IS_GC(obj) && !PyObject_GC_IsTracked(obj))
+        PyObject_GC_Track(obj);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"decode_record", (PyCFunction)(void (*)(void))mod_decode_record, METH_FASTCALL | METH_KEYWORDS,
      "decode_record(buf, verify_crc=False)\n--\n\nDecode one whole record (as returned by CommitLog.read)."},
@@ -2763,6 +2780,8 @@ static PyMethodDef module_methods[] = {
     {"encode_batch", (PyCFunction)(void (*)(void))mod_encode_batch, METH_FASTCALL | METH_KEYWORDS,
      "encode_batch(messages, id_prefix, month_start_ms, counter, born_timestamp)\n--\n\n"
      "Validate messages and pack them: (data, msg_ids, next_counter)."},
+    {"gc_untrack", mod_gc_untrack, METH_O, "gc_untrack(obj)\n--\n\nTake obj out of the collector's lists."},
+    {"gc_track", mod_gc_track, METH_O, "gc_track(obj)\n--\n\nPut obj back in the collector's lists."},
     {"decode_records", (PyCFunction)(void (*)(void))mod_decode_records, METH_FASTCALL | METH_KEYWORDS,
      "decode_records(data, broker_name, factory, inflate)\n--\n\n"
      "factory(...) of every record of concatenated stored records (a pull's packed records)."},

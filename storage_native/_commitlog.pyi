@@ -125,6 +125,12 @@ def encode_batch(
     """
 
 
+def gc_untrack(obj: object, /) -> None:
+    """Take a container out of the garbage collector's lists (see ``storage_native.gc_untrack``)."""
+
+def gc_track(obj: object, /) -> None:
+    """Put a container back in the garbage collector's lists."""
+
 def decode_records(
     buf: bytes | bytearray | memoryview,
     broker_name: str,

@@ -1110,6 +1110,56 @@ def test_accumulator_bounds_unanswered_bytes_and_refuses_after_max_block() -> No
         assert acc.flush(5) and all(f.done() and f.exception() is None for f in [first, *queued, late])
 
 
+def test_queued_messages_and_futures_stay_out_of_the_collectors_lists_only_while_held() -> None:
+    """While queued or in flight a message and its future are not tracked by the garbage collector (the
+    accumulator holds them); once answered, refused, or tied to a callback or waiter, they are again, so a
+    cycle through them can still be collected."""
+    import concurrent.futures
+    import gc
+    import weakref
+
+    from sparkmq.platform.client.accumulator import Accumulator
+    from sparkmq.platform.common.message import Message
+    from sparkmq.storage_native import IMPL
+
+    native = IMPL == "native"
+    sent: list[concurrent.futures.Future[Any]] = []
+
+    def start(msgs: list[Message]) -> concurrent.futures.Future[Any]:
+        sent.append(concurrent.futures.Future())
+        return sent[-1]
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        acc = Accumulator(lambda _m: [], pool, starter=start, max_in_flight=1, buffer_bytes=200, max_block_s=0.05)
+        messages = [Message("T", b"m" * 100) for _ in range(2)]
+        futures = [acc.add(m) for m in messages]               # one in flight, one queued
+        assert not any(gc.is_tracked(o) for o in [*messages, *futures]) or not native
+        refused = Message("T", b"r" * 100)
+        with pytest.raises(SparkMQError):
+            acc.add(refused)                                     # the buffer is full
+        assert gc.is_tracked(refused)                            # given back as it came
+        futures[1].add_done_callback(lambda f: None)             # a callback may close a cycle: tracked
+        assert gc.is_tracked(futures[1]) and (gc.is_tracked(futures[0]) is not native)
+        sent[0].set_result([None])
+        assert gc.is_tracked(futures[0]) and gc.is_tracked(messages[0])
+        sent[1].set_result([None])
+        assert acc.flush(5) and all(gc.is_tracked(o) for o in [*messages, *futures])
+
+        # After its answer, a cycle through a message is garbage like any other.
+        class Marker:
+            """Lives in the cycle: it is freed (its weak reference dies) only if the cycle is collected."""
+
+        marker = Marker()
+        gone = weakref.ref(marker)
+        looped = Message("T", b"l")
+        looped.properties = {"self": looped, "marker": marker}  # type: ignore[dict-item]  # a careless caller's cycle
+        acc.add(looped)
+        sent[-1].set_result([None])
+        del looped, marker
+        gc.collect()
+        assert gone() is None
+
+
 def test_batched_futures_work_with_the_standard_library() -> None:
     """A batched future is a concurrent.futures.Future to wait(), as_completed() and callbacks, before and after
     its batch completes (its waiter and callback lists are made on first use)."""

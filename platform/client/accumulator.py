@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, PENDING
 
+from ...storage_native import gc_track, gc_untrack
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.message import Message, SendResult
 
@@ -63,11 +64,20 @@ class BatchedFuture(concurrent.futures.Future):  # type: ignore[type-arg]
         self._index = 0
         self._waiter_list: list | None = None  # type: ignore[type-arg]
         self._done_callbacks: list | tuple = ()  # type: ignore[type-arg]
+        if message is not None:
+            # Queued and in flight, the future and its message are held by the accumulator, so the collector
+            # could not free them anyway; out of its lists, they are not walked and promoted by every
+            # collection meanwhile (with them in, full collections took ~1.9 s of an 8 s produce_async run).
+            # complete_batch puts both back before letting go, and so does anything that could tie the
+            # future into a cycle (a waiter, a callback) when it is attached.
+            gc_untrack(self)
+            gc_untrack(message)
 
     @property
     def _waiters(self) -> list:  # type: ignore[type-arg,override]
         # concurrent.futures.wait/as_completed append their waiters here (under the condition).
         if self._waiter_list is None:
+            gc_track(self)
             self._waiter_list = []
         return self._waiter_list
 
@@ -76,6 +86,7 @@ class BatchedFuture(concurrent.futures.Future):  # type: ignore[type-arg]
         with self._condition:
             if self._state not in (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED):
                 if not self._done_callbacks:
+                    gc_track(self)
                     self._done_callbacks = []
                 self._done_callbacks.append(fn)  # type: ignore[union-attr]
                 return
@@ -134,6 +145,9 @@ def complete_batch(futures: Sequence[BatchedFuture], condition: threading.Condit
     """Finish every future of a batch under one hold of their shared condition, then run callbacks."""
     with condition:
         for i, future in enumerate(futures):
+            gc_track(future)  # back in the collector's lists before the accumulator lets go (see __init__)
+            if future.message is not None:
+                gc_track(future.message)
             future.message = None  # sent: the future no longer keeps the body alive
             if future._state != PENDING:  # cancelled by its caller meanwhile
                 continue
@@ -214,7 +228,11 @@ class Accumulator:
         future = BatchedFuture(self._futures_cond, message)
         with self._lock:
             if not self._fits(future.size):
-                self._wait_for_room(future.size)
+                try:
+                    self._wait_for_room(future.size)
+                except SparkMQError:
+                    gc_track(message)  # not queued: the caller's message goes back as it came
+                    raise
             self._buffered += future.size
             queue = self._queues.get(message.topic)
             if queue is None:
