@@ -2576,10 +2576,7 @@ static PyObject *cached_int(int_cache *c, long long v)
     return Py_NewRef(c->o);
 }
 
-/* The factory's 18 fields as __slots__ offsets, when it is a class whose fields are all plain slots and
- * that adds nothing to construction (a slots dataclass without __post_init__, as ReceivedMessage): a
- * record is then one allocation and 18 stores instead of a Python __init__ call, the largest part of a
- * message's decoding.  0 when the factory is anything else (it is then called). */
+/* The factory's arguments, in order (decode_records calls factory(*fields) of these). */
 static const char *const record_fields[18] = {
     "topic", "broker_name", "queue_id", "queue_offset", "msg_id", "offset_msg_id", "body", "tags", "keys",
     "properties", "born_timestamp", "born_host", "store_timestamp", "store_host", "reconsume_times",
@@ -2589,16 +2586,42 @@ static PyTypeObject *slots_type; /* the last factory checked (a strong reference
 static int slots_usable;
 static Py_ssize_t slot_offsets[18];
 
-static int record_slots(PyObject *factory)
+/* Whether the dataclass fields of `factory` are exactly record_fields, in order (so its __init__ takes them
+ * positionally and sets nothing else). */
+static int same_fields(PyObject *factory)
 {
-    if ((PyObject *)slots_type == factory)
+    PyObject *fields = PyObject_GetAttrString(factory, "__dataclass_fields__");
+    if (!fields) {
+        PyErr_Clear();
+        return 0;
+    }
+    int same = PyDict_Check(fields) && PyDict_GET_SIZE(fields) == 18;
+    Py_ssize_t pos = 0;
+    PyObject *name;
+    for (int k = 0; same && PyDict_Next(fields, &pos, &name, NULL); k++)
+        same = PyUnicode_Check(name) && !PyUnicode_CompareWithASCIIString(name, record_fields[k]);
+    Py_DECREF(fields);
+    return same;
+}
+
+/* 1 with the offsets of the factory's 18 fields in offsets[], when it is a slots dataclass whose fields are
+ * exactly record_fields and that adds nothing to construction (no __post_init__), as ReceivedMessage: a
+ * record is then one allocation and 18 stores instead of a Python __init__ call, the largest part of a
+ * message's decoding.  0 when the factory is anything else (it is then called).  The caller keeps its own
+ * copy of the offsets: the inflate callback runs Python, so another thread (or a decode that callback
+ * starts) may check another factory while this call decodes. */
+static int record_slots(PyObject *factory, Py_ssize_t offsets[18])
+{
+    if ((PyObject *)slots_type == factory) {
+        memcpy(offsets, slot_offsets, sizeof slot_offsets);
         return slots_usable;
+    }
     if (!PyType_Check(factory))
         return 0;
     PyTypeObject *t = (PyTypeObject *)factory;
     int usable = t->tp_new == PyBaseObject_Type.tp_new && t->tp_alloc == PyType_GenericAlloc
                  && !(t->tp_flags & Py_TPFLAGS_IS_ABSTRACT) && t->tp_dictoffset == 0
-                 && !PyObject_HasAttrString(factory, "__post_init__");
+                 && !PyObject_HasAttrString(factory, "__post_init__") && same_fields(factory);
     for (int k = 0; usable && k < 18; k++) {
         PyObject *d = PyObject_GetAttrString(factory, record_fields[k]); /* a slot's descriptor, on the class */
         if (!d) {
@@ -2616,6 +2639,7 @@ static int record_slots(PyObject *factory)
     }
     Py_XSETREF(slots_type, (PyTypeObject *)Py_NewRef(factory));
     slots_usable = usable;
+    memcpy(offsets, slot_offsets, sizeof slot_offsets);
     return usable;
 }
 
@@ -2623,18 +2647,18 @@ static int record_slots(PyObject *factory)
  * The instance and its keys tuple are left out of the garbage collector's lists: they hold only strings,
  * ints, bytes and a dict of strings, so no cycle runs through them, and a pull of a thousand messages
  * would otherwise set off collections that walk every message a consumer still buffers. */
-static PyObject *record_from_slots(PyTypeObject *t, PyObject *f[18])
+static PyObject *record_from_slots(PyTypeObject *t, const Py_ssize_t offsets[18], PyObject *f[18])
 {
     PyObject *m = t->tp_alloc(t, 0);
     if (!m)
         return NULL;
     for (int k = 0; k < 18; k++) {
-        *(PyObject **)((char *)m + slot_offsets[k]) = f[k];
+        *(PyObject **)((char *)m + offsets[k]) = f[k];
         f[k] = NULL;
     }
     if (PyObject_GC_IsTracked(m))
         PyObject_GC_UnTrack(m);
-    PyObject *keys = *(PyObject **)((char *)m + slot_offsets[8]);
+    PyObject *keys = *(PyObject **)((char *)m + offsets[8]);
     if (PyTuple_CheckExact(keys) && PyObject_GC_IsTracked(keys))
         PyObject_GC_UnTrack(keys);
     return m;
@@ -2652,7 +2676,8 @@ static PyObject *mod_decode_records(PyObject *mod, PyObject *const *args, Py_ssi
     str_cache names = {0}, tagvals = {0};
     host_cache born = {0}, store = {0};
     int_cache ints[3] = {{0}};
-    int direct = record_slots(a[2]);
+    Py_ssize_t offsets[18];
+    int direct = record_slots(a[2], offsets);
     const char *base = b.buf;
     size_t len = (size_t)b.len, pos = 0;
     while (out && pos < len) {
@@ -2677,10 +2702,7 @@ static PyObject *mod_decode_records(PyObject *mod, PyObject *const *args, Py_ssi
             topic_raw = p + tpos + 1;
             topic_n = tn;
         }
-        /* factory(topic, broker_name, queue_id, queue_offset, msg_id, offset_msg_id, body, tags, keys,
-         *         properties, born_timestamp, born_host, store_timestamp, store_host, reconsume_times,
-         *         sys_flag, commitlog_offset, store_size) */
-        PyObject *f[18] = {0};
+        PyObject *f[18] = {0}; /* factory(*f): the fields named in record_fields, in that order */
         int32_t sys_flag = rdi32(p + F_SYSFLAG);
         int64_t clo = rd64(p + F_CLOFF);
         PyObject *special[3] = {NULL, NULL, NULL};
@@ -2732,7 +2754,7 @@ static PyObject *mod_decode_records(PyObject *mod, PyObject *const *args, Py_ssi
             ok = ok && !PyErr_Occurred();
         }
         PyObject *m = !ok ? NULL
-                      : direct ? record_from_slots((PyTypeObject *)a[2], f)
+                      : direct ? record_from_slots((PyTypeObject *)a[2], offsets, f)
                                : PyObject_Vectorcall(a[2], f, 18, NULL);
         for (int k = 0; k < 18; k++)
             Py_XDECREF(f[k]);

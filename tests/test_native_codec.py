@@ -14,6 +14,7 @@ import struct
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -195,6 +196,39 @@ def test_decode_records_builds_slots_classes_directly_and_equal_to_their_init(im
         assert not any(gc.is_tracked(m) or gc.is_tracked(m.keys) for m in direct)
     direct[0].tags = "changed"  # an ordinary, writable instance
     assert direct[0].tags == "changed" and direct[1].tags == "t"
+
+
+def test_decode_records_keeps_its_factorys_slots_when_a_callback_decodes_with_another(impl, tmp_path):
+    """The inflate callback runs Python: a decode it starts with another slots class (its fields at other
+    offsets, after a base class's slot) must not change where the outer decode stores its fields; a class
+    with the same field names in another order, or one more field, is called (positionally) instead."""
+    import dataclasses
+
+    class Padded:
+        __slots__ = ("pad",)
+
+    fields = [(f.name, object) for f in dataclasses.fields(ReceivedMessage)]
+    shifted = dataclasses.make_dataclass("Shifted", fields, bases=(Padded,), slots=True)
+    reordered = dataclasses.make_dataclass("Reordered", fields[::-1], slots=True)
+    longer = dataclasses.make_dataclass("Longer", [*fields, ("extra", int, dataclasses.field(default=7))],
+                                        slots=True)
+    with _open(impl, tmp_path) as log:
+        for i in range(3):
+            log.append("T", 0, zlib.compress(b"z%d" % i), b"UNIQ_KEY\x01u%d\x02KEYS\x01k%d\x02" % (i, i), sys_flag=1)
+        raw = log.read_packed("T", 0, 0, 10)[2]
+        inner: list[Any] = []
+
+        def inflate(body: bytes) -> bytes:
+            inner.extend(impl.decode_records(raw, "inner", shifted, zlib.decompress))
+            return zlib.decompress(body)
+
+        outer = impl.decode_records(raw, "b", ReceivedMessage, inflate)
+        expected = impl.decode_records(raw, "b", _received, zlib.decompress)
+    assert outer == expected and [m.body for m in outer] == [b"z0", b"z1", b"z2"]
+    assert [(m.broker_name, m.body, m.keys) for m in inner[:3]] == [("inner", b"z%d" % i, (f"k{i}",)) for i in range(3)]
+    backwards = impl.decode_records(raw, "b", reordered, zlib.decompress)
+    assert [m.store_size for m in backwards] == ["T"] * 3  # the first argument (topic) lands in the first field
+    assert [m.extra for m in impl.decode_records(raw, "b", longer, zlib.decompress)] == [7] * 3
 
 
 def test_decode_records_inflates_compressed_records_only(impl, tmp_path):

@@ -67,7 +67,8 @@ class BatchedFuture(concurrent.futures.Future):  # type: ignore[type-arg]
         if message is not None:
             # Queued and in flight, the future and its message are held by the accumulator, so the collector
             # could not free them anyway; out of its lists, they are not walked and promoted by every
-            # collection meanwhile (with them in, full collections took ~1.9 s of an 8 s produce_async run).
+            # collection meanwhile (with them in, full collections took 1.9 s in a produce_async
+            # benchmark process whose send loop ran 8 s).
             # complete_batch puts both back before letting go, and so does anything that could tie the
             # future into a cycle (a waiter, a callback) when it is attached.
             gc_untrack(self)
