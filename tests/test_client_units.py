@@ -1159,6 +1159,15 @@ def test_queued_messages_and_futures_stay_out_of_the_collectors_lists_only_while
         gc.collect()
         assert gone() is None
 
+        # A close whose flush times out gives back what stays queued.
+        acc.add(Message("T", b"f" * 100))                      # in flight, never answered
+        left = Message("T", b"q" * 100)
+        acc.add(left)
+        assert gc.is_tracked(left) is not native
+        acc.close(0.05)
+        assert gc.is_tracked(left)
+        sent[-1].set_result([None])
+
 
 def test_batched_futures_work_with_the_standard_library() -> None:
     """A batched future is a concurrent.futures.Future to wait(), as_completed() and callbacks, before and after

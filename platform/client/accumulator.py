@@ -274,6 +274,12 @@ class Accumulator:
         self.flush(timeout)
         if self._linger_timer is not None:
             self._linger_timer.cancel()
+        with self._lock:  # what the flush left queued goes back in the collector's lists (see BatchedFuture)
+            for queue in self._queues.values():
+                for future in queue:
+                    gc_track(future)
+                    if future.message is not None:
+                        gc_track(future.message)
 
     def _pending(self) -> bool:
         return any(self._queues.values())
