@@ -1347,6 +1347,103 @@ static PyObject *Log_flush_log(LogObject *self, PyObject *unused)
     return PyLong_FromLongLong(flushed);
 }
 
+/* ------------------------------------------------------------ group-commit syncer */
+
+static PyObject *Log_start_syncer(LogObject *self, PyObject *unused)
+{
+    cl_log *c = log_of(self);
+    if (!c || check_open(c))
+        return NULL;
+    cl_err e;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS /* it reads the synced offset under mu */
+        rc = cl_syncer_start(c, &e);
+    Py_END_ALLOW_THREADS
+    if (rc)
+        return raise_err(&e);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Log_stop_syncer(LogObject *self, PyObject *unused)
+{
+    cl_log *c = self->c;
+    if (c) {
+        Py_BEGIN_ALLOW_THREADS
+            cl_syncer_stop(c);
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Log_request_sync(LogObject *self, PyObject *arg)
+{
+    cl_log *c = log_of(self);
+    int64_t offset;
+    if (!c || as_i64(arg, &offset, NULL, "offset"))
+        return NULL;
+    /* as lock_log: never block on a lock with the GIL held (a thread holding mu may be waiting for it) */
+    if (cl_syncer_request(c, offset, 1) < 0) {
+        Py_BEGIN_ALLOW_THREADS
+            cl_syncer_request(c, offset, 0);
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Log_wait_log_flushed(LogObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    cl_log *c = log_of(self);
+    int64_t offset;
+    if (!c)
+        return NULL;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "wait_log_flushed(offset, timeout_s) takes 2 arguments");
+        return NULL;
+    }
+    double timeout_s = PyFloat_AsDouble(args[1]);
+    if ((timeout_s == -1.0 && PyErr_Occurred()) || as_i64(args[0], &offset, NULL, "offset"))
+        return NULL;
+    int covered;
+    Py_BEGIN_ALLOW_THREADS
+        covered = cl_syncer_wait(c, offset, timeout_s);
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(covered);
+}
+
+static PyObject *syncer_notifier(LogObject *self, PyObject *arg, int add)
+{
+    cl_log *c = log_of(self);
+    if (!c)
+        return NULL;
+    int fd = PyObject_AsFileDescriptor(arg);
+    if (fd < 0)
+        return NULL;
+    cl_err e;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+        rc = cl_syncer_notify(c, fd, add, &e);
+    Py_END_ALLOW_THREADS
+    if (rc)
+        return raise_err(&e);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Log_add_sync_notifier(LogObject *self, PyObject *arg) { return syncer_notifier(self, arg, 1); }
+
+static PyObject *Log_remove_sync_notifier(LogObject *self, PyObject *arg) { return syncer_notifier(self, arg, 0); }
+
+static PyObject *Log_syncer_state(LogObject *self, PyObject *unused)
+{
+    uint64_t syncs = 0, failures = 0;
+    char msg[256] = "";
+    if (self->c) {
+        Py_BEGIN_ALLOW_THREADS
+            cl_syncer_counts(self->c, &syncs, &failures, msg, sizeof msg);
+        Py_END_ALLOW_THREADS
+    }
+    return Py_BuildValue("(KKs)", (unsigned long long)syncs, (unsigned long long)failures, msg);
+}
+
 static PyObject *Log_release_page_cache(LogObject *self, PyObject *arg)
 {
     cl_log *c = log_of(self);
@@ -1582,6 +1679,22 @@ static PyMethodDef Log_methods[] = {
      "flush()\n--\n\nfdatasync the log and the consume queues up to the current end; returns flushed_offset."},
     {"flush_log", (PyCFunction)Log_flush_log, METH_NOARGS,
      "flush_log()\n--\n\nfdatasync the log alone up to the current end; returns log_flushed_offset."},
+    {"start_syncer", (PyCFunction)Log_start_syncer, METH_NOARGS,
+     "start_syncer()\n--\n\nStart the group-commit thread (again after stop_syncer): it runs flush_log back to back "
+     "while a request_sync asks for more than a started sync covers, without the GIL."},
+    {"stop_syncer", (PyCFunction)Log_stop_syncer, METH_NOARGS,
+     "stop_syncer()\n--\n\nStop and join the group-commit thread; blocked waits return (close stops it too)."},
+    {"request_sync", (PyCFunction)Log_request_sync, METH_O,
+     "request_sync(offset)\n--\n\nAsk the group-commit thread for a sync covering offset (a record's end)."},
+    {"wait_log_flushed", (PyCFunction)(void (*)(void))Log_wait_log_flushed, METH_FASTCALL,
+     "wait_log_flushed(offset, timeout_s)\n--\n\nBlock, the GIL released, until log_flushed_offset >= offset: "
+     "True, or False at the timeout or once the thread stopped."},
+    {"add_sync_notifier", (PyCFunction)Log_add_sync_notifier, METH_O,
+     "add_sync_notifier(fd)\n--\n\nWrite 1 (8 bytes) to the eventfd after each sync of the group-commit thread."},
+    {"remove_sync_notifier", (PyCFunction)Log_remove_sync_notifier, METH_O,
+     "remove_sync_notifier(fd)\n--\n\nNo more writes to fd once this returns (it may be closed then)."},
+    {"syncer_state", (PyCFunction)Log_syncer_state, METH_NOARGS,
+     "syncer_state()\n--\n\n(syncs completed, syncs failed, the last failure's text or '')."},
     {"release_page_cache", (PyCFunction)Log_release_page_cache, METH_O,
      "release_page_cache(keep)\n--\n\nDrop the log's durable pages more than keep bytes behind the end from the "
      "page cache (in steps of 16 MiB or more; keep <= 0: nothing)."},

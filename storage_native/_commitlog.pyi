@@ -628,6 +628,37 @@ class CommitLog:
         Appends may run while it syncs; a second call with no append in between syncs
         nothing and returns the same offset.  ``CLOSED`` after ``close``."""
 
+    # The group-commit syncer (native only; the Python twin has none and its flush service syncs on a
+    # Python thread).
+    def start_syncer(self) -> None:
+        """Start the group-commit thread: while a ``request_sync`` asks for an offset past what a started sync
+        covers, it runs ``flush_log`` back to back, with no Python and no GIL, then wakes the threads blocked
+        in ``wait_log_flushed`` and writes 1 to every eventfd registered with ``add_sync_notifier``.
+        It may be started again after ``stop_syncer``.  ``INVALID_ARGUMENT`` while it runs; ``CLOSED`` after
+        ``close``."""
+
+    def stop_syncer(self) -> None:
+        """Stop and join the group-commit thread (idempotent; ``close`` stops it too); blocked
+        ``wait_log_flushed`` calls return at once."""
+
+    def request_sync(self, offset: int) -> None:
+        """Ask the group-commit thread for a sync covering ``offset`` (the end of a record already
+        appended); a no-op before ``start_syncer`` and after ``stop_syncer``."""
+
+    def wait_log_flushed(self, offset: int, timeout_s: float) -> bool:
+        """Block, the GIL released, until ``log_flushed_offset`` >= ``offset``: True; False at the timeout,
+        or once the group-commit thread stopped (or never started) with the offset not synced."""
+
+    def add_sync_notifier(self, fd: int) -> None:
+        """After each sync of the group-commit thread, write 1 (8 bytes) to the eventfd ``fd``: an event
+        loop's wake-up.  At most 64; ``INVALID_ARGUMENT`` past that, or before ``start_syncer``."""
+
+    def remove_sync_notifier(self, fd: int) -> None:
+        """Stop writing to ``fd``: once this returns the descriptor may be closed."""
+
+    def syncer_state(self) -> tuple[int, int, str]:
+        """(syncs completed, syncs failed, the last failure's text or '') of the group-commit thread."""
+
     def release_page_cache(self, keep: int) -> None:
         """Drop from the page cache the log's pages that are durable (below ``log_flushed_offset``) and more
         than ``keep`` bytes behind ``max_offset``, once at least 16 MiB of them are not dropped yet; ``keep``

@@ -16,6 +16,8 @@
 
 #include "crc32.h"
 
+static void syncer_free(cl_log *c);
+
 const char CL_INVALID_ARGUMENT[] = "INVALID_ARGUMENT", CL_OFFSET_ILLEGAL[] = "OFFSET_ILLEGAL",
            CL_OFFSET_TOO_SMALL[] = "OFFSET_TOO_SMALL", CL_OFFSET_OVERFLOW[] = "OFFSET_OVERFLOW",
            CL_OFFSET_MISMATCH[] = "OFFSET_MISMATCH",
@@ -2268,6 +2270,7 @@ static void release_files_locked(cl_log *c)
 int cl_close(cl_log *c, cl_err *e)
 {
     sync_batch b;
+    cl_syncer_stop(c); /* it takes flush_mu itself */
     pthread_mutex_lock(&c->flush_mu);
     pthread_mutex_lock(&c->mu);
     if (c->closed) {
@@ -2322,6 +2325,7 @@ void cl_log_free(cl_log *c)
     cl_err e;
     if (!c->closed)
         cl_close(c, &e);
+    syncer_free(c);
     for (size_t i = 0; i < c->nqueues; i++)
         queue_free(c->queues[i]);
     free(c->queues);
@@ -2747,4 +2751,247 @@ changed:
     free(msgs);
     cl_fail(e, CL_MESSAGE_ILLEGAL, "the batch changed while it was being read");
     return NULL;
+}
+
+/* ------------------------------------------------------------ group-commit syncer */
+
+typedef struct cl_syncer {
+    pthread_mutex_t mu;
+    pthread_cond_t work; /* the idle thread sleeps here; a request past `covering` wakes it */
+    pthread_cond_t done; /* cl_syncer_wait sleeps here; every sync and the stop wake it */
+    int running;         /* 1 from start until stop asked */
+    int idle;
+    int64_t requested;   /* the highest offset anyone asked for */
+    int64_t covering;    /* the highest offset a started sync is sure to cover */
+    int64_t synced;      /* the log's synced offset after the last sync (what cl_syncer_wait reads) */
+    uint64_t syncs, failures;
+    char last_error[256];
+    int fds[CL_SYNC_MAX_NOTIFIERS];
+    size_t nfds;
+    pthread_t thread;
+} cl_syncer;
+
+static cl_syncer *syncer_of(cl_log *c) { return __atomic_load_n(&c->syncer, __ATOMIC_ACQUIRE); }
+
+static int64_t log_flushed_now(cl_log *c)
+{
+    pthread_mutex_lock(&c->mu);
+    int64_t v = c->log_flushed;
+    pthread_mutex_unlock(&c->mu);
+    return v;
+}
+
+static void deadline_after(struct timespec *ts, double seconds)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    if (seconds > 1e9)
+        seconds = 1e9;
+    time_t whole = (time_t)seconds;
+    ts->tv_sec += whole;
+    ts->tv_nsec += (long)((seconds - (double)whole) * 1e9);
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec += 1;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+static void *syncer_main(void *arg)
+{
+    cl_log *c = arg;
+    cl_syncer *s = c->syncer;
+    static const uint64_t one = 1;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (s->running && s->requested <= s->covering) {
+            s->idle = 1;
+            pthread_cond_wait(&s->work, &s->mu);
+            s->idle = 0;
+        }
+        if (!s->running)
+            break;
+        /* every request so far names the end of a record appended before it was made, and the
+         * sync snapshots the log's end after it starts: it covers them all */
+        int64_t before = s->covering;
+        s->covering = s->requested;
+        pthread_mutex_unlock(&s->mu);
+        int64_t flushed = 0;
+        cl_err e;
+        int rc = cl_flush_log(c, &flushed, &e);
+        pthread_mutex_lock(&s->mu);
+        if (rc) {
+            /* keep the thread; what this sync was to cover is wanted again after a pause (no spin on a
+             * failing disk), and the waiters time out meanwhile */
+            s->failures++;
+            size_t n = strnlen(e.msg, sizeof s->last_error - 1); /* the text is cut to fit */
+            memcpy(s->last_error, e.msg, n);
+            s->last_error[n] = 0;
+            s->covering = before;
+            struct timespec until;
+            deadline_after(&until, 0.1);
+            while (s->running && pthread_cond_timedwait(&s->done, &s->mu, &until) != ETIMEDOUT) {
+            }
+            continue;
+        }
+        s->syncs++;
+        if (flushed > s->synced)
+            s->synced = flushed;
+        pthread_cond_broadcast(&s->done);
+        for (size_t i = 0; i < s->nfds; i++) /* a full counter (EAGAIN) still wakes its reader */
+            if (write(s->fds[i], &one, sizeof one) < 0 && errno != EAGAIN) {
+            }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+int cl_syncer_start(cl_log *c, cl_err *e)
+{
+    cl_syncer *s = syncer_of(c);
+    if (s) { /* stopped before (a flush service replaced after a truncation): a new thread */
+        int64_t synced = log_flushed_now(c);
+        pthread_mutex_lock(&s->mu);
+        int rc = 0;
+        if (s->running) {
+            rc = cl_fail(e, CL_INVALID_ARGUMENT, "the syncer is running already");
+        } else {
+            s->requested = s->covering = s->synced = synced;
+            s->running = 1;
+            int err = pthread_create(&s->thread, NULL, syncer_main, c);
+            if (err) {
+                s->running = 0;
+                rc = cl_fail(e, CL_IO_ERROR, "cannot start the syncer thread: %s", strerror(err));
+            }
+        }
+        pthread_mutex_unlock(&s->mu);
+        return rc;
+    }
+    s = calloc(1, sizeof *s);
+    if (!s)
+        return cl_fail(e, CL_IO_ERROR, "out of memory");
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->work, &attr);
+    pthread_cond_init(&s->done, &attr);
+    pthread_condattr_destroy(&attr);
+    s->requested = s->covering = s->synced = log_flushed_now(c);
+    s->running = 1;
+    c->syncer = s; /* published below, once the thread runs */
+    int err = pthread_create(&s->thread, NULL, syncer_main, c);
+    if (err) {
+        c->syncer = NULL;
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->work);
+        pthread_cond_destroy(&s->done);
+        free(s);
+        return cl_fail(e, CL_IO_ERROR, "cannot start the syncer thread: %s", strerror(err));
+    }
+    __atomic_store_n(&c->syncer, s, __ATOMIC_RELEASE);
+    return 0;
+}
+
+void cl_syncer_stop(cl_log *c)
+{
+    cl_syncer *s = syncer_of(c);
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->mu);
+    int was_running = s->running;
+    s->running = 0;
+    pthread_cond_broadcast(&s->work);
+    pthread_cond_broadcast(&s->done);
+    pthread_mutex_unlock(&s->mu);
+    if (was_running)
+        pthread_join(s->thread, NULL);
+}
+
+int cl_syncer_request(cl_log *c, int64_t offset, int try_only)
+{
+    cl_syncer *s = syncer_of(c);
+    if (!s)
+        return 0;
+    if (try_only) {
+        if (pthread_mutex_trylock(&s->mu) != 0)
+            return -1;
+    } else {
+        pthread_mutex_lock(&s->mu);
+    }
+    if (offset > s->requested)
+        s->requested = offset;
+    if (offset > s->covering && s->idle && s->running)
+        pthread_cond_signal(&s->work);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+int cl_syncer_wait(cl_log *c, int64_t offset, double timeout_s)
+{
+    cl_syncer *s = syncer_of(c);
+    if (log_flushed_now(c) >= offset)
+        return 1;
+    if (!s)
+        return 0;
+    struct timespec until;
+    deadline_after(&until, timeout_s > 0 ? timeout_s : 0);
+    /* the syncer publishes `synced` and broadcasts under its lock: no wake-up is missed, and mu is
+     * never taken here with the syncer's lock held */
+    pthread_mutex_lock(&s->mu);
+    while (s->synced < offset && s->running)
+        if (pthread_cond_timedwait(&s->done, &s->mu, &until) == ETIMEDOUT)
+            break;
+    int covered = s->synced >= offset;
+    pthread_mutex_unlock(&s->mu);
+    return covered || log_flushed_now(c) >= offset; /* a full flush may have covered it meanwhile */
+}
+
+int cl_syncer_notify(cl_log *c, int fd, int add, cl_err *e)
+{
+    cl_syncer *s = syncer_of(c);
+    if (!s)
+        return cl_fail(e, CL_INVALID_ARGUMENT, "the syncer is not started");
+    int rc = 0;
+    pthread_mutex_lock(&s->mu);
+    size_t i = 0;
+    while (i < s->nfds && s->fds[i] != fd)
+        i++;
+    if (add && i == s->nfds) {
+        if (s->nfds == CL_SYNC_MAX_NOTIFIERS)
+            rc = cl_fail(e, CL_INVALID_ARGUMENT, "more than %d sync notifiers", CL_SYNC_MAX_NOTIFIERS);
+        else
+            s->fds[s->nfds++] = fd;
+    } else if (!add && i < s->nfds) {
+        s->fds[i] = s->fds[--s->nfds];
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+void cl_syncer_counts(cl_log *c, uint64_t *syncs, uint64_t *failures, char *msg, size_t msg_size)
+{
+    cl_syncer *s = syncer_of(c);
+    *syncs = *failures = 0;
+    if (msg_size)
+        msg[0] = 0;
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->mu);
+    *syncs = s->syncs;
+    *failures = s->failures;
+    if (msg_size)
+        snprintf(msg, msg_size, "%s", s->last_error);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void syncer_free(cl_log *c)
+{
+    cl_syncer *s = syncer_of(c);
+    if (!s)
+        return;
+    cl_syncer_stop(c);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->work);
+    pthread_cond_destroy(&s->done);
+    free(s);
+    c->syncer = NULL;
 }

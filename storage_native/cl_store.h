@@ -164,6 +164,7 @@ typedef struct cl_log {
      * after the lock was let go, that saw another count may hold bytes the truncation cut or rewrote */
     _Atomic uint64_t truncations;
     cl_recovery rec;
+    struct cl_syncer *syncer; /* the group-commit thread, once started (cl_syncer_start) */
 } cl_log;
 
 /* cl_log.visible when no visibility limit is set */
@@ -320,5 +321,23 @@ int cl_uniq_ok(const char *s, size_t n); /* 1..128 bytes of 0x21..0x7E */
 int cl_flush(cl_log *c, int64_t *flushed, cl_err *e);
 int cl_flush_log(cl_log *c, int64_t *log_flushed, cl_err *e);
 int cl_close(cl_log *c, cl_err *e);
+
+/* The group-commit syncer: one thread that runs cl_flush_log back to back
+ * while anyone has asked (cl_syncer_request) for an offset past what a started
+ * sync covers, then wakes the threads blocked in cl_syncer_wait and writes 1 to
+ * every registered eventfd (an event loop's wake-up).  It needs no Python and
+ * no GIL, so a sync starts as soon as a send asks for it.  Its own lock is never
+ * taken with mu or flush_mu held, and mu never with it held.  cl_close stops it
+ * first. */
+#define CL_SYNC_MAX_NOTIFIERS 64
+int cl_syncer_start(cl_log *c, cl_err *e); /* again after a stop: a new thread */
+void cl_syncer_stop(cl_log *c);                     /* joins; wakes every waiter; idempotent */
+/* a no-op unless running; with try_only, -1 (nothing done) when the syncer's lock is busy */
+int cl_syncer_request(cl_log *c, int64_t offset, int try_only);
+/* 1 once the log is synced to offset; 0 at the deadline or when the syncer stops first */
+int cl_syncer_wait(cl_log *c, int64_t offset, double timeout_s);
+int cl_syncer_notify(cl_log *c, int fd, int add, cl_err *e); /* (un)register an eventfd */
+/* completed syncs, failed ones; the last failure's text (empty if none) into msg */
+void cl_syncer_counts(cl_log *c, uint64_t *syncs, uint64_t *failures, char *msg, size_t msg_size);
 
 #endif
