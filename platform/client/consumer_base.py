@@ -29,7 +29,8 @@ from ..common.errors import ErrorCode, SparkMQError
 from ..common.protocol import OffsetResetNotice, held_queue_key
 from ..common.validation import validate_group, validate_topic
 from ..common.wire import ReceivedMessage
-from ..remoting import RemotingError, new_event_loop
+from ..remoting import RemotingError
+from ..remoting.loop import LoopThread
 from .allocation import AllocateStrategy, MessageQueue
 from .broker_remoting import AsyncBrokerRouter, forget_offset_reset, on_offset_reset
 from .config import ClientConfig
@@ -97,7 +98,10 @@ class ConsumerBase(ABC):
         self._rebalance.on_not_member = lambda topic: self._scheduler.trigger("heartbeat")
         self._scheduler = Scheduler(f"consumer-{group}")
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: threading.Thread | None = None
+        self._loop_thread: LoopThread | None = None
+        #: True while this consumer's work may run on the loop: callbacks and timers it scheduled check it
+        #: (the loop is shared, so stopping means closing this consumer's part of it, not the loop).
+        self._on_loop = False
         self._async: AsyncBrokerRouter | None = None
         self._pull_tasks: dict[ProcessQueue, asyncio.Task[None]] = {}  # touched on the loop thread only
         self._watchers: dict[str, asyncio.Task[None]] = {}    # broker addr -> task, loop only
@@ -234,29 +238,12 @@ class ConsumerBase(ABC):
 
     # -- the event loop ---------------------------------------------------------------------------
     def _start_loop(self) -> None:
-        loop = new_event_loop()  # uvloop: cheaper reads and wake-ups on the pull path
-        ready = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(loop)
-            loop.call_soon(ready.set)
-            try:
-                loop.run_forever()
-            finally:
-                # Cancel what is left (a long poll still open) and close the client on the loop itself.
-                pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-                for task in pending:
-                    task.cancel()
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-                if self._async is not None:
-                    loop.run_until_complete(self._async.aclose())
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.close()
-
-        self._loop = loop
-        self._loop_thread = threading.Thread(target=run, name=f"sparkmq-pull-{self.group}", daemon=True)
-        self._loop_thread.start()
-        ready.wait(10)
+        # The process-wide remoting loop (uvloop), the one producers and admin clients use: a process
+        # that publishes and consumes hands the GIL between fewer threads (e2e latency), and every
+        # connection is served by one thread.
+        loop_thread = self._loop_thread = LoopThread.acquire()
+        self._loop = loop_thread.loop
+        self._on_loop = True
 
         async def make_client() -> AsyncBrokerRouter:
             return AsyncBrokerRouter(self.config.request_timeout_s, remoting=self.config.transport == "remoting",
@@ -265,9 +252,27 @@ class ConsumerBase(ABC):
         self._async = self._run_on_loop(make_client()).result(timeout=10)
 
     def _stop_loop(self) -> None:
-        if self._loop is not None and self._loop_thread is not None and self._loop_thread.is_alive():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._loop_thread.join(30)
+        """Close this consumer's part of the shared loop: its pulls and watchers, its pending callbacks and
+        timers, its broker connections; then let go of the loop."""
+        loop_thread, self._loop_thread = self._loop_thread, None
+        if loop_thread is None:
+            return
+
+        async def close() -> None:
+            self._on_loop = False
+            await self._cancel_all_pulls()
+            if self._async is not None:
+                await self._async.aclose()
+
+        try:
+            if loop_thread.running and not loop_thread.in_loop_thread:
+                loop_thread.run(close(), timeout=30)
+            else:
+                self._on_loop = False
+        except (concurrent.futures.TimeoutError, RuntimeError) as exc:
+            log.warning("closing the connections of %s failed: %r", self.group, exc)
+        finally:
+            LoopThread.release()
 
     def _run_on_loop(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
         assert self._loop is not None
@@ -276,9 +281,14 @@ class ConsumerBase(ABC):
     def _call_on_loop(self, fn: Any, *args: Any) -> None:
         if self._loop is not None and not self._loop.is_closed():
             try:
-                self._loop.call_soon_threadsafe(fn, *args)
+                self._loop.call_soon_threadsafe(self._if_on_loop, fn, *args)
             except RuntimeError:  # the loop closed in between: nothing left to start or stop
                 pass
+
+    def _if_on_loop(self, fn: Any, *args: Any) -> None:
+        """Run ``fn(*args)`` unless this consumer's part of the loop was closed meanwhile."""
+        if self._on_loop:
+            fn(*args)
 
     async def _cancel_all_pulls(self) -> None:
         tasks = list(self._pull_tasks.values()) + list(self._watchers.values())

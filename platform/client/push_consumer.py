@@ -349,7 +349,7 @@ class PushConsumer(ConsumerBase):
         if loop is None or loop.is_closed():
             return
         try:
-            loop.call_soon_threadsafe(loop.call_later, delay_s, fn, *args)
+            loop.call_soon_threadsafe(loop.call_later, delay_s, self._if_on_loop, fn, *args)
         except RuntimeError:  # stopping: they stay unfinished, so the next owner gets them
             pass
 
