@@ -175,6 +175,41 @@ def test_push_consumer_receives_every_message_and_commits(env: Env) -> None:
     wait_until(lambda: env.admin.group_members("cg-all") == [], what="the consumer unregistered")
 
 
+def test_consumers_and_a_producer_share_one_loop_and_a_stopped_consumer_leaves_the_others_running(
+        env: Env) -> None:
+    got_a, _lock_a, listener_a = _collector()
+    got_b, lock_b, listener_b = _collector()
+    a = PushConsumer("cg-share-a", env.client_config(), consume_from_where="CONSUME_FROM_FIRST_OFFSET")
+    b = PushConsumer("cg-share-b", env.client_config(), consume_from_where="CONSUME_FROM_FIRST_OFFSET")
+    for consumer, listener in ((a, listener_a), (b, listener_b)):
+        consumer.subscribe(TOPIC, "*")
+        consumer.register_listener(listener)
+        consumer.start()
+    try:
+        with Producer("pg-share", env.client_config()) as producer:
+            loops = {a._loop, b._loop}
+            assert len(loops) == 1 and None not in loops  # one process-wide remoting loop
+            assert [t.name for t in threading.enumerate() if t.name == "sparkmq-remoting"] == ["sparkmq-remoting"]
+            for i in range(20):
+                producer.send(Message(TOPIC, f"first-{i}".encode()))
+            wait_until(lambda: len(got_a) >= 20 and len(got_b) >= 20, what="both groups got the first 20")
+            a.shutdown()
+            # a late callback or timer of the stopped consumer does not run on the shared loop
+            ran: list[str] = []
+            a._call_on_loop(ran.append, "callback")
+            a._later(0.01, ran.append, "timer")
+            for i in range(20):
+                producer.send(Message(TOPIC, f"second-{i}".encode()))
+            wait_until(lambda: len(got_b) >= 40, what="the other group got the next 20 too")
+            with lock_b:
+                assert {m.body for m in got_b} == {f"{w}-{i}".encode() for w in ("first", "second")
+                                                   for i in range(20)}
+            assert ran == [] and len(got_a) == 20
+    finally:
+        a.shutdown()
+        b.shutdown()
+
+
 def test_push_consumer_tag_filter_and_last_offset_start(env: Env) -> None:
     with Producer("pg", env.client_config()) as producer:
         for i in range(10):
