@@ -136,8 +136,9 @@ class FlushService:
         self._blocked = 0
         self._loops: dict[asyncio.AbstractEventLoop, _LoopWaiters] = {}
         self._thread: threading.Thread | None = None
-        #: The log-only syncs run on the log's C thread (see the module's docstring).
-        self._native = _native_syncer(log_)
+        #: The log-only syncs run on the log's C thread (see the module's docstring); under ASYNC_FLUSH
+        #: nobody waits for them, so no thread is started for them.
+        self._native = group_commit and _native_syncer(log_)
         self._py_flush_count = 0
         self.full_flush_count = 0
         self.waiters_resolved = 0
