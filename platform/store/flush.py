@@ -244,10 +244,12 @@ class FlushService:
                 fut.set_result(PutStatus.PUT_OK if flushed >= offset else PutStatus.FLUSH_DISK_TIMEOUT)
                 return fut
             group = self._loops.get(loop)
+            attached = False
             if group is None:
                 group = self._loops[loop] = _LoopWaiters(loop)
                 if self._native:
                     self._attach(group)
+                    attached = True
             group.pending.append((offset, deadline, fut))
             timer = group.timer
             # one timer per loop, armed for the earliest deadline (with one timeout for all, the oldest waiter)
@@ -256,7 +258,7 @@ class FlushService:
                     timer.cancel()
                 group.timer = loop.call_at(deadline, self._expire, group)
             self._request(offset)
-        if self._native and self._log.log_flushed_offset >= offset:
+        if attached and self._log.log_flushed_offset >= offset:
             # a sync that ended before this loop's eventfd was registered wrote no wake-up for it
             self._settle_covered(group)
         return fut
