@@ -149,6 +149,8 @@ class DirectConnections:
         self._lock = threading.Lock()
         # Every open connection, so close() reaches those of other threads too.
         self._all: weakref.WeakSet[BlockingConnection] = weakref.WeakSet()
+        #: Connections being opened, by address (they count against ``max_per_addr`` already).
+        self._opening: dict[str, int] = {}
         self._closed = False
 
     def connection(self, addr: str) -> BlockingConnection | None:
@@ -163,12 +165,19 @@ class DirectConnections:
         with self._lock:
             if self._closed:
                 raise RemotingError(addr, "client is closed")
-            if sum(1 for c in self._all if c.addr == addr and not c.closed) >= self.max_per_addr:
+            opening = self._opening.get(addr, 0)
+            if sum(1 for c in self._all if c.addr == addr and not c.closed) + opening >= self.max_per_addr:
                 return None
-        conn = BlockingConnection(addr, connect_timeout_s=self.connect_timeout_s,
-                                  max_frame_bytes=self.max_frame_bytes, ssl_context=self.ssl_context)
-        with self._lock:
-            self._all.add(conn)
+            # Counted before connecting (outside the lock): threads arriving together cannot all pass the check.
+            self._opening[addr] = opening + 1
+        try:
+            conn = BlockingConnection(addr, connect_timeout_s=self.connect_timeout_s,
+                                      max_frame_bytes=self.max_frame_bytes, ssl_context=self.ssl_context)
+            with self._lock:
+                self._all.add(conn)
+        finally:
+            with self._lock:
+                self._opening[addr] -= 1
         conns[addr] = conn
         return conn
 
