@@ -44,6 +44,7 @@ from sparkmq.platform.remoting import (
     Reply,
     ServerConnection,
     SyncRemotingClient,
+    blocking,
     encode_error_header,
     encode_frame,
     error_from_frame,
@@ -776,6 +777,46 @@ def test_direct_requests_run_on_the_calling_thread() -> None:
         assert client._direct.connection(srv.addr) is not before
     with pytest.raises(RemotingError):
         client.request_direct(srv.addr, ECHO)  # closed client
+
+
+def test_threads_opening_direct_connections_together_stay_within_max_per_addr(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Threads that open their first direct connection at the same moment cannot all pass the cap (each connect
+    is slowed so they overlap), and a connect that fails gives its reserved slot back."""
+    slowed = blocking.BlockingConnection
+
+    class SlowConnect(slowed):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            time.sleep(0.2)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(blocking, "BlockingConnection", SlowConnect)
+    with server_thread() as srv:
+        direct = blocking.DirectConnections(connect_timeout_s=1.0, max_per_addr=2)
+        barrier = threading.Barrier(5)
+        got: list[object] = []
+
+        def first_use() -> None:
+            barrier.wait(5)
+            got.append(direct.connection(srv.addr))
+
+        threads = [threading.Thread(target=first_use) for _ in range(5)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert len(got) == 5
+        assert sum(c is not None for c in got) == 2  # the others fall back to the shared connection
+        direct.close()
+
+        with socket.socket() as probe:  # a port nobody listens on: every connect fails
+            probe.bind(("127.0.0.1", 0))
+            dead = f"127.0.0.1:{probe.getsockname()[1]}"
+        direct = blocking.DirectConnections(connect_timeout_s=1.0, max_per_addr=1)
+        for _ in range(2):  # the second try still connects (fails again) instead of finding the slot taken
+            with pytest.raises(RemotingError):
+                direct.connection(dead)
+        direct.close()
 
 
 def test_blocking_request_on_the_loop_thread_is_refused() -> None:
