@@ -5,6 +5,7 @@
     python3 build.py test           # set up, then run the whole test suite (pytest arguments may follow)
     python3 build.py setup          # venv in .venv, dependencies, the C extension
     python3 build.py bench [GROUP] [--quick]
+    python3 build.py jars [SET...]  # fetch JVM jar sets of conf/jars.toml (setup fetches those it needs)
     python3 build.py clean          # remove build products (keeps .venv)
 
 Every step is idempotent: a second run skips what is already done.  Only the
@@ -139,6 +140,7 @@ def setup(force: bool = False) -> None:
     else:
         say("dependencies up to date")
     build_native(force=force)
+    fetch_jar_sets()
     build_class_archive(force=force)
     vendor_web_assets(force=force)
     ensure_chromium()
@@ -242,6 +244,41 @@ def ensure_chromium() -> None:
             return
 
 
+def _jars_module():
+    """``platform/common/jars.py``, loaded by path: it is standard library only, and the venv may not exist yet."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_sparkmq_jars", ROOT / "platform" / "common" / "jars.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+def _spark_jar_names() -> set[str]:
+    """Artifact names of the jars the venv's pyspark ships (a Delta set leaves those out)."""
+    out = subprocess.run([str(VENV_PY), "-c", "import pyspark, os; print(os.path.dirname(pyspark.__file__))"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    module = _jars_module()
+    return {module._artifact_name(p.name) for p in (Path(out) / "jars").glob("*.jar")}
+
+
+def fetch_jar_sets(names: list[str] | None = None) -> None:
+    """Fetch the jar sets of conf/jars.toml (those marked ``setup``, or ``names``) once into the jar cache."""
+    module = _jars_module()
+    sets = module.jar_sets()
+    wanted = names if names is not None else [n for n, s in sets.items() if s.setup]
+    unknown = [n for n in wanted if n not in sets]
+    if unknown:
+        fail(f"no jar set {', '.join(unknown)} in conf/jars.toml; sets: {', '.join(sorted(sets))}")
+    spark_jars = _spark_jar_names() if any(sets[n].skip_spark_jars for n in wanted) else set()
+    for name in wanted:
+        try:
+            module.fetch(name, say=say, spark_jars=spark_jars)
+        except module.MissingJarsError as exc:
+            fail(str(exc))
+
+
 def build_class_archive(force: bool = False) -> None:
     """Spark's classes, parsed once into an archive every Spark driver here maps: it starts in about 5 s, not 9 s.
 
@@ -298,6 +335,11 @@ def cmd_bench(args: argparse.Namespace) -> None:
         run([str(VENV_PY), str(script)] + extra, cwd=ROOT, env=venv_env())
 
 
+def cmd_jars(args: argparse.Namespace) -> None:
+    setup()
+    fetch_jar_sets(args.sets or list(_jars_module().jar_sets()))
+
+
 def cmd_clean(args: argparse.Namespace) -> None:
     for path in [ROOT / "build", *ROOT.glob("*.egg-info"), *(ROOT / "storage_native").glob("_commitlog*.so")]:
         say(f"removing {path}")
@@ -320,6 +362,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("group", nargs="?", help="e.g. store")
     p.add_argument("--quick", action="store_true", help="small sizes, for CI smoke runs")
     p.set_defaults(func=cmd_bench)
+    p = sub.add_parser("jars", help="fetch jar sets of conf/jars.toml (all, or the ones named) into the jar cache")
+    p.add_argument("sets", nargs="*", help="e.g. delta")
+    p.set_defaults(func=cmd_jars)
     p = sub.add_parser("clean", help="remove build products")
     p.set_defaults(func=cmd_clean)
     argv = sys.argv[1:] if argv is None else list(argv)
