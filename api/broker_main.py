@@ -302,6 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     add("--tls-required", action="store_const", const=True,
         help="refuse plaintext on every port (default: the binary ports also take plaintext)")
     add("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    add("--log-summary-interval-s", type=float,
+        help="a subsystem that keeps failing logs its first failure, then a summary this often (default 60)")
     args = vars(parser.parse_args(argv))
     log_level = args.pop("log_level")
     config_file = args.pop("config")

@@ -6,6 +6,8 @@ import threading
 import time
 from abc import ABC, abstractmethod
 
+from ..common.failure_log import FailureLog
+
 __all__ = ["PeriodicService"]
 
 log = logging.getLogger("sparkmq.broker")
@@ -27,6 +29,9 @@ class PeriodicService(ABC):
         self._wake_event = threading.Event()
         self._stop_event = threading.Event()
         self._thread: threading.Thread | None = None
+        # A pass that fails keeps failing on its next rounds (a full disk): logged quietly.
+        self._pass_failures = FailureLog(log, f"{self.thread_name} pass")
+        self._persist_failures = FailureLog(log, f"{self.thread_name} persisting its progress")
 
     @abstractmethod
     def tick(self) -> int:
@@ -52,6 +57,8 @@ class PeriodicService(ABC):
         self._wake_event.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self._pass_failures.flush()
+        self._persist_failures.flush()
         self.persist()
 
     def _run(self) -> None:
@@ -59,14 +66,18 @@ class PeriodicService(ABC):
         while not self._stop_event.is_set():
             try:
                 wait_ms = self.tick()
-            except Exception:  # keep going: one bad pass must not strand every pending message
-                log.exception("%s pass failed", self.thread_name)
+            except Exception as exc:  # keep going: one bad pass must not strand every pending message
+                self._pass_failures.failure("%s: %s", type(exc).__name__, exc, exc_info=True)
                 wait_ms = 1000
+            else:
+                self._pass_failures.success()
             if time.monotonic() - last_persist >= self._persist_interval_s:
                 try:
                     self.persist()
-                except OSError:
-                    log.exception("%s could not persist its progress", self.thread_name)
+                except OSError as exc:
+                    self._persist_failures.failure("%s", exc, exc_info=True)
+                else:
+                    self._persist_failures.success()
                 last_persist = time.monotonic()
             timeout = self._max_idle_wait_s if wait_ms < 0 else min(wait_ms / 1000, self._max_idle_wait_s)
             self._wake_event.wait(timeout)

@@ -26,6 +26,7 @@ from typing import Any
 
 from ..auth.store import AclStore, acl_path
 from ..common.errors import ErrorCode, SparkMQError
+from ..common.failure_log import set_summary_interval
 from ..common.system_topics import DLQ_PREFIX, RETRY_PREFIX
 from ..ha import ReplicationMaster, ReplicationSlave
 from ..ha.cluster_auth import ClusterAuth
@@ -70,6 +71,7 @@ class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         """Build every component; nothing touches the disk or network until :meth:`start`."""
         self.config = config
+        set_summary_interval(config.log_summary_interval_s)  # before the components build their FailureLogs
         self.topics = TopicConfigManager(config.topics_path, default_queue_nums=config.default_topic_queue_nums,
                                          auto_create=config.auto_create_topic)
         self.store = MessageStore(config.store_config(), queue_count_of=self.topics.queue_count)

@@ -259,6 +259,10 @@ class BrokerConfig:
     #: other (an HMAC over a fresh nonce and the time, docs/ha.md); with ``acl_enabled`` it is required, and a
     #: connection without it is refused.  Never logged or shown.
     cluster_secret: str | None = field(default=None, repr=False)
+    #: A subsystem that keeps failing (trace writing, replication, offset persists, the flush) logs its first
+    #: failure, then one summary per this many seconds (platform/common/failure_log.py).  Process-wide, like
+    #: the log level: a broker sets it when built.
+    log_summary_interval_s: float = 60.0
     #: ``[store]`` settings (fields of StoreConfig except root/store_host, which the broker derives).
     store: Mapping[str, Any] = field(default_factory=dict)
 
@@ -299,7 +303,8 @@ class BrokerConfig:
         for name in ("register_interval_s", "register_timeout_s", "client_expiry_s", "client_scan_interval_s",
                      "offset_persist_interval_s", "offset_reset_fence_s", "queue_lock_expiry_s"):
             _check_seconds(name, getattr(self, name))
-        for name in ("timer_max_delay_s", "transaction_check_first_s", "transaction_check_interval_s"):
+        for name in ("timer_max_delay_s", "transaction_check_first_s", "transaction_check_interval_s",
+                     "log_summary_interval_s"):
             _check_seconds(name, getattr(self, name))
         _check_int("transaction_check_max", self.transaction_check_max, 1, 1_000_000)
         levels = self.delay_levels_ms  # validates

@@ -64,6 +64,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
+from sparkmq.platform.common.failure_log import FailureLog
 from sparkmq.platform.common.lake_tables import (  # defined there so pipelines/ can name it too
     CONSUMER_OFFSETS_DESCRIPTION,
     CONSUMER_OFFSETS_SCHEMA,
@@ -154,6 +155,8 @@ class ConsumerOffsetManager:
         self._persist_lock = threading.Lock()    # one persist at a time (thread vs. stop()/callers)
         self._version = 0                         # last app-transaction version this manager wrote
         self._last_error: BaseException | None = None
+        # Every round retries a failed persist (a full disk, a broken table): logged quietly.
+        self._persist_failures = FailureLog(log, f"consumer_offsets: persisting {self.app_id} to {self.table_path}")
 
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -504,10 +507,11 @@ class ConsumerOffsetManager:
     def _persist_logged(self) -> bool:
         try:
             self.persist()
-        except Exception:
+        except Exception as exc:
             # Pending changes were put back by persist(); the next interval retries.
-            log.exception("consumer_offsets: persisting %s to %s failed; will retry", self.app_id, self.table_path)
+            self._persist_failures.failure("%s: %s (will retry)", type(exc).__name__, exc, exc_info=True)
             return False
+        self._persist_failures.success()
         return True
 
     def __enter__(self) -> ConsumerOffsetManager:

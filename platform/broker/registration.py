@@ -21,6 +21,7 @@ import httpx
 
 from ..auth.signing import Credentials
 from ..client.remoting import signing_auth
+from ..common.failure_log import FailureLog
 from ..common.tls import TlsSettings
 
 __all__ = ["RegistrationService", "NameServerStatus"]
@@ -59,6 +60,8 @@ class _Worker:
         self.addr = addr
         self._on_answer = on_answer
         self.status = NameServerStatus(addr)
+        # A name server that is down fails every round: the first failure in full, then a summary a minute.
+        self._failures = FailureLog(log, f"registering with name server {addr}")
         self._payload = payload
         self._interval_s = interval_s
         tls = tls or TlsSettings()
@@ -103,12 +106,10 @@ class _Worker:
             self.status.ok = False
             self.status.failures += 1
             message = f"{type(exc).__name__}: {exc}"
-            if message != self.status.last_error:  # log a new kind of failure once, not every 30 s
-                log.warning("registering with name server %s failed: %s", self.addr, message)
+            self._failures.failure("%s", message)
             self.status.last_error = message
             return False
-        if not self.status.ok and self.status.failures:
-            log.info("registered with name server %s again", self.addr)
+        self._failures.success()
         self.status.ok = True
         self.status.registrations += 1
         self.status.last_success_ms = time.time_ns() // 1_000_000

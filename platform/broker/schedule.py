@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..common.errors import ErrorCode, SparkMQError
+from ..common.failure_log import FailureLog
 from ..common.message import Message, StoredMessage
 from ..common.system_topics import (
     PROPERTY_DELAY_LEVEL,
@@ -100,6 +101,7 @@ class ScheduleService(PeriodicService):
         self._offsets: dict[int, int] = self._load()
         self._lock = threading.Lock()
         self.delivered = 0
+        self._skips = FailureLog(log, "delivering delay-level messages")
 
     # -- progress ---------------------------------------------------------------------
     def _load(self) -> dict[int, int]:
@@ -163,7 +165,9 @@ class ScheduleService(PeriodicService):
                     self.delivered += 1
                 except SparkMQError as exc:
                     # A message that cannot be re-put (its topic deleted, say) must not block the level.
-                    log.warning("delay level %d offset %d not delivered: %s", level, offset, exc)
+                    self._skips.failure("level %d offset %d skipped: %s", level, offset, exc)
+                else:
+                    self._skips.success()
                 offset += 1
                 with self._lock:
                     self._offsets[level] = offset

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..common.errors import ErrorCode, SparkMQError
+from ..common.failure_log import FailureLog
 from ..common.message import Message, StoredMessage
 from ..common.system_topics import PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELIVER_MS, TIMER_TOPIC
 from ..store import MessageStore
@@ -63,6 +64,7 @@ class TimerService(PeriodicService):
         self._indexed = self._progress.watermark
         self.delivered = 0
         self.recalled = 0
+        self._failures = FailureLog(log, "delivering timer messages")
 
     # -- progress ---------------------------------------------------------------------
     @property
@@ -177,8 +179,9 @@ class TimerService(PeriodicService):
             message, queue_id = restore_parked(parked, (PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_DELAY_SEC))
             self._deliver(message, queue_id, parked)
             self.delivered += 1
+            self._failures.success()
         except SparkMQError as exc:
-            log.warning("timer at offset %d not delivered: %s", offset, exc)
+            self._failures.failure("timer at offset %d skipped: %s", offset, exc)
             parked = None
         if parked is not None:
             with self._lock:

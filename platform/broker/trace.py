@@ -37,6 +37,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from ..common.batching import BatchBuffer
 from ..common.errors import ErrorCode, SparkMQError
+from ..common.failure_log import FailureLog
 from ..common.message import Message, StoredMessage
 from ..common.system_topics import PROPERTY_REAL_TOPIC, TRACE_TOPIC
 from ..common.trace import MAX_EVENTS_PER_MESSAGE, TraceBatch, TraceEvent, encode_events, event_order, trace_path
@@ -117,6 +118,9 @@ class TraceRecorder:
                                                        interval_s=flush_interval_s, batch_size=batch_size,
                                                        max_buffered=max_buffered)
         self.written = self.failed = self.messages = 0
+        # A full disk or a closing store fails every batch: the first failure in full, then a summary a minute.
+        self._store_failures = FailureLog(log, f"storing trace events of {broker_name}")
+        self._build_failures = FailureLog(log, f"building trace events of {broker_name}")
 
     @property
     def recorded(self) -> int:
@@ -137,6 +141,8 @@ class TraceRecorder:
     def stop(self) -> None:
         """Stop the flush thread after writing what is buffered (call before the store closes)."""
         self._buffer.stop()
+        self._store_failures.flush()
+        self._build_failures.flush()
 
     def flush(self) -> int:
         """Write every buffered event now; returns how many were written."""
@@ -146,7 +152,7 @@ class TraceRecorder:
         """Counters for ``/health``: events recorded, dropped (buffer full), written, failed to write."""
         return {"enabled": self.enabled, "recorded": self.recorded, "dropped": self.dropped,
                 "written": self.written, "failed": self.failed, "messages": self.messages,
-                "buffered": self._buffer.buffered}
+                "buffered": self._buffer.buffered, "last_error": self._store_failures.last_error}
 
     # -- the request path ---------------------------------------------------------------
     def _add(self, count: int, build: _Item) -> bool:
@@ -290,8 +296,8 @@ class TraceRecorder:
         for index, build in enumerate(builders, 1):
             try:
                 events.extend(build())
-            except Exception:  # a malformed event must not take the others with it
-                log.exception("building a trace event failed")
+            except Exception as exc:  # a malformed event must not take the others with it
+                self._build_failures.failure("%s: %s", type(exc).__name__, exc, exc_info=True)
             if len(events) >= MAX_EVENTS_PER_MESSAGE or (index == len(builders) and events):
                 chunk, events = events[:MAX_EVENTS_PER_MESSAGE], events[MAX_EVENTS_PER_MESSAGE:]
                 written += self._store_events(chunk)
@@ -308,10 +314,11 @@ class TraceRecorder:
         """Store ``chunk`` as one trace message; how many events that wrote (0 when the put failed)."""
         try:
             self._put(Message(TRACE_TOPIC, encode_events(chunk)))
-        except Exception as exc:  # e.g. the store is closing: count, do not retry forever
+        except Exception as exc:  # e.g. the disk is full or the store closing: count, do not retry forever
             self.failed += len(chunk)
-            log.warning("storing %d trace events failed: %s", len(chunk), exc)
+            self._store_failures.failure("%d events lost: %s", len(chunk), exc)
             return 0
+        self._store_failures.success()
         self.messages += 1
         return len(chunk)
 

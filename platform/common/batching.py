@@ -19,6 +19,8 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from .failure_log import FailureLog
+
 __all__ = ["BatchBuffer"]
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,7 @@ class BatchBuffer(Generic[T]):
         self._thread: threading.Thread | None = None
         #: units accepted / refused because the buffer was full
         self.offered = self.dropped = 0
+        self._failures = FailureLog(log, f"{name}: delivering a batch")
 
     @property
     def buffered(self) -> int:
@@ -104,5 +107,7 @@ class BatchBuffer(Generic[T]):
                     return
             try:
                 self.flush()
-            except Exception:  # keep the thread alive: the next round delivers again
-                log.exception("%s: delivering a batch failed", self.name)
+            except Exception as exc:  # keep the thread alive: the next round delivers again
+                self._failures.failure("%s: %s", type(exc).__name__, exc, exc_info=True)
+            else:
+                self._failures.success()

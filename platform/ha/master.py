@@ -26,6 +26,7 @@ from typing import Any
 from ..auth.model import AclTable
 from ..auth.store import AclStore
 from ..common.errors import SparkMQError
+from ..common.failure_log import FailureLog
 from ..common.message import SendStatus
 from ..common.tls import TlsSettings, start_stream_server
 from ..common.waiters import OffsetWaiters, WaiterRegistry
@@ -120,6 +121,9 @@ class ReplicationMaster:
         self._tasks: set[asyncio.Task[None]] = set()
         #: Handshakes refused, by status name (bad input on the HA port is counted, never served).
         self.refused: dict[str, int] = {}
+        # A slave that keeps asking for what retention deleted reconnects (and fails) every few seconds.
+        self._read_failures = FailureLog(log, f"{broker_name}: reading the log for a slave")
+        self._refusals = FailureLog(log, f"{broker_name}: accepting a slave")
         store.add_append_listener(self._on_append)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -269,10 +273,10 @@ class ReplicationMaster:
                 assert self.auth is not None
                 self.auth.note_refusal(f"{self.broker_name} HA port", addr, reason)
             else:
-                log.warning("%s: refused a slave from %s: %s (its broker name %r, offset %d; this log %d..%d)",
-                            self.broker_name, addr, status.name, name, slave_max, offsets.min_offset,
-                            offsets.max_offset)
+                self._refusals.failure("%s: %s (its broker name %r, offset %d; this log %d..%d)", addr, status.name,
+                                       name, slave_max, offsets.min_offset, offsets.max_offset)
             return None
+        self._refusals.success()
         return SlaveState(addr, broker_id, slave_max, slave_max, authenticated=authenticated)
 
     def _send_acl_if_changed(self, writer: asyncio.StreamWriter, slave: SlaveState) -> None:
@@ -319,9 +323,9 @@ class ReplicationMaster:
             try:
                 data = store.read_replication(slave.sent_offset, TRANSFER_BYTES)
             except SparkMQError as exc:  # retention deleted what the slave still needs
-                log.warning("%s: cannot read the log at %d for slave %s: %s", self.broker_name, slave.sent_offset,
-                            slave.addr, exc)
+                self._read_failures.failure("at %d for slave %s: %s", slave.sent_offset, slave.addr, exc)
                 return
+            self._read_failures.success()
             if data:
                 writer.write(TRANSFER_HEADER.pack(slave.sent_offset, len(data)))
                 writer.write(data)

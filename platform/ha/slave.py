@@ -24,6 +24,7 @@ from typing import Any
 
 from ..auth.store import AclStore
 from ..common.errors import SparkMQError
+from ..common.failure_log import FailureLog
 from ..common.tls import TlsSettings
 from ..remoting.client import split_addr
 from ..store import MessageStore
@@ -82,6 +83,8 @@ class ReplicationSlave:
         self.broker_name = broker_name
         self.broker_id = broker_id
         self._master_addr = master_addr
+        # A master that is down fails every reconnect (every few seconds): logged quietly.
+        self._failures = FailureLog(log, f"{broker_name}: replication from the master")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sock: socket.socket | None = None
@@ -143,8 +146,8 @@ class ReplicationSlave:
                 backoff = _MIN_BACKOFF_S
             except (OSError, SparkMQError, HandshakeRefused) as exc:
                 message = f"{type(exc).__name__}: {exc}"
-                if message != self.last_error and not self._stop.is_set():
-                    log.warning("%s: replication from %s stopped: %s", self.broker_name, addr, message)
+                if not self._stop.is_set():
+                    self._failures.failure("%s: %s", addr, message)
                 self.last_error = message
                 if isinstance(exc, HandshakeRefused):
                     backoff = _MAX_BACKOFF_S  # retrying at once cannot change the master's answer
@@ -186,6 +189,7 @@ class ReplicationSlave:
         self.connected = True
         self.sessions += 1
         self.last_error = None
+        self._failures.success()
         log.info("%s: replicating from %s (slave at %d, master at %d)", self.broker_name, addr,
                  store.log_offsets().max_offset, master_max)
         sock.settimeout(_DEAD_MASTER_S)

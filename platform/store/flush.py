@@ -42,6 +42,7 @@ import types
 from collections.abc import Callable
 from typing import Protocol
 
+from ..common.failure_log import FailureLog
 from .status import PutStatus
 
 __all__ = ["Flushable", "FlushService"]
@@ -114,6 +115,9 @@ class FlushService:
         self._interval = interval_ms / 1000.0
         self._on_flushed = on_flushed
         self._group_commit = group_commit
+        # A failing disk fails every sync (twice a second): the first in full, then a summary a minute.
+        self._flush_failures = FailureLog(log, "flushing the commit log")
+        self._hook_failures = FailureLog(log, "the after-flush hook (checkpoint)")
         self._lock = threading.Lock()
         #: The idle flush thread sleeps here; a new waiter wakes it.
         self._work = threading.Condition(self._lock)
@@ -417,10 +421,11 @@ class FlushService:
             flushed = self._log.flush() if full else self._log.flush_log()
         except BaseException as exc:  # keep the thread alive; waiters time out and report it
             self.last_error = exc
-            log.exception("flush failed")
+            self._flush_failures.failure("%s: %s", type(exc).__name__, exc, exc_info=True)
             with self._lock:
                 self._covering = self._log_flushed  # what this sync was to cover is wanted again
             return False
+        self._flush_failures.success()
         with self._lock:
             self._py_flush_count += 1
             if full:
@@ -434,8 +439,10 @@ class FlushService:
         if full:
             try:
                 self._on_flushed(flushed)  # the checkpoint: only an offset the queues are durable below
-            except Exception:  # a failed checkpoint write must not stop the syncs
-                log.exception("after-flush hook failed")
+            except Exception as exc:  # a failed checkpoint write must not stop the syncs
+                self._hook_failures.failure("%s: %s", type(exc).__name__, exc, exc_info=True)
+            else:
+                self._hook_failures.success()
         return True
 
     def _run(self) -> None:
