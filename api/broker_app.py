@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import ipaddress
 import logging
-import shutil
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -47,6 +46,7 @@ from ..platform.common import wire
 from ..platform.common.errors import ErrorCode, SparkMQError
 from ..platform.common.protocol import REPORT_RANGES, PullResult
 from ..platform.ha.dledger import DLedgerMember, LeadershipTransferError
+from ..platform.store.disk import measure_disk
 from .acl import acl_router, broker_guard, http_access
 from .console.docs import install_docs
 from .errors import install_error_handlers, invalid_argument
@@ -759,19 +759,25 @@ def _every_alert(lake_root: str, limit: int) -> list[dict[str, Any]]:
 
 
 def _disk_use(broker: Broker) -> dict[str, Any]:
-    """The store's file system: total, used and free bytes (one statvfs, cheap enough for every call)."""
-    root = broker.config.store_config().root
-    try:
-        usage = shutil.disk_usage(root)
-    except OSError as exc:  # the store's directory is gone or unreadable: say so, the rest of the answer stands
-        return {"path": str(root), "error": f"{type(exc).__name__}: {exc}"}
-    return {"path": str(root), "total_bytes": usage.total, "used_bytes": usage.used, "free_bytes": usage.free}
+    """The store's file system and its watermarks (as measured by the store every ``disk_check_interval_ms``):
+    total, used and free bytes, the used ratio, the state and whether writes are accepted."""
+    status = broker.store.disk_status()
+    if "used_ratio" not in status:  # not measured yet (the store is not open): measure once, read-only
+        try:
+            usage = measure_disk(status["path"])
+        except OSError as exc:  # the store's directory is gone or unreadable: say so, the rest of the answer stands
+            return {**status, "error": f"{type(exc).__name__}: {exc}"}
+        status.update(total_bytes=usage.total_bytes, used_bytes=usage.used_bytes, free_bytes=usage.free_bytes,
+                      used_ratio=round(usage.used_ratio, 4))
+    return status
 
 
 @broker_router.get("/broker")
 async def broker_info(broker: BrokerDep) -> dict[str, Any]:
     """Identity, role, sparkmq ``version``, name servers, commit-log offsets, topic and client counts, and the
-    ``disk`` use of the store's file system (``total_bytes``, ``used_bytes``, ``free_bytes``)."""
+    ``disk`` of the store: its file system's use (``total_bytes``, ``used_bytes``, ``free_bytes``, ``used_ratio``)
+    and watermarks (``state`` OK, CLEAN, FORCE_CLEAN or FULL; ``writable``: False while sends are refused with
+    DISK_FULL; the ratios; ``refused_writes``; ``held_by``: what kept early deletion from a segment)."""
     return {**broker.admin_processor.info(), "version": __version__, "disk": _disk_use(broker)}
 
 

@@ -278,20 +278,24 @@ def test_retention_deletes_expired_segments(tmp_path, impl):
 
 
 def test_retention_forces_deletion_when_the_disk_is_full(tmp_path, impl):
-    from sparkmq.platform.store.retention import RetentionPolicy
+    from sparkmq.platform.store.disk import DiskGuard, DiskUsage
 
+    def disk(ratio: float) -> DiskGuard:
+        return DiskGuard(cfg, measure=lambda p: DiskUsage(str(p), 1000, int(ratio * 1000), 1000 - int(ratio * 1000)))
+
+    hour = (time.localtime().tm_hour + 12) % 24  # never the hour this runs at
     cfg = StoreConfig(root=tmp_path, segment_size=64 * 1024, max_message_size=8 * 1024, max_properties_size=1000,
-                      background_services=False)
+                      delete_when_hours=(hour,), background_services=False)
     with MessageStore(cfg, commit_log_class=impl.CommitLog) as store:
         for _i in range(200):
             store.put(Message("K", b"r" * 900), 0)
         segs = store.commit_log.segments()
-        store._retention = RetentionPolicy(cfg, disk_usage=lambda _p: 0.95)
+        store._disk = disk(0.87)
         decision = store.run_retention()
         assert decision.reason == "disk use above the force-clean ratio"
         assert decision.segments == min(len(segs) - 1, cfg.delete_segments_per_run)
-        store._retention = RetentionPolicy(cfg, disk_usage=lambda _p: 0.10)
-        assert store.run_retention().segments == 0  # not expired, disk fine, not 04:00 → kept
+        store._disk = disk(0.10)
+        assert store.run_retention().segments == 0  # not expired, disk fine, not the delete hour → kept
 
 
 def test_flush_service_drops_the_page_cache_behind_page_cache_keep(store_factory):

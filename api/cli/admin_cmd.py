@@ -365,8 +365,22 @@ def cluster_list(ctx: click.Context) -> None:
             addrs = info.get("brokers", {}).get(broker_name, {}).get("broker_addrs", {})
             for broker_id, addr in sorted(addrs.items()):
                 rows.append({"cluster": cluster_name, "broker": broker_name, "id": broker_id, "addr": addr,
-                             **_replication_columns(_admin(ctx), addr)})
-    emit_rows(rows, ["cluster", "broker", "id", "addr", "role", "in_sync", "bytes_behind"], False, title="cluster")
+                             **_replication_columns(_admin(ctx), addr), **_disk_columns(_admin(ctx), addr)})
+    emit_rows(rows, ["cluster", "broker", "id", "addr", "role", "in_sync", "bytes_behind", "disk", "writes"], False,
+              title="cluster")
+
+
+def _disk_columns(admin_client: Any, addr: str) -> dict[str, Any]:
+    """The store's disk of one broker (its ``GET /broker``): the share used with its watermark state, and whether
+    sends are accepted or refused (DISK_FULL)."""
+    try:
+        disk = admin_client.broker_info(addr).get("disk") or {}
+    except SparkMQError:
+        return {"disk": "", "writes": ""}
+    if "used_ratio" not in disk:
+        return {"disk": disk.get("error", ""), "writes": ""}
+    return {"disk": f"{disk['used_ratio']:.0%} {disk.get('state', '')}".strip(),
+            "writes": "accepted" if disk.get("writable", True) else "refused (DISK_FULL)"}
 
 
 def _replication_columns(admin_client: Any, addr: str) -> dict[str, Any]:

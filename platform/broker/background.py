@@ -6,11 +6,18 @@ import threading
 import time
 from abc import ABC, abstractmethod
 
+from ..common.errors import ErrorCode
 from ..common.failure_log import FailureLog
 
-__all__ = ["PeriodicService"]
+__all__ = ["PeriodicService", "RETRY_LATER_CODES", "RETRY_LATER_MS"]
 
 log = logging.getLogger("sparkmq.broker")
+
+#: A due message whose re-put is refused with one of these is tried again later, never skipped: the store
+#: refuses writes while its disk is past the warning ratio, or the broker is stopping.
+RETRY_LATER_CODES = frozenset({ErrorCode.DISK_FULL, ErrorCode.SERVICE_NOT_AVAILABLE})
+#: How long a service waits before trying such a re-put again.
+RETRY_LATER_MS = 1000
 
 
 class PeriodicService(ABC):
@@ -40,6 +47,11 @@ class PeriodicService(ABC):
     @abstractmethod
     def persist(self) -> None:
         """Write progress durably."""
+
+    def needed_offsets(self) -> list[tuple[str, int, int]]:
+        """(topic, queue_id, queue offset) of each queue this service still has to read from that offset on:
+        early deletion under disk pressure keeps them (the store's retention floor).  None by default."""
+        return []
 
     def wake(self) -> None:
         """Run the next tick now."""

@@ -32,6 +32,7 @@ from ..ha import ReplicationMaster, ReplicationSlave
 from ..ha.cluster_auth import ClusterAuth
 from ..ha.dledger import DLedgerMember, RaftConfig
 from ..store import AppendEvent, MessageStore
+from ..store.disk import RetentionFloor
 from .check_channel import CheckChannel
 from .client_manager import ClientManager
 from .config import BrokerConfig, BrokerRole
@@ -153,6 +154,11 @@ class Broker:
         self.topics.add_listener(lambda _version: self.registration.trigger())
         self.clients.add_leave_listener(self.consumer_processor.on_clients_left)
         self.store.add_append_listener(self._on_append)
+        # Disk watermarks: early deletion keeps what a group or a service has not consumed; /health is
+        # "degraded" while sends are refused (DISK_FULL), /metrics exports sparkmq_disk_*.
+        self.store.set_retention_floor(self._retention_floor)
+        self.add_component("disk", self.store.disk_status, lambda: self.store.writable)
+        self.metrics.add_component_gauges("disk", self._disk_gauges)
         if self.replication_master is not None or self.replication_slave is not None or config.dledger_enabled:
             # /health shows the replication state; a slave cut off from its master is "degraded", and
             # /metrics exports the lag (sparkmq_replication_*).
@@ -322,6 +328,43 @@ class Broker:
         self.tracer.appended(event)
         if event.replicated and self.slave_sync is not None and self.topics.get(event.topic) is None:
             self.slave_sync.trigger()  # consumers of the slave need the topic's config, not in 10 s
+
+    # ================================================================== disk
+    def _retention_floor(self) -> RetentionFloor | None:
+        """The oldest commit-log offset a consumer group (its committed offset) or a delay, timer or transaction
+        service (its progress) has yet to read, and who; None when every one of them is at its queue's end.
+
+        Until :meth:`start` has loaded the offsets and built the services nothing is known: everything is held.
+        """
+        if self._state == "new":
+            return RetentionFloor(0, "the broker starting (consumer offsets not loaded yet)")
+        needs = [(f"group {group}", topic, queue_id, offset)
+                 for group in self.offsets.groups()
+                 for topic, by_queue in self.offsets.offsets_of(group).items()
+                 for queue_id, offset in by_queue.items()]
+        for service in self._services():
+            needs += [(type(service).__name__, topic, queue_id, offset)
+                      for topic, queue_id, offset in service.needed_offsets()]
+        store = self.store
+        floor: RetentionFloor | None = None
+        for holder, topic, queue_id, offset in needs:
+            if offset >= store.max_offset(topic, queue_id):
+                continue  # caught up: it needs nothing stored yet
+            offset = max(offset, store.min_offset(topic, queue_id))
+            try:
+                clog_offset = store.queue_unit(topic, queue_id, offset)[0]
+            except SparkMQError:
+                continue  # retention or a topic deletion moved the queue meanwhile
+            if floor is None or clog_offset < floor.offset:
+                floor = RetentionFloor(clog_offset, f"{holder} on {topic}/{queue_id} at offset {offset}")
+        return floor
+
+    def _disk_gauges(self) -> Iterator[tuple[str, dict[str, float]]]:
+        status = self.store.disk_status()
+        if "used_ratio" in status:
+            yield self.name, {"used_ratio": status["used_ratio"], "total_bytes": status["total_bytes"],
+                              "free_bytes": status["free_bytes"], "writable": float(status["writable"]),
+                              "refused_writes": status["refused_writes"], "warning_ratio": status["warning_ratio"]}
 
     # ================================================================== DLedger
     def _new_dledger_member(self) -> DLedgerMember:

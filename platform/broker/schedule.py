@@ -32,7 +32,7 @@ from ..common.system_topics import (
     SCHEDULE_TOPIC,
 )
 from ..store import MessageStore
-from .background import PeriodicService
+from .background import RETRY_LATER_CODES, RETRY_LATER_MS, PeriodicService
 
 __all__ = ["DEFAULT_DELAY_LEVELS", "parse_delay_levels", "ScheduleService", "restore_parked", "park_properties"]
 
@@ -125,6 +125,12 @@ class ScheduleService(PeriodicService):
         with self._lock:
             return dict(self._offsets)
 
+    def needed_offsets(self) -> list[tuple[str, int, int]]:
+        """Each level's queue of the schedule topic from its next offset to deliver."""
+        with self._lock:
+            return [(SCHEDULE_TOPIC, level - 1, self._offsets.get(level, 0))
+                    for level in range(1, len(self.levels_ms) + 1)]
+
     # -- send side --------------------------------------------------------------------
     def level_delay_ms(self, level: int) -> int:
         """The delay of ``level`` (1-based); INVALID_ARGUMENT outside 1..len(levels)."""
@@ -164,6 +170,10 @@ class ScheduleService(PeriodicService):
                     self._deliver(message, queue_id, parked)
                     self.delivered += 1
                 except SparkMQError as exc:
+                    if exc.code in RETRY_LATER_CODES:  # the store refuses writes for now: this level waits
+                        self._skips.failure("level %d offset %d waits: %s", level, offset, exc)
+                        next_due = RETRY_LATER_MS if next_due < 0 else min(next_due, RETRY_LATER_MS)
+                        break
                     # A message that cannot be re-put (its topic deleted, say) must not block the level.
                     self._skips.failure("level %d offset %d skipped: %s", level, offset, exc)
                 else:

@@ -28,7 +28,7 @@ from ..common.failure_log import FailureLog
 from ..common.message import Message, StoredMessage
 from ..common.system_topics import PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELIVER_MS, TIMER_TOPIC
 from ..store import MessageStore
-from .background import PeriodicService
+from .background import RETRY_LATER_CODES, RETRY_LATER_MS, PeriodicService
 from .progress import DoneTracker
 from .schedule import park_properties, restore_parked
 
@@ -75,6 +75,10 @@ class TimerService(PeriodicService):
     def persist(self) -> None:
         """Write the watermark and the done set above it, atomically."""
         self._progress.persist()
+
+    def needed_offsets(self) -> list[tuple[str, int, int]]:
+        """The timer queue from the watermark (timers above it may still be pending)."""
+        return [(TIMER_TOPIC, 0, self._progress.watermark)]
 
     # -- send side --------------------------------------------------------------------
     def due_time(self, properties: dict[str, str], now_ms: int) -> int | None:
@@ -168,12 +172,26 @@ class TimerService(PeriodicService):
                 else:
                     heapq.heappop(self._seconds)
                     del self._buckets[second]
-            for _due, offset in sorted(due_now):
-                self._fire(offset)
+            waiting = sorted(due_now)
+            for at, (_due, offset) in enumerate(waiting):
+                if not self._fire(offset):  # the store refuses writes for now: these wait
+                    self._requeue(now + RETRY_LATER_MS, waiting[at:])
+                    return RETRY_LATER_MS
 
-    def _fire(self, offset: int) -> None:
+    def _requeue(self, due_ms: int, entries: list[tuple[int, int]]) -> None:
+        """Put due timers back into the index, due again at ``due_ms``."""
+        second = due_ms // 1000
+        with self._lock:
+            bucket = self._buckets.get(second)
+            if bucket is None:
+                self._buckets[second] = bucket = []
+                heapq.heappush(self._seconds, second)
+            bucket.extend((due_ms, offset) for _due, offset in entries)
+
+    def _fire(self, offset: int) -> bool:
+        """Deliver one due timer; False when the store refused it for now (it stays pending)."""
         if self._progress.is_done(offset):
-            return  # recalled meanwhile
+            return True  # recalled meanwhile
         try:
             parked = self.store.read_queue_message(TIMER_TOPIC, 0, offset)
             message, queue_id = restore_parked(parked, (PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_DELAY_SEC))
@@ -181,12 +199,16 @@ class TimerService(PeriodicService):
             self.delivered += 1
             self._failures.success()
         except SparkMQError as exc:
+            if exc.code in RETRY_LATER_CODES:
+                self._failures.failure("timer at offset %d waits: %s", offset, exc)
+                return False
             self._failures.failure("timer at offset %d skipped: %s", offset, exc)
             parked = None
         if parked is not None:
             with self._lock:
                 self._pending_ids.pop(parked.msg_id, None)
         self._progress.mark_done(offset)
+        return True
 
     def tick(self) -> int:
         """Index and deliver what is due (the thread's step)."""

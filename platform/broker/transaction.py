@@ -108,6 +108,12 @@ class TransactionService(PeriodicService):
             op = self.store.read_queue_message(TRANS_OP_HALF_TOPIC, 0, offset)
             self._progress.mark_done(int(op.body))
 
+    def needed_offsets(self) -> list[tuple[str, int, int]]:
+        """The half queue from the watermark (halves above it may be open), and the op queue from the position
+        a restart replays it from."""
+        return [(TRANS_HALF_TOPIC, 0, self._progress.watermark),
+                (TRANS_OP_HALF_TOPIC, 0, int(self._progress.extra.get("op_offset", 0)))]
+
     def persist(self) -> None:
         """Persist settled halves, the op queue position and the open halves' check counts."""
         with self._lock:

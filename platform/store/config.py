@@ -22,6 +22,10 @@ class FlushMode(enum.StrEnum):
     SYNC_FLUSH = "SYNC_FLUSH"
 
 
+#: The disk ratios, lowest first (the first three must rise in this order).
+_RATIOS = ("disk_max_used_ratio", "disk_force_clean_ratio", "disk_warning_ratio", "disk_resume_ratio")
+
+
 @dataclass(frozen=True)
 class StoreConfig:
     """Every setting of a ``MessageStore``; defaults follow RocketMQ."""
@@ -44,17 +48,28 @@ class StoreConfig:
     #: it several times more on a VM that hands free memory back to its host), and a reader more than this
     #: far behind reads from the disk.  0 leaves it all to the OS.
     page_cache_keep: int = 1 << 30
-    #: Segments whose last write is older than this are deleted.
+    #: Segments whose last write is older than this are deleted (RocketMQ's fileReservedTime).
     file_reserved_hours: float = 72.0
-    #: Hours of the day (0-23) at which expired segments are deleted; empty = any hour.
+    #: Hours of the day (0-23) at which expired segments are deleted; empty = any hour (deleteWhen).
     delete_when_hours: tuple[int, ...] = (4,)
-    #: Above this disk use, expired segments are deleted at any hour.
+    # Disk watermarks (platform/store/disk.py): ratios of the store's file system in use, as df shows them.
+    #: diskMaxUsedSpaceRatio: at or above it, expired segments are deleted at once, at any hour.
     disk_max_used_ratio: float = 0.75
-    #: Above this disk use, the oldest segments are deleted even if not expired.
+    #: diskSpaceCleanForciblyRatio: at or above it, the oldest segments are deleted before they expire.
     disk_force_clean_ratio: float = 0.85
-    #: Above this disk use, the store logs a warning (and refuses nothing).
+    #: diskSpaceWarningLevelRatio: at or above it, writes are refused with DISK_FULL (reads go on), leaving the
+    #: rest of the disk to offsets, checkpoints, the lake and the trace.
     disk_warning_ratio: float = 0.90
-    #: How often retention runs.
+    #: Refused writes are accepted again once use falls below this (hysteresis; RocketMQ resumes at the warning
+    #: ratio itself, so a disk at the line flips every check).
+    disk_resume_ratio: float = 0.85
+    #: Early deletion (at disk_max_used_ratio and above) may delete messages a consumer group or a broker
+    #: service has not consumed yet.  False keeps them: writes are refused instead once the disk reaches the
+    #: warning ratio, until the consumers move on (RocketMQ deletes them).
+    disk_clean_unconsumed: bool = False
+    #: How often the disk's use is measured (one statvfs); under CLEAN and above, retention runs this often too.
+    disk_check_interval_ms: int = 1000
+    #: How often retention runs while the disk is below disk_max_used_ratio.
     retention_interval_ms: int = 10_000
     #: Segments deleted per retention run at most.
     delete_segments_per_run: int = 10
@@ -83,7 +98,8 @@ class StoreConfig:
         if self.cq_units_per_file < 1:
             raise ValueError(f"cq_units_per_file must be positive, got {self.cq_units_per_file}")
         for name in ("flush_interval_ms", "sync_flush_timeout_ms", "checkpoint_interval_ms",
-                     "retention_interval_ms", "delete_segments_per_run", "max_message_size"):
+                     "retention_interval_ms", "disk_check_interval_ms", "delete_segments_per_run",
+                     "max_message_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if not 0 <= self.max_properties_size <= 65535:
@@ -95,9 +111,18 @@ class StoreConfig:
         for hour in self.delete_when_hours:
             if not 0 <= hour <= 23:
                 raise ValueError(f"delete_when_hours must be hours 0-23, got {hour}")
-        ratios = (self.disk_max_used_ratio, self.disk_force_clean_ratio, self.disk_warning_ratio)
-        if not all(0 < r <= 1 for r in ratios):
-            raise ValueError(f"disk ratios must be in (0, 1], got {ratios}")
+        for name in _RATIOS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+                raise ValueError(f"{name} must be a ratio in (0, 1], got {value!r}")
+        for low, high in zip(_RATIOS, _RATIOS[1:3], strict=False):  # max used <= force clean <= warning
+            if getattr(self, low) > getattr(self, high):
+                raise ValueError(f"{low} {getattr(self, low)} must not be above {high} {getattr(self, high)}")
+        if self.disk_resume_ratio > self.disk_warning_ratio:
+            raise ValueError(f"disk_resume_ratio {self.disk_resume_ratio} must not be above disk_warning_ratio "
+                             f"{self.disk_warning_ratio} (writes resume below it)")
+        if not isinstance(self.disk_clean_unconsumed, bool):
+            raise ValueError(f"disk_clean_unconsumed must be true or false, got {self.disk_clean_unconsumed!r}")
         # the largest record must fit in one segment (header 120 + topic + properties)
         if self.max_message_size + self.max_properties_size + 400 > self.segment_size:
             raise ValueError(

@@ -26,6 +26,7 @@ from ...storage_native import errors as native_errors
 from ...storage_native.layout import RECORD_MAGIC, encode_record, record_size
 from ..common.codec import decode_properties, encode_properties, pack_host, tag_hash
 from ..common.errors import ErrorCode, SparkMQError
+from ..common.failure_log import FailureLog
 from ..common.ids import UniqueIdGenerator, decode_offset_msg_id, encode_offset_msg_id, offset_msg_id_prefix
 from ..common.message import (
     BODY_TYPES,
@@ -40,6 +41,7 @@ from ..common.record_columns import EMPTY_PULL_BATCH, RECORDS_SCHEMA, records_ar
 from ..common.validation import validate_topic
 from .checkpoint import read_checkpoint, write_checkpoint
 from .config import FlushMode, StoreConfig
+from .disk import DiskGuard, DiskState, RetentionFloor
 from .flush import FlushService
 from .paths import StorePaths
 from .retention import RetentionDecision, RetentionPolicy
@@ -130,6 +132,12 @@ class MessageStore:
         self._checkpoint_lock = threading.Lock()
         self._last_checkpoint_ms = 0
         self._retention = RetentionPolicy(config)
+        #: The disk watermarks: refuses writes (DISK_FULL) from disk_warning_ratio on (see .disk).
+        self._disk = DiskGuard(config)
+        #: The oldest offset a consumer still needs (set_retention_floor); None: nobody is known to.
+        self._floor: Callable[[], RetentionFloor | None] | None = None
+        self._housekeeping_failures = FailureLog(log, f"store {config.root}: retention")
+        self._floor_failures = FailureLog(log, f"store {config.root}: asking the retention floor")
         self.clean_start: bool | None = None
         self.recovery: dict[str, int] = {}
         self._append_listeners: list[Callable[[AppendEvent], None]] = []
@@ -171,10 +179,11 @@ class MessageStore:
         self.paths.abort.write_bytes(b"")
         write_checkpoint(self.paths.checkpoint, self._log.flushed_offset)
         self._visible = None
+        self._disk.check()  # a store opened on a full disk refuses writes from the first one
         if self.config.background_services:
             self._flusher = self._new_flusher(self._log)
             self._flusher.start()
-            self._retention_thread = threading.Thread(target=self._retention_loop, name="sparkmq-retention",
+            self._retention_thread = threading.Thread(target=self._housekeeping_loop, name="sparkmq-retention",
                                                       daemon=True)
             self._retention_thread.start()
         return self
@@ -389,7 +398,10 @@ class MessageStore:
         self._gate = gate
 
     def _gated(self, append: Callable[[], _T], end_of: Callable[[_T], int]) -> _T:
-        """Run a native append (its errors translated) inside the append gate, if there is one."""
+        """Run a native append (its errors translated) inside the append gate, if there is one; DISK_FULL
+        without appending while the disk is past its warning ratio (every local append passes here)."""
+        if self._disk.full:
+            raise self._disk.refusal()
         gate = self._gate
         try:
             if gate is None:
@@ -400,6 +412,8 @@ class MessageStore:
                 gate.appended(token, end_of(appended))
                 return appended
         except StoreError as exc:
+            if exc.code == native_errors.DISK_FULL:  # the file system itself is full: stop writing now
+                self._disk.mark_full(exc.message)
             raise translate_store_error(exc) from None
 
     def put(self, msg: Message, queue_id: int, *, born_host: str | None = None,
@@ -945,23 +959,80 @@ class MessageStore:
                 hi = mid
         return lo
 
-    # -- retention ------------------------------------------------------------
+    # -- disk and retention ----------------------------------------------------
+    def set_retention_floor(self, floor: Callable[[], RetentionFloor | None] | None) -> None:
+        """Tell the store how to learn the oldest commit-log offset a consumer still needs: ``floor()`` answers
+        it (with who holds it) or None when nobody needs anything.  Early deletion under disk pressure stops
+        there (unless ``disk_clean_unconsumed``); the broker passes its consumer groups' committed offsets and
+        its delay, timer and transaction services' progress.  Called from the retention thread, only while the
+        disk is at ``disk_max_used_ratio`` or above."""
+        self._floor = floor
+
+    @property
+    def writable(self) -> bool:
+        """False while writes are refused with DISK_FULL (the disk is past its warning ratio)."""
+        return not self._disk.full
+
+    def disk_status(self) -> dict[str, Any]:
+        """The disk watermarks' state: the file system's use (``total_bytes``, ``used_bytes``, ``free_bytes``,
+        ``used_ratio``), ``state`` (OK, CLEAN, FORCE_CLEAN, FULL), ``writable``, ``refused_writes``, the ratios,
+        and ``held_by`` (what kept early deletion from a segment at the last retention pass)."""
+        return self._disk.status()
+
+    def check_disk(self) -> DiskState:
+        """Measure the disk now (the retention thread does every ``disk_check_interval_ms``); the new state."""
+        self._disk.check()
+        return self._disk.state
+
     def run_retention(self, now_ms: int | None = None) -> RetentionDecision:
-        """One retention pass (the background thread calls this on its interval)."""
+        """One retention pass: measure the disk, delete what is due (and, under disk pressure, what may go
+        early), and measure again when something went, so refused writes resume at once."""
         log_ = self.commit_log
-        decision = self._retention.decide(log_.segments(), log_.segment_size, now_ms)
+        used = self._disk.check().used_ratio
+        floor = None
+        if used >= self.config.disk_max_used_ratio and not self.config.disk_clean_unconsumed:
+            floor = self._retention_floor()
+        decision = self._retention.decide(log_.segments(), log_.segment_size, used, floor, now_ms)
+        self._disk.held_by = decision.held_by
         if decision.segments:
             deleted = log_.delete_segments_before(decision.delete_before)
-            log.info("retention deleted %d segment(s) (%s); min offset now %d", deleted, decision.reason,
-                     log_.min_offset)
+            log.info("retention deleted %d segment(s) (%s; disk %.1f%% used); min offset now %d", deleted,
+                     decision.reason, used * 100, log_.min_offset)
+            self._disk.check()
         return decision
 
-    def _retention_loop(self) -> None:
-        while not self._stop.wait(self.config.retention_interval_ms / 1000.0):
+    def _retention_floor(self) -> RetentionFloor | None:
+        floor = self._floor
+        if floor is None:
+            return None
+        try:
+            found = floor()
+        except Exception as exc:  # unknown: delete nothing early rather than what a group still needs
+            self._floor_failures.failure("%s: %s", type(exc).__name__, exc, exc_info=True)
+            return RetentionFloor(0, "an unknown consumer (the retention floor failed)")
+        self._floor_failures.success()
+        return found
+
+    def _housekeeping_loop(self) -> None:
+        """Measure the disk every ``disk_check_interval_ms``; run retention every ``retention_interval_ms``,
+        and at every check while the disk is at ``disk_max_used_ratio`` or above."""
+        cfg = self.config
+        last_retention = time.monotonic()
+        while not self._stop.wait(cfg.disk_check_interval_ms / 1000.0):
             try:
-                self.run_retention()
-            except Exception:  # a failed pass is retried next interval
-                log.exception("retention pass failed")
+                now = time.monotonic()
+                pressed = self._disk.state is not DiskState.OK
+                if pressed or (now - last_retention) * 1000 >= cfg.retention_interval_ms:
+                    last_retention = now
+                    self.run_retention()
+                else:
+                    self._disk.check()
+                    if self._disk.state is not DiskState.OK:
+                        self.run_retention()
+            except Exception as exc:  # retried next interval
+                self._housekeeping_failures.failure("%s: %s", type(exc).__name__, exc, exc_info=True)
+            else:
+                self._housekeeping_failures.success()
 
 
 _SIZE_MAGIC = struct.Struct("<II")

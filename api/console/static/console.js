@@ -248,15 +248,24 @@ pages.cluster = async (main) => {
 };
 
 function diskText(b) {
-  // The store's file system: a bar of the share used, and what is left.
+  // The store's file system: a bar of the share used (as df counts it), what is left, and the watermark state
+  // when it is not OK (expired or old segments deleted early; sends refused with DISK_FULL).
   const d = b.disk;
   if (!d) return "—";
   if (d.error) return el("span", { class: "bad", title: d.error }, "unreadable");
-  const used = d.total_bytes ? d.used_bytes / d.total_bytes : 0;
-  const cls = used > 0.9 ? "bad" : (used > 0.75 ? "warn" : "");
-  return el("span", { class: "disk", "data-testid": "disk", title: `${d.path}: ${fmtBytes(d.used_bytes)} of ` +
+  const used = d.used_ratio !== undefined ? d.used_ratio : (d.total_bytes ? d.used_bytes / d.total_bytes : 0);
+  const full = d.writable === false;
+  const cls = full || used >= (d.warning_ratio || 0.9) ? "bad" : (used >= (d.max_used_ratio || 0.75) ? "warn" : "");
+  const meter = el("span", { class: "disk", "data-testid": "disk", title: `${d.path}: ${fmtBytes(d.used_bytes)} of ` +
     `${fmtBytes(d.total_bytes)} used` }, el("span", { class: `meter ${cls}` }, el("i", { style: `width:${(100 * used).toFixed(0)}%` })),
   `${(100 * used).toFixed(0)}% · ${fmtBytes(d.free_bytes)} free`);
+  if (!d.state || d.state === "OK") return meter;
+  const state = full ? el("span", { class: "pill bad", "data-testid": "disk-state", title: `sends are refused with ` +
+    `DISK_FULL until the disk falls below ${(100 * d.resume_ratio).toFixed(0)}%; reads go on` +
+    (d.held_by ? `; early deletion is held by ${d.held_by}` : "") }, "sends refused")
+    : el("span", { class: "pill warn", "data-testid": "disk-state", title: d.held_by ? `early deletion is held by ` +
+      `${d.held_by}` : "" }, d.state === "CLEAN" ? "deleting expired early" : "deleting oldest early");
+  return el("span", {}, meter, " ", state);
 }
 
 function replicationText(b) {
