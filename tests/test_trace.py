@@ -25,6 +25,7 @@ from sparkmq.pipelines.sql import run_sql
 from sparkmq.pipelines.trace_job import start_trace_job, trace_arrow, trace_stats
 from sparkmq.platform.broker.trace import TraceRecorder, trace_path
 from sparkmq.platform.client import AdminClient, ClientConfig, ConsumeStatus, Message, Producer, PushConsumer
+from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 from sparkmq.platform.common.system_topics import TRACE_TOPIC, retry_topic
 from sparkmq.platform.common.trace import TraceEvent, decode_events, decode_trace
 from sparkmq.platform.store import PutResult, PutStatus
@@ -250,7 +251,8 @@ def test_no_trace_broker_writes_nothing_and_bad_events_are_refused(procs: Proces
     stats = http.get(f"/topics/{TRACE_TOPIC}/stats").json()
     assert [q["max_offset"] for q in stats["queues"]] == [0]
     assert http.get("/health").json()["trace"] == {"enabled": False, "recorded": 0, "dropped": 0, "written": 0,
-                                                    "failed": 0, "messages": 0, "buffered": 0, "ok": True}
+                                                    "failed": 0, "messages": 0, "buffered": 0, "last_error": None,
+                                                    "ok": True}
 
     good = TraceEvent(msg_id, "Quiet", "consume", "CONSUME_SUCCESS", 1).to_dict()
     assert http.post("/trace", json={"events": [good]}).json() == {"accepted": 0, "dropped": 0, "enabled": False}
@@ -278,9 +280,27 @@ def test_recorder_batches_bounds_and_never_traces_itself() -> None:
     assert [m.topic for m in stored] == [TRACE_TOPIC, TRACE_TOPIC]  # 256 + 44 events per message
     assert [e.msg_id for m in stored for e in decode_events(m.body)] == [e.msg_id for e in events]
     assert recorder.status() | {} == {"enabled": True, "recorded": 300, "dropped": 1, "written": 300, "failed": 0,
-                                      "messages": 2, "buffered": 0}
+                                      "messages": 2, "buffered": 0, "last_error": None}
     off = TraceRecorder(put, "broker-a", enabled=False)
     assert not off.add_events(events) and off.flush() == 0
+
+
+def test_recorder_splits_a_trace_message_larger_than_the_store_takes() -> None:
+    """A store with a small max_message_size refuses 256 events in one message: they go in smaller ones."""
+    stored: list[Message] = []
+
+    def put(message: Any) -> PutResult:
+        if len(message.body) > 5000:
+            raise SparkMQError(ErrorCode.MESSAGE_TOO_LARGE, f"the body is {len(message.body)} bytes")
+        stored.append(message)
+        return PutResult(PutStatus.PUT_OK, "id", "off", message.topic, 0, len(stored) - 1, 0, 0, 0)
+
+    recorder = TraceRecorder(put, "broker-a")
+    events = [TraceEvent(f"m{i}", "T", "send", "SEND_OK", i, detail="d" * 100) for i in range(300)]
+    assert recorder.add_events(events) and recorder.flush() == 300
+    assert len(stored) > 2 and all(len(m.body) <= 5000 for m in stored)
+    assert [e.msg_id for m in stored for e in decode_events(m.body)] == [e.msg_id for e in events]  # in order
+    assert recorder.status()["failed"] == 0
 
 
 def test_trace_path_orders_merges_and_times_the_steps() -> None:

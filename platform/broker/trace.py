@@ -311,10 +311,14 @@ class TraceRecorder:
         return written
 
     def _store_events(self, chunk: list[TraceEvent | TraceBatch]) -> int:
-        """Store ``chunk`` as one trace message; how many events that wrote (0 when the put failed)."""
+        """Store ``chunk`` as one trace message (halves of it when it is larger than the store's
+        ``max_message_size``); how many events that wrote (0 when the put failed)."""
         try:
             self._put(Message(TRACE_TOPIC, encode_events(chunk)))
         except Exception as exc:  # e.g. the disk is full or the store closing: count, do not retry forever
+            if isinstance(exc, SparkMQError) and exc.code is ErrorCode.MESSAGE_TOO_LARGE and len(chunk) > 1:
+                half = len(chunk) // 2
+                return self._store_events(chunk[:half]) + self._store_events(chunk[half:])
             self.failed += len(chunk)
             self._store_failures.failure("%d events lost: %s", len(chunk), exc)
             return 0
