@@ -289,6 +289,7 @@ class Broker:
             self._role_worker.shutdown(wait=True)
         self._stop_services()
         self.pop_processor.stop()  # its snapshot, before the store closes
+        self.pull_processor.close()
         self.tracer.stop()  # writes the events still buffered while the store is open
         self.clients.stop()
         if not self.offsets.stop():

@@ -17,13 +17,14 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pyarrow as pa
 
 from ...storage_native import CommitLog, StoreError, decode_batch, decode_record
 from ...storage_native import errors as native_errors
-from ...storage_native.layout import RECORD_MAGIC, encode_record, record_size
+from ...storage_native.layout import CQ_UNIT_SIZE, RECORD_MAGIC, encode_record, record_size
 from ..common.codec import decode_properties, encode_properties, pack_host, tag_hash
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.failure_log import FailureLog
@@ -59,12 +60,17 @@ from .status import (
 )
 
 __all__ = ["MessageStore", "translate_store_error", "raw_record_properties", "RawProperties", "records_to_arrow",
-           "records_of", "stored_messages_of", "unpack_batch", "REPLICATION_BATCH_BYTES"]
+           "records_of", "stored_messages_of", "unpack_batch", "REPLICATION_BATCH_BYTES", "PREFETCH_MAX_BYTES"]
 
 _T = TypeVar("_T")
 _EMPTY_RECORDS = pa.RecordBatch.from_pylist([], schema=RECORDS_SCHEMA)
 #: What a master ships per replication fetch by default (RocketMQ's HA transfers 32 KiB batches).
 REPLICATION_BATCH_BYTES = 32 * 1024
+#: The most log bytes one :meth:`MessageStore.prefetch` reads (a queue's records lie among other queues').
+PREFETCH_MAX_BYTES = 16 << 20
+#: Each prefetching thread reads through one scratch buffer of this size.
+_PREFETCH_CHUNK = 1 << 20
+_scratch = threading.local()
 
 log = logging.getLogger(__name__)
 
@@ -771,6 +777,47 @@ class MessageStore:
             return GetResult(GetStatus.OFFSET_OVERFLOW, hi, lo, hi)
         return log_, cq, lo
 
+    def prefetch(self, topic: str, queue_id: int, offset: int, max_count: int,
+                 max_bytes: int = PREFETCH_MAX_BYTES) -> int:
+        """Bring into the page cache what a read of up to ``max_count`` messages of a queue from ``offset`` copies:
+        the consume-queue units and the log records they point to (at most ``max_bytes`` of log from the first);
+        returns the bytes read.
+
+        Reads of cold history copy out of the mmap'd files holding the GIL (the units also the log's lock): each
+        page fault there stops every thread of the broker until the disk answers.  Called first, on the thread
+        that then reads, it waits for the disk with plain reads of the files instead (no lock, the GIL released),
+        so the read itself copies from memory.  Best effort: what retention deleted meanwhile is skipped.
+        """
+        log_ = self.commit_log
+        cq = log_.consume_queue(topic, queue_id)
+        if cq is None:
+            return 0
+        lo, hi = max(offset, cq.min_offset), min(offset + max_count, cq.visible_max_offset)
+        if hi <= lo:
+            return 0
+        per_file = self.config.cq_units_per_file
+        done = 0
+        unit = lo
+        while unit < hi:  # the units, file by file
+            file_start = unit // per_file * per_file
+            end = min(hi, file_start + per_file)
+            done += _read_ahead(self.paths.consume_queue_file(topic, queue_id, file_start * CQ_UNIT_SIZE),
+                                (unit - file_start) * CQ_UNIT_SIZE, (end - unit) * CQ_UNIT_SIZE)
+            unit = end
+        try:
+            first = cq.unit(lo)[0]
+            last, size, _tag = cq.unit(hi - 1)
+        except StoreError:  # retention moved the queue meanwhile
+            return done
+        at, end = first, min(last + size, first + max_bytes)
+        segment_size = log_.segment_size
+        while at < end:  # the records, segment by segment
+            start = at // segment_size * segment_size
+            upto = min(end, start + segment_size)
+            done += _read_ahead(self.paths.segment(start), at - start, upto - at)
+            at = upto
+        return done
+
     def get_messages(self, topic: str, queue_id: int, offset: int, max_count: int = 32,
                      tags: Collection[str] | None = None, max_bytes: int = 0) -> GetResult:
         """Up to ``max_count`` messages of a queue from ``offset``.
@@ -1039,6 +1086,28 @@ _SIZE_MAGIC = struct.Struct("<II")
 _QUEUE_ID_AT = 12
 #: No offset reaches it (the native core's "no limit").
 _NO_LIMIT = (1 << 63) - 1
+
+
+def _read_ahead(path: Path, start: int, length: int) -> int:
+    """Read ``length`` bytes of ``path`` from ``start`` into this thread's scratch buffer (so into the page
+    cache), the GIL released during each read; the bytes read (0 for a file retention deleted)."""
+    buffer = getattr(_scratch, "buffer", None)
+    if buffer is None:
+        buffer = _scratch.buffer = memoryview(bytearray(_PREFETCH_CHUNK))
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return 0
+    try:
+        done = 0
+        while done < length:
+            got = os.preadv(fd, [buffer[:min(len(buffer), length - done)]], start + done)
+            if got <= 0:
+                break
+            done += got
+        return done
+    finally:
+        os.close(fd)
 
 
 def _replicated_queues(data: bytes | memoryview) -> list[tuple[str, int]]:

@@ -23,6 +23,15 @@ class StorePaths:
         """Folder of the consume queues: consumequeue/<topic>/<queue_id>/."""
         return self.root / "consumequeue"
 
+    def segment(self, start: int) -> Path:
+        """The commit-log segment starting at log offset ``start`` (named by it, 20 digits)."""
+        return self.commitlog / f"{start:020d}"
+
+    def consume_queue_file(self, topic: str, queue_id: int, file_start: int) -> Path:
+        """The consume-queue file of (topic, queue_id) starting at byte ``file_start`` of the queue's units
+        (``unit index // units_per_file * units_per_file * 20``, 20 digits)."""
+        return self.consumequeue / topic / str(queue_id) / f"{file_start:020d}"
+
     @property
     def checkpoint(self) -> Path:
         """Where recovery starts: the last offset known flushed."""

@@ -1,8 +1,12 @@
 """Pulls: tag and SQL92 filters, long polling, bulk Arrow pulls, the lake tier, queue offsets."""
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
+import threading
 import time
+from typing import TYPE_CHECKING
 
 import anyio.to_thread
 import pyarrow as pa
@@ -17,6 +21,9 @@ from ...store.message_store import records_of
 from ..topics import TopicConfig
 from .base import Processor, cached_filter, check_int
 
+if TYPE_CHECKING:
+    from ..broker import Broker
+
 __all__ = ["PullProcessor"]
 
 log = logging.getLogger("sparkmq.broker")
@@ -26,6 +33,13 @@ _MAX_FILTER_ROUNDS = 16
 #: An SQL92-filtered pull examines at most this many consume-queue units (then answers NO_MATCHED_MSG
 #: with next_offset past them, so the consumer moves on).
 _MAX_SQL_EXAMINED = 65_536
+#: A pull starting more messages than this behind its queue's end, or at log bytes further back than the store
+#: keeps in the page cache (``page_cache_keep``; 1 GiB when the OS decides), reads cold history: its pages are
+#: read in first by a worker thread (:meth:`MessageStore.prefetch`), never on the event loop.
+COLD_READ_MESSAGES = 1024
+_COLD_READ_BYTES_DEFAULT = 1 << 30
+#: Worker threads serving cold remoting pulls: a few disks' worth of reads in flight, no more.
+COLD_READ_THREADS = 4
 
 
 def as_pull(got: GetResult) -> PullResult:
@@ -47,7 +61,56 @@ def _at_end(status: PullStatus, next_offset: int, max_offset: int, offset: int) 
 
 
 class PullProcessor(Processor):
-    """Pulls: tag and SQL92 filters, long polling, bulk Arrow pulls, the lake tier, queue offsets."""
+    """Pulls: tag and SQL92 filters, long polling, bulk Arrow pulls, the lake tier, queue offsets.
+
+    Hot pulls (near their queue's end: pages in memory) are read inline; a pull of cold history has its pages
+    read in by a worker thread first (:meth:`is_cold`), so a consumer reading old data from disk never stops the
+    event loop, or the GIL, for the consumers at the tail.
+    """
+
+    def __init__(self, broker: Broker) -> None:
+        super().__init__(broker)
+        self._cold_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._cold_pool_lock = threading.Lock()
+
+    def close(self) -> None:
+        """Stop the cold-read threads (the broker's shutdown, after the last pull)."""
+        with self._cold_pool_lock:
+            pool, self._cold_pool = self._cold_pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def _cold_reads(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._cold_pool_lock:
+            if self._cold_pool is None:
+                self._cold_pool = concurrent.futures.ThreadPoolExecutor(COLD_READ_THREADS,
+                                                                        thread_name_prefix="sparkmq-cold-read")
+            return self._cold_pool
+
+    def is_cold(self, topic: str, queue_id: int, offset: int) -> bool:
+        """Whether a read of a queue at ``offset`` reads history that may not be in the page cache: more than
+        :data:`COLD_READ_MESSAGES` behind the queue's end, or further back in the log than ``page_cache_keep``.
+        Cheap (the queue's bounds, and one unit near its end); False for anything it cannot place."""
+        store = self.store
+        try:
+            end = store.max_offset(topic, queue_id)
+            if offset >= end:
+                return False
+            if end - offset > COLD_READ_MESSAGES:
+                return True
+            record = store.queue_unit(topic, queue_id, max(offset, store.min_offset(topic, queue_id)))[0]
+            keep = store.config.page_cache_keep or _COLD_READ_BYTES_DEFAULT
+            return store.log_offsets().max_offset - record > keep
+        except SparkMQError:
+            return False
+
+    def _prefetch_if_cold(self, topic: str, queue_id: int, offset: int, max_count: int) -> None:
+        """On a worker thread, before a read: the cold read's pages into the page cache (see ``is_cold``)."""
+        if self.is_cold(topic, queue_id, offset):
+            try:
+                self.store.prefetch(topic, queue_id, offset, max_count)
+            except (SparkMQError, OSError):  # best effort: the read itself reports what is wrong
+                pass
 
     def _check_pull(self, topic: str, queue_id: int, offset: int, max_count: int,
                     max_batch: int = MAX_PULL_BATCH) -> TopicConfig:
@@ -123,6 +186,7 @@ class PullProcessor(Processor):
         started = time.perf_counter()
         with self._operation():
             self._check_pull(topic, queue_id, offset, max_count, MAX_BULK_PULL_BATCH)
+            self._prefetch_if_cold(topic, queue_id, offset, max_count)  # adapters call this off the loop
             got, batch = self.store.get_arrow(topic, queue_id, offset, max_count, self.config.pull_max_bytes,
                                               self.name, decode=not records)
         result = as_pull(got)
@@ -184,10 +248,13 @@ class PullProcessor(Processor):
         """
         wanted, sql = self.pull_filter(filter_type, tags, expression)
 
+        def pull_at(at: int, commit: int | None) -> PullResult:
+            self._prefetch_if_cold(topic, queue_id, at, max_count)
+            return self.pull_once(topic, queue_id, at, max_count, wanted, group=group, commit_offset=commit, sql=sql,
+                                  client_id=client_id)
+
         async def read(at: int, commit: int | None) -> PullResult:
-            return await anyio.to_thread.run_sync(
-                lambda: self.pull_once(topic, queue_id, at, max_count, wanted, group=group, commit_offset=commit,
-                                       sql=sql, client_id=client_id))
+            return await anyio.to_thread.run_sync(lambda: pull_at(at, commit))
         return await self._long_poll(read, topic, queue_id, offset, wait_ms, group, commit_offset)
 
     async def pull_packed(self, topic: str, queue_id: int, offset: int, max_count: int = 32,
@@ -196,15 +263,27 @@ class PullProcessor(Processor):
                           expression: str | None = None, client_id: str | None = None) -> PackedPull:
         """:meth:`pull`, answered with the stored records copied out by the native core (the remoting path).
 
-        Reads run on the calling event loop: the copy is one native call.  A tag filter matches
-        the consume queue's tag hashes only; the client re-checks the tag string.  A pull without
-        a group may ask for up to ``MAX_BULK_PULL_BATCH`` messages (the Spark source's reads).
+        A hot read runs on the calling event loop: the copy is one native call from memory.  A cold one
+        (:meth:`is_cold`) runs on a worker thread that reads its pages in first, so the loop never waits
+        for the disk.  A tag filter matches the consume queue's tag hashes only; the client re-checks the tag
+        string.  A pull without a group may ask for up to ``MAX_BULK_PULL_BATCH`` messages (the Spark
+        source's reads).
         """
         wanted, sql = self.pull_filter(filter_type, tags, expression)
 
-        async def read(at: int, commit: int | None) -> PackedPull:
+        def pull_at(at: int, commit: int | None) -> PackedPull:
             return self.pull_packed_once(topic, queue_id, at, max_count, wanted, group=group, commit_offset=commit,
                                          sql=sql, client_id=client_id)
+
+        def cold_pull_at(at: int, commit: int | None) -> PackedPull:
+            self._prefetch_if_cold(topic, queue_id, at, max_count)
+            return pull_at(at, commit)
+
+        async def read(at: int, commit: int | None) -> PackedPull:
+            if not self.is_cold(topic, queue_id, at):
+                return pull_at(at, commit)
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._cold_reads(), cold_pull_at, at, commit)
         return await self._long_poll(read, topic, queue_id, offset, wait_ms, group, commit_offset)
 
     async def _long_poll(self, read, topic: str, queue_id: int, offset: int, wait_ms: int,  # type: ignore[no-untyped-def]
