@@ -486,12 +486,13 @@ def test_a_broker_on_a_small_disk_deletes_early_refuses_before_full_and_recovers
     assert 2 <= len(lines) <= 2 + elapsed / SUMMARY_S, lines  # the first failure, then one summary per interval
 
     # 5. A clean stop on the full disk writes its checkpoint and offsets; the restart refuses at once.
+    log_end = http.get("/broker").json()["commitlog"]["max_offset"]
     assert broker.stop() == 0
     log_text = broker.log()
     assert "persisting" not in log_text and "Traceback" not in log_text, log_text[-3000:]
     end = max(acked.digests)
     checkpoint = read_checkpoint(data_dir / "store" / "checkpoint")
-    assert checkpoint is not None and checkpoint.flushed_offset > 0
+    assert checkpoint is not None and checkpoint.flushed_offset == log_end  # the final checkpoint was written
     broker, http = start_broker(procs, conf, namesrv)
     health = http.get("/health").json()
     assert health["store"]["clean_start"] is True and health["disk"]["state"] == "FULL"
