@@ -22,12 +22,14 @@ the figures are printed (one line).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import statistics
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,8 @@ WINDOW_S = 1.0
 SETTLE_S = 0.2
 #: The niceness of the broker and the hot pair (the cold reader runs at 19).
 PRIORITY = -10
+#: The broker's disk reads are throttled to this (bytes/s; 0: not throttled) while the cold reader reads.
+READ_BPS = int(os.environ.get("SPARKMQ_COLD_READ_BPS", str(40 * MIB)))
 CHILD = str(Path(__file__).with_name("hot_cold_child.py"))
 
 
@@ -100,6 +104,32 @@ def latencies(path: Path, start: float, end: float) -> list[float]:
 def p99(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+@contextlib.contextmanager
+def slow_disk_reads(pid: int, path: Path, bytes_per_s: int) -> Iterator[bool]:
+    """Throttle the disk reads of process ``pid`` on the device holding ``path`` to ``bytes_per_s`` (a cgroup-v1
+    blkio group made for it, removed after): the cold history then comes at the speed of a cloud volume or a
+    disk, as it would for a broker whose history is not in memory, not at that of this VM's host cache.
+    Yields False (and throttles nothing) where the blkio controller cannot be used (not root, cgroup v2 only)."""
+    blkio = Path("/sys/fs/cgroup/blkio")
+    group = blkio / f"sparkmq-cold-reads-{os.getpid()}"
+    device = os.stat(path).st_dev
+    try:
+        group.mkdir()
+        (group / "blkio.throttle.read_bps_device").write_text(f"{os.major(device)}:{os.minor(device)} {bytes_per_s}")
+        (group / "cgroup.procs").write_text(str(pid))
+    except OSError:
+        if group.exists():
+            group.rmdir()
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        with contextlib.suppress(OSError):  # gone already: nothing to move back
+            (blkio / "cgroup.procs").write_text(str(pid))
+        group.rmdir()
 
 
 def renice(pid: int, niceness: int) -> bool:
@@ -229,18 +259,20 @@ def test_a_cold_reader_does_not_stall_the_hot_consumer(procs: ProcessHarness, tm
     wait_until(lambda: any(line.startswith("start") for line in cold_state()), 120,
                lambda: f"the cold reader's first message ({cold.log()[-2000:]})")
     windows: dict[str, list[tuple[float, float]]] = {"cold": [], "alone": []}
-    deadline = time.monotonic() + 1200
-    while not any(line.startswith("done") for line in cold_state()):
-        assert time.monotonic() < deadline, f"the cold reader did not finish: {cold_state()[-2:]}"
-        if prioritized:  # threads started since (pull threads, the cold-read pool) too
-            renice(broker.proc.pid, PRIORITY)
-            renice(hot.proc.pid, PRIORITY)
-        for kind, sig in (("alone", signal.SIGSTOP), ("cold", signal.SIGCONT)):
-            os.kill(cold.proc.pid, sig)
-            begin = time.time()
-            time.sleep(WINDOW_S)
-            windows[kind].append((begin + SETTLE_S, time.time()))
-    os.kill(cold.proc.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 1800
+    with (slow_disk_reads(broker.proc.pid, log_dir, READ_BPS) if READ_BPS else contextlib.nullcontext(False)
+          ) as throttled:
+        while not any(line.startswith("done") for line in cold_state()):
+            assert time.monotonic() < deadline, f"the cold reader did not finish: {cold_state()[-2:]}"
+            if prioritized:  # threads started since (pull threads, the cold-read pool) too
+                renice(broker.proc.pid, PRIORITY)
+                renice(hot.proc.pid, PRIORITY)
+            for kind, sig in (("alone", signal.SIGSTOP), ("cold", signal.SIGCONT)):
+                os.kill(cold.proc.pid, sig)
+                begin = time.time()
+                time.sleep(WINDOW_S)
+                windows[kind].append((begin + SETTLE_S, time.time()))
+        os.kill(cold.proc.pid, signal.SIGCONT)
     hot.stop()
     lines = cold_state()
     _done, _at, read_messages, read_bytes = next(line for line in lines if line.startswith("done")).split()
@@ -248,11 +280,10 @@ def test_a_cold_reader_does_not_stall_the_hot_consumer(procs: ProcessHarness, tm
     base = [ms for w in windows["alone"] for ms in latencies(hot_out, *w)]
     during = [ms for w in windows["cold"] for ms in latencies(hot_out, *w)]
     cold_s = sum(end - begin + SETTLE_S for begin, end in windows["cold"])
-    assert len(base) > 0.5 * HOT_RATE * len(windows["alone"]) * (WINDOW_S - SETTLE_S)
-    assert len(during) > 0.5 * HOT_RATE * len(windows["cold"]) * (WINDOW_S - SETTLE_S)
     # Each window's p99, and the median of those: a burst of another job on the shared machine decides the p99
     # of the one window it falls in, not the typical p99 of all of them (the pooled p99 is printed too).
-    by_window = {kind: sorted(p99(latencies(hot_out, *w)) for w in windows[kind]) for kind in windows}
+    measured = {kind: [found for w in windows[kind] if (found := latencies(hot_out, *w))] for kind in windows}
+    by_window = {kind: sorted(p99(values) for values in measured[kind]) for kind in windows}
     typical = {kind: statistics.median(values) for kind, values in by_window.items()}
     ratio = typical["cold"] / typical["alone"]
     figures = (f"cold_reads: cold {int(read_bytes) / MIB:.0f} MiB ({cold_messages} msgs, filled in {fill_s:.0f} s) "
@@ -261,11 +292,15 @@ def test_a_cold_reader_does_not_stall_the_hot_consumer(procs: ProcessHarness, tm
                f"with the cold reader {typical['cold']:.2f} ms, ratio {ratio:.2f}; pooled p50/p99 alone "
                f"{statistics.median(base):.2f}/{p99(base):.2f} ms ({len(base)} msgs), with the cold reader "
                f"{statistics.median(during):.2f}/{p99(during):.2f} ms ({len(during)} msgs); cold range resident "
-               f"before {resident:.2%}; broker and hot pair at niceness {PRIORITY if prioritized else 0}; "
+               f"before {resident:.2%}; broker reads throttled to "
+               f"{f'{READ_BPS / MIB:.0f} MiB/s' if throttled else 'nothing (no blkio cgroup)'}; "
+               f"broker and hot pair at niceness {PRIORITY if prioritized else 0}; "
                f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(figures, flush=True)
     (tmp_path / "figures.txt").write_text(figures + "\n")
-    per_window = [f"{kind} {begin:.3f} {p99(latencies(hot_out, begin, end)):.2f}"
+    per_window = [f"{kind} {begin:.3f} {p99(found) if (found := latencies(hot_out, begin, end)) else -1:.2f}"
                   for kind in windows for begin, end in windows[kind]]
     (tmp_path / "windows.txt").write_text("\n".join(sorted(per_window, key=lambda w: w.split()[1])) + "\n")
+    for kind, got in (("alone", base), ("cold", during)):  # the hot pair kept (about) its rate
+        assert len(got) > 0.5 * HOT_RATE * len(windows[kind]) * (WINDOW_S - SETTLE_S), (kind, figures)
     assert ratio <= 2, figures
