@@ -124,3 +124,33 @@ def resident_pages(path: Path) -> list[bool]:
     finally:
         os.close(fd)
     return [bool(b & 1) for b in vec.raw]
+
+
+# -- exit ---------------------------------------------------------------------------------------------------------
+_exit_status: int | None = None
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remember the session's status for :func:`pytest_unconfigure`."""
+    global _exit_status
+    _exit_status = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Leave with the tests' status once pytest is done, skipping the interpreter's finalization.
+
+    The suite's process hosts native runtimes with their own threads (delta-rs's tokio pool, gRPC's pollers
+    for the official RocketMQ client, the JVM's py4j gateway); tearing down the interpreter under them has
+    crashed the process with SIGSEGV after every test had passed, turning a green run red.  The exit
+    handlers still run (they stop the SparkSession and any child process registered with atexit).
+    """
+    if _exit_status is None or os.environ.get("SPARKMQ_TEST_NORMAL_EXIT"):
+        return
+    import atexit
+    import faulthandler
+    faulthandler.enable(all_threads=True)   # should an exit handler itself crash, say where
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_exit_status)
