@@ -172,7 +172,7 @@ class EmbeddedPlatform:
                 self.broker_service = BrokerService(config, self.lake_settings)
             if self.ha in ("async", "sync"):
                 slave = BrokerConfig.from_mapping(
-                    {**settings, "role": "SLAVE", "broker_id": 1, "port": 0, "remoting_port": 0, "grpc_port": -1,
+                    {**settings, "role": "SLAVE", "broker_id": 1, "port": 0, "grpc_port": -1,
                      "data_dir": str(config.data_dir / "slave")}, self._store_settings)
                 self.slave_service = BrokerService(slave)
         except BaseException:
@@ -201,7 +201,7 @@ class EmbeddedPlatform:
             own = {"dledger_enabled": True, "dledger_self_id": member, "dledger_peers": peers,
                    "data_dir": str(base.data_dir / member)}
             if member != "n0":  # n0 answers on the broker port the caller chose; the others anywhere
-                own.update(port=0, remoting_port=0, grpc_port=0)
+                own.update(port=0, grpc_port=0)
             configs[member] = BrokerConfig.from_mapping(
                 {"dledger_heartbeat_ms": EMBEDDED_DLEDGER_HEARTBEAT_MS, **settings, **own}, self._store_settings)
         return configs

@@ -44,6 +44,10 @@ class ErrorCode(Enum):
     FILTER_EXPRESSION_ILLEGAL = (23, 400, "a tag or SQL92 filter expression does not parse; the message says where")
     TRANSACTION_NOT_FOUND = (1, 404, "no pending half message has that transaction id (settled, discarded or unknown)")
     GROUP_NOT_EXIST = (26, 404, "the consumer group has no members and no committed offsets on this broker")
+    CONSUMER_NOT_ONLINE = (206, 404, "the client a request is relayed to (GET_CONSUMER_RUNNING_INFO) has no live "
+                                     "connection to this broker")
+    SUBSCRIPTION_NOT_EXIST = (24, 404, "a pull carried no filter and no member of its group subscribes to the topic "
+                                       "on this broker")
     REQUEST_CODE_NOT_SUPPORTED = (3, 400, "the remoting request code is unknown to this server")
     LAKE_NOT_AVAILABLE = (14, 503, "the answer needs the lake (the key index), and this broker runs none")
     STALE_EPOCH = (1, 409, "a DLedger leader of an older term tried to register as master over a newer one")

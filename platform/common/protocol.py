@@ -7,6 +7,7 @@ defines a request code, a status or a limit.  The frame layout is drawn in
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -467,6 +468,8 @@ class SendMessageResponseHeader(ExtHeader):
     #: RocketMQ's answers carry these two properties as fields too.
     MSG_REGION: str | None = "DefaultRegion"
     TRACE_ON: str | None = "true"
+    #: sparkmq's own (RocketMQ's clients ignore it): when the message was stored (epoch ms).
+    storeTimestamp: int | None = None
 
 
 class PullMessageRequestHeader(ExtHeader):
@@ -579,16 +582,20 @@ class ConsumerSendMsgBackRequestHeader(ExtHeader):
     originTopic: str | None = None
     unitMode: bool = False
     maxReconsumeTimes: int | None = None
+    #: sparkmq's own: why the consumer gave up (kept with a dead letter, shown by trace).
+    reason: str | None = None
 
 
 class EndTransactionRequestHeader(ExtHeader):
     """END_TRANSACTION (37, ONEWAY from Java): settle a half message (``commitOrRollback``:
-    TRANSACTION_*_TYPE) named by its ``commitLogOffset`` / ``transactionId``."""
+    TRANSACTION_*_TYPE) named by its ``transactionId`` (the half's UNIQ_KEY; else ``msgId``, else the half at
+    ``commitLogOffset``).  Java always sends both offsets; sparkmq's client leaves them out when it does not know
+    them (a transaction ended by hand)."""
 
     producerGroup: str
-    tranStateTableOffset: int
-    commitLogOffset: int
     commitOrRollback: int
+    tranStateTableOffset: int | None = None
+    commitLogOffset: int | None = None
     fromTransactionCheck: bool = False
     msgId: str | None = None
     transactionId: str | None = None
@@ -758,6 +765,61 @@ class UpdateConsumerOffsetsResponseHeader(ExtHeader):
     """SPARKMQ_UPDATE_CONSUMER_OFFSETS' answer: entries applied (a queue whose reset waits is skipped)."""
 
     committed: int
+
+
+class HeartbeatResponseHeader(ExtHeader):
+    """HEART_BEAT's answer fields, as RocketMQ 5's broker sends them.  sparkmq does not take V2 heartbeats
+    (fingerprints without subscriptions), so it says so and the Java client keeps sending whole ones."""
+
+    isSupportHeartBeatV2: bool = False
+    isSubChange: bool = True
+
+
+class HeartbeatResponseBody(msgspec.Struct):
+    """sparkmq's own HEART_BEAT answer body (RocketMQ's clients ignore it): each consumer group's membership
+    version, where a consumer's change watch starts."""
+
+    groupVersions: dict[str, int] = {}
+
+
+class SendBackResponseHeader(ExtHeader):
+    """sparkmq's own CONSUMER_SEND_MSG_BACK answer fields (RocketMQ's broker answers none): where the message
+    went -- ``status`` RETRY or DLQ."""
+
+    status: str
+    topic: str
+    delayLevel: int
+    reconsumeTimes: int
+    msgId: str
+    offsetMsgId: str
+
+
+class EndTransactionResponseHeader(ExtHeader):
+    """sparkmq's own END_TRANSACTION answer fields (a ONEWAY one gets none): the settled transaction and, when a
+    commit made the message visible, where it was stored."""
+
+    transactionId: str
+    action: str
+    msgId: str | None = None
+    offsetMsgId: str | None = None
+    topic: str | None = None
+    queueId: int | None = None
+    queueOffset: int | None = None
+    storeTimestamp: int | None = None
+
+
+class PostTraceResponseHeader(ExtHeader):
+    """SPARKMQ_POST_TRACE's answer: events taken (0 when tracing is off on the broker), or dropped (buffer full)."""
+
+    accepted: int
+    dropped: int = 0
+    enabled: bool = True
+
+
+class PostTraceBody(msgspec.Struct):
+    """SPARKMQ_POST_TRACE's body: a client's trace events (``send``, ``consume``), each as in ``GET /trace``."""
+
+    events: list[dict[str, str | int | float | bool | None]] = []
 
 
 class ErrorResponseHeader(ExtHeader):
@@ -955,6 +1017,75 @@ class UpdateConsumerOffsetsBody(msgspec.Struct):
     offsets: list[UpdateConsumerOffsetEntry] = []
 
 
+#: The most queues one member may report holding in one heartbeat (an operator's view, not a hard limit of
+#: consumption: a member past it is refused with INVALID_ARGUMENT rather than silently shown half its queues).
+MAX_HELD_QUEUES = 65_536
+
+
+def held_queue_key(topic: str, broker_name: str, queue_id: int) -> str:
+    """How a heartbeat names one queue a member holds: ``"topic@broker/queue_id"``.
+
+    Topic names cannot hold ``@`` (``[%|a-zA-Z0-9_-]``), so the first ``@`` ends the topic.
+
+    Example::
+
+        >>> held_queue_key("orders", "broker-a", 3)
+        'orders@broker-a/3'
+    """
+    return f"{topic}@{broker_name}/{queue_id}"
+
+
+def parse_held_queue(key: object) -> tuple[str, str, int]:
+    """``(topic, broker_name, queue_id)`` of a :func:`held_queue_key`; INVALID_ARGUMENT when malformed.
+
+    Example::
+
+        >>> parse_held_queue("%RETRY%cg@broker-a/0")
+        ('%RETRY%cg', 'broker-a', 0)
+    """
+    if isinstance(key, str) and len(key) <= 512:
+        topic, at, rest = key.partition("@")
+        broker, slash, queue = rest.rpartition("/")
+        if topic and at and broker and slash and queue.isdigit() and len(queue) <= 5:
+            return topic, broker, int(queue)
+    raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"a held queue is 'topic@broker/queue_id', got {key!r}")
+
+
+class GroupSubscriptionView(msgspec.Struct):
+    """One topic a consumer group subscribes to, with its filter (a group view's ``subscriptions``)."""
+
+    topic: str
+    expression: str = "*"
+    type: str = "TAG"
+
+
+class GroupMemberData(msgspec.Struct):
+    """One member of a consumer group as the broker knows it from its last heartbeat."""
+
+    client_id: str
+    #: PUSH / PULL (the client pulls and rebalances: it holds queues) or POP (the broker hands messages out:
+    #: a POP or gRPC member holds no queue).
+    consume_type: str | None = None
+    message_model: str | None = None
+    #: :func:`held_queue_key` of each queue of this broker the member holds, sorted.
+    held_queues: list[str] = []
+
+
+class GroupInfoBody(msgspec.Struct):
+    """sparkmq's own SPARKMQ_GROUP_INFO answer body: a consumer group's membership version, sorted member ids,
+    settings, subscriptions and each member's protocol and held queues -- what ``GET /consumers/{group}``
+    answers."""
+
+    group: str
+    version: int
+    members: list[str] = []
+    message_model: str | None = None
+    consume_type: str | None = None
+    consume_from_where: str | None = None
+    subscriptions: list[GroupSubscriptionView] = []
+    clients: list[GroupMemberData] = []
+
+
 def mq_keyed_json(entries: list[tuple[MessageQueueData, Any]], extra: dict[str, Any] | None = None,
                   field_name: str = "offsetTable") -> bytes:
     """RocketMQ's JSON of a map keyed by MessageQueue (TopicStatsTable, ConsumeStats, ResetOffsetBody).
@@ -968,6 +1099,81 @@ def mq_keyed_json(entries: list[tuple[MessageQueueData, Any]], extra: dict[str, 
         + b',"topic":' + enc(mq.topic) + b"}:" + enc(value) for mq, value in entries)
     tail = b"".join(b"," + enc(k) + b":" + enc(v) for k, v in (extra or {}).items())
     return b'{"' + field_name.encode() + b'":{' + items + b"}" + tail + b"}"
+
+
+_MQ_KEYED_ENTRY = re.compile(rb'\{"brokerName":("(?:[^"\\]|\\.)*"),"queueId":(\d+),"topic":("(?:[^"\\]|\\.)*")\}:(-?\d+)')
+
+
+def parse_mq_offsets(data: bytes | memoryview) -> dict[MessageQueueData, int]:
+    """The offsets of a :func:`mq_keyed_json` body whose values are integers (RESET_CONSUMER_CLIENT_OFFSET's
+    ResetOffsetBody); INVALID_ARGUMENT when it holds none and is not an empty table.
+
+    Example::
+
+        >>> parse_mq_offsets(mq_keyed_json([(MessageQueueData("t", "b", 1), 7)]))
+        {MessageQueueData(topic='t', brokerName='b', queueId=1): 7}
+    """
+    raw = bytes(data)
+    out = {MessageQueueData(msgspec.json.decode(topic), msgspec.json.decode(broker), int(queue)): int(offset)
+           for broker, queue, topic, offset in _MQ_KEYED_ENTRY.findall(raw)}
+    if not out and b"{}" not in raw:
+        raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"not a MessageQueue-keyed offset table: {raw[:80]!r}")
+    return out
+
+
+# -- outcomes carried by response codes ------------------------------------------------------------
+
+#: A pull's response code for each outcome (RocketMQ's PullMessageProcessor): found 0, none matched 20, nothing
+#: new 19, and every "start elsewhere" 21 (PULL_OFFSET_MOVED: the answer's nextBeginOffset is where).  The
+#: remark names the :class:`PullStatus` (RocketMQ's broker puts its GetMessageStatus there too).
+_PULL_CODES: dict[PullStatus, int] = {
+    PullStatus.FOUND: ResponseCode.SUCCESS, PullStatus.NO_NEW_MSG: ResponseCode.PULL_NOT_FOUND,
+    PullStatus.NO_MATCHED_MSG: ResponseCode.PULL_RETRY_IMMEDIATELY,
+    PullStatus.NO_MATCHED_QUEUE: ResponseCode.PULL_OFFSET_MOVED, PullStatus.OFFSET_TOO_SMALL: ResponseCode.PULL_OFFSET_MOVED,
+    PullStatus.OFFSET_OVERFLOW: ResponseCode.PULL_OFFSET_MOVED, PullStatus.OFFSET_RESET: ResponseCode.PULL_OFFSET_MOVED}
+#: The response codes a pull answers with (every other one is an error).
+PULL_OUTCOME_CODES: frozenset[int] = frozenset(_PULL_CODES.values())
+_PULL_STATUS_OF_CODE = {ResponseCode.SUCCESS: PullStatus.FOUND, ResponseCode.PULL_NOT_FOUND: PullStatus.NO_NEW_MSG,
+                        ResponseCode.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MSG}
+
+
+def pull_response_code(status: PullStatus, offset: int) -> int:
+    """The response code of a pull at ``offset`` that ended with ``status``; a queue never written answers 19
+    at offset 0 and 21 elsewhere, as RocketMQ's broker does.
+
+    Example::
+
+        >>> pull_response_code(PullStatus.NO_MATCHED_QUEUE, 0), pull_response_code(PullStatus.NO_MATCHED_QUEUE, 5)
+        (19, 21)
+    """
+    if status is PullStatus.NO_MATCHED_QUEUE and offset == 0:
+        return ResponseCode.PULL_NOT_FOUND
+    return _PULL_CODES[status]
+
+
+def pull_status_of(code: int, remark: str | None) -> PullStatus:
+    """A pull answer's :class:`PullStatus`: from its code, and for 21 from the remark (OFFSET_OVERFLOW when the
+    remark names none: another broker's answer)."""
+    status = _PULL_STATUS_OF_CODE.get(code)
+    if status is not None:
+        return status
+    if code != ResponseCode.PULL_OFFSET_MOVED:
+        raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"response code {code} is not a pull's outcome")
+    try:
+        return PullStatus(remark)
+    except ValueError:
+        return PullStatus.OFFSET_OVERFLOW
+
+
+#: A stored send's response code by its status name (RocketMQ's SendMessageProcessor): the message is stored in
+#: all four cases.
+SEND_STATUS_CODES: dict[str, int] = {"SEND_OK": ResponseCode.SUCCESS,
+                                     "FLUSH_DISK_TIMEOUT": ResponseCode.FLUSH_DISK_TIMEOUT,
+                                     "SLAVE_NOT_AVAILABLE": ResponseCode.SLAVE_NOT_AVAILABLE,
+                                     "FLUSH_SLAVE_TIMEOUT": ResponseCode.FLUSH_SLAVE_TIMEOUT}
+#: The response codes a send answers with, and the status each stands for.
+SEND_STATUS_OF_CODE: dict[int, str] = {code: name for name, code in SEND_STATUS_CODES.items()}
+SEND_OUTCOME_CODES: frozenset[int] = frozenset(SEND_STATUS_OF_CODE)
 
 
 __all__ += [
@@ -1100,40 +1306,6 @@ class SubscriptionData(Header):
     type: str = "TAG"
 
 
-#: The most queues one member may report holding in one heartbeat (an operator's view, not a hard limit of
-#: consumption: a member past it is refused with INVALID_ARGUMENT rather than silently shown half its queues).
-MAX_HELD_QUEUES = 65_536
-
-
-def held_queue_key(topic: str, broker_name: str, queue_id: int) -> str:
-    """How a heartbeat names one queue a member holds: ``"topic@broker/queue_id"``.
-
-    Topic names cannot hold ``@`` (``[%|a-zA-Z0-9_-]``), so the first ``@`` ends the topic.
-
-    Example::
-
-        >>> held_queue_key("orders", "broker-a", 3)
-        'orders@broker-a/3'
-    """
-    return f"{topic}@{broker_name}/{queue_id}"
-
-
-def parse_held_queue(key: object) -> tuple[str, str, int]:
-    """``(topic, broker_name, queue_id)`` of a :func:`held_queue_key`; INVALID_ARGUMENT when malformed.
-
-    Example::
-
-        >>> parse_held_queue("%RETRY%cg@broker-a/0")
-        ('%RETRY%cg', 'broker-a', 0)
-    """
-    if isinstance(key, str) and len(key) <= 512:
-        topic, at, rest = key.partition("@")
-        broker, slash, queue = rest.rpartition("/")
-        if topic and at and broker and slash and queue.isdigit() and len(queue) <= 5:
-            return topic, broker, int(queue)
-    raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"a held queue is 'topic@broker/queue_id', got {key!r}")
-
-
 class ConsumerGroupData(Header):
     """What one client says about one consumer group."""
 
@@ -1261,18 +1433,6 @@ class GroupInfoRequest(Header):
     """GROUP_INFO: a consumer group's members."""
 
     group: str
-
-
-class GroupMemberData(Header):
-    """One member of a consumer group as the broker knows it from its last heartbeat."""
-
-    client_id: str
-    #: PUSH / PULL (the client pulls and rebalances: it holds queues) or POP (the broker hands messages out:
-    #: a POP or gRPC member holds no queue).
-    consume_type: str | None = None
-    message_model: str | None = None
-    #: :func:`held_queue_key` of each queue of this broker the member holds, sorted.
-    held_queues: list[str] = []
 
 
 class GroupInfoResponse(Header):
