@@ -57,7 +57,8 @@ class _Pulls:
         return await self.broker.pull_processor.pull_packed(
             h.topic, h.queueId, h.queueOffset, max_count, expression if tag else None, wait_ms=wait_ms,
             group=group, commit_offset=h.commitOffset if flags & PULL_FLAG_COMMIT_OFFSET and group else None,
-            filter_type=filter_type, expression=None if tag else expression, client_id=client_id_of(conn))
+            filter_type=filter_type, expression=None if tag else expression,
+            client_id=h.clientId or client_id_of(conn))
 
     @staticmethod
     def _answer(h: p.PullMessageRequestHeader, result: PackedPull, body: bytes, count: int | None) -> Reply:

@@ -68,7 +68,8 @@ def family(remoting: BrokerRemoting) -> tuple[dict[int, Handler], dict[int, Need
         RequestCode.SPARKMQ_POST_TRACE: queries.post_trace,
     }
     needs: dict[int, NeedsOf | str] = {
-        RequestCode.QUERY_MESSAGE: lambda f: [(Action.GET, Resource.topic(f.header_as(p.QueryMessageRequestHeader).topic))],
+        RequestCode.QUERY_MESSAGE: lambda f: [
+            (Action.GET, Resource.topic(f.header_as(p.QueryMessageRequestHeader).topic))],
         RequestCode.VIEW_MESSAGE_BY_ID: _view_needs,
         RequestCode.SPARKMQ_POST_TRACE: SIGNED,
     }

@@ -23,7 +23,7 @@ from ...platform.common.sysflag import COMPRESSED
 from ...platform.common.system_topics import PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED
 from ...platform.remoting import Deferred, Frame, Reply, ServerConnection
 from ...platform.store.message_store import unpack_batch
-from ._common import Handler, NeedsOf, json_body, peer_host, properties_of, reply, sub_group, threaded
+from ._common import Handler, NeedsOf, peer_host, properties_of, reply, sub_group, threaded
 
 if TYPE_CHECKING:
     from . import BrokerRemoting

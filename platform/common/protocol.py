@@ -492,6 +492,8 @@ class PullMessageRequestHeader(ExtHeader):
     subVersion: int = 0
     expressionType: str | None = None
     maxMsgBytes: int | None = None
+    #: sparkmq's own: the pulling client (trace events name it); else the one the connection's heartbeat named.
+    clientId: str | None = None
 
 
 class PullMessageResponseHeader(ExtHeader):
@@ -888,7 +890,7 @@ class KVTable(msgspec.Struct):
     table: dict[str, str] = {}
 
 
-class SubscriptionDataBody(msgspec.Struct, omit_defaults=True):
+class SubscriptionDataBody(msgspec.Struct):
     """One subscription of a consumer group (RocketMQ's SubscriptionData)."""
 
     topic: str
@@ -1101,7 +1103,45 @@ def mq_keyed_json(entries: list[tuple[MessageQueueData, Any]], extra: dict[str, 
     return b'{"' + field_name.encode() + b'":{' + items + b"}" + tail + b"}"
 
 
-_MQ_KEYED_ENTRY = re.compile(rb'\{"brokerName":("(?:[^"\\]|\\.)*"),"queueId":(\d+),"topic":("(?:[^"\\]|\\.)*")\}:(-?\d+)')
+class ProcessQueueInfo(msgspec.Struct):
+    """One held queue of a consumer's GET_CONSUMER_RUNNING_INFO answer (RocketMQ's ProcessQueueInfo)."""
+
+    commitOffset: int
+    cachedMsgMinOffset: int = 0
+    cachedMsgMaxOffset: int = 0
+    cachedMsgCount: int = 0
+    cachedMsgSizeInMiB: int = 0
+    transactionMsgMinOffset: int = 0
+    transactionMsgMaxOffset: int = 0
+    transactionMsgCount: int = 0
+    locked: bool = False
+    tryUnlockTimes: int = 0
+    lastLockTimestamp: int = 0
+    droped: bool = False
+    lastPullTimestamp: int = 0
+    lastConsumeTimestamp: int = 0
+
+
+#: GET_CONSUMER_RUNNING_INFO's ``properties`` names (RocketMQ's ConsumerRunningInfo).
+PROP_NAMESERVER_ADDR = "PROP_NAMESERVER_ADDR"
+PROP_CONSUME_TYPE = "PROP_CONSUME_TYPE"
+PROP_CONSUME_ORDERLY = "PROP_CONSUMEORDERLY"
+PROP_CLIENT_VERSION = "PROP_CLIENT_VERSION"
+PROP_CONSUMER_START_TIMESTAMP = "PROP_CONSUMER_START_TIMESTAMP"
+PROP_THREADPOOL_CORE_SIZE = "PROP_THREADPOOL_CORE_SIZE"
+
+
+def consumer_running_info(properties: dict[str, str], subscriptions: list[SubscriptionDataBody],
+                          queues: list[tuple[MessageQueueData, ProcessQueueInfo]]) -> bytes:
+    """A consumer's GET_CONSUMER_RUNNING_INFO body (RocketMQ's ConsumerRunningInfo): its properties, subscriptions and
+    each held queue's state (a MessageQueue-keyed map, as :func:`mq_keyed_json` writes it)."""
+    return mq_keyed_json(queues, {"properties": properties, "subscriptionSet": subscriptions, "statusTable": {},
+                                  "userConsumerInfo": {}}, field_name="mqTable")
+
+
+_JSON_STRING = rb'("(?:[^"\\]|\\.)*")'
+_MQ_KEYED_ENTRY = re.compile(rb'\{"brokerName":' + _JSON_STRING + rb',"queueId":(\d+),"topic":' + _JSON_STRING
+                             + rb'\}:(-?\d+)')
 
 
 def parse_mq_offsets(data: bytes | memoryview) -> dict[MessageQueueData, int]:
@@ -1129,7 +1169,8 @@ def parse_mq_offsets(data: bytes | memoryview) -> dict[MessageQueueData, int]:
 _PULL_CODES: dict[PullStatus, int] = {
     PullStatus.FOUND: ResponseCode.SUCCESS, PullStatus.NO_NEW_MSG: ResponseCode.PULL_NOT_FOUND,
     PullStatus.NO_MATCHED_MSG: ResponseCode.PULL_RETRY_IMMEDIATELY,
-    PullStatus.NO_MATCHED_QUEUE: ResponseCode.PULL_OFFSET_MOVED, PullStatus.OFFSET_TOO_SMALL: ResponseCode.PULL_OFFSET_MOVED,
+    PullStatus.NO_MATCHED_QUEUE: ResponseCode.PULL_OFFSET_MOVED,
+    PullStatus.OFFSET_TOO_SMALL: ResponseCode.PULL_OFFSET_MOVED,
     PullStatus.OFFSET_OVERFLOW: ResponseCode.PULL_OFFSET_MOVED, PullStatus.OFFSET_RESET: ResponseCode.PULL_OFFSET_MOVED}
 #: The response codes a pull answers with (every other one is an error).
 PULL_OUTCOME_CODES: frozenset[int] = frozenset(_PULL_CODES.values())

@@ -7,13 +7,13 @@ from typing import Any
 
 from ...common.errors import ErrorCode, SparkMQError
 from ...common.message import SendResult, StoredMessage
+from ...common.protocol import MAX_LONG_POLL_MS
 from ...common.system_topics import (
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_TRANSACTION_CHECK_TIMES,
     TRANS_HALF_TOPIC,
 )
-from ...common.protocol import MAX_LONG_POLL_MS
 from ...common.validation import validate_group
 from ...store import AppendNote
 from ..transaction import COMMIT, ROLLBACK, CheckRequest, TransactionService
