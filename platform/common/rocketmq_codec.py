@@ -10,7 +10,8 @@
 The native core provides them (``sparkmq.storage_native``: the same names, in C); until a build has them, the
 pure-Python forms below stand in (slower, same bytes).  The formats (big-endian, ``facts/rocketmq-remoting.md`` §4)::
 
-    stored record: TOTALSIZE i32 | MAGIC i32 (0xDAA320A7: topic length i8; 0xDAA320AB: i16) | BODYCRC i32 |
+    stored record: TOTALSIZE i32 | MAGIC i32 (0xDAA320A7: topic length i8; 0xDAA320AB: i16) | BODYCRC i32 (CRC-32
+        of the body & 0x7FFFFFFF; sparkmq's own record CRC covers the whole record, so it is computed afresh) |
         QUEUEID i32 | FLAG i32 | QUEUEOFFSET i64 | PHYSICALOFFSET i64 | SYSFLAG i32 | BORNTIMESTAMP i64 |
         BORNHOST ip(4, or 16 with sysFlag 0x10) + port i32 | STORETIMESTAMP i64 | STOREHOST ip (16 with 0x20) + port |
         RECONSUMETIMES i32 | PREPARED_TX_OFFSET i64 | i32 + body | topic length + topic | i16 + properties
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import ipaddress
 import struct
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -61,7 +63,7 @@ def _py_encode_records(records: bytes | memoryview) -> bytes:
     pos = 0
     end = len(data)
     while pos < end:
-        (total, _magic, crc, queue_id, flag, queue_offset, clog, sys_flag, born_ts, born_host, store_ts, store_host,
+        (total, _magic, _crc, queue_id, flag, queue_offset, clog, sys_flag, born_ts, born_host, store_ts, store_host,
          reconsume, prepared, _tag_hash, body_len) = _OURS.unpack_from(data, pos)
         if total < _OURS.size or pos + total > end:
             raise SparkMQError(ErrorCode.STORE_CORRUPT, f"record at {pos} runs past the data ({total} bytes)")
@@ -82,7 +84,9 @@ def _py_encode_records(records: bytes | memoryview) -> bytes:
                 + struct.pack(">iiqi", store_port, reconsume, prepared, len(body)) + body + topic_field
                 + struct.pack(">h", len(props)) + props)
         size = _HEAD.size + len(tail)
-        out.append(_HEAD.pack(size, magic, crc & 0x7FFFFFFF, queue_id, flag, queue_offset, clog, sys_flag, born_ts))
+        # sparkmq's CRC covers the whole record after it; RocketMQ's BODYCRC the body alone.
+        body_crc = zlib.crc32(body) & 0x7FFFFFFF
+        out.append(_HEAD.pack(size, magic, body_crc, queue_id, flag, queue_offset, clog, sys_flag, born_ts))
         out.append(tail)
         pos += total
     return b"".join(out)
