@@ -12,9 +12,9 @@ from typing import Any
 
 import httpx
 import pytest
+from rocketmq_wire import JavaLikeClient, batch_body, decode_records, heartbeat, props, v2
 
 from procs import ProcessHarness
-from rocketmq_wire import PULL_OUTCOMES, JavaLikeClient, batch_body, decode_records, heartbeat, props, v2
 from sparkmq.platform.common.ids import decode_offset_msg_id
 from sparkmq.platform.common.protocol import RequestCode as C
 
