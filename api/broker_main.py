@@ -131,6 +131,7 @@ class BrokerService:
             # RocketMQ's remoting on the main port (sniffed beside HTTP), and on a dedicated one when configured.
             self.remoting = BrokerRemoting(self.broker, tls=self.config.tls, limits=self.config.limits)
             self.remoting.start_shared()
+            self.broker.add_component("remoting", self.remoting.stats)  # /health: connections, requests, errors
             self.broker.remoting_addr = self.config.addr
             remoting_port = self.config.remoting_bind_port
             if remoting_port is not None:
