@@ -35,43 +35,33 @@ __all__ = [
     "MAX_LONG_POLL_MS",
     "MAX_BULK_PULL_BATCH",
     "MAX_MSG_ID_LENGTH",
-    "Header",
-    "SendRequest",
-    "SendResponse",
-    "SendBatchRequest",
-    "SendBatchResponse",
-    "PullRequest",
-    "PullResponse",
-    "SubscriptionData",
-    "ConsumerGroupData",
     "MAX_HELD_QUEUES",
     "held_queue_key",
     "parse_held_queue",
+    "GroupSubscriptionView",
     "GroupMemberData",
-    "HeartbeatRequest",
-    "HeartbeatResponse",
-    "UnregisterRequest",
-    "GroupChangedNotice",
-    "OffsetResetNotice",
-    "QueueOffsetsRequest",
-    "QueueOffsetsResponse",
-    "QueueRefData",
-    "LockRequest",
-    "LockResponse",
-    "CommitOffsetEntry",
-    "CommitOffsetsRequest",
-    "CommitOffsetsResponse",
-    "QueryOffsetRequest",
-    "QueryOffsetResponse",
-    "GroupInfoRequest",
-    "GroupInfoResponse",
-    "SendBackRequest",
-    "SendBackResponse",
-    "EndTransactionRequest",
-    "EndTransactionResponse",
-    "TransactionCheckNotice",
-    "PostTraceRequest",
-    "PostTraceResponse",
+    "GroupInfoBody",
+    "HeartbeatResponseHeader",
+    "HeartbeatResponseBody",
+    "SendBackResponseHeader",
+    "EndTransactionResponseHeader",
+    "PostTraceResponseHeader",
+    "PostTraceBody",
+    "ProcessQueueInfo",
+    "consumer_running_info",
+    "parse_mq_offsets",
+    "pull_response_code",
+    "pull_status_of",
+    "PULL_OUTCOME_CODES",
+    "SEND_STATUS_CODES",
+    "SEND_STATUS_OF_CODE",
+    "SEND_OUTCOME_CODES",
+    "PROP_NAMESERVER_ADDR",
+    "PROP_CONSUME_TYPE",
+    "PROP_CONSUME_ORDERLY",
+    "PROP_CLIENT_VERSION",
+    "PROP_CONSUMER_START_TIMESTAMP",
+    "PROP_THREADPOOL_CORE_SIZE",
 ]
 
 # -- frames ---------------------------------------------------------------------------------------
@@ -1236,323 +1226,6 @@ __all__ += [
     "ConsumerDataBody", "ProducerDataBody", "HeartbeatData", "ConsumerIdList", "LockBatchRequestBody",
     "LockBatchResponseBody", "ConnectionData", "ConsumerConnection", "TopicConfigData", "DataVersion",
     "TopicConfigSerializeWrapper", "UpdateConsumerOffsetEntry", "UpdateConsumerOffsetsBody", "mq_keyed_json"]
-
-
-# -- legacy sparkmq headers (msgpack) ------------------------------------------------------------
-# The private protocol's headers, still used by adapters not yet moved onto RocketMQ's protocol; they go
-# when the last user moves.
-
-# Each request and response header is one of these, msgpack-encoded (docs/remoting.md).  Unknown
-# fields are refused (a typo is not an extension) and defaults are left out on the wire.
-
-class Header(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """The base of every remoting header."""
-
-
-class SendRequest(Header):
-    """SEND_MESSAGE / SEND_HALF: one message, its body in the frame body."""
-
-    topic: str
-    queue_id: int | None = None
-    sharding_key: str | None = None
-    producer_group: str | None = None
-    tags: str | None = None
-    keys: list[str] = []
-    properties: dict[str, str] = {}
-    msg_id: str | None = None
-    flag: int = 0
-    compressed: bool = False
-    born_timestamp: int | None = None
-    delay_level: int | None = None
-    deliver_at_ms: int | None = None
-    delay_ms: int | None = None
-
-
-class SendResponse(Header):
-    """Where one message was stored (``transaction_id`` for a half message)."""
-
-    status: str
-    msg_id: str
-    offset_msg_id: str
-    topic: str
-    broker_name: str
-    queue_id: int
-    queue_offset: int
-    store_timestamp: int = 0
-    transaction_id: str | None = None
-
-
-class SendBatchRequest(Header):
-    """SEND_BATCH: ``count`` messages for one queue, packed in the frame body (docs/remoting.md)."""
-
-    topic: str
-    count: int
-    queue_id: int | None = None
-    sharding_key: str | None = None
-    producer_group: str | None = None
-    compressed: bool = False
-    delay_level: int | None = None
-    deliver_at_ms: int | None = None
-    delay_ms: int | None = None
-
-
-class SendBatchResponse(Header):
-    """Where a batch was stored: consecutive queue offsets from ``first_queue_offset``; the frame
-    body holds each message's commit-log offset (int64 little-endian, ``count`` of them)."""
-
-    status: str
-    topic: str
-    broker_name: str
-    queue_id: int
-    first_queue_offset: int
-    count: int
-    store_timestamp: int
-    #: The store host ("ip:port") that, with a commit-log offset, makes an offsetMsgId.
-    store_host: str
-    #: Each message's queue offset when they are not consecutive (a delayed batch parks each message).
-    queue_offsets: list[int] | None = None
-
-
-class PullRequest(Header):
-    """PULL_MESSAGE: read from a queue, holding up to ``wait_ms`` when nothing is new."""
-
-    topic: str
-    queue_id: int
-    offset: int
-    max_count: int = 32
-    group: str | None = None
-    client_id: str | None = None
-    tags: str | None = None
-    filter_type: str = "TAG"
-    expression: str | None = None
-    wait_ms: int = 0
-    commit_offset: int | None = None
-
-
-class PullResponse(Header):
-    """A pull's answer; the frame body holds ``count`` stored records back to back."""
-
-    status: str
-    next_offset: int
-    min_offset: int
-    max_offset: int
-    count: int = 0
-
-
-class SubscriptionData(Header):
-    """One topic a consumer subscribes to, with its filter."""
-
-    topic: str
-    expression: str = "*"
-    type: str = "TAG"
-
-
-class ConsumerGroupData(Header):
-    """What one client says about one consumer group."""
-
-    group: str
-    consume_type: str = "PUSH"
-    message_model: str = "CLUSTERING"
-    consume_from_where: str = "CONSUME_FROM_LAST_OFFSET"
-    subscriptions: list[SubscriptionData] = []
-    #: The queues this member holds after its last rebalance (:func:`held_queue_key`), so operators see who
-    #: reads what: queues are allocated on the clients, the broker only learns it from here.
-    held_queues: list[str] = []
-
-
-class HeartbeatRequest(Header):
-    """HEARTBEAT: a client's groups; binds the client id to this connection for pushed notices."""
-
-    client_id: str
-    producer_groups: list[str] = []
-    consumers: list[ConsumerGroupData] = []
-
-
-class HeartbeatResponse(Header):
-    """Each consumer group's membership version."""
-
-    versions: dict[str, int] = {}
-
-
-class UnregisterRequest(Header):
-    """UNREGISTER_CLIENT: a client leaves groups (it is shutting down)."""
-
-    client_id: str
-    producer_groups: list[str] = []
-    consumer_groups: list[str] = []
-
-
-class GroupChangedNotice(Header):
-    """NOTIFY_CONSUMER_IDS_CHANGED: a group's members changed; rebalance."""
-
-    group: str
-    version: int
-
-
-class OffsetResetNotice(Header):
-    """NOTIFY_OFFSET_RESET: an admin moved a group's offsets of a topic on ``broker_name`` ({queue id: offset})."""
-
-    group: str
-    topic: str
-    broker_name: str
-    offsets: dict[int, int]
-
-
-class QueueOffsetsRequest(Header):
-    """QUEUE_OFFSETS: a queue's bounds, and the first offset stored at or after ``timestamp``."""
-
-    topic: str
-    queue_id: int
-    timestamp: int | None = None
-
-
-class QueueOffsetsResponse(Header):
-    """A queue's min and max offsets (``offset``: the answer for a timestamp)."""
-
-    min_offset: int
-    max_offset: int
-    offset: int | None = None
-
-
-class QueueRefData(Header):
-    """One queue of a topic on this broker."""
-
-    topic: str
-    queue_id: int
-
-
-class LockRequest(Header):
-    """LOCK_QUEUES / UNLOCK_QUEUES: orderly consumption's broker-side queue locks."""
-
-    group: str
-    client_id: str
-    queues: list[QueueRefData] = []
-
-
-class LockResponse(Header):
-    """The queues the client holds now (LOCK) or released (UNLOCK)."""
-
-    queues: list[QueueRefData] = []
-
-
-class CommitOffsetEntry(Header):
-    """One committed offset."""
-
-    topic: str
-    queue_id: int
-    offset: int
-
-
-class CommitOffsetsRequest(Header):
-    """COMMIT_OFFSETS: a group's progress, all or nothing."""
-
-    group: str
-    offsets: list[CommitOffsetEntry] = []
-
-
-class CommitOffsetsResponse(Header):
-    """How many entries were applied (a queue whose offset reset waits for the consumer is skipped)."""
-
-    committed: int
-
-
-class QueryOffsetRequest(Header):
-    """QUERY_OFFSET: a group's committed offset of one queue."""
-
-    group: str
-    topic: str
-    queue_id: int
-
-
-class QueryOffsetResponse(Header):
-    """The committed offset, -1 when none."""
-
-    offset: int
-
-
-class GroupInfoRequest(Header):
-    """GROUP_INFO: a consumer group's members."""
-
-    group: str
-
-
-class GroupInfoResponse(Header):
-    """A group's membership version, sorted member ids and model (the rest as ``GET /consumers/{group}``)."""
-
-    group: str
-    version: int
-    members: list[str] = []
-    message_model: str | None = None
-    consume_type: str | None = None
-    consume_from_where: str | None = None
-    subscriptions: list[SubscriptionData] = []
-    #: Each member with its protocol and the queues it holds here, by client id.
-    clients: list[GroupMemberData] = []
-
-
-class SendBackRequest(Header):
-    """SEND_BACK: a message the group failed to consume goes to its retry topic, or the DLQ."""
-
-    group: str
-    offset_msg_id: str
-    delay_level: int = 0
-    reason: str = ""
-    max_reconsume_times: int = 16
-
-
-class SendBackResponse(Header):
-    """Where the message went."""
-
-    status: str
-    topic: str
-    delay_level: int
-    reconsume_times: int
-    msg_id: str
-    offset_msg_id: str
-
-
-class EndTransactionRequest(Header):
-    """END_TRANSACTION: COMMIT, ROLLBACK or UNKNOWN a half message."""
-
-    transaction_id: str
-    producer_group: str
-    action: str
-    from_check: bool = False
-
-
-class EndTransactionResponse(Header):
-    """The settled transaction; ``send_result`` when a commit made the message visible."""
-
-    transaction_id: str
-    action: str
-    send_result: SendResponse | None = None
-
-
-class TransactionCheckNotice(Header):
-    """CHECK_TRANSACTION_STATE: the broker asks a live producer of the group how a transaction ended."""
-
-    producer_group: str
-    transaction_id: str
-    topic: str
-    msg_id: str
-    offset_msg_id: str
-    check_times: int
-    body: bytes = b""
-    properties: dict[str, str] = {}
-
-
-class PostTraceRequest(Header):
-    """POST_TRACE: a client's trace events (``send``, ``consume``), each a map as in ``GET /trace``."""
-
-    events: list[dict[str, str | int | float | bool | None]] = []
-
-
-class PostTraceResponse(Header):
-    """How many events were taken (0 when tracing is off on the broker)."""
-
-    accepted: int
-    dropped: int = 0
-    enabled: bool = True
 
 
 # ================================================================================================
