@@ -15,7 +15,7 @@ from ...platform.auth import Action, Need, Resource
 from ...platform.broker.client_manager import ConsumerData, Subscription
 from ...platform.common import protocol as p
 from ...platform.common.errors import ErrorCode
-from ...platform.common.protocol import ConsumeType, RequestCode, ResponseCode
+from ...platform.common.protocol import RequestCode, ResponseCode
 from ...platform.remoting import Frame, Reply, ServerConnection, error_reply
 from ._common import Handler, NeedsOf, encode_json, json_body, reply, sub_group, sub_topic
 
@@ -24,9 +24,6 @@ if TYPE_CHECKING:
 
 __all__ = ["family", "consumer_data"]
 
-#: RocketMQ's ConsumeType names -> sparkmq's.
-_CONSUME_TYPES = {"CONSUME_PASSIVELY": ConsumeType.PUSH, "CONSUME_ACTIVELY": ConsumeType.PULL,
-                  "CONSUME_POP": ConsumeType.POP}
 #: RocketMQ's deprecated ConsumeFromWhere names, which its clients treat as CONSUME_FROM_LAST_OFFSET.
 _LAST_OFFSET_ALIASES = ("CONSUME_FROM_LAST_OFFSET_AND_FROM_MIN_WHEN_BOOT_FIRST", "CONSUME_FROM_MIN_OFFSET",
                         "CONSUME_FROM_MAX_OFFSET")
@@ -37,7 +34,7 @@ _RELAY_TIMEOUT_S = 5.0
 def consumer_data(data: p.ConsumerDataBody) -> ConsumerData:
     """One consumer group of a HeartbeatData body as the broker's :class:`ConsumerData` (INVALID_ARGUMENT for a
     consume type, model or start it does not know)."""
-    consume_type = _CONSUME_TYPES.get(data.consumeType, data.consumeType)
+    consume_type = p.CONSUME_TYPES_BY_NAME.get(data.consumeType, data.consumeType)
     where = "CONSUME_FROM_LAST_OFFSET" if data.consumeFromWhere in _LAST_OFFSET_ALIASES else data.consumeFromWhere
     subs = tuple(Subscription(s.topic, s.subString, s.expressionType or "TAG") for s in data.subscriptionDataSet)
     return ConsumerData(data.groupName, consume_type, data.messageModel, where, subs,  # type: ignore[arg-type]

@@ -10,15 +10,10 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 from ...platform.auth import Action, Resource
-from ...platform.broker.transaction import COMMIT, ROLLBACK, UNKNOWN, CheckRequest
+from ...platform.broker.transaction import CheckRequest
 from ...platform.common import protocol as p
 from ...platform.common.errors import ErrorCode, SparkMQError
-from ...platform.common.protocol import (
-    TRANSACTION_COMMIT_TYPE,
-    TRANSACTION_NOT_TYPE,
-    TRANSACTION_ROLLBACK_TYPE,
-    RequestCode,
-)
+from ...platform.common.protocol import TRANSACTION_ACTIONS, RequestCode
 from ...platform.common.rocketmq_codec import encode_rocketmq_records
 from ...platform.remoting import Frame, Reply, ServerConnection
 from ...platform.store.message_store import records_of
@@ -30,9 +25,6 @@ if TYPE_CHECKING:
 
 __all__ = ["family", "check_push"]
 
-#: END_TRANSACTION's ``commitOrRollback`` -> the transaction service's action.
-_ACTIONS = {TRANSACTION_COMMIT_TYPE: COMMIT, TRANSACTION_ROLLBACK_TYPE: ROLLBACK, TRANSACTION_NOT_TYPE: UNKNOWN}
-
 
 class _Transactions:
     def __init__(self, remoting: BrokerRemoting) -> None:
@@ -41,7 +33,7 @@ class _Transactions:
     def end_transaction(self, conn: ServerConnection, frame: Frame) -> Awaitable[Reply]:
         """END_TRANSACTION: commit (the message becomes visible), roll back, or leave open (UNKNOWN)."""
         h = frame.header_as(p.EndTransactionRequestHeader)
-        action = _ACTIONS.get(h.commitOrRollback)
+        action = TRANSACTION_ACTIONS.get(h.commitOrRollback)
         if action is None:
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"commitOrRollback must be 0, 8 or 12, got "
                                                            f"{h.commitOrRollback}")

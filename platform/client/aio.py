@@ -780,7 +780,7 @@ class AsyncConsumer(_AsyncClient):
     def running_info(self) -> bytes:
         """This consumer's GET_CONSUMER_RUNNING_INFO answer (RocketMQ's ConsumerRunningInfo JSON)."""
         props = {p.PROP_NAMESERVER_ADDR: ";".join(self.config.namesrv_addrs),
-                 p.PROP_CONSUME_TYPE: "CONSUME_PASSIVELY", p.PROP_CONSUME_ORDERLY: "false",
+                 p.PROP_CONSUME_TYPE: p.CONSUME_TYPE_NAMES[str(self.consume_type)], p.PROP_CONSUME_ORDERLY: "false",
                  p.PROP_CLIENT_VERSION: str(p.CLIENT_VERSION), "messageModel": str(p.MessageModel.CLUSTERING),
                  "consumeFromWhere": str(self.consume_from_where), "consumerGroup": self.group}
         subs = [p.SubscriptionDataBody(s.topic, s.expression, expressionType=s.filter_type or "TAG")

@@ -80,10 +80,6 @@ _decode_locked = msgspec.json.Decoder(p.LockBatchResponseBody).decode
 _PULL_OK = PULL_OUTCOME_CODES
 _SEND_OK = SEND_OUTCOME_CODES
 _QUERY_OK = frozenset({ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND})
-#: sparkmq's consume types -> RocketMQ's HeartbeatData names.
-_CONSUME_TYPE_NAMES = {"PUSH": "CONSUME_PASSIVELY", "PULL": "CONSUME_ACTIVELY", "POP": "CONSUME_POP"}
-_TRANSACTION_TYPES = {"COMMIT": p.TRANSACTION_COMMIT_TYPE, "ROLLBACK": p.TRANSACTION_ROLLBACK_TYPE,
-                      "UNKNOWN": p.TRANSACTION_NOT_TYPE}
 
 #: ``sign(code, ext, body) -> ext``: a request's extFields, signed for a broker with ACL on.
 ExtSigner = Callable[[int, Ext, bytes | memoryview], Ext]
@@ -196,7 +192,7 @@ def consumer_data_body(data: Mapping[str, Any]) -> p.ConsumerDataBody:
                                    expressionType=str(s.get("type") or "TAG"))
             for s in data.get("subscriptions") or ()]
     consume_type = str(data.get("consume_type") or "PUSH")
-    return p.ConsumerDataBody(str(data["group"]), _CONSUME_TYPE_NAMES.get(consume_type, consume_type),
+    return p.ConsumerDataBody(str(data["group"]), p.CONSUME_TYPE_NAMES.get(consume_type, consume_type),
                               str(data.get("message_model") or "CLUSTERING"),
                               str(data.get("consume_from_where") or "CONSUME_FROM_LAST_OFFSET"), subs,
                               heldQueues=list(data.get("held_queues") or ()))
@@ -516,7 +512,7 @@ class RemotingBrokerClient:
                         offset_msg_id: str | None = None, queue_offset: int | None = None) -> dict[str, Any]:
         """END_TRANSACTION: COMMIT, ROLLBACK or UNKNOWN an open transaction (answered, unlike RocketMQ's ONEWAY, so
         a failure is seen); ``send_result`` names where a commit stored the message."""
-        kind = _TRANSACTION_TYPES.get(str(action).upper())
+        kind = p.TRANSACTION_TYPES.get(str(action).upper())
         if kind is None:
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT,
                                f"action must be COMMIT, ROLLBACK or UNKNOWN, got {action!r}")

@@ -521,7 +521,7 @@ class ConsumerBase(ABC):
         now_ms = int(time.time() * 1000)
         mono = time.monotonic()
         props = {p.PROP_NAMESERVER_ADDR: ";".join(self.config.namesrv_addrs),
-                 p.PROP_CONSUME_TYPE: "CONSUME_PASSIVELY" if self.consume_type == "PUSH" else "CONSUME_ACTIVELY",
+                 p.PROP_CONSUME_TYPE: p.CONSUME_TYPE_NAMES[str(self.consume_type)],
                  p.PROP_CONSUME_ORDERLY: str(getattr(self, "_orderly_listener", None) is not None).lower(),
                  p.PROP_CLIENT_VERSION: str(p.CLIENT_VERSION), "messageModel": self.message_model.value,
                  "consumeFromWhere": self.consume_from_where.value, "consumerGroup": self.group}

@@ -62,6 +62,10 @@ __all__ = [
     "PROP_CLIENT_VERSION",
     "PROP_CONSUMER_START_TIMESTAMP",
     "PROP_THREADPOOL_CORE_SIZE",
+    "TRANSACTION_ACTIONS",
+    "TRANSACTION_TYPES",
+    "CONSUME_TYPE_NAMES",
+    "CONSUME_TYPES_BY_NAME",
 ]
 
 # -- frames ---------------------------------------------------------------------------------------
@@ -280,6 +284,10 @@ PULL_FLAG_LITE_PULL = 0x10
 TRANSACTION_NOT_TYPE = 0
 TRANSACTION_COMMIT_TYPE = 0x8
 TRANSACTION_ROLLBACK_TYPE = 0xC
+#: Each ``commitOrRollback`` and the transaction action it stands for (COMMIT, ROLLBACK, UNKNOWN: checks go on).
+TRANSACTION_ACTIONS: dict[int, str] = {TRANSACTION_COMMIT_TYPE: "COMMIT", TRANSACTION_ROLLBACK_TYPE: "ROLLBACK",
+                                       TRANSACTION_NOT_TYPE: "UNKNOWN"}
+TRANSACTION_TYPES: dict[str, int] = {action: kind for kind, action in TRANSACTION_ACTIONS.items()}
 
 
 class PullStatus(enum.StrEnum):
@@ -358,6 +366,11 @@ class ConsumeFromWhere(enum.StrEnum):
     CONSUME_FROM_LAST_OFFSET = "CONSUME_FROM_LAST_OFFSET"
     CONSUME_FROM_FIRST_OFFSET = "CONSUME_FROM_FIRST_OFFSET"
     CONSUME_FROM_TIMESTAMP = "CONSUME_FROM_TIMESTAMP"
+
+
+#: HeartbeatData's consume type names (RocketMQ's ConsumeType) of sparkmq's consume types, and back.
+CONSUME_TYPE_NAMES: dict[str, str] = {"PUSH": "CONSUME_PASSIVELY", "PULL": "CONSUME_ACTIVELY", "POP": "CONSUME_POP"}
+CONSUME_TYPES_BY_NAME: dict[str, str] = {name: kind for kind, name in CONSUME_TYPE_NAMES.items()}
 
 
 class ExpressionType(enum.StrEnum):
