@@ -34,7 +34,7 @@ __all__ = ["family"]
 
 #: RocketMQ's master broker id: sparkmq's brokers always suggest pulling from the master next (RocketMQ's default
 #: ``slaveReadEnable=false``); a client that pulls from a slave while its master is down comes back to the master.
-_MASTER_ID = 0
+_MASTER_ID = "0"
 
 
 class _Pulls:
@@ -62,9 +62,12 @@ class _Pulls:
 
     @staticmethod
     def _answer(h: p.PullMessageRequestHeader, result: PackedPull, body: bytes, count: int | None) -> Reply:
-        return reply(p.PullMessageResponseHeader(_MASTER_ID, result.next_offset, result.min_offset, result.max_offset,
-                                                 count), body,
-                     code=pull_response_code(result.status, h.queueOffset), remark=str(result.status))
+        # ``ext_fields(PullMessageResponseHeader(...))``, built directly: every pull's answer.
+        ext = {"suggestWhichBrokerId": _MASTER_ID, "nextBeginOffset": str(result.next_offset),
+               "minOffset": str(result.min_offset), "maxOffset": str(result.max_offset)}
+        if count is not None:
+            ext["msgCount"] = str(count)
+        return reply(ext, body, code=pull_response_code(result.status, h.queueOffset), remark=str(result.status))
 
     async def pull_message(self, conn: ServerConnection, frame: Frame) -> Reply:
         """PULL_MESSAGE / LITE_PULL_MESSAGE: the records in RocketMQ's stored-message encoding."""

@@ -46,8 +46,10 @@ def _compressed(sys_flag: int) -> bool:
 
 
 def _send_reply(result: SendResult, status: SendStatus | None = None) -> Reply:
-    return reply(p.SendMessageResponseHeader(result.offset_msg_id, result.queue_id, result.queue_offset,
-                                             transactionId=result.msg_id, storeTimestamp=result.store_timestamp),
+    # ``ext_fields(SendMessageResponseHeader(...))``, built directly: a single send's hot path.
+    return reply({"msgId": result.offset_msg_id, "queueId": str(result.queue_id),
+                  "queueOffset": str(result.queue_offset), "transactionId": result.msg_id,
+                  "MSG_REGION": "DefaultRegion", "TRACE_ON": "true", "storeTimestamp": str(result.store_timestamp)},
                  code=SEND_STATUS_CODES[status or result.status])
 
 

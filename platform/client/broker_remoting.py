@@ -110,6 +110,9 @@ def properties_text(properties: Mapping[str, str], *, tags: str | None = None, k
         >>> properties_text({"color": "blue"}, tags="A", keys=("k1", "k2"), msg_id="ID1")
         'color\\x01blue\\x02TAGS\\x01A\\x02KEYS\\x01k1 k2\\x02UNIQ_KEY\\x01ID1\\x02'
     """
+    if not properties and tags is None and not keys and not extra and msg_id is not None \
+            and msg_id.isalnum() and msg_id.isascii():
+        return f"{PROPERTY_UNIQUE_ID}\x01{msg_id}\x02"  # a plain message with its generated id: the hot path
     merged = dict(properties)
     if tags is not None:
         merged[PROPERTY_TAGS] = tags
