@@ -421,6 +421,7 @@ REMOTING_NEEDS: dict[int, RemotingNeedsOf] = {
     RequestCode.DELETE_TOPIC_IN_BROKER: _on_topic(Action.DELETE),
     RequestCode.GET_ALL_TOPIC_CONFIG: _on_cluster(Action.LIST),
     RequestCode.GET_TOPIC_STATS_INFO: _on_topic(Action.GET),
+    RequestCode.GET_TOPIC_CONFIG: _on_topic(Action.GET),
     RequestCode.QUERY_TOPIC_CONSUME_BY_WHO: _on_topic(Action.GET),
     RequestCode.GET_BROKER_RUNTIME_INFO: _on_cluster(Action.GET),
     RequestCode.GET_CONSUME_STATS: lambda frame: (remoting_group(_field(frame, "consumerGroup"), Action.GET)
@@ -432,6 +433,7 @@ REMOTING_NEEDS: dict[int, RemotingNeedsOf] = {
                                                               + remoting_topic(_field(frame, "topic"), Action.UPDATE)),
     RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: _subscription_group,
     RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: _on_cluster(Action.LIST),
+    RequestCode.GET_SUBSCRIPTIONGROUP_CONFIG: _on_group(Action.GET, name="group"),
     RequestCode.DELETE_SUBSCRIPTIONGROUP: _on_group(Action.DELETE, name="groupName"),
 }
 
