@@ -212,6 +212,7 @@ def test_consumer_progress_and_connections(served) -> None:
     assert conn["clientAddr"].startswith("127.0.0.1:")
     sub = conns["subscriptionTable"]["orders"]
     assert sub["tagsSet"] == ["TagA", "TagB"] and sub["subString"] == "TagA || TagB"
+    assert sub["expressionType"] == "TAG" and sub["subVersion"] == 0 and sub["classFilterMode"] is False
     assert sub["codeSet"] == [_java_hash("TagA"), _java_hash("TagB")]
     assert (conns["consumeType"], conns["messageModel"], conns["consumeFromWhere"]) == (
         "CONSUME_PASSIVELY", "CLUSTERING", "CONSUME_FROM_LAST_OFFSET")

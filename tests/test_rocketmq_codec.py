@@ -435,3 +435,26 @@ def test_large_inputs_take_the_gil_free_path_and_agree():
     assert [(m["flag"], m["body"]) for m in java_decode(encoded)] == [(f, b) for f, b, _p in msgs]
     assert {decode_properties(m["properties"])["UNIQ_KEY"] for m in java_decode(encoded)} == {
         f"ID-{i}" for i in range(300)}
+
+
+def test_unique_ids_are_rocketmqs() -> None:
+    """UNIQ_KEY as MessageClientIDSetter makes it: hex of ip (4) + pid (2) + a per-process int (4) + ms since the
+    start of the month (4) + counter (2); read back as its getNearlyTimeFromID and getPidFromID do."""
+    import datetime as dt
+    import os
+    import socket
+
+    from sparkmq.platform.common.ids import UniqueIdGenerator
+
+    now = 1_700_000_123_456  # 2023-11-14T22:15:23.456Z
+    gen = UniqueIdGenerator()
+    first, second = gen.next_id(now), gen.next_id(now)
+    assert len(first) == 32 and first == first.upper() and int(first, 16) >= 0
+    raw = bytes.fromhex(first)
+    assert int.from_bytes(raw[4:6], "big") == os.getpid() & 0xFFFF  # getPidFromID
+    ip = raw[:4]
+    assert ip in (socket.inet_aton("127.0.0.1"), socket.inet_aton(socket.gethostbyname(socket.gethostname())))
+    month_start = dt.datetime(2023, 11, 1, tzinfo=dt.UTC).timestamp() * 1000
+    assert month_start + int.from_bytes(raw[10:14], "big") == now  # getNearlyTimeFromID (at UTC)
+    assert int.from_bytes(bytes.fromhex(second)[14:16], "big") == int.from_bytes(raw[14:16], "big") + 1
+    assert first[:20] == second[:20]

@@ -830,8 +830,9 @@ class KVTable(msgspec.Struct):
     table: dict[str, str] = {}
 
 
-class SubscriptionDataBody(msgspec.Struct, omit_defaults=True):
-    """One subscription of a consumer group (RocketMQ's SubscriptionData)."""
+class SubscriptionDataBody(msgspec.Struct):
+    """One subscription of a consumer group (RocketMQ's SubscriptionData).  Every field is written: RocketMQ's
+    defaults differ (``subString`` is null there), and ``mqadmin consumerConnection`` prints what it gets."""
 
     topic: str
     subString: str = "*"
