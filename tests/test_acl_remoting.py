@@ -14,13 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from rmq_wire import RawClient, java_sign
+
 from sparkmq.api.acl import REMOTING_NEEDS, remoting_access
 from sparkmq.platform.auth import AccessGuard, AclStore, Credentials, PolicyEntry, Signer, User, acl_path
 from sparkmq.platform.auth.signing import EXT_SIGNATURE, rocketmq_content, rocketmq_signature
 from sparkmq.platform.common.protocol import RequestCode
-from sparkmq.platform.remoting import LoopThread, Reply, RemotingServer
+from sparkmq.platform.remoting import LoopThread, RemotingServer, Reply
 
 ALICE = Credentials("alice", "alice-secret-1")
 ROOT = Credentials("root", "root-secret-1")
@@ -31,7 +31,8 @@ def test_hmac_sha1_known_answers() -> None:
     # RocketMQ's AclSignerTest: calSignature("RocketMQ", "12345678")
     assert rocketmq_signature("12345678", b"RocketMQ") == "IUc8rrO/0gDch8CjObLQsW2rsiA="
     # a SEND_MESSAGE_V2 header: values in Java's key order (AccessKey < a < b < e < g), then the body;
-    # expected value from: printf 'alicePGTopicTest01700000000000Hello' | openssl dgst -sha1 -hmac s3cret-key -binary | base64
+    # expected value from:
+    #   printf 'alicePGTopicTest01700000000000Hello' | openssl dgst -sha1 -hmac s3cret-key -binary | base64
     ext = {"b": "TopicTest", "AccessKey": "alice", "a": "PG", "e": "0", "g": "1700000000000",
            "Signature": "ignored"}
     content = rocketmq_content(ext, b"Hello")
@@ -123,7 +124,7 @@ def test_missing_wrong_and_tampered_credentials_are_refused_and_change_nothing(
         "empty access key": (java_sign(SEND_V2, b"hello", "", ALICE.secret_key), b"hello"),
     }
     with guarded(tmp_path) as server, RawClient(server.addr) as client:
-        for name, (ext, body) in cases.items():
+        for ext, body in cases.values():
             _refused(client.request(RequestCode.SEND_MESSAGE_V2, ext, body), "AUTHENTICATION_FAILED")
         # the connection stays usable: a good request still goes through
         assert client.request(RequestCode.SEND_MESSAGE_V2, good, b"hello").code == 0
@@ -190,7 +191,8 @@ def test_sparkmq_signature_in_ext_fields(tmp_path: Path) -> None:
 def test_acl_off_lets_everything_through_without_credential_fields(tmp_path: Path) -> None:
     with guarded(tmp_path, enabled=False) as server, RawClient(server.addr) as client:
         assert client.request(RequestCode.SEND_MESSAGE_V2, SEND_V2, b"x").code == 0
-        assert client.request(RequestCode.SEND_MESSAGE_V2, java_sign(SEND_V2, b"x", "who", "ever-secret"), b"x").code == 0
+        signed = java_sign(SEND_V2, b"x", "who", "ever-secret")
+        assert client.request(RequestCode.SEND_MESSAGE_V2, signed, b"x").code == 0
         assert client.request(30001, Signer(ALICE).sign_ext(30001, {"topic": "t"}, b""), b"").code == 0
     assert [ext for _c, ext in server.done] == [SEND_V2, SEND_V2, {"topic": "t"}]
 

@@ -35,10 +35,10 @@ from sparkmq.platform.auth.signing import (
     parse_http,
     parse_remoting,
 )
-from sparkmq.platform.remoting import Frame
 from sparkmq.platform.broker.config import BrokerConfig
 from sparkmq.platform.client.config import ClientConfig
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
+from sparkmq.platform.remoting import Frame
 
 SECRET = "alice-secret-1"
 IP = ipaddress.ip_address

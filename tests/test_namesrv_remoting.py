@@ -12,10 +12,10 @@ from typing import Any
 
 import httpx
 import pytest
-
 from acl_users import ACL_SETTINGS, ALICE, ROOT
-from procs import NAMESRV, ProcessHarness, ServiceProcess
 from rmq_wire import RawClient, java_sign
+
+from procs import NAMESRV, ProcessHarness, ServiceProcess
 from sparkmq.platform.client.routes import NameServerRoutes, TopicRouteCache, TopicRouteInfo
 from sparkmq.platform.common import protocol as p
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
@@ -96,7 +96,8 @@ def test_cluster_topics_and_deletion(ns: ServiceProcess) -> None:
         assert system == {"topicList": ["DefaultCluster", "broker-a", "Other", "broker-c"],
                           "brokerAddr": "127.0.0.1:20911"}
         # forget orders in one cluster only, then everywhere
-        assert client.request(RequestCode.DELETE_TOPIC_IN_NAMESRV, {"topic": "orders", "clusterName": "Other"}).code == 0
+        one_cluster = {"topic": "orders", "clusterName": "Other"}
+        assert client.request(RequestCode.DELETE_TOPIC_IN_NAMESRV, one_cluster).code == 0
         route = json.loads(bytes(client.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "orders"}).body))
         assert [b["brokerName"] for b in route["brokerDatas"]] == ["broker-a"]
         assert client.request(RequestCode.DELETE_TOPIC_IN_NAMESRV, {"topic": "orders"}).code == 0
@@ -119,7 +120,8 @@ def test_kv_configs(procs: ProcessHarness, tmp_path: Path) -> None:
                                                               "value": value}).code == 0
         got = client.request(RequestCode.GET_KV_CONFIG, {"namespace": "ORDER_TOPIC_CONFIG", "key": "orders"})
         assert got.code == 0 and got.ext["value"] == "broker-a:4;broker-b:4"
-        assert client.request(RequestCode.DELETE_KV_CONFIG, {"namespace": "ORDER_TOPIC_CONFIG", "key": "events"}).code == 0
+        events = {"namespace": "ORDER_TOPIC_CONFIG", "key": "events"}
+        assert client.request(RequestCode.DELETE_KV_CONFIG, events).code == 0
         assert client.request(RequestCode.PUT_KV_CONFIG, {"namespace": "N"}).code == 29
     ns.stop()
     ns = procs.start("namesrv", NAMESRV, "--data-dir", str(tmp_path / "ns"))  # kept across a restart

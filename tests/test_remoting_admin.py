@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from rmq_wire import RawClient
+
 from sparkmq.api.remoting.admin import admin_handlers
 from sparkmq.platform.broker.broker import Broker
 from sparkmq.platform.broker.client_manager import ConsumerData, Subscription
@@ -300,5 +300,6 @@ def test_update_subscription_group_is_kept(tmp_path: Path) -> None:
         assert one["retryQueueNums"] == 2
         defaults = json.loads(bytes(client.request(RequestCode.GET_SUBSCRIPTIONGROUP_CONFIG, {"group": "x"}).body))
         assert defaults == dict(DEFAULT_GROUP, groupName="x")
-        assert client.request(RequestCode.DELETE_SUBSCRIPTIONGROUP, {"groupName": "cg", "cleanOffset": "false"}).code == 0
+        delete = {"groupName": "cg", "cleanOffset": "false"}
+        assert client.request(RequestCode.DELETE_SUBSCRIPTIONGROUP, delete).code == 0
         assert server.broker.subscription_groups.configured("cg") is None

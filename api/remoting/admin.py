@@ -94,8 +94,8 @@ def _subscription(topic: str, expression: str, kind: ExpressionType) -> p.Subscr
     tags: list[str] = []
     if kind is ExpressionType.TAG and expression.strip() != "*":
         tags = [t.strip() for t in expression.split("||") if t.strip()]
-    return p.SubscriptionDataBody(topic=topic, subString=expression, tagsSet=tags, codeSet=[_java_hash(t) for t in tags],
-                                  expressionType=str(kind))
+    return p.SubscriptionDataBody(topic=topic, subString=expression, tagsSet=tags,
+                                  codeSet=[_java_hash(t) for t in tags], expressionType=str(kind))
 
 
 def _language(value: object) -> str:

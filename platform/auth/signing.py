@@ -87,7 +87,8 @@ CREDENTIAL_FIELDS = (EXT_SIGNATURE, EXT_ACCESS_KEY, EXT_ROCKETMQ_SIGNATURE, EXT_
 #: 399): they added it after signing.
 _UNIQUE_KEY_QUERY = "_UNIQUE_KEY_QUERY"
 _OLD_CLIENT_VERSION = 399
-_SPARKMQ_CLAIM = re.compile(rf"^([A-Za-z0-9_.@-]{{1,64}}):(\d{{1,18}}):([0-9a-f]{{{2 * NONCE_SIZE}}}):([0-9a-f]{{64}})$")
+_SPARKMQ_CLAIM = re.compile(
+    rf"^([A-Za-z0-9_.@-]{{1,64}}):(\d{{1,18}}):([0-9a-f]{{{2 * NONCE_SIZE}}}):([0-9a-f]{{64}})$")
 _LEN = struct.Struct(">Q")
 _HTTP_AUTH = re.compile(rf"^{SCHEME}\s+Credential=([^,\s]*),\s*Nonce=([0-9a-fA-F]{{{2 * NONCE_SIZE}}}),"
                         r"\s*Signature=([0-9a-fA-F]{64})\s*$")

@@ -2,7 +2,8 @@
 
 Counted on the hot path: messages and bytes sent per topic, pulled per (topic, group),
 send/pull latency histograms, send errors per code; and :class:`BrokerStats`, the broker-wide totals and rates
-RocketMQ's tools read (``mqadmin clusterList`` / ``brokerStatus``: GET_BROKER_RUNTIME_INFO).  Computed at scrape time by a
+RocketMQ's tools read (``mqadmin clusterList`` / ``brokerStatus``: GET_BROKER_RUNTIME_INFO).  Computed at scrape
+time by a
 custom collector (no work between scrapes): the commit log's max offset, every
 queue's max offset and every group's lag per topic.
 """

@@ -138,5 +138,6 @@ class KVConfigStore:
                 finally:
                     os.close(dir_fd)
             except OSError as exc:
-                raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"cannot write the KV configs {self.path}: {exc}") from None
+                raise SparkMQError(ErrorCode.INTERNAL_ERROR,
+                                   f"cannot write the KV configs {self.path}: {exc}") from None
         self._table = table
