@@ -8,11 +8,11 @@
   use it too, each with its own table (``app.state.route_needs``) and guard (``app.state.guard``);
 * :data:`acl_router` -- ``/acl/users`` and ``/acl/policies``: what ``sparkmq admin user|acl`` calls; super
   users only while ACL is on;
-* :func:`remoting_access` with :data:`REMOTING_NEEDS` -- the same for a broker's remoting requests (RocketMQ's
-  codes and sparkmq's own): sparkmq's signature or a RocketMQ client's ``AclClientRPCHook`` is checked, the
-  credential fields are removed from the frame, then what the request code needs (as RocketMQ 5's ACL 2.0
-  asks it: ``DefaultAuthorizationContextBuilder`` and the headers' ``@RocketMQAction``).  The name server's
-  remoting uses it with its own table.
+* :func:`remoting_access` -- the same for a service's remoting requests over a table of what each code needs (the
+  name server's; the broker's dispatcher in ``api/remoting`` keeps its families' tables): sparkmq's signature or a
+  RocketMQ client's ``AclClientRPCHook`` is checked (``AccessGuard.authenticate_remoting``), the credential fields
+  are removed from the frame, then what the code needs, an :class:`AnyOf` item meaning one of its pairs suffices
+  (RocketMQ 5's ACL 2.0 contexts with several actions).
 
 Authentication and authorization run before the endpoint, so a refused request changes nothing.
 """
@@ -42,11 +42,10 @@ from ..platform.auth.signing import CREDENTIAL_FIELDS
 from ..platform.broker.broker import Broker
 from ..platform.common.errors import ErrorCode, SparkMQError
 from ..platform.common.protocol import RequestCode
-from ..platform.common.system_topics import RETRY_PREFIX
 from ..platform.remoting import Frame
 
 __all__ = ["broker_guard", "http_access", "acl_router", "ROUTE_NEEDS", "OPEN", "SIGNED", "AnyOf", "NeedsOf",
-           "RemotingNeedsOf", "REMOTING_NEEDS", "remoting_access", "remoting_topic", "remoting_group"]
+           "RemotingNeedsOf", "remoting_access", "remoting_topic", "remoting_group"]
 
 _guards: weakref.WeakKeyDictionary[Broker, AccessGuard] = weakref.WeakKeyDictionary()
 _guards_lock = threading.Lock()
@@ -283,169 +282,14 @@ def remoting_group(name: str | None, *actions: Action) -> list[Need | AnyOf]:
     return [AnyOf((a, resource) for a in actions) if len(actions) > 1 else (actions[0], resource)]
 
 
-def _field(frame: Frame, name: str) -> str | None:
-    value = (frame.ext or {}).get(name)
-    return value if isinstance(value, str) else None
-
-
-def _json_body(frame: Frame) -> dict[str, Any]:
-    try:
-        body = json.loads(bytes(frame.body)) if frame.body else None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return {}  # the handler refuses it
-    return body if isinstance(body, dict) else {}
-
-
-def _send(topic_field: str, group_field: str) -> RemotingNeedsOf:
-    """A send: Pub on the topic; to a retry topic (a consumer's send-back), Sub on its group."""
-    def needs(frame: Frame) -> list[Need | AnyOf]:
-        topic = _field(frame, topic_field)
-        if topic and topic.startswith(RETRY_PREFIX):
-            return remoting_group(_field(frame, group_field) or topic[len(RETRY_PREFIX):], Action.SUB)
-        return remoting_topic(topic, Action.PUB)
-    return needs
-
-
-def _pull(frame: Frame) -> list[Need | AnyOf]:
-    topic = _field(frame, "topic")
-    mine = [] if topic and topic.startswith(RETRY_PREFIX) else remoting_topic(topic, Action.SUB)
-    return mine + remoting_group(_field(frame, "consumerGroup"), Action.SUB)
-
-
-def _on_topic(*actions: Action, name: str = "topic") -> RemotingNeedsOf:
-    return lambda frame: remoting_topic(_field(frame, name), *actions)
-
-
-def _on_group(*actions: Action, name: str = "consumerGroup") -> RemotingNeedsOf:
-    return lambda frame: remoting_group(_field(frame, name), *actions)
-
-
-def _queue_and_group(*actions: Action) -> RemotingNeedsOf:
-    """A group's offset of a queue: the actions on the topic (not a retry topic) and on the group."""
-    def needs(frame: Frame) -> list[Need | AnyOf]:
-        topic = _field(frame, "topic")
-        mine = [] if topic and topic.startswith(RETRY_PREFIX) else remoting_topic(topic, *actions)
-        return mine + remoting_group(_field(frame, "consumerGroup"), *actions)
-    return needs
-
-
-def _heartbeat(frame: Frame) -> list[Need | AnyOf]:
-    needs: list[Need | AnyOf] = []
-    for consumer in _json_body(frame).get("consumerDataSet") or []:
-        if isinstance(consumer, dict) and isinstance(consumer.get("groupName"), str):
-            needs += remoting_group(consumer["groupName"], Action.SUB)
-            for sub in consumer.get("subscriptionDataSet") or []:
-                topic = sub.get("topic") if isinstance(sub, dict) else None
-                if isinstance(topic, str) and not topic.startswith(RETRY_PREFIX):
-                    needs += remoting_topic(topic, Action.SUB)
-    return needs
-
-
-def _lock(frame: Frame) -> list[Need | AnyOf]:
-    body = _json_body(frame)
-    group = body.get("consumerGroup")
-    needs = remoting_group(group if isinstance(group, str) else None, Action.SUB)
-    for mq in body.get("mqSet") or []:
-        topic = mq.get("topic") if isinstance(mq, dict) else None
-        if isinstance(topic, str) and not topic.startswith(RETRY_PREFIX):
-            needs += remoting_topic(topic, Action.SUB)
-    return needs
-
-
-def _offsets_body(frame: Frame) -> list[Need | AnyOf]:
-    body = _json_body(frame)
-    group = body.get("consumerGroup")
-    needs = remoting_group(group if isinstance(group, str) else None, Action.SUB)
-    for entry in body.get("offsets") or []:
-        topic = entry.get("topic") if isinstance(entry, dict) else None
-        if isinstance(topic, str) and not topic.startswith(RETRY_PREFIX):
-            needs += remoting_topic(topic, Action.SUB)
-    return needs
-
-
-def _end_transaction(frame: Frame) -> list[Need | AnyOf]:
-    return remoting_topic(_field(frame, "topic"), Action.PUB) or remoting_group(_field(frame, "producerGroup"),
-                                                                               Action.PUB)
-
-
-def _view_message(frame: Frame) -> list[Need | AnyOf]:
-    return remoting_topic(_field(frame, "topic"), Action.GET) or [(Action.GET, CLUSTER)]
-
-
-def _subscription_group(frame: Frame) -> list[Need | AnyOf]:
-    name = _json_body(frame).get("groupName")
-    return remoting_group(name if isinstance(name, str) else None, Action.CREATE, Action.UPDATE)
-
-
-def _on_cluster(action: Action) -> RemotingNeedsOf:
-    return lambda frame: [(action, CLUSTER)]
-
-
-_SUB_OR_GET = (Action.SUB, Action.GET)
-
-#: A broker's request codes -> what each needs with ACL on (RocketMQ 5's ACL 2.0 for its codes; sparkmq's own
-#: as their RocketMQ counterparts).  A code not listed needs a super user.
-REMOTING_NEEDS: dict[int, RemotingNeedsOf] = {
-    # sends
-    RequestCode.SEND_MESSAGE: _send("topic", "producerGroup"),
-    RequestCode.SEND_MESSAGE_V2: _send("b", "a"),
-    RequestCode.SEND_BATCH_MESSAGE: _send("b", "a"),
-    RequestCode.SPARKMQ_SEND_PACKED: _send("topic", "producerGroup"),
-    RequestCode.END_TRANSACTION: _end_transaction,
-    # consumption
-    RequestCode.PULL_MESSAGE: _pull,
-    RequestCode.LITE_PULL_MESSAGE: _pull,
-    RequestCode.SPARKMQ_PULL_PACKED: _pull,
-    RequestCode.CONSUMER_SEND_MSG_BACK: _on_group(Action.SUB, name="group"),
-    RequestCode.HEART_BEAT: _heartbeat,
-    RequestCode.UNREGISTER_CLIENT: _on_group(Action.SUB),
-    RequestCode.GET_CONSUMER_LIST_BY_GROUP: _on_group(*_SUB_OR_GET),
-    RequestCode.SPARKMQ_GROUP_INFO: _on_group(*_SUB_OR_GET),
-    RequestCode.QUERY_CONSUMER_OFFSET: _queue_and_group(*_SUB_OR_GET),
-    RequestCode.UPDATE_CONSUMER_OFFSET: _queue_and_group(Action.SUB, Action.UPDATE),
-    RequestCode.SPARKMQ_UPDATE_CONSUMER_OFFSETS: _offsets_body,
-    RequestCode.LOCK_BATCH_MQ: _lock,
-    RequestCode.UNLOCK_BATCH_MQ: _lock,
-    # a queue's offsets: what consumers ask (Sub) and operators read (Get)
-    RequestCode.GET_MAX_OFFSET: _on_topic(*_SUB_OR_GET),
-    RequestCode.GET_MIN_OFFSET: _on_topic(*_SUB_OR_GET),
-    RequestCode.GET_EARLIEST_MSG_STORETIME: _on_topic(*_SUB_OR_GET),
-    RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: _on_topic(*_SUB_OR_GET),
-    RequestCode.SPARKMQ_QUEUE_OFFSETS: _on_topic(*_SUB_OR_GET),
-    # messages
-    RequestCode.QUERY_MESSAGE: _on_topic(*_SUB_OR_GET),
-    RequestCode.VIEW_MESSAGE_BY_ID: _view_message,
-    RequestCode.SPARKMQ_POST_TRACE: lambda frame: SIGNED,
-    # admin (mqadmin)
-    RequestCode.UPDATE_AND_CREATE_TOPIC: _on_topic(Action.CREATE),
-    RequestCode.DELETE_TOPIC_IN_BROKER: _on_topic(Action.DELETE),
-    RequestCode.GET_ALL_TOPIC_CONFIG: _on_cluster(Action.LIST),
-    RequestCode.GET_TOPIC_STATS_INFO: _on_topic(Action.GET),
-    RequestCode.GET_TOPIC_CONFIG: _on_topic(Action.GET),
-    RequestCode.QUERY_TOPIC_CONSUME_BY_WHO: _on_topic(Action.GET),
-    RequestCode.GET_BROKER_RUNTIME_INFO: _on_cluster(Action.GET),
-    RequestCode.GET_CONSUME_STATS: lambda frame: (remoting_group(_field(frame, "consumerGroup"), Action.GET)
-                                                  + remoting_topic(_field(frame, "topic"), Action.GET)),
-    RequestCode.GET_CONSUMER_CONNECTION_LIST: _on_group(Action.GET),
-    RequestCode.GET_CONSUMER_RUNNING_INFO: _on_group(Action.GET),
-    RequestCode.GET_PRODUCER_CONNECTION_LIST: _on_cluster(Action.GET),
-    RequestCode.INVOKE_BROKER_TO_RESET_OFFSET: lambda frame: (remoting_group(_field(frame, "group"), Action.UPDATE)
-                                                              + remoting_topic(_field(frame, "topic"), Action.UPDATE)),
-    RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: _subscription_group,
-    RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: _on_cluster(Action.LIST),
-    RequestCode.GET_SUBSCRIPTIONGROUP_CONFIG: _on_group(Action.GET, name="group"),
-    RequestCode.DELETE_SUBSCRIPTIONGROUP: _on_group(Action.DELETE, name="groupName"),
-}
-
-
 def remoting_access(guard: AccessGuard | None, frame: Frame, peer: str | None,
-                    needs: dict[int, RemotingNeedsOf] = REMOTING_NEEDS) -> Principal | None:
+                    needs: dict[int, RemotingNeedsOf]) -> Principal | None:
     """Authenticate and authorize a remoting request (ACL on), before its handler runs; None with ACL off.
 
     The credential fields leave ``frame.ext`` either way (a handler never sees them); AUTHENTICATION_FAILED or
     NO_PERMISSION (both RocketMQ's response code 16) otherwise, audited, and nothing has changed.  ``needs`` is
-    the service's table (the broker's :data:`REMOTING_NEEDS` by default); a code it does not list needs a
-    super user.
+    the service's table (the name server's ``NAMESRV_REMOTING_NEEDS``); a code it does not list needs a super
+    user.  (The broker's dispatcher, ``api/remoting``, does the same over its request families' tables.)
     """
     if guard is None or not guard.enabled:
         if frame.ext:

@@ -8,6 +8,7 @@ vectors computed with ``openssl dgst -sha1 -hmac`` and RocketMQ's own ``AclSigne
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Iterator
@@ -16,8 +17,9 @@ from pathlib import Path
 import pytest
 from rmq_wire import RawClient, java_sign
 
-from sparkmq.api.acl import REMOTING_NEEDS, remoting_access
-from sparkmq.platform.auth import AccessGuard, AclStore, Credentials, PolicyEntry, Signer, User, acl_path
+from sparkmq.api.acl import SIGNED, remoting_access, remoting_group, remoting_topic
+from sparkmq.api.remoting.admin import admin_handlers, admin_needs
+from sparkmq.platform.auth import AccessGuard, AclStore, Action, Credentials, PolicyEntry, Signer, User, acl_path
 from sparkmq.platform.auth.signing import EXT_SIGNATURE, rocketmq_content, rocketmq_signature
 from sparkmq.platform.common.protocol import RequestCode
 from sparkmq.platform.remoting import LoopThread, RemotingServer, Reply
@@ -50,7 +52,31 @@ def test_java_key_order_is_utf16_order() -> None:
     assert rocketmq_content(ext, b"", 399) == b"t" and rocketmq_content(ext, b"", 401) == b"truet"
 
 
-# -- a server guarded like the broker's ----------------------------------------------------------------------
+# -- a server guarded like the name server's ------------------------------------------------------------------
+def _heartbeat(frame) -> list:
+    body = json.loads(bytes(frame.body))
+    needs: list = []
+    for consumer in body.get("consumerDataSet", ()):
+        needs += remoting_group(consumer["groupName"], Action.SUB)
+        needs += [n for s in consumer.get("subscriptionDataSet", ()) if not s["topic"].startswith("%RETRY%")
+                  for n in remoting_topic(s["topic"], Action.SUB)]
+    return needs
+
+
+#: A table in the shape services give remoting_access (RocketMQ 5's ACL 2.0 rules for these codes).
+NEEDS = {
+    RequestCode.SEND_MESSAGE_V2: lambda f: (remoting_group(f.ext["a"], Action.SUB) if f.ext["b"].startswith("%RETRY%")
+                                            else remoting_topic(f.ext["b"], Action.PUB)),
+    RequestCode.SPARKMQ_SEND_PACKED: lambda f: remoting_topic(f.ext["topic"], Action.PUB),
+    RequestCode.PULL_MESSAGE: lambda f: (remoting_topic(f.ext["topic"], Action.SUB)
+                                         + remoting_group(f.ext["consumerGroup"], Action.SUB)),
+    RequestCode.GET_MAX_OFFSET: lambda f: remoting_topic(f.ext["topic"], Action.SUB, Action.GET),
+    RequestCode.HEART_BEAT: _heartbeat,
+    RequestCode.UPDATE_AND_CREATE_TOPIC: lambda f: remoting_topic(f.ext["topic"], Action.CREATE),
+    RequestCode.SPARKMQ_POST_TRACE: lambda f: SIGNED,
+}
+
+
 class GuardedServer:
     """A RemotingServer on its own loop thread whose handler checks ACL, then records what it was asked."""
 
@@ -62,7 +88,7 @@ class GuardedServer:
         self.addr = f"127.0.0.1:{self.server.port}"
 
     def _handle(self, conn, frame) -> Reply:
-        remoting_access(self.guard, frame, conn.peer)
+        remoting_access(self.guard, frame, conn.peer, NEEDS)
         self.done.append((frame.code, dict(frame.ext or {})))
         return Reply(0, {"ok": "true"})
 
@@ -197,8 +223,24 @@ def test_acl_off_lets_everything_through_without_credential_fields(tmp_path: Pat
     assert [ext for _c, ext in server.done] == [SEND_V2, SEND_V2, {"topic": "t"}]
 
 
-def test_every_served_code_has_a_rule() -> None:
-    """The broker's table names what each RocketMQ code needs (a missing one would need a super user)."""
-    for code in (10, 11, 12, 14, 15, 17, 21, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 41, 42, 200, 201, 202, 203,
-                 208, 215, 222, 310, 320, 361):
-        assert code in REMOTING_NEEDS, RequestCode(code).name
+def test_every_admin_code_has_a_rule(tmp_path: Path) -> None:
+    """The admin requests say what they need (the dispatcher asks a super user for a code without a rule)."""
+    class Host:
+        broker = None
+
+        def connection_of(self, client_id: str):
+            return None
+
+    needs = admin_needs(Host())  # type: ignore[arg-type]
+    assert set(needs) == set(admin_handlers(Host())) == _admin_codes()  # type: ignore[arg-type]
+    from sparkmq.platform.remoting import Frame
+
+    stats = needs[RequestCode.GET_CONSUME_STATS](Frame(208, 0, 1, {"consumerGroup": "cg", "topic": "t"}, b""))
+    assert {(a.value, str(r)) for a, r in stats} == {("Get", "Group:cg"), ("Get", "Topic:t")}
+    body = b'{"groupName":"cg","retryMaxTimes":3}'
+    assert needs[RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP](Frame(200, 0, 1, {}, body))[0][0] is Action.UPDATE
+    assert needs[RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP](Frame(200, 0, 1, {}, b"{bad")) == []
+
+
+def _admin_codes() -> set[int]:
+    return {17, 215, 21, 351, 202, 300, 28, 208, 203, 222, 200, 201, 352, 207}

@@ -19,7 +19,8 @@ from conftest import IMPL_NAMES, IMPLS
 from sparkmq.platform.common.codec import decode_properties, pack_host, unpack_host
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 from sparkmq.platform.common.ids import decode_offset_msg_id, encode_offset_msg_id
-from sparkmq.platform.common.rocketmq_records import RocketMQMessage, decode_rocketmq_records
+from sparkmq.platform.common.message import StoredMessage
+from sparkmq.platform.common.rocketmq_records import decode_rocketmq_records
 from sparkmq.storage_native import StoreError
 
 SEG = 1 << 20
@@ -203,11 +204,11 @@ def test_platform_decoder_reads_every_field_back(impl, tmp_path):
     with _log(impl, tmp_path) as log:
         raw = _append_all(log)
         offsets = [int.from_bytes(m[28:36], "little") for m in _split(raw)]
-    got = decode_rocketmq_records(impl.encode_rocketmq_records(raw), "broker-a", inflate=lambda b: b"z:" + b)
-    assert all(type(m) is RocketMQMessage for m in got)
+    got = decode_rocketmq_records(impl.encode_rocketmq_records(raw), inflate=lambda b: b"z:" + b)
+    assert all(type(m) is StoredMessage for m in got)
     first = got[0]
-    assert (first.topic, first.broker_name, first.queue_id, first.msg_id, first.tags, first.keys, first.flag) == (
-        "orders", "broker-a", 1, "ID-1", "red", ("k1", "k2"), 7)
+    assert (first.topic, first.queue_id, first.msg_id, first.tags, first.keys, first.flag) == (
+        "orders", 1, "ID-1", "red", ("k1", "k2"), 7)
     assert (first.born_host, first.store_host, first.born_timestamp, first.store_timestamp) == (
         "[2001:db8::7]:4242", "10.1.2.3:10911", TS, TS + 5)
     assert first.offset_msg_id == encode_offset_msg_id("10.1.2.3:10911", offsets[0])
@@ -218,6 +219,12 @@ def test_platform_decoder_reads_every_field_back(impl, tmp_path):
     assert got[3].offset_msg_id == encode_offset_msg_id("0.0.0.0:0", offsets[3])
     assert [m.commitlog_offset for m in got] == offsets
     assert [m.body_crc for m in got] == [zlib.crc32(r[1]) & 0x7FFFFFFF for r in RECORDS]
+    assert [m.tag_hash for m in got] == [0] * 4, "RocketMQ's records carry no tag hash"
+    # the same message as the store's own decoding of the record, but for what RocketMQ's encoding lacks
+    for m, rec in zip(got, _split(raw), strict=True):
+        stored = StoredMessage.from_decoded(impl.decode_record(rec))
+        assert (m.queue_offset, m.store_size, m.born_timestamp, m.properties) == (
+            stored.queue_offset, len(impl.encode_rocketmq_records(rec)), stored.born_timestamp, stored.properties)
 
 
 def test_platform_decoder_refuses_what_does_not_parse(tmp_path):

@@ -21,19 +21,19 @@ GET_SUBSCRIPTIONGROUP_CONFIG (352)         one ``SubscriptionGroupConfig``
 DELETE_SUBSCRIPTIONGROUP (207)             ``mqadmin deleteSubGroup``
 =========================================  ===============================================================
 
-An offset reset from any door (this request, HTTP, the CLI) is pushed to the group's live remoting consumers as
-RESET_CONSUMER_CLIENT_OFFSET (220, ONEWAY, ``ResetOffsetBody``), as RocketMQ's broker does: :func:`admin_handlers`
-registers that with the consumer processor.
+The dispatcher (``BrokerRemoting``) pushes every offset reset, this request's too, to the group's live remoting
+consumers as RESET_CONSUMER_CLIENT_OFFSET; :func:`admin_needs` says what each code needs with ACL on (as RocketMQ 5's
+ACL 2.0 asks it: the request headers' ``@RocketMQAction``).
 """
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
+from ...platform.auth import CLUSTER, Action, Need, Resource
 from ...platform.broker.client_manager import ConsumeType, ExpressionType
 from ...platform.broker.runtime_info import runtime_info
 from ...platform.broker.subscription_groups import SubscriptionGroupConfig
@@ -46,12 +46,13 @@ if TYPE_CHECKING:
     from ...platform.broker.broker import Broker
     from ...platform.broker.topics import TopicConfig
 
-__all__ = ["admin_handlers", "AdminRemoting", "AdminHandler"]
+__all__ = ["admin_handlers", "admin_needs", "AdminRemoting", "AdminHandler", "AdminNeedsOf"]
 
-log = logging.getLogger("sparkmq.broker")
 
 #: ``handler(conn, frame)``: the admin handlers answer at once (no task).
 AdminHandler = Callable[[ServerConnection, Frame], Reply]
+#: ``needs(frame)``: the (action, resource) pairs a request needs with ACL on, every one of them.
+AdminNeedsOf = Callable[[Frame], list[Need]]
 
 _encode = msgspec.json.Encoder().encode
 #: RocketMQ's ConsumeType names of sparkmq's consume types (a HEART_BEAT's ``consumeType``).
@@ -65,8 +66,8 @@ class AdminRemoting(Protocol):
     #: The broker served.
     broker: Broker
 
-    def client_connection(self, client_id: str) -> ServerConnection | None:
-        """The connection a client's latest HEART_BEAT came over (None when it has none open); its
+    def connection_of(self, client_id: str) -> ServerConnection | None:
+        """The live connection a client's latest HEART_BEAT came over (None when it has none); its
         ``attributes`` hold ``language`` (LanguageCode name or number) and ``version`` of that heartbeat."""
 
 
@@ -184,7 +185,7 @@ class _Admin:
             return _not_online(f"the consumer group[{group}] not online")
         connections = []
         for client_id in info.members:
-            member_conn = self.remoting.client_connection(client_id)
+            member_conn = self.remoting.connection_of(client_id)
             attributes = member_conn.attributes if member_conn is not None else {}
             connections.append(p.ConnectionData(
                 clientId=client_id, clientAddr=member_conn.peer if member_conn is not None else "",
@@ -221,16 +222,6 @@ class _Admin:
             result = consumers.reset_offsets(h.group, h.topic, offsets=wanted)
         entries = [(_queue(broker, h.topic, int(q)), offset) for q, offset in result["offsets"].items()]
         return Reply(body=p.mq_keyed_json(entries))
-
-    def push_reset(self, group: str, topic: str, offsets: dict[int, int]) -> None:
-        """Tell the group's live remoting consumers of a reset (RESET_CONSUMER_CLIENT_OFFSET, ONEWAY)."""
-        body = p.mq_keyed_json([(_queue(self.broker, topic, q), o) for q, o in sorted(offsets.items())])
-        header = p.ResetOffsetNoticeHeader(topic=topic, group=group, timestamp=int(time.time() * 1000))
-        for client_id in self.broker.clients.members(group):
-            member_conn = self.remoting.client_connection(client_id)
-            if member_conn is not None and not member_conn.push(RequestCode.RESET_CONSUMER_CLIENT_OFFSET, header,
-                                                               body):
-                log.debug("offset reset of %s on %s not pushed to %s: connection gone", group, topic, client_id)
 
     # -- subscription groups -----------------------------------------------------------------------
     def update_subscription_group(self, conn: ServerConnection, frame: Frame) -> Reply:
@@ -281,15 +272,12 @@ def _group_body(cfg: SubscriptionGroupConfig) -> p.SubscriptionGroupConfigBody:
 def admin_handlers(remoting: AdminRemoting) -> dict[int, AdminHandler]:
     """The admin request codes of ``remoting``'s broker and their handlers, for the dispatcher to merge.
 
-    Call it once per broker: it also registers the push of offset resets to live remoting consumers.
-
     Example::
 
         handlers = admin_handlers(broker_remoting)        # {17: ..., 215: ..., ...}
         reply = handlers[RequestCode.GET_BROKER_RUNTIME_INFO](conn, frame)
     """
     admin = _Admin(remoting)
-    remoting.broker.consumer_processor.add_reset_listener(admin.push_reset)
     return {
         RequestCode.UPDATE_AND_CREATE_TOPIC: admin.update_topic,
         RequestCode.DELETE_TOPIC_IN_BROKER: admin.delete_topic,
@@ -305,4 +293,55 @@ def admin_handlers(remoting: AdminRemoting) -> dict[int, AdminHandler]:
         RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: admin.all_subscription_groups,
         RequestCode.GET_SUBSCRIPTIONGROUP_CONFIG: admin.subscription_group,
         RequestCode.DELETE_SUBSCRIPTIONGROUP: admin.delete_subscription_group,
+    }
+
+
+def _header_field(frame: Frame, name: str) -> str | None:
+    value = (frame.ext or {}).get(name)
+    return value if isinstance(value, str) and value else None
+
+
+def _on_topic(action: Action) -> AdminNeedsOf:
+    return lambda frame: [(action, Resource.topic(t))] if (t := _header_field(frame, "topic")) else []
+
+
+def _on_group(action: Action, field: str) -> AdminNeedsOf:
+    return lambda frame: [(action, Resource.group(g))] if (g := _header_field(frame, field)) else []
+
+
+def _on_cluster(action: Action) -> AdminNeedsOf:
+    return lambda frame: [(action, CLUSTER)]
+
+
+def _subscription_group_needs(frame: Frame) -> list[Need]:
+    """Update on the group the body names (RocketMQ's body-carried request; a body that does not parse needs
+    nothing here: the handler refuses it)."""
+    try:
+        name = msgspec.json.decode(bytes(frame.body), type=p.SubscriptionGroupConfigBody).groupName
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return []
+    return [(Action.UPDATE, Resource.group(name))]
+
+
+def admin_needs(remoting: AdminRemoting) -> dict[int, AdminNeedsOf]:
+    """What each admin code needs with ACL on, for the dispatcher to merge with the other families' (every pair
+    is needed; docs/security.md): RocketMQ's actions (``Create``/``Delete``/``Get`` on the topic, ``Get`` /
+    ``Update`` on the group, ``List`` / ``Get`` on ``Cluster`` for broker-wide views)."""
+    return {
+        RequestCode.UPDATE_AND_CREATE_TOPIC: _on_topic(Action.CREATE),
+        RequestCode.DELETE_TOPIC_IN_BROKER: _on_topic(Action.DELETE),
+        RequestCode.GET_ALL_TOPIC_CONFIG: _on_cluster(Action.LIST),
+        RequestCode.GET_TOPIC_CONFIG: _on_topic(Action.GET),
+        RequestCode.GET_TOPIC_STATS_INFO: _on_topic(Action.GET),
+        RequestCode.QUERY_TOPIC_CONSUME_BY_WHO: _on_topic(Action.GET),
+        RequestCode.GET_BROKER_RUNTIME_INFO: _on_cluster(Action.GET),
+        RequestCode.GET_CONSUME_STATS: lambda frame: (_on_group(Action.GET, "consumerGroup")(frame)
+                                                      + _on_topic(Action.GET)(frame)),
+        RequestCode.GET_CONSUMER_CONNECTION_LIST: _on_group(Action.GET, "consumerGroup"),
+        RequestCode.INVOKE_BROKER_TO_RESET_OFFSET: lambda frame: (_on_group(Action.UPDATE, "group")(frame)
+                                                                  + _on_topic(Action.UPDATE)(frame)),
+        RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: _subscription_group_needs,
+        RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: _on_cluster(Action.LIST),
+        RequestCode.GET_SUBSCRIPTIONGROUP_CONFIG: _on_group(Action.GET, "group"),
+        RequestCode.DELETE_SUBSCRIPTIONGROUP: _on_group(Action.DELETE, "groupName"),
     }

@@ -2,7 +2,8 @@
 
 A RocketMQ broker answers QUERY_MESSAGE and VIEW_MESSAGE_BY_ID, and pushes CHECK_TRANSACTION_STATE, with the
 messages in this encoding (sparkmq's broker writes it with ``storage_native.encode_rocketmq_records``);
-:func:`decode_rocketmq_records` is the reading side for sparkmq's client: rare answers, so plain Python.
+:func:`decode_rocketmq_records` is the reading side for sparkmq's client, into the one message type that holds
+every stored field (:class:`~sparkmq.platform.common.message.StoredMessage`): rare answers, so plain Python.
 A pull's answer is decoded natively instead (sparkmq's own SPARKMQ_PULL_PACKED, ``decode_records``).
 
 Example::
@@ -17,7 +18,6 @@ import ipaddress
 import struct
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from ...storage_native.layout import (
     RMQ_BORNHOST_V6,
@@ -27,11 +27,10 @@ from ...storage_native.layout import (
 )
 from .codec import decode_properties
 from .errors import ErrorCode, SparkMQError
-from .ids import encode_offset_msg_id
+from .message import StoredMessage
 from .sysflag import COMPRESSED
-from .wire import ReceivedMessage
 
-__all__ = ["RocketMQMessage", "decode_rocketmq_records"]
+__all__ = ["decode_rocketmq_records"]
 
 # TOTALSIZE, MAGIC, BODYCRC, QUEUEID, FLAG, QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG, BORNTIMESTAMP
 _HEAD = struct.Struct(">iIiiiqqiq")
@@ -43,17 +42,6 @@ _I16 = struct.Struct(">h")
 #: SYSFLAG bits 8-10: the compression of a COMPRESSED body (0 and 3: zlib, 1: LZ4, 2: ZSTD).
 _COMPRESSION_SHIFT = 8
 _ZLIB_TYPES = (0, 3)
-
-
-@dataclass(slots=True)
-class RocketMQMessage(ReceivedMessage):
-    """A :class:`~sparkmq.platform.common.wire.ReceivedMessage` read from RocketMQ's encoding, with the fields
-    of a RocketMQ ``MessageExt`` a consumer does not usually need: the producer's ``flag``, the stored
-    ``body_crc`` and the ``prepared_offset`` of a transaction's half message."""
-
-    flag: int = 0
-    body_crc: int = 0
-    prepared_offset: int = 0
 
 
 def _illegal(at: int, what: str) -> SparkMQError:
@@ -74,23 +62,29 @@ def _host(view: memoryview, at: int, v6: bool) -> tuple[str, int]:
     return f"{ipaddress.IPv4Address(raw)}:{port}", end
 
 
-def decode_rocketmq_records(body: bytes | bytearray | memoryview, broker_name: str = "",
-                            inflate: Callable[[bytes], bytes] = zlib.decompress) -> list[RocketMQMessage]:
+def decode_rocketmq_records(body: bytes | bytearray | memoryview,
+                            inflate: Callable[[bytes], bytes] = zlib.decompress) -> list[StoredMessage]:
     """Every message of RocketMQ stored messages back to back (as ``MessageDecoder.decodes`` reads them).
 
-    ``msg_id`` is the UNIQ_KEY property ("" without), ``offset_msg_id`` the store host and commit-log offset
-    (``ids.encode_offset_msg_id``), ``tags`` / ``keys`` come from TAGS / KEYS; a COMPRESSED zlib body is
-    ``inflate``-d (``sys_flag`` stays as stored).  MESSAGE_ILLEGAL naming the byte position for a message
-    that does not parse (a bad magic, lengths past the data, properties that are not UTF-8) or an LZ4 /
-    ZSTD body (sparkmq reads zlib only).
+    Every field is kept (``flag``, ``body_crc`` as stored, ``prepared_offset``; ``tag_hash`` is 0: RocketMQ's
+    records do not carry one); hosts are ``codec.unpack_host`` texts ("" for 0.0.0.0:0), so ``msg_id`` (the
+    UNIQ_KEY) and ``offset_msg_id`` are the sender's.  A COMPRESSED zlib body is ``inflate``-d (``sys_flag``
+    stays as stored).  MESSAGE_ILLEGAL naming the byte position for a message that does not parse (a bad
+    magic, lengths past the data, a topic or properties that are not UTF-8) or an LZ4 / ZSTD body (sparkmq
+    reads zlib only).
+
+    Example::
+
+        >>> decode_rocketmq_records(b"")
+        []
     """
     view = memoryview(body).cast("B")
     size = len(view)
-    out: list[RocketMQMessage] = []
+    out: list[StoredMessage] = []
     at = 0
     while at < size:
         try:
-            message, total = _decode_one(view, at, broker_name, inflate)
+            message, total = _decode_one(view, at, inflate)
         except (struct.error, IndexError):
             raise _illegal(at, "its lengths run past the data") from None
         out.append(message)
@@ -98,8 +92,7 @@ def decode_rocketmq_records(body: bytes | bytearray | memoryview, broker_name: s
     return out
 
 
-def _decode_one(view: memoryview, at: int, broker_name: str, inflate: Callable[[bytes], bytes]
-                ) -> tuple[RocketMQMessage, int]:
+def _decode_one(view: memoryview, at: int, inflate: Callable[[bytes], bytes]) -> tuple[StoredMessage, int]:
     (total, magic, body_crc, queue_id, flag, queue_offset, clog_offset, sys_flag,
      born_ts) = _HEAD.unpack_from(view, at)
     if magic not in (RMQ_MAGIC_V1, RMQ_MAGIC_V2):
@@ -137,13 +130,9 @@ def _decode_one(view: memoryview, at: int, broker_name: str, inflate: Callable[[
         if kind not in _ZLIB_TYPES:
             raise _illegal(at, f"its body is compressed with type {kind} (LZ4 or ZSTD); sparkmq reads zlib only")
         data = inflate(data)
-    keys = properties.get("KEYS")
-    message = RocketMQMessage(
-        topic=topic, broker_name=broker_name, queue_id=queue_id, queue_offset=queue_offset,
-        msg_id=properties.get("UNIQ_KEY", ""),
-        offset_msg_id=encode_offset_msg_id(store_host or "0.0.0.0:0", clog_offset), body=data,
-        tags=properties.get("TAGS"), keys=tuple(k for k in keys.split(" ") if k) if keys else (),
-        properties=properties, born_timestamp=born_ts, born_host=born_host, store_timestamp=store_ts,
-        store_host=store_host, reconsume_times=reconsume, sys_flag=sys_flag, commitlog_offset=clog_offset,
-        store_size=total, flag=flag, body_crc=body_crc, prepared_offset=prepared)
+    message = StoredMessage(
+        topic=topic, queue_id=queue_id, queue_offset=queue_offset, commitlog_offset=clog_offset, store_size=total,
+        body=data, properties=properties, flag=flag, sys_flag=sys_flag, born_timestamp=born_ts, born_host=born_host,
+        store_timestamp=store_ts, store_host=store_host, reconsume_times=reconsume, prepared_offset=prepared,
+        tag_hash=0, body_crc=body_crc)
     return message, total
