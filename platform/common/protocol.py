@@ -831,8 +831,7 @@ class KVTable(msgspec.Struct):
 
 
 class SubscriptionDataBody(msgspec.Struct):
-    """One subscription of a consumer group (RocketMQ's SubscriptionData).  Every field is written: RocketMQ's
-    defaults differ (``subString`` is null there), and ``mqadmin consumerConnection`` prints what it gets."""
+    """One subscription of a consumer group (RocketMQ's SubscriptionData)."""
 
     topic: str
     subString: str = "*"
@@ -960,6 +959,42 @@ class UpdateConsumerOffsetsBody(msgspec.Struct):
     offsets: list[UpdateConsumerOffsetEntry] = []
 
 
+def mq_keyed_json(entries: list[tuple[MessageQueueData, Any]], extra: dict[str, Any] | None = None,
+                  field_name: str = "offsetTable") -> bytes:
+    """RocketMQ's JSON of a map keyed by MessageQueue (TopicStatsTable, ConsumeStats, ResetOffsetBody).
+
+    fastjson writes such a map with the key objects themselves as keys -- not JSON, but what the Java side
+    reads: ``{"offsetTable":{{"brokerName":"b","queueId":0,"topic":"t"}:{...}}, ...extra}``.
+    """
+    enc = msgspec.json.encode
+    items = b",".join(
+        b'{"brokerName":' + enc(mq.brokerName) + b',"queueId":' + str(mq.queueId).encode()
+        + b',"topic":' + enc(mq.topic) + b"}:" + enc(value) for mq, value in entries)
+    tail = b"".join(b"," + enc(k) + b":" + enc(v) for k, v in (extra or {}).items())
+    return b'{"' + field_name.encode() + b'":{' + items + b"}" + tail + b"}"
+
+
+__all__ += [
+    "FRAME_PREFIX_SIZE", "MAX_HEADER_BYTES", "SERVER_VERSION", "CLIENT_VERSION", "SerializeType", "LanguageCode",
+    "SPARKMQ_CODE_BASE", "ResponseCode", "PULL_FLAG_COMMIT_OFFSET", "PULL_FLAG_SUSPEND", "PULL_FLAG_SUBSCRIPTION",
+    "PULL_FLAG_CLASS_FILTER", "PULL_FLAG_LITE_PULL", "TRANSACTION_NOT_TYPE", "TRANSACTION_COMMIT_TYPE",
+    "TRANSACTION_ROLLBACK_TYPE", "ExtHeader", "ext_fields", "SEND_V2_NAMES", "SendMessageRequestHeader",
+    "SendMessageRequestHeaderV2", "SendMessageResponseHeader", "PullMessageRequestHeader",
+    "PullMessageResponseHeader", "QueryConsumerOffsetRequestHeader", "OffsetResponseHeader",
+    "UpdateConsumerOffsetRequestHeader", "QueueRequestHeader", "SearchOffsetRequestHeader",
+    "QueueOffsetsResponseHeader", "EarliestMsgStoretimeResponseHeader", "UnregisterClientRequestHeader",
+    "ConsumerSendMsgBackRequestHeader", "EndTransactionRequestHeader", "ConsumerGroupRequestHeader",
+    "CheckTransactionStateRequestHeader", "QueryMessageRequestHeader", "QueryMessageResponseHeader",
+    "ViewMessageRequestHeader", "CreateTopicRequestHeader", "TopicRequestHeader", "GetConsumeStatsRequestHeader",
+    "ResetOffsetRequestHeader", "ResetOffsetNoticeHeader", "ConsumerRunningInfoRequestHeader",
+    "KVConfigRequestHeader", "KVConfigResponseHeader", "ClusterRequestHeader", "SendPackedRequestHeader",
+    "SendPackedResponseHeader", "UpdateConsumerOffsetsResponseHeader", "ErrorResponseHeader", "MessageQueueData",
+    "BrokerData", "QueueData", "TopicRouteData", "ClusterInfo", "TopicList", "KVTable", "SubscriptionDataBody",
+    "ConsumerDataBody", "ProducerDataBody", "HeartbeatData", "ConsumerIdList", "LockBatchRequestBody",
+    "LockBatchResponseBody", "ConnectionData", "ConsumerConnection", "TopicConfigData", "DataVersion",
+    "TopicConfigSerializeWrapper", "UpdateConsumerOffsetEntry", "UpdateConsumerOffsetsBody", "mq_keyed_json"]
+
+
 # -- mqadmin's admin bodies (api/remoting/admin.py) ------------------------------------------------------------
 
 class TopicOffsetData(msgspec.Struct):
@@ -1029,42 +1064,6 @@ class DeleteSubscriptionGroupRequestHeader(ExtHeader):
 
 __all__ += ["TopicOffsetData", "OffsetWrapperData", "GroupList", "SubscriptionGroupConfigBody",
             "SubscriptionGroupWrapper", "SubscriptionGroupRequestHeader", "DeleteSubscriptionGroupRequestHeader"]
-
-
-def mq_keyed_json(entries: list[tuple[MessageQueueData, Any]], extra: dict[str, Any] | None = None,
-                  field_name: str = "offsetTable") -> bytes:
-    """RocketMQ's JSON of a map keyed by MessageQueue (TopicStatsTable, ConsumeStats, ResetOffsetBody).
-
-    fastjson writes such a map with the key objects themselves as keys -- not JSON, but what the Java side
-    reads: ``{"offsetTable":{{"brokerName":"b","queueId":0,"topic":"t"}:{...}}, ...extra}``.
-    """
-    enc = msgspec.json.encode
-    items = b",".join(
-        b'{"brokerName":' + enc(mq.brokerName) + b',"queueId":' + str(mq.queueId).encode()
-        + b',"topic":' + enc(mq.topic) + b"}:" + enc(value) for mq, value in entries)
-    tail = b"".join(b"," + enc(k) + b":" + enc(v) for k, v in (extra or {}).items())
-    return b'{"' + field_name.encode() + b'":{' + items + b"}" + tail + b"}"
-
-
-__all__ += [
-    "FRAME_PREFIX_SIZE", "MAX_HEADER_BYTES", "SERVER_VERSION", "CLIENT_VERSION", "SerializeType", "LanguageCode",
-    "SPARKMQ_CODE_BASE", "ResponseCode", "PULL_FLAG_COMMIT_OFFSET", "PULL_FLAG_SUSPEND", "PULL_FLAG_SUBSCRIPTION",
-    "PULL_FLAG_CLASS_FILTER", "PULL_FLAG_LITE_PULL", "TRANSACTION_NOT_TYPE", "TRANSACTION_COMMIT_TYPE",
-    "TRANSACTION_ROLLBACK_TYPE", "ExtHeader", "ext_fields", "SEND_V2_NAMES", "SendMessageRequestHeader",
-    "SendMessageRequestHeaderV2", "SendMessageResponseHeader", "PullMessageRequestHeader",
-    "PullMessageResponseHeader", "QueryConsumerOffsetRequestHeader", "OffsetResponseHeader",
-    "UpdateConsumerOffsetRequestHeader", "QueueRequestHeader", "SearchOffsetRequestHeader",
-    "QueueOffsetsResponseHeader", "EarliestMsgStoretimeResponseHeader", "UnregisterClientRequestHeader",
-    "ConsumerSendMsgBackRequestHeader", "EndTransactionRequestHeader", "ConsumerGroupRequestHeader",
-    "CheckTransactionStateRequestHeader", "QueryMessageRequestHeader", "QueryMessageResponseHeader",
-    "ViewMessageRequestHeader", "CreateTopicRequestHeader", "TopicRequestHeader", "GetConsumeStatsRequestHeader",
-    "ResetOffsetRequestHeader", "ResetOffsetNoticeHeader", "ConsumerRunningInfoRequestHeader",
-    "KVConfigRequestHeader", "KVConfigResponseHeader", "ClusterRequestHeader", "SendPackedRequestHeader",
-    "SendPackedResponseHeader", "UpdateConsumerOffsetsResponseHeader", "ErrorResponseHeader", "MessageQueueData",
-    "BrokerData", "QueueData", "TopicRouteData", "ClusterInfo", "TopicList", "KVTable", "SubscriptionDataBody",
-    "ConsumerDataBody", "ProducerDataBody", "HeartbeatData", "ConsumerIdList", "LockBatchRequestBody",
-    "LockBatchResponseBody", "ConnectionData", "ConsumerConnection", "TopicConfigData", "DataVersion",
-    "TopicConfigSerializeWrapper", "UpdateConsumerOffsetEntry", "UpdateConsumerOffsetsBody", "mq_keyed_json"]
 
 
 # -- legacy sparkmq headers (msgpack) ------------------------------------------------------------
