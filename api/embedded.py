@@ -39,8 +39,8 @@ from ..platform.auth import Credentials
 from ..platform.broker.config import DEFAULT_GRPC_PORT, DEFAULT_PORT, BrokerConfig
 from ..platform.namesrv import NameServerConfig, RouteTable
 from .broker_main import BrokerService
-from .namesrv_app import create_app as create_namesrv_app
-from .serving import Server, bind_socket, run_service, serve_app
+from .namesrv_main import serve_on as serve_namesrv
+from .serving import Server, bind_socket, run_service
 
 __all__ = ["EmbeddedPlatform", "DLEDGER_MEMBERS"]
 
@@ -235,9 +235,9 @@ class EmbeddedPlatform:
         def keep_server(server: Server) -> None:
             self._namesrv_server = server
 
-        app = create_namesrv_app(self.route_table, self.namesrv_config)
-        namesrv = asyncio.create_task(serve_app(app, namesrv_sock, ready("namesrv"), handle_signals=False,
-                                                log_level=self.log_level, server_ready=keep_server))
+        namesrv = asyncio.create_task(serve_namesrv(self.namesrv_config, namesrv_sock, self.route_table,
+                                                    ready("namesrv"), handle_signals=False, log_level=self.log_level,
+                                                    server_ready=keep_server))
         self._tasks = {service: asyncio.create_task(service.serve(
             log_level=self.log_level, on_ready=ready(f"broker-{i}"), handle_signals=False, on_remoting=None,
             on_grpc=None))

@@ -2,8 +2,8 @@
 (``facts/rocketmq-remoting.md``), independent of sparkmq's own client.
 
 * :class:`JavaLikeClient` -- one blocking connection: JSON headers (``language`` JAVA, ``version`` 479) or, with
-  ``serialize="ROCKETMQ"``, the binary header; requests matched by opaque; requests the broker sends (pushes) are
-  kept in :attr:`JavaLikeClient.pushes` and may be answered.
+  ``serialize="ROCKETMQ"``, the binary header, both built byte by byte by ``rmq_wire``; requests matched by opaque;
+  requests the broker sends (pushes) are kept in :attr:`JavaLikeClient.pushes` and may be answered.
 * :func:`v2` -- SEND_MESSAGE_V2's one-letter header; :func:`props` -- the properties string; :func:`heartbeat` --
   a HeartbeatData body; :func:`batch_body` -- SEND_BATCH_MESSAGE's body (MessageBatch.encode).
 * :func:`decode_records` -- RocketMQ stored-message records (MessageDecoder.decode) as dicts.
@@ -19,8 +19,10 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
+from rmq_wire import json_frame, rocketmq_frame
+
 from sparkmq.platform.common.protocol import FLAG_ONEWAY, FLAG_RESPONSE
-from sparkmq.platform.remoting import Frame, FrameDecoder, encode_frame, encode_rocketmq_header
+from sparkmq.platform.remoting import Frame, FrameDecoder
 
 __all__ = ["JavaLikeClient", "v2", "props", "heartbeat", "batch_body", "decode_records", "JAVA_VERSION",
            "PULL_OUTCOMES"]
@@ -145,15 +147,9 @@ class JavaLikeClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _frame(self, code: int, flag: int, opaque: int, ext: Mapping[str, str] | None, body: bytes,
-               remark: str | None = None) -> bytes:
-        if self.serialize == "ROCKETMQ":
-            header = encode_rocketmq_header(code, flag, opaque, dict(ext or {}), remark, version=JAVA_VERSION,
-                                            language=0)
-            return struct.pack(">iI", 4 + len(header) + len(body), (1 << 24) | len(header)) + header + body
-        data = encode_frame(code, flag, opaque, dict(ext or {}) or None, body, remark, version=JAVA_VERSION,
-                            language="JAVA")
-        return data if isinstance(data, bytes) else b"".join(bytes(b) for b in data)
+    def _frame(self, code: int, flag: int, opaque: int, ext: Mapping[str, str] | None, body: bytes) -> bytes:
+        make = rocketmq_frame if self.serialize == "ROCKETMQ" else json_frame
+        return make(code, opaque, dict(ext or {}), body, flag=flag, version=JAVA_VERSION)
 
     def send(self, code: int, ext: Mapping[str, str] | None = None, body: bytes = b"", *,
              oneway: bool = False) -> int:

@@ -13,10 +13,7 @@ Users of the module's broker (``root`` is the config's bootstrap super user)::
 """
 from __future__ import annotations
 
-import base64
 import contextlib
-import hashlib
-import hmac
 import json
 import subprocess
 import sys
@@ -32,6 +29,7 @@ import grpc
 import httpx
 import pytest
 from acl_users import ACL_SETTINGS, ALICE, BOB, CAROL, ROOT, STALE_MS, WRONG, ok
+from rmq_wire import java_sign
 
 from procs import BROKER, NAMESRV, ProcessHarness, ServiceProcess, child_env, wait_until, write_conf
 from sparkmq.platform.auth import Credentials, Signer
@@ -251,21 +249,14 @@ def test_a_signed_push_consumer_consumes_over_remoting(acl: AclPlatform) -> None
 
 
 # -- remoting ----------------------------------------------------------------------------------------------
-def _java_signed(credentials: Credentials, ext: dict[str, str], body: bytes) -> dict[str, str]:
-    """``ext`` signed as RocketMQ's AclClientRPCHook signs a request (written from its sources, not sparkmq's
-    signer): AccessKey added, every field's value in key order, then the body, HmacSHA1 with the secret, Base64."""
-    fields = {**ext, "AccessKey": credentials.access_key}
-    content = "".join(fields[k] for k in sorted(fields)).encode() + body
-    signature = base64.b64encode(hmac.new(credentials.secret_key.encode(), content, hashlib.sha1).digest()).decode()
-    return {**fields, "Signature": signature}
-
-
 def _remoting(acl: AclPlatform, credentials: Credentials | None, code: int, ext: dict[str, str], body: bytes = b"",
-              *, sent_body: bytes | None = None, java: bool = False) -> ErrorCode | None:
-    """One remoting request signed by hand (sparkmq's signer, or RocketMQ's Java scheme); the error code it got
-    (None = success)."""
-    if credentials is not None:
-        ext = _java_signed(credentials, ext, body) if java else Signer(credentials).sign_ext(code, ext, body)
+              *, sent_body: bytes | None = None, java: bool = False, age_ms: int = 0) -> ErrorCode | None:
+    """One remoting request signed by hand (sparkmq's signer, or RocketMQ's AclClientRPCHook scheme written from its
+    description: ``rmq_wire.java_sign``); the error code it got (None = success)."""
+    if credentials is not None and java:
+        ext = java_sign(ext, body, credentials.access_key, credentials.secret_key)
+    elif credentials is not None:
+        ext = Signer(credentials).sign_ext(code, ext, body, timestamp_ms=int(time.time() * 1000) - age_ms)
     client = SyncRemotingClient(request_timeout_s=5)
     try:
         client.request(acl.remoting_addr, code, ext, body if sent_body is None else sent_body)
@@ -287,6 +278,8 @@ def test_remoting_refuses_bad_signatures_and_unpermitted_users_and_changes_nothi
         ("wrong secret, Java's scheme", lambda: _remoting(acl, WRONG, code_send, send, b"x", java=True),
          ErrorCode.AUTHENTICATION_FAILED),
         ("tampered body", lambda: _remoting(acl, ALICE, code_send, send, b"x", sent_body=b"y"),
+         ErrorCode.AUTHENTICATION_FAILED),
+        ("replayed", lambda: _remoting(acl, ALICE, code_send, send, b"x", age_ms=STALE_MS),
          ErrorCode.AUTHENTICATION_FAILED),
         ("tampered body, Java's scheme", lambda: _remoting(acl, ALICE, code_send, send, b"x", sent_body=b"y",
                                                            java=True), ErrorCode.AUTHENTICATION_FAILED),

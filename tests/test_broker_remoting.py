@@ -79,7 +79,7 @@ def test_ten_thousand_requests_in_flight_on_one_connection(broker: dict[str, str
     remoting = broker["remoting"]
 
     async def run() -> list[tuple[str, str]]:
-        client = AsyncRemotingClient()
+        client = AsyncRemotingClient(request_timeout_s=60)  # 10,000 queued at once: the last wait their turn
         try:
             async def task(worker: int) -> list[tuple[str, str]]:
                 pending = []

@@ -23,8 +23,8 @@ from ...platform.common.protocol import (
     RequestCode,
     pull_response_code,
 )
-from ...platform.common.rocketmq_codec import encode_rocketmq_records
 from ...platform.remoting import Frame, Reply, ServerConnection
+from ...storage_native import encode_rocketmq_records
 from ._common import Handler, NeedsOf, client_id_of, reply, sub_group, sub_topic
 
 if TYPE_CHECKING:

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 from ...platform.auth import CLUSTER, Action, Need, Resource
 from ...platform.common import protocol as p
 from ...platform.common.protocol import RequestCode, ResponseCode
-from ...platform.common.rocketmq_codec import encode_rocketmq_records
 from ...platform.remoting import Frame, Reply, ServerConnection
 from ...platform.store.message_store import records_of
+from ...storage_native import encode_rocketmq_records
 from ._common import SIGNED, Handler, NeedsOf, json_body, reply, threaded
 
 if TYPE_CHECKING:

@@ -13,16 +13,17 @@ from typing import TYPE_CHECKING, Any
 
 from ...platform.auth import Action, Resource
 from ...platform.broker.processors import OutgoingMessage, PackedSendResult
+from ...platform.broker.processors.base import check_int
 from ...platform.common import protocol as p
 from ...platform.common.errors import ErrorCode, SparkMQError
 from ...platform.common.ids import offset_msg_id_prefix
 from ...platform.common.message import PROPERTY_UNIQUE_ID, SendResult, SendStatus
 from ...platform.common.protocol import SEND_STATUS_CODES, RequestCode
-from ...platform.common.rocketmq_codec import decode_rocketmq_batch
 from ...platform.common.sysflag import COMPRESSED
 from ...platform.common.system_topics import PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED
 from ...platform.remoting import Deferred, Frame, Reply, ServerConnection
 from ...platform.store.message_store import unpack_batch
+from ...storage_native import StoreError, decode_rocketmq_batch
 from ._common import Handler, NeedsOf, peer_host, properties_of, reply, sub_group, threaded
 
 if TYPE_CHECKING:
@@ -107,7 +108,11 @@ class _Sends:
     def send_batch_message(self, conn: ServerConnection, frame: Frame) -> Reply | Deferred | Awaitable[Reply]:
         """RocketMQ's batch: decoded into sparkmq's packed batch by the native core, appended as one."""
         h: p.SendMessageRequestHeader = frame.header_as(p.SendMessageRequestHeaderV2)  # type: ignore[assignment]
-        packed, count = decode_rocketmq_batch(frame.body, h.bornTimestamp or _now_ms())
+        born = check_int("bornTimestamp", h.bornTimestamp, 0, 2**63 - 1) or _now_ms()
+        try:
+            packed, count = decode_rocketmq_batch(frame.body, born)
+        except StoreError as exc:  # the native decoder's MESSAGE_ILLEGAL, naming the entry
+            raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, exc.message) from None
         queue_id = h.queueId if h.queueId is not None and h.queueId >= 0 else None
         batch_id = properties_of(h.properties).get(PROPERTY_UNIQUE_ID)
 

@@ -14,9 +14,9 @@ from ...platform.broker.transaction import CheckRequest
 from ...platform.common import protocol as p
 from ...platform.common.errors import ErrorCode, SparkMQError
 from ...platform.common.protocol import TRANSACTION_ACTIONS, RequestCode
-from ...platform.common.rocketmq_codec import encode_rocketmq_records
 from ...platform.remoting import Frame, Reply, ServerConnection
 from ...platform.store.message_store import records_of
+from ...storage_native import encode_rocketmq_records
 from ._common import Handler, NeedsOf, reply, threaded
 
 if TYPE_CHECKING:

@@ -47,7 +47,7 @@ from ..common.protocol import (
     ResponseCode,
     pull_status_of,
 )
-from ..common.rocketmq_codec import decode_rocketmq_records
+from ..common.rocketmq_records import decode_rocketmq_records
 from ..common.system_topics import (
     PROPERTY_DELAY_LEVEL,
     PROPERTY_PRODUCER_GROUP,

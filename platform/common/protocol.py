@@ -192,6 +192,10 @@ class RequestCode(enum.IntEnum):
     SEND_BATCH_MESSAGE = 320
     QUERY_CONSUME_QUEUE = 321
     LITE_PULL_MESSAGE = 361
+    # -- admin -> broker, for mqadmin (api/remoting/admin.py)
+    #: One topic's config (``mqadmin consumerProgress`` asks every broker of the route).
+    GET_TOPIC_CONFIG = 351
+    GET_SUBSCRIPTIONGROUP_CONFIG = 352
     # -- broker -> client (CHECK, NOTIFY and RESET are ONEWAY)
     CHECK_TRANSACTION_STATE = 39
     NOTIFY_CONSUMER_IDS_CHANGED = 40
@@ -979,8 +983,8 @@ class ConsumerConnection(msgspec.Struct, omit_defaults=True):
     consumeFromWhere: str | None = None
 
 
-class TopicConfigData(msgspec.Struct, omit_defaults=True):
-    """One topic's configuration (RocketMQ's TopicConfig)."""
+class TopicConfigData(msgspec.Struct):
+    """One topic's configuration (RocketMQ's TopicConfig; every field written, as RocketMQ's broker does)."""
 
     topicName: str
     readQueueNums: int
@@ -1239,6 +1243,77 @@ __all__ += [
     "ConsumerDataBody", "ProducerDataBody", "HeartbeatData", "ConsumerIdList", "LockBatchRequestBody",
     "LockBatchResponseBody", "ConnectionData", "ConsumerConnection", "TopicConfigData", "DataVersion",
     "TopicConfigSerializeWrapper", "UpdateConsumerOffsetEntry", "UpdateConsumerOffsetsBody", "mq_keyed_json"]
+
+
+# -- mqadmin's admin bodies (api/remoting/admin.py) ------------------------------------------------------------
+
+class TopicOffsetData(msgspec.Struct):
+    """A queue's bounds in GET_TOPIC_STATS_INFO's ``TopicStatsTable`` (the store time of its newest message)."""
+
+    minOffset: int
+    maxOffset: int
+    lastUpdateTimestamp: int
+
+
+class OffsetWrapperData(msgspec.Struct):
+    """A group's progress on a queue in GET_CONSUME_STATS' ``ConsumeStats`` (``lastTimestamp``: the store time of
+    the last message consumed, 0 when none)."""
+
+    brokerOffset: int
+    consumerOffset: int
+    pullOffset: int
+    lastTimestamp: int
+
+
+class GroupList(msgspec.Struct):
+    """QUERY_TOPIC_CONSUME_BY_WHO's answer: the groups consuming a topic."""
+
+    groupList: list[str] = []
+
+
+class SubscriptionGroupConfigBody(msgspec.Struct):
+    """UPDATE_AND_CREATE_SUBSCRIPTIONGROUP's body and GET_ALL_SUBSCRIPTIONGROUP_CONFIG's entries (RocketMQ's
+    ``SubscriptionGroupConfig``, its defaults, every field written; its retry policy and subscription set are not
+    kept)."""
+
+    groupName: str
+    consumeEnable: bool = True
+    consumeFromMinEnable: bool = True
+    consumeBroadcastEnable: bool = True
+    consumeMessageOrderly: bool = False
+    retryQueueNums: int = 1
+    retryMaxTimes: int = 16
+    brokerId: int = 0
+    whichBrokerWhenConsumeSlowly: int = 1
+    notifyConsumerIdsChangedEnable: bool = True
+    groupSysFlag: int = 0
+    consumeTimeoutMinute: int = 15
+    attributes: dict[str, str] = {}
+
+
+class SubscriptionGroupWrapper(msgspec.Struct):
+    """GET_ALL_SUBSCRIPTIONGROUP_CONFIG's answer."""
+
+    subscriptionGroupTable: dict[str, SubscriptionGroupConfigBody]
+    dataVersion: DataVersion
+    forbiddenTable: dict[str, dict[str, int]] = {}
+
+
+class SubscriptionGroupRequestHeader(ExtHeader):
+    """GET_SUBSCRIPTIONGROUP_CONFIG (352): one group's config."""
+
+    group: str
+
+
+class DeleteSubscriptionGroupRequestHeader(ExtHeader):
+    """DELETE_SUBSCRIPTIONGROUP (207): forget a group's config (and, with ``cleanOffset``, its offsets)."""
+
+    groupName: str
+    cleanOffset: bool = False
+
+
+__all__ += ["TopicOffsetData", "OffsetWrapperData", "GroupList", "SubscriptionGroupConfigBody",
+            "SubscriptionGroupWrapper", "SubscriptionGroupRequestHeader", "DeleteSubscriptionGroupRequestHeader"]
 
 
 # ================================================================================================
