@@ -59,6 +59,7 @@ class _Consumers:
         return reply(p.HeartbeatResponseHeader(), encode_json(p.HeartbeatResponseBody(versions)))
 
     def unregister(self, conn: ServerConnection, frame: Frame) -> Reply:
+        """UNREGISTER_CLIENT: the client leaves the named producer and/or consumer group."""
         h = frame.header_as(p.UnregisterClientRequestHeader)
         self.broker.consumer_processor.unregister_client(
             h.clientID, [h.producerGroup] if h.producerGroup else [], [h.consumerGroup] if h.consumerGroup else [])
@@ -90,6 +91,7 @@ class _Consumers:
         return reply(p.OffsetResponseHeader(offset))
 
     def update_offset(self, conn: ServerConnection, frame: Frame) -> Reply:
+        """UPDATE_CONSUMER_OFFSET: commit one queue's offset for a group."""
         h = frame.header_as(p.UpdateConsumerOffsetRequestHeader)
         self.broker.consumer_processor.commit_offsets(h.consumerGroup, [(h.topic, h.queueId, h.commitOffset)])
         return reply()
@@ -103,6 +105,7 @@ class _Consumers:
 
     # -- orderly consumption's queue locks --------------------------------------------------------
     def lock(self, conn: ServerConnection, frame: Frame) -> Reply:
+        """LOCK_BATCH_MQ: lock (or renew) queues for orderly consumption; the queues held now."""
         body = json_body(frame, p.LockBatchRequestBody)
         held = self.broker.consumer_processor.lock_queues(body.consumerGroup, body.clientId,
                                                           [(q.topic, q.queueId) for q in body.mqSet])
@@ -110,6 +113,7 @@ class _Consumers:
         return reply(body=encode_json(p.LockBatchResponseBody([p.MessageQueueData(t, name, q) for t, q in held])))
 
     def unlock(self, conn: ServerConnection, frame: Frame) -> Reply:
+        """UNLOCK_BATCH_MQ: release queues the client holds."""
         body = json_body(frame, p.LockBatchRequestBody)
         self.broker.consumer_processor.unlock_queues(body.consumerGroup, body.clientId,
                                                      [(q.topic, q.queueId) for q in body.mqSet])

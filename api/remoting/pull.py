@@ -83,24 +83,29 @@ class _Pulls:
 
     # -- queue offsets --------------------------------------------------------------------------
     def max_offset(self, conn: ServerConnection, frame: Frame) -> Reply:
+        """GET_MAX_OFFSET: the offset the queue's next message gets."""
         h = frame.header_as(p.QueueRequestHeader)
         return reply(p.OffsetResponseHeader(self.broker.pull_processor.queue_offsets(h.topic, h.queueId)["max_offset"]))
 
     def min_offset(self, conn: ServerConnection, frame: Frame) -> Reply:
+        """GET_MIN_OFFSET: the oldest offset the queue still holds."""
         h = frame.header_as(p.QueueRequestHeader)
         return reply(p.OffsetResponseHeader(self.broker.pull_processor.queue_offsets(h.topic, h.queueId)["min_offset"]))
 
     def search_offset(self, conn: ServerConnection, frame: Frame) -> Reply:
+        """SEARCH_OFFSET_BY_TIMESTAMP: the offset stored at a time (LOWER or UPPER bound)."""
         h = frame.header_as(p.SearchOffsetRequestHeader)
         return reply(p.OffsetResponseHeader(self.broker.pull_processor.search_offset(h.topic, h.queueId, h.timestamp,
                                                                                      h.boundaryType)))
 
     def earliest_store_time(self, conn: ServerConnection, frame: Frame) -> Reply:
+        """GET_EARLIEST_MSG_STORETIME: when the queue's oldest message was stored."""
         h = frame.header_as(p.QueueRequestHeader)
         return reply(p.EarliestMsgStoretimeResponseHeader(
             self.broker.pull_processor.earliest_store_time(h.topic, h.queueId)))
 
     def queue_offsets(self, conn: ServerConnection, frame: Frame) -> Reply:
+        """SPARKMQ_QUEUE_OFFSETS: a queue's bounds in one answer (and the offset for a time)."""
         h = frame.header_as(p.QueueRequestHeader)
         answer = self.broker.pull_processor.queue_offsets(h.topic, h.queueId, h.timestamp)
         return reply(p.QueueOffsetsResponseHeader(answer["min_offset"], answer["max_offset"], answer.get("offset")))

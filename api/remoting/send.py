@@ -68,9 +68,11 @@ class _Sends:
 
     # -- single messages ------------------------------------------------------------------------
     def send_message(self, conn: ServerConnection, frame: Frame) -> Reply | Deferred | Awaitable[Reply]:
+        """SEND_MESSAGE: one message, RocketMQ's full-name header."""
         return self._send(conn, frame, frame.header_as(p.SendMessageRequestHeader))
 
     def send_message_v2(self, conn: ServerConnection, frame: Frame) -> Reply | Deferred | Awaitable[Reply]:
+        """SEND_MESSAGE_V2: one message, the one-letter header RocketMQ's clients send by default."""
         return self._send(conn, frame, frame.header_as(p.SendMessageRequestHeaderV2))  # type: ignore[arg-type]
 
     def _send(self, conn: ServerConnection, frame: Frame,

@@ -317,30 +317,36 @@ class _PushInbox:
         self._running: dict[str, RunningInfo] = {}
 
     def on_offset_reset(self, group: str, handler: Callable[[OffsetReset], None]) -> None:
+        """Tell ``handler`` about pushed offset resets of ``group``."""
         with self._lock:
             self._reset_handlers.setdefault(group, []).append(handler)
 
     def forget_offset_reset(self, group: str, handler: Callable[[OffsetReset], None]) -> None:
+        """Stop telling ``handler``."""
         with self._lock:
             handlers = self._reset_handlers.get(group, [])
             if handler in handlers:
                 handlers.remove(handler)
 
     def offset_reset(self, notice: OffsetReset) -> None:
+        """Hand a pushed offset reset to the group's handlers."""
         with self._lock:
             handlers = list(self._reset_handlers.get(notice.group, ()))
         for handler in handlers:
             handler(notice)
 
     def on_running_info(self, client_id: str, provider: RunningInfo) -> None:
+        """Answer running-info requests for ``client_id`` with ``provider()``."""
         with self._lock:
             self._running[client_id] = provider
 
     def forget_running_info(self, client_id: str) -> None:
+        """Stop answering for ``client_id``."""
         with self._lock:
             self._running.pop(client_id, None)
 
     def running_info(self, client_id: str) -> Reply:
+        """The answer to a relayed GET_CONSUMER_RUNNING_INFO (CONSUMER_NOT_ONLINE for a client not here)."""
         with self._lock:
             provider = self._running.get(client_id)
         if provider is None:
@@ -348,10 +354,12 @@ class _PushInbox:
         return Reply(body=provider())
 
     def watch(self, key: tuple[str, str], event: asyncio.Event) -> None:
+        """Set ``event`` (on the running loop) when the broker ``key[0]`` notices a change of group ``key[1]``."""
         with self._lock:
             self._watches.setdefault(key, []).append((asyncio.get_running_loop(), event))
 
     def unwatch(self, key: tuple[str, str], event: asyncio.Event) -> None:
+        """Forget a watch."""
         with self._lock:
             waiting = self._watches.get(key, [])
             waiting[:] = [(loop, e) for loop, e in waiting if e is not event]
@@ -359,6 +367,7 @@ class _PushInbox:
                 self._watches.pop(key, None)
 
     def group_changed(self, addr: str, group: str) -> None:
+        """A pushed NOTIFY_CONSUMER_IDS_CHANGED: wake the group's watches on that broker."""
         with self._lock:
             waiting = list(self._watches.get((addr, group), ()))
         for loop, event in waiting:
@@ -366,11 +375,13 @@ class _PushInbox:
                 loop.call_soon_threadsafe(event.set)
 
     def add_check(self, addr: str, check: PushedCheck) -> None:
+        """Queue a pushed check-back (answered on the broker ``addr`` that sent it)."""
         with self._lock:
             self._checks.setdefault((check.producer_group, addr), collections.deque(maxlen=10_000)).append(check)
             self._lock.notify_all()
 
     def take_checks(self, group: str, addr: str, wait_s: float, max_count: int = 32) -> list[PushedCheck]:
+        """Up to ``max_count`` check-backs ``addr`` pushed for ``group``, waiting up to ``wait_s`` for one."""
         deadline = time.monotonic() + wait_s
         with self._lock:
             while True:
