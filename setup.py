@@ -10,9 +10,10 @@ setup(
                 "storage_native/cl_store.c",
                 "storage_native/crc32.c",
                 "storage_native/v2_codec.c",
+                "storage_native/rmq_codec.c",
             ],
             depends=["storage_native/cl_store.h", "storage_native/crc32.h", "storage_native/growbuf.h",
-                     "storage_native/v2_codec.h"],
+                     "storage_native/v2_codec.h", "storage_native/rmq_codec.h"],
             extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-pthread"],
             extra_link_args=["-pthread"],
         )

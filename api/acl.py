@@ -7,7 +7,12 @@
   missing from the table needs a super user (safe for routes added later).  The name server and the gateway
   use it too, each with its own table (``app.state.route_needs``) and guard (``app.state.guard``);
 * :data:`acl_router` -- ``/acl/users`` and ``/acl/policies``: what ``sparkmq admin user|acl`` calls; super
-  users only while ACL is on.
+  users only while ACL is on;
+* :func:`remoting_access` -- the same for a service's remoting requests over a table of what each code needs (the
+  name server's; the broker's dispatcher in ``api/remoting`` keeps its families' tables): sparkmq's signature or a
+  RocketMQ client's ``AclClientRPCHook`` is checked (``AccessGuard.authenticate_remoting``), the credential fields
+  are removed from the frame, then what the code needs, an :class:`AnyOf` item meaning one of its pairs suffices
+  (RocketMQ 5's ACL 2.0 contexts with several actions).
 
 Authentication and authorization run before the endpoint, so a refused request changes nothing.
 """
@@ -33,10 +38,14 @@ from ..platform.auth import (
     Resource,
     User,
 )
+from ..platform.auth.signing import CREDENTIAL_FIELDS
 from ..platform.broker.broker import Broker
 from ..platform.common.errors import ErrorCode, SparkMQError
+from ..platform.common.protocol import RequestCode
+from ..platform.remoting import Frame
 
-__all__ = ["broker_guard", "http_access", "acl_router", "ROUTE_NEEDS", "OPEN", "SIGNED", "AnyOf", "NeedsOf"]
+__all__ = ["broker_guard", "http_access", "acl_router", "ROUTE_NEEDS", "OPEN", "SIGNED", "AnyOf", "NeedsOf",
+           "RemotingNeedsOf", "remoting_access", "remoting_topic", "remoting_group"]
 
 _guards: weakref.WeakKeyDictionary[Broker, AccessGuard] = weakref.WeakKeyDictionary()
 _guards_lock = threading.Lock()
@@ -248,6 +257,60 @@ async def http_access(request: Request) -> Principal | None:
                 parsed = None  # the endpoint refuses it as INVALID_ARGUMENT
         needs = rule(dict(request.path_params), dict(request.query_params), parsed)
         guard.authorize(principal, needs, peer, what, any_of=isinstance(needs, AnyOf))
+    return principal
+
+
+# -- remoting requests -------------------------------------------------------------------------------------
+#: What a remoting request needs: items of which each must be allowed -- a :data:`Need`, or an :class:`AnyOf`
+#: of which one suffices (RocketMQ's contexts with several actions) -- or :data:`SIGNED` (any signed user).
+RemotingNeedsOf = Callable[[Frame], "list[Need | AnyOf] | str"]
+
+
+def remoting_topic(name: str | None, *actions: Action) -> list[Need | AnyOf]:
+    """``actions`` (any one of them) on the topic ``name``; nothing for a missing name (the handler refuses it)."""
+    if not name:
+        return []
+    resource = Resource.topic(name)
+    return [AnyOf((a, resource) for a in actions) if len(actions) > 1 else (actions[0], resource)]
+
+
+def remoting_group(name: str | None, *actions: Action) -> list[Need | AnyOf]:
+    """``actions`` (any one of them) on the consumer or producer group ``name``."""
+    if not name:
+        return []
+    resource = Resource.group(name)
+    return [AnyOf((a, resource) for a in actions) if len(actions) > 1 else (actions[0], resource)]
+
+
+def remoting_access(guard: AccessGuard | None, frame: Frame, peer: str | None,
+                    needs: dict[int, RemotingNeedsOf]) -> Principal | None:
+    """Authenticate and authorize a remoting request (ACL on), before its handler runs; None with ACL off.
+
+    The credential fields leave ``frame.ext`` either way (a handler never sees them); AUTHENTICATION_FAILED or
+    NO_PERMISSION (both RocketMQ's response code 16) otherwise, audited, and nothing has changed.  ``needs`` is
+    the service's table (the name server's ``NAMESRV_REMOTING_NEEDS``); a code it does not list needs a super
+    user.  (The broker's dispatcher, ``api/remoting``, does the same over its request families' tables.)
+    """
+    if guard is None or not guard.enabled:
+        if frame.ext:
+            for name in CREDENTIAL_FIELDS:
+                frame.ext.pop(name, None)
+        return None
+    principal = guard.authenticate_remoting(frame, peer)
+    rule = needs.get(frame.code)
+    code_name = RequestCode(frame.code).name if frame.code in RequestCode._value2member_map_ else str(frame.code)
+    what = f"remoting {code_name}"
+    if rule is None:
+        guard.require_super_user(principal, peer, what)
+        return principal
+    wanted = rule(frame)
+    if wanted == SIGNED:
+        return principal
+    for item in wanted:
+        if isinstance(item, AnyOf):
+            guard.authorize(principal, item, peer, what, any_of=True)
+        else:
+            guard.authorize(principal, [item], peer, what)
     return principal
 
 

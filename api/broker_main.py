@@ -31,7 +31,7 @@ from ..pipelines.lake_service import LakeService, LakeSettings
 from ..platform.broker.broker import Broker
 from ..platform.broker.config import DEFAULT_PORT, BrokerConfig
 from .broker_app import create_app
-from .broker_remoting import BrokerRemoting
+from .remoting import BrokerRemoting
 from .serving import Server, bind_socket, http_options, run_service
 
 if TYPE_CHECKING:
@@ -127,13 +127,17 @@ class BrokerService:
     async def _open_endpoints(self) -> None:
         """Remoting, the DLedger member and the HA port, all on this loop (long polls, pushes and the futures of
         sends waiting for a sync, a slave or a Raft commit resolve on it without a thread)."""
-        remoting_port = self.config.remoting_bind_port
-        if remoting_port is not None:
-            remoting = BrokerRemoting(self.broker)
-            remoting.server.tls = self.config.tls
-            remoting.server.limits = self.config.limits
-            self.remoting = await remoting.start(self.config.host, remoting_port)
-            self.broker.remoting_addr = self.config.remoting_addr_for(self.remoting.port)
+        if self.config.remoting_enabled:
+            # RocketMQ's remoting on the main port (sniffed beside HTTP), and on a dedicated one when configured.
+            self.remoting = BrokerRemoting(self.broker, tls=self.config.tls, limits=self.config.limits)
+            self.remoting.start_shared()
+            self.broker.add_component("remoting", self.remoting.stats)  # /health: connections, requests, errors
+            self.broker.remoting_addr = self.config.addr
+            remoting_port = self.config.remoting_bind_port
+            if remoting_port is not None:
+                await self.remoting.start(self.config.host, remoting_port)
+                assert self.remoting.port is not None
+                self.broker.remoting_addr = self.config.remoting_addr_for(self.remoting.port)
         grpc_port = self.config.grpc_bind_port
         if grpc_port is not None:
             from .grpc import GrpcServer  # grpc and the protocol modules load only for brokers that serve it
@@ -180,7 +184,8 @@ class BrokerService:
         gc.freeze()
         config = uvicorn.Config(self.app, log_level=log_level, lifespan="off", access_log=False,
                                 timeout_graceful_shutdown=_GRACEFUL_S,
-                                **http_options(self.config.tls, self.config.limits))
+                                **http_options(self.config.tls, self.config.limits,
+                                               self.remoting.server if self.remoting is not None else None))
         server = self.server = Server(config, handle_signals)
         if self._stop_requested:
             server.should_exit = True
@@ -272,7 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     add("--broker-id", type=int, help="0 = master (default), > 0 = slave")
     add("--role", choices=["ASYNC_MASTER", "SYNC_MASTER", "SLAVE"], help="replication role")
     add("--advertised-addr", help="host:port told to clients and name servers (default: the bound address)")
-    add("--remoting-port", type=int, help="binary remoting port, 0 = any free one, -1 = none (default: port + 2)")
+    add("--remoting-port", type=int, help="an extra, dedicated RocketMQ remoting port, 0 = any free one, -1 = no "
+                                          "remoting at all (default: remoting on --port only, beside HTTP)")
     add("--grpc-port", type=int, help="RocketMQ 5 gRPC port (the official clients), 0 = any free one, "
                                       "-1 = none (default: none; RocketMQ's proxy uses 8081)")
     add("--ha-port", type=int, help="a master's replication port, 0 = any free one, -1 = none (default: port + 1)")

@@ -39,8 +39,8 @@ from ..platform.auth import Credentials
 from ..platform.broker.config import DEFAULT_GRPC_PORT, DEFAULT_PORT, BrokerConfig
 from ..platform.namesrv import NameServerConfig, RouteTable
 from .broker_main import BrokerService
-from .namesrv_app import create_app as create_namesrv_app
-from .serving import Server, bind_socket, run_service, serve_app
+from .namesrv_main import serve_on as serve_namesrv
+from .serving import Server, bind_socket, run_service
 
 __all__ = ["EmbeddedPlatform", "DLEDGER_MEMBERS"]
 
@@ -172,7 +172,7 @@ class EmbeddedPlatform:
                 self.broker_service = BrokerService(config, self.lake_settings)
             if self.ha in ("async", "sync"):
                 slave = BrokerConfig.from_mapping(
-                    {**settings, "role": "SLAVE", "broker_id": 1, "port": 0, "remoting_port": 0, "grpc_port": -1,
+                    {**settings, "role": "SLAVE", "broker_id": 1, "port": 0, "grpc_port": -1,
                      "data_dir": str(config.data_dir / "slave")}, self._store_settings)
                 self.slave_service = BrokerService(slave)
         except BaseException:
@@ -201,7 +201,7 @@ class EmbeddedPlatform:
             own = {"dledger_enabled": True, "dledger_self_id": member, "dledger_peers": peers,
                    "data_dir": str(base.data_dir / member)}
             if member != "n0":  # n0 answers on the broker port the caller chose; the others anywhere
-                own.update(port=0, remoting_port=0, grpc_port=0)
+                own.update(port=0, grpc_port=0)
             configs[member] = BrokerConfig.from_mapping(
                 {"dledger_heartbeat_ms": EMBEDDED_DLEDGER_HEARTBEAT_MS, **settings, **own}, self._store_settings)
         return configs
@@ -235,9 +235,9 @@ class EmbeddedPlatform:
         def keep_server(server: Server) -> None:
             self._namesrv_server = server
 
-        app = create_namesrv_app(self.route_table, self.namesrv_config)
-        namesrv = asyncio.create_task(serve_app(app, namesrv_sock, ready("namesrv"), handle_signals=False,
-                                                log_level=self.log_level, server_ready=keep_server))
+        namesrv = asyncio.create_task(serve_namesrv(self.namesrv_config, namesrv_sock, self.route_table,
+                                                    ready("namesrv"), handle_signals=False, log_level=self.log_level,
+                                                    server_ready=keep_server))
         self._tasks = {service: asyncio.create_task(service.serve(
             log_level=self.log_level, on_ready=ready(f"broker-{i}"), handle_signals=False, on_remoting=None,
             on_grpc=None))

@@ -1,7 +1,9 @@
 """Run one name server: ``python -m sparkmq.api.namesrv_main --host 127.0.0.1 --port 9876``.
 
 Prints ``namesrv listening on http://HOST:PORT`` (the real port, also with ``--port 0``)
-once it accepts connections; SIGTERM or Ctrl-C stops it cleanly.
+once it accepts connections; SIGTERM or Ctrl-C stops it cleanly.  The port serves RocketMQ's remoting
+protocol (``api/namesrv_remoting.py``: what RocketMQ clients and ``mqadmin`` ask) and HTTP (people, curl, and
+the brokers' registrations), told apart by the first byte a client sends.
 
 ``--config FILE`` reads the ``[namesrv]`` table of a TOML file (``conf/single-node.toml``): every
 :class:`~sparkmq.platform.namesrv.NameServerConfig` field, the ACL settings among them (secrets belong in a
@@ -12,17 +14,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import socket
 import sys
 import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..platform.namesrv import NameServerConfig, RouteTable
+from ..platform.namesrv import KVConfigStore, NameServerConfig, RouteTable, kv_config_path
 from ..platform.namesrv.config import DEFAULT_BROKER_EXPIRY_S, DEFAULT_PORT, DEFAULT_SCAN_INTERVAL_S
 from .namesrv_app import create_app
+from .namesrv_remoting import NameServerRemoting
 from .serving import Server, announcer, bind_socket, run_service, serve_app
 
-__all__ = ["main", "serve", "load_config"]
+__all__ = ["main", "serve", "serve_on", "load_config"]
 
 
 _ANNOUNCE = announcer("namesrv")
@@ -37,11 +41,26 @@ async def serve(config: NameServerConfig, log_level: str = "warning",
     Returns whether it ever started.  ``sparkmq dev`` passes ``handle_signals=False`` and
     stops it through the server ``server_ready`` hands over.
     """
-    app = create_app(RouteTable(config), config)
     if on_ready is _ANNOUNCE and config.tls.enabled:
         on_ready = _ANNOUNCE_TLS  # the ready line names the real scheme
-    return await serve_app(app, bind_socket(config.host, config.port), on_ready, handle_signals=handle_signals,
-                           log_level=log_level, server_ready=server_ready, tls=config.tls)
+    return await serve_on(config, bind_socket(config.host, config.port), RouteTable(config), on_ready,
+                          log_level=log_level, handle_signals=handle_signals, server_ready=server_ready)
+
+
+async def serve_on(config: NameServerConfig, sock: socket.socket, table: RouteTable,
+                   on_ready: Callable[[str, int], None], *, log_level: str = "warning", handle_signals: bool = True,
+                   server_ready: Callable[[Server], None] | None = None) -> bool:
+    """Serve a name server over ``table`` on the bound ``sock``: HTTP and RocketMQ remoting on the one port
+    (the KV configs under ``config.data_dir`` when it has one).  Returns whether it ever started."""
+    app = create_app(table, config)
+    kv = KVConfigStore(kv_config_path(config.data_dir) if config.data_dir else None)
+    remoting = NameServerRemoting(table, kv, app.state.guard).server()
+    remoting.start_shared()
+    try:
+        return await serve_app(app, sock, on_ready, handle_signals=handle_signals, log_level=log_level,
+                               server_ready=server_ready, tls=config.tls, remoting=remoting)
+    finally:
+        await remoting.stop(1.0)
 
 
 def load_config(path: Path | None, **overrides: object) -> NameServerConfig:

@@ -23,9 +23,9 @@ from fastapi import FastAPI
 
 from ..platform.common.limits import ConnectionLimits, PerAddressCounter, RefusalLog
 from ..platform.common.tls import TlsSettings
-from ..platform.remoting import new_event_loop
+from ..platform.remoting import RemotingServer, new_event_loop
 
-__all__ = ["Server", "bind_socket", "serve_app", "announcer", "run_service", "http_options"]
+__all__ = ["Server", "bind_socket", "serve_app", "announcer", "run_service", "http_options", "sniffing_protocol"]
 
 T = TypeVar("T")
 
@@ -63,12 +63,17 @@ def announcer(kind: str, scheme: str = "http") -> Callable[[str, int], None]:
     return announce
 
 
-def http_options(tls: TlsSettings | None, limits: ConnectionLimits | None = None) -> dict[str, Any]:
+def http_options(tls: TlsSettings | None, limits: ConnectionLimits | None = None,
+                 remoting: RemotingServer | None = None) -> dict[str, Any]:
     """``uvicorn.Config`` keywords every sparkmq HTTP port gets: TLS from ``tls`` (an HTTP port with a
     certificate serves TLS only: uvicorn cannot tell TLS from plaintext on one port) and ``limits``
-    (connections per address, a deadline for each request's head, keep-alive and concurrency caps)."""
+    (connections per address, a deadline for each request's head, keep-alive and concurrency caps).
+    With ``remoting`` the port serves RocketMQ remoting too (:func:`sniffing_protocol`)."""
     limits = limits or ConnectionLimits()
-    options: dict[str, Any] = {"http": guarded_http_protocol(limits), "timeout_keep_alive": limits.http_keep_alive_s,
+    http = guarded_http_protocol(limits)
+    if remoting is not None:
+        http = sniffing_protocol(http, remoting)
+    options: dict[str, Any] = {"http": http, "timeout_keep_alive": limits.http_keep_alive_s,
                                "limit_concurrency": limits.http_max_concurrency}
     if tls is not None and tls.enabled:
         options.update(ssl_certfile=str(tls.cert_file), ssl_keyfile=str(tls.key_file))
@@ -76,6 +81,61 @@ def http_options(tls: TlsSettings | None, limits: ConnectionLimits | None = None
 
 
 _http_log = logging.getLogger("sparkmq.http")
+
+#: A remoting frame starts with its big-endian length, below 2**26 (64 MiB): a first byte of at most 0x03.
+#: An HTTP request starts with its method's first letter, so a byte below 0x20 can only be remoting.
+_REMOTING_FIRST_BYTE_MAX = 0x1F
+
+
+def sniffing_protocol(http_class: type[asyncio.Protocol], remoting: RemotingServer) -> type[asyncio.Protocol]:
+    """A protocol for uvicorn that serves RocketMQ remoting and HTTP on one port, told apart by the first byte
+    a client sends (docs/remoting.md, "One port"): a control byte starts a remoting frame (its length's high
+    byte), anything else an HTTP request.  The connection then belongs to ``remoting``'s
+    :class:`~sparkmq.platform.remoting.ServerConnection` or to ``http_class`` as if it had been accepted by
+    it; nothing is sniffed again.  ``remoting`` must be started with ``start_shared()`` on the serving loop.
+    """
+
+    class SniffingProtocol(asyncio.Protocol):
+        __slots__ = ("_args", "_kwargs", "_transport", "_paused")
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self._args = args  # uvicorn's (config, server_state, app_state): the HTTP protocol's, made later
+            self._kwargs = kwargs
+            self._transport: asyncio.Transport | None = None
+            self._paused = False
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self._transport = transport  # type: ignore[assignment]
+
+        def data_received(self, data: bytes) -> None:
+            transport = self._transport
+            if transport is None or not data:
+                return
+            protocol: asyncio.Protocol
+            if data[0] <= _REMOTING_FIRST_BYTE_MAX:
+                protocol = remoting.adopt()
+            else:
+                protocol = http_class(*self._args, **self._kwargs)
+            transport.set_protocol(protocol)
+            protocol.connection_made(transport)
+            if self._paused:
+                protocol.pause_writing()
+            if not transport.is_closing():
+                protocol.data_received(data)
+
+        def eof_received(self) -> bool | None:
+            return None  # closed before a byte arrived: let the transport close
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._transport = None
+
+        def pause_writing(self) -> None:
+            self._paused = True
+
+        def resume_writing(self) -> None:
+            self._paused = False
+
+    return SniffingProtocol
 
 
 def guarded_http_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
@@ -163,14 +223,16 @@ class Server(uvicorn.Server):
 async def serve_app(app: FastAPI, sock: socket.socket, on_ready: Callable[[str, int], None], *,
                     handle_signals: bool = True, log_level: str = "warning", lifespan: str = "on",
                     server_ready: Callable[[Server], None] | None = None, tls: TlsSettings | None = None,
-                    limits: ConnectionLimits | None = None) -> bool:
+                    limits: ConnectionLimits | None = None, remoting: RemotingServer | None = None) -> bool:
     """Serve ``app`` on ``sock`` until stopped; returns whether it ever accepted connections.
 
     ``server_ready(server)`` gets the server as soon as it exists (set ``should_exit`` on it to stop).
-    With ``tls`` (a certificate configured) the port serves HTTPS only.
+    With ``tls`` (a certificate configured) the port serves HTTPS only.  With ``remoting`` (started with
+    ``start_shared()``) the port serves RocketMQ remoting too, told apart by the first byte
+    (:func:`sniffing_protocol`); stopping it is the caller's.
     """
     config = uvicorn.Config(app, log_level=log_level, lifespan=lifespan, access_log=False,
-                            timeout_graceful_shutdown=10, **http_options(tls, limits))
+                            timeout_graceful_shutdown=10, **http_options(tls, limits, remoting))
     server = Server(config, handle_signals)
     if server_ready is not None:
         server_ready(server)

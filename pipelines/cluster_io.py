@@ -13,7 +13,7 @@ go over the brokers' binary remoting protocol (``docs/remoting.md``) where a bro
   :class:`~sparkmq.platform.client.NameServerClient`, :class:`~sparkmq.platform.client.BrokerClient`
   and :class:`~sparkmq.platform.client.TopicRouteInfo`, so routes mean the same as for consumers.
 * :func:`pull_arrow` (executor side) -- one pull answered as an Arrow table (``PULL_SCHEMA``)
-  and the pull's status and offsets: a remoting PULL_MESSAGE whose body (the stored records)
+  and the pull's status and offsets: a remoting SPARKMQ_PULL_PACKED whose body (the stored records)
   is decoded in bulk by :mod:`~sparkmq.platform.common.record_columns`, over one remoting
   client per process; or, for a broker without a remoting endpoint, an HTTP Arrow pull over a
   per-process connection pool.
@@ -39,13 +39,13 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkmq.platform.auth.model import validate_access_key, validate_secret_key
 from sparkmq.platform.auth.signing import Credentials, Signer
 from sparkmq.platform.client import BrokerClient, MessageQueue, NameServerClient, TopicRouteInfo
+from sparkmq.platform.client.broker_remoting import pull_ext
 from sparkmq.platform.client.remoting import BrokerClientPool, error_from_response
 from sparkmq.platform.client.routes import MASTER_ID
 from sparkmq.platform.common import protocol
@@ -503,8 +503,6 @@ _remoting_down: dict[str, float] = {}
 _REMOTING_RETRY_S = 10.0
 _FOUND = str(protocol.PullStatus.FOUND)
 
-_encode_header = msgspec.msgpack.Encoder().encode
-_decode_pull_response = msgspec.msgpack.Decoder(protocol.PullResponse).decode
 #: This thread's pull sent ahead (see ``prefetch_until``): its (endpoint, topic, queue, offset, max, tags) and answer.
 _ahead = threading.local()
 
@@ -526,7 +524,7 @@ def pull_arrow(addr: str, topic: str, queue_id: int, offset: int, max_messages: 
                credentials: Credentials | None = None) -> PullPage:
     """Pull up to ``max_messages`` from ``offset`` as an Arrow table (``PULL_SCHEMA``) and the pull's offsets.
 
-    Given ``remoting_addr`` and ``broker_name``: a remoting PULL_MESSAGE without a group (up to
+    Given ``remoting_addr`` and ``broker_name``: a remoting SPARKMQ_PULL_PACKED without a group (up to
     ``MAX_BULK_PULL_BATCH`` messages), whose body -- the stored records -- is decoded here in
     bulk, no object per message (:func:`pull_remoting`).  When that endpoint cannot be
     reached (refused, reset: the pull was not served), this pull and those of the next
@@ -570,19 +568,19 @@ def _pull_arrow(addr: str, topic: str, queue_id: int, offset: int, max_messages:
 
 def _send_pull(key: tuple[str, str, int, int, int, str | None], timeout_s: float,
                credentials: Credentials | None = None) -> Future[Response]:
-    """Send the PULL_MESSAGE ``key`` names (endpoint, topic, queue, offset, max, tags); its answer to come."""
+    """Send the SPARKMQ_PULL_PACKED ``key`` names (endpoint, topic, queue, offset, max, tags); its answer to come."""
     endpoint, topic, queue_id, offset, max_messages, tags = key
-    request = protocol.PullRequest(topic, queue_id, offset, max_messages, tags=tags, wait_ms=0)
-    header = _encode_header(request)
-    if credentials is not None:  # the signed credential block in front of the header (docs/security.md)
-        header = _signer(credentials).remoting_header(int(RequestCode.PULL_MESSAGE), header, b"")
-    return _executor_remoting().request_future(endpoint, RequestCode.PULL_MESSAGE, header, b"", timeout_s)
+    code = RequestCode.SPARKMQ_PULL_PACKED
+    ext = pull_ext(None, topic, queue_id, offset, max_messages, expression=tags)
+    if credentials is not None:  # the signature fields beside the header's (docs/security.md)
+        ext = _signer(credentials).sign_ext(int(code), ext, b"")
+    return _executor_remoting().request_future(endpoint, code, ext, b"", timeout_s, protocol.PULL_OUTCOME_CODES)
 
 
 def pull_remoting(remoting_addr: str, broker_name: str, topic: str, queue_id: int, offset: int, max_messages: int,
                   *, tags: str = "*", timeout_s: float = 30.0, prefetch_until: int | None = None,
                   credentials: Credentials | None = None) -> PullPage:
-    """One remoting PULL_MESSAGE (no group, ``wait_ms`` 0) decoded into a ``PULL_SCHEMA`` table.
+    """One remoting SPARKMQ_PULL_PACKED (no group, no hold) decoded into a ``PULL_SCHEMA`` table.
 
     The frame body (records back to back) becomes a binary array over the received buffer
     (:func:`~sparkmq.platform.common.record_columns.packed_records_array`) and then columns
@@ -603,21 +601,23 @@ def pull_remoting(remoting_addr: str, broker_name: str, topic: str, queue_id: in
     answer = ahead[1] if ahead is not None and ahead[0] == key else _send_pull(key, timeout_s, credentials)
     response = answer.result()  # the request's own timer fails it after timeout_s
     try:
-        header = _decode_pull_response(response.header)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"{remoting_addr}: malformed PullResponse: {exc}") from None
-    if prefetch_until is not None and header.status == _FOUND and offset < header.next_offset < prefetch_until:
-        following = (*key[:3], header.next_offset, min(max_messages, prefetch_until - header.next_offset), key[5])
+        header = response.header_as(protocol.PullMessageResponseHeader)
+        status = str(protocol.pull_status_of(response.code, response.remark))
+    except SparkMQError as exc:
+        raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"{remoting_addr}: malformed pull answer: {exc.message}") from None
+    if prefetch_until is not None and status == _FOUND and offset < header.nextBeginOffset < prefetch_until:
+        following = (*key[:3], header.nextBeginOffset, min(max_messages, prefetch_until - header.nextBeginOffset),
+                     key[5])
         _ahead.pull = (following, _send_pull(following, timeout_s, credentials))
-    if header.count:
-        batch = decode_records(packed_records_array(response.body, header.count), broker_name)
+    if header.msgCount:
+        batch = decode_records(packed_records_array(response.body, header.msgCount), broker_name)
         if wanted is not None:
             batch = batch.filter(pc.fill_null(pc.is_in(batch.column("tags"), value_set=pa.array(sorted(wanted))),
                                               False))
         table = pa.Table.from_batches([batch])
     else:
         table = PULL_SCHEMA.empty_table()
-    return PullPage(header.status, header.next_offset, header.min_offset, header.max_offset, table)
+    return PullPage(status, header.nextBeginOffset, header.minOffset, header.maxOffset, table)
 
 
 def pull_queue_range(addr: str, topic: str, queue_id: int, start: int, end: int, *, broker_name: str,

@@ -1,7 +1,8 @@
 """The storage core: commit log + consume queues, in C with a pure-Python twin.
 
-``CommitLog``, ``ConsumeQueue``, ``decode_record`` and the packed codecs
-(``decode_batch``, ``encode_batch``, ``decode_records``) come from the C extension
+``CommitLog``, ``ConsumeQueue``, ``decode_record``, the packed codecs
+(``decode_batch``, ``encode_batch``, ``decode_records``) and RocketMQ's encodings
+(``encode_rocketmq_records``, ``decode_rocketmq_batch``) come from the C extension
 unless it is missing or ``SPARKMQ_STORE_IMPL=python`` forces the twin.  ``IMPL``
 says which one is in use; ``implementations()`` gives both for parity tests.
 The contract is ``_commitlog.pyi``; the byte formats are ``layout.py``.
@@ -15,6 +16,7 @@ from . import layout
 from .errors import StoreError
 
 __all__ = ["CommitLog", "ConsumeQueue", "decode_record", "decode_batch", "encode_batch", "decode_records",
+           "encode_rocketmq_records", "decode_rocketmq_batch",
            "v2_send_summary", "pack_v2_send", "encode_v2_send_response", "gc_untrack", "gc_track", "StoreError",
            "IMPL", "implementations", "layout"]
 
@@ -56,6 +58,10 @@ decode_record = _module.decode_record
 decode_batch = _module.decode_batch
 encode_batch = _module.encode_batch
 decode_records = _module.decode_records
+#: RocketMQ's encodings (layout.py): a pull's records as RocketMQ's stored messages, a SEND_BATCH_MESSAGE
+#: body as a packed batch -- the remoting protocol's hot paths, each one native pass.
+encode_rocketmq_records = _module.encode_rocketmq_records
+decode_rocketmq_batch = _module.decode_rocketmq_batch
 #: RocketMQ 5 SendMessage codecs (the gRPC endpoint's hot path); C only: None with the twin, whose
 #: callers then take their per-message path.
 v2_send_summary = getattr(_module, "v2_send_summary", None)

@@ -164,6 +164,44 @@ def decode_records(
     """
 
 
+def encode_rocketmq_records(records: bytes | bytearray | memoryview, /) -> bytes:
+    """Stored records back to back (a pull's packed records) re-encoded, back to back, as RocketMQ's stored
+    messages (``layout.py``, "RocketMQ's encodings"): what RocketMQ's PULL_MESSAGE, QUERY_MESSAGE and
+    VIEW_MESSAGE_BY_ID answer carry and ``MessageDecoder`` reads.
+
+    Every field is carried over; BODYCRC is the CRC-32 of the body & 0x7FFFFFFF; MAGIC is V2 for topics
+    longer than 127 bytes; a host that is IPv4-mapped (or all zero) is written as IPv4, any other as IPv6
+    with its SYSFLAG bit (0x10 born, 0x20 store), the bits of the stored sys_flag cleared.  One pass of
+    framing and one of copying, both with the GIL released for inputs of 64 KiB and more.
+
+    Errors (``CORRUPT_RECORD``) for the record at each position: the framing errors of ``decode_records``
+    (``record is malformed: buffer shorter than the header``, ``... bad magic 0x%08x``,
+    ``... total_size %u != buffer length %u``, ``... lengths overrun the record``), then
+    ``record is malformed: %d bytes do not fit RocketMQ's encoding`` (past 2**31 - 1).  The topic and the
+    properties are copied as they are (not checked for UTF-8).
+    """
+
+
+def decode_rocketmq_batch(body: bytes | bytearray | memoryview, born_timestamp: int, /) -> tuple[bytes, int]:
+    """A SEND_BATCH_MESSAGE body (``layout.py``, "RocketMQ's encodings") as a packed batch (docs/remoting.md
+    "Packed batch") and its count: each entry's flag, body and properties, every entry born at
+    ``born_timestamp`` (the request header's).  MAGIC and BODYCRC are ignored (0 from the Java client).
+
+    Only what the conversion needs is checked here; the packed batch's rules (empty bodies, limits, the
+    property pairs, TAGS / KEYS / UNIQ_KEY) are ``CommitLog.append_packed``'s, naming the same entry index.
+    ``born_timestamp`` beyond int64 raises OverflowError.  Errors (``MESSAGE_ILLEGAL``), in this order:
+    ``the batch is empty``; then per entry, prefixed with ``message %d: ``:
+    ``the entry header is truncated (%d bytes left)`` (fewer than 20 bytes);
+    ``the body length %d is negative``;
+    ``the entry needs %d bytes, %d are left`` (the body and the properties length overrun the data);
+    ``the properties length %d is negative`` (over 32767 bytes, as a Java short);
+    ``the entry needs %d bytes, %d are left`` (the properties overrun the data);
+    ``TOTALSIZE %d does not match the entry's %d bytes``;
+    ``the properties are not valid UTF-8``.
+    Framing and copying run with the GIL released for bodies of 64 KiB and more.
+    """
+
+
 class ConsumeQueue:
     """The 20-byte-unit index of one (topic, queue_id); obtained from ``CommitLog.consume_queue``."""
 

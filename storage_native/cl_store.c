@@ -2995,3 +2995,27 @@ static void syncer_free(cl_log *c)
     free(s);
     c->syncer = NULL;
 }
+
+/* ------------------------------------------------------------ record framing */
+
+int cl_record_frame(const char *p, size_t left, uint32_t *total, uint64_t *tpos, uint64_t *ppos, uint16_t *plen,
+                    cl_err *e)
+{
+    if (left < CL_HEADER_SIZE)
+        return cl_fail(e, CL_CORRUPT_RECORD, "record is malformed: buffer shorter than the header");
+    uint32_t magic = ld32(p + F_MAGIC);
+    if (magic != CL_RECORD_MAGIC)
+        return cl_fail(e, CL_CORRUPT_RECORD, "record is malformed: bad magic 0x%08x", (unsigned)magic);
+    *total = ld32(p + F_TOTAL);
+    if (*total < CL_HEADER_SIZE || *total > left)
+        return cl_fail(e, CL_CORRUPT_RECORD, "record is malformed: total_size %u != buffer length %zu",
+                       (unsigned)*total, left);
+    *tpos = (uint64_t)CL_HEADER_SIZE + ld32(p + F_BODY_LEN);
+    if (*tpos + 1 > *total)
+        return cl_fail(e, CL_CORRUPT_RECORD, "record is malformed: lengths overrun the record");
+    *ppos = *tpos + 1 + (unsigned char)p[*tpos];
+    *plen = *ppos + 2 <= *total ? ld16(p + *ppos) : 0;
+    if (*ppos + 2 > *total || *ppos + 2 + *plen != *total)
+        return cl_fail(e, CL_CORRUPT_RECORD, "record is malformed: lengths overrun the record");
+    return 0;
+}

@@ -309,6 +309,12 @@ int cl_packed_frame(const char *data, size_t len, int64_t count, cl_err *e);
  * cl_append_locked (bodies and properties point into data); free() the array. */
 cl_msg *cl_packed_prepare(const char *data, size_t len, int64_t count, const cl_packed_rules *r, cl_err *e);
 
+/* The framing decode_records checks of the stored record at p (left bytes remain): its total size,
+ * the position of its topic length byte and of its properties length, and that length.
+ * CORRUPT_RECORD with the texts of _commitlog.pyi ("record is malformed: ..."). */
+int cl_record_frame(const char *p, size_t left, uint32_t *total, uint64_t *tpos, uint64_t *ppos, uint16_t *plen,
+                    cl_err *e);
+
 /* Value rules shared with the encoder (UTF-8 bytes). */
 int cl_tag_ok(const char *s, size_t n);  /* non-empty, no "||", no ASCII space at either end */
 int cl_uniq_ok(const char *s, size_t n); /* 1..128 bytes of 0x21..0x7E */

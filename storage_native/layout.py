@@ -48,6 +48,42 @@ Consume-queue unit (``CQ_UNIT_SIZE`` = 20 bytes)::
          8     4  size               int32, total_size of the record (> 0 when written)
         12     8  tag_hash           int64, platform.common.codec.tag_hash(tag) or 0
 
+RocketMQ's encodings (``rmq_codec.c``; RocketMQ's ``MessageDecoder``; all integers **big-endian**).
+A pull answered over RocketMQ's remoting protocol carries each record re-encoded as RocketMQ's
+stored message (``encode_rocketmq_records``)::
+
+    size  field
+    ----  ---------------------------------------------------------------------------------
+       4  TOTALSIZE          int32, the whole message
+       4  MAGIC              RMQ_MAGIC_V1, or RMQ_MAGIC_V2 when the topic is longer than 127 bytes
+       4  BODYCRC            int32, zlib CRC-32 of the body & 0x7FFFFFFF
+       4  QUEUEID            int32
+       4  FLAG               int32
+       8  QUEUEOFFSET        int64
+       8  PHYSICALOFFSET     int64, the commit-log offset (what an offsetMsgId encodes)
+       4  SYSFLAG            int32: sys_flag, plus RMQ_BORNHOST_V6 / RMQ_STOREHOST_V6 for a host that is
+                             not IPv4 (an IPv4-mapped or all-zero host is written as IPv4)
+       8  BORNTIMESTAMP      int64
+     8|20 BORNHOST           IPv4 (4) or IPv6 (16) address, int32 port
+       8  STORETIMESTAMP     int64
+     8|20 STOREHOST          as BORNHOST
+       4  RECONSUMETIMES     int32
+       8  PREPARED_TX_OFFSET int64
+     4+B  body               int32 length, the body as stored (zlib when SYSFLAG bit 0 is set)
+   1|2+T  topic              int8 length (V1) or int16 (V2), UTF-8
+     2+P  properties         int16 length, "key\x01value\x02" pairs as stored
+
+A SEND_BATCH_MESSAGE body (``MessageDecoder.encodeMessages``) is, per message::
+
+       4  TOTALSIZE          int32, the whole entry (RMQ_BATCH_HEAD + B + 2 + P)
+       4  MAGIC              0 (ignored)
+       4  BODYCRC            0 (ignored)
+       4  FLAG               int32
+     4+B  body               int32 length
+     2+P  properties         int16 length (their own UNIQ_KEY each)
+
+``decode_rocketmq_batch`` turns it into a packed batch (below) for ``CommitLog.append_packed``.
+
 Files::
 
     <root>/commitlog/<20-digit start offset>                 segment_size bytes each
@@ -84,6 +120,12 @@ __all__ = [
     "PACKED_ENTRY",
     "PACKED_ENTRY_SIZE",
     "MAX_UNIQ_KEY_BYTES",
+    "RMQ_MAGIC_V1",
+    "RMQ_MAGIC_V2",
+    "RMQ_BORNHOST_V6",
+    "RMQ_STOREHOST_V6",
+    "RMQ_V1_MAX_TOPIC",
+    "RMQ_BATCH_HEAD",
     "record_size",
     "segment_file_name",
     "encode_record",
@@ -127,6 +169,19 @@ PACKED_ENTRY_SIZE = PACKED_ENTRY.size  # 18
 assert PACKED_ENTRY_SIZE == 18
 #: A UNIQ_KEY is 1..128 bytes of printable ASCII without spaces (0x21..0x7E).
 MAX_UNIQ_KEY_BYTES = 128
+
+# RocketMQ's encodings (drawn above; rmq_codec.h holds the same values for the C core).
+#: MessageDecoder.MESSAGE_MAGIC_CODE: a stored message whose topic length is one byte.
+RMQ_MAGIC_V1 = 0xDAA320A7
+#: MESSAGE_MAGIC_CODE_V2: the topic length is two bytes (topics longer than RMQ_V1_MAX_TOPIC bytes).
+RMQ_MAGIC_V2 = 0xDAA320AB
+#: SYSFLAG bits of a host written as IPv6 (16 bytes) instead of IPv4 (4 bytes).
+RMQ_BORNHOST_V6 = 0x10
+RMQ_STOREHOST_V6 = 0x20
+#: The longest topic a V1 message names: its length is a signed byte.
+RMQ_V1_MAX_TOPIC = 127
+#: A batch entry's bytes before its body: TOTALSIZE, MAGIC, BODYCRC, FLAG, body length.
+RMQ_BATCH_HEAD = 20
 
 # sys_flag bits (mirroring RocketMQ's MessageSysFlag where it has one).
 SYS_FLAG_COMPRESSED = 0x1

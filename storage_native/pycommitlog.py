@@ -55,12 +55,18 @@ from .layout import (
     RECORD_HEADER,
     RECORD_HEADER_SIZE,
     RECORD_MAGIC,
+    RMQ_BATCH_HEAD,
+    RMQ_BORNHOST_V6,
+    RMQ_MAGIC_V1,
+    RMQ_MAGIC_V2,
+    RMQ_STOREHOST_V6,
+    RMQ_V1_MAX_TOPIC,
     SYS_FLAG_COMPRESSED,
     segment_file_name,
 )
 
 __all__ = ["CommitLog", "ConsumeQueue", "decode_record", "decode_batch", "encode_batch", "decode_records",
-           "FORMAT_VERSION"]
+           "encode_rocketmq_records", "decode_rocketmq_batch", "FORMAT_VERSION"]
 
 _NAME = re.compile(r"^\d{20}$")
 _TMP_SUFFIX = ".tmp"
@@ -71,6 +77,8 @@ _PAGE = 4096
 _RELEASE_STEP = 16 << 20
 _GET_MAX_EXAMINED = 16384
 _SIZE_MAGIC = struct.Struct("<II")
+_U32 = struct.Struct("<I")
+_U16 = struct.Struct("<H")
 _STORE_TS_AT = 68
 _TOPIC_LEN_MAX = MAX_TOPIC_BYTES
 #: ``CommitLog._visible`` when no visibility limit is set (cl_store.h CL_NO_LIMIT).
@@ -492,6 +500,27 @@ def _offset_id_prefix(raw: bytes) -> str:
     return (address + raw[16:20][::-1]).hex().upper()
 
 
+def _frame_record(mv: memoryview, pos: int, left: int) -> tuple[int, int, int]:
+    """(total_size, topic length position, properties length position) of the record at ``pos`` with ``left``
+    bytes left; the framing errors of ``decode_records``."""
+    if left < RECORD_HEADER_SIZE:
+        raise _err(CORRUPT_RECORD, "record is malformed: buffer shorter than the header")
+    total, magic = _SIZE_MAGIC.unpack_from(mv, pos)
+    if magic != RECORD_MAGIC:
+        raise _err(CORRUPT_RECORD, f"record is malformed: bad magic 0x{magic:08x}")
+    if total < RECORD_HEADER_SIZE or total > left:
+        raise _err(CORRUPT_RECORD, f"record is malformed: total_size {total} != buffer length {left}")
+    tpos = RECORD_HEADER_SIZE + _U32.unpack_from(mv, pos + _BODY_LEN_AT)[0]
+    if tpos + 1 > total:
+        raise _err(CORRUPT_RECORD, "record is malformed: lengths overrun the record")
+    ppos = tpos + 1 + mv[pos + tpos]
+    if ppos + 2 > total:
+        raise _err(CORRUPT_RECORD, "record is malformed: lengths overrun the record")
+    if ppos + 2 + _U16.unpack_from(mv, pos + ppos)[0] != total:
+        raise _err(CORRUPT_RECORD, "record is malformed: lengths overrun the record")
+    return total, tpos, ppos
+
+
 def decode_records(data, broker_name: str, factory, inflate) -> list:
     """``factory(...)`` of every record of concatenated stored records; see ``_commitlog.pyi``."""
     mv = memoryview(data).cast("B")
@@ -501,24 +530,9 @@ def decode_records(data, broker_name: str, factory, inflate) -> list:
     topic_raw = topic = None
     hosts: dict[bytes, tuple[str, str]] = {}
     while pos < size:
-        left = size - pos
-        if left < RECORD_HEADER_SIZE:
-            raise _err(CORRUPT_RECORD, "record is malformed: buffer shorter than the header")
-        (total, magic, _crc, queue_id, _flag, queue_offset, clog_offset, sys_flag, born_ts, born_host,
-         store_ts, store_host, reconsume, _prepared, _tag, body_len) = RECORD_HEADER.unpack_from(mv, pos)
-        if magic != RECORD_MAGIC:
-            raise _err(CORRUPT_RECORD, f"record is malformed: bad magic 0x{magic:08x}")
-        if total < RECORD_HEADER_SIZE or total > left:
-            raise _err(CORRUPT_RECORD, f"record is malformed: total_size {total} != buffer length {left}")
-        tpos = RECORD_HEADER_SIZE + body_len
-        if tpos + 1 > total:
-            raise _err(CORRUPT_RECORD, "record is malformed: lengths overrun the record")
-        ppos = tpos + 1 + mv[pos + tpos]
-        if ppos + 2 > total:
-            raise _err(CORRUPT_RECORD, "record is malformed: lengths overrun the record")
-        props_len = int.from_bytes(mv[pos + ppos:pos + ppos + 2], "little")
-        if ppos + 2 + props_len != total:
-            raise _err(CORRUPT_RECORD, "record is malformed: lengths overrun the record")
+        total, tpos, ppos = _frame_record(mv, pos, size - pos)
+        (_total, _magic, _crc, queue_id, _flag, queue_offset, clog_offset, sys_flag, born_ts, born_host,
+         store_ts, store_host, reconsume, _prepared, _tag, _body_len) = RECORD_HEADER.unpack_from(mv, pos)
         raw = bytes(mv[pos + tpos + 1:pos + ppos])
         if raw != topic_raw:
             try:
@@ -549,6 +563,96 @@ def decode_records(data, broker_name: str, factory, inflate) -> list:
                            hosts[born_host][0], store_ts, store_text, reconsume, sys_flag, clog_offset, total))
         pos += total
     return out
+
+
+# -- RocketMQ's encodings (layout.py, "RocketMQ's encodings"; rmq_codec.c) ------------------------------
+# everything of a stored RocketMQ message up to BORNHOST; then the born host, STORETIMESTAMP, the store
+# host, and the tail (RECONSUMETIMES, PREPARED_TX_OFFSET, body length)
+_RMQ_HEAD = struct.Struct(">iIiiiqqiq")
+_RMQ_I64 = struct.Struct(">q")
+_RMQ_TAIL = struct.Struct(">iqi")
+_RMQ_PORT = struct.Struct(">i")
+_RMQ_BATCH = struct.Struct(">iiiii")
+_RMQ_I16 = struct.Struct(">h")
+_RMQ_FIXED = _RMQ_HEAD.size + _RMQ_I64.size + _RMQ_TAIL.size + 2
+_ZERO_IP = bytes(16)
+
+
+def _rmq_host(raw: bytes) -> tuple[bytes, bool]:
+    """A 20-byte host as RocketMQ writes it (ip + big-endian port) and whether it is IPv6."""
+    v4 = raw[:12] == _MAPPED_V4 or raw[:16] == _ZERO_IP
+    ip = raw[12:16] if v4 else raw[:16]
+    return ip + _RMQ_PORT.pack(int.from_bytes(raw[16:20], "little", signed=True)), not v4
+
+
+def encode_rocketmq_records(records, /) -> bytes:
+    """Stored records re-encoded as RocketMQ's stored messages; see ``_commitlog.pyi``."""
+    mv = memoryview(records).cast("B")
+    size = mv.nbytes
+    pos = 0
+    out: list[bytes] = []
+    while pos < size:
+        total, tpos, ppos = _frame_record(mv, pos, size - pos)
+        (_t, _m, _crc, queue_id, flag, queue_offset, clog_offset, sys_flag, born_ts, born_host, store_ts,
+         store_host, reconsume, prepared, _tag, body_len) = RECORD_HEADER.unpack_from(mv, pos)
+        born, born6 = _rmq_host(born_host)
+        store, store6 = _rmq_host(store_host)
+        topic = mv[pos + tpos + 1:pos + ppos]
+        props = mv[pos + ppos + 2:pos + total]
+        body = mv[pos + RECORD_HEADER_SIZE:pos + tpos]
+        long_topic = len(topic) > RMQ_V1_MAX_TOPIC
+        length = _RMQ_FIXED + len(born) + len(store) + body_len + (2 if long_topic else 1) + len(topic) + len(props)
+        if length > 0x7FFFFFFF:
+            raise _err(CORRUPT_RECORD, f"record is malformed: {length} bytes do not fit RocketMQ's encoding")
+        sys_flag = (sys_flag & ~(RMQ_BORNHOST_V6 | RMQ_STOREHOST_V6)) \
+            | (RMQ_BORNHOST_V6 if born6 else 0) | (RMQ_STOREHOST_V6 if store6 else 0)
+        out += (_RMQ_HEAD.pack(length, RMQ_MAGIC_V2 if long_topic else RMQ_MAGIC_V1,
+                               zlib.crc32(body) & 0x7FFFFFFF, queue_id, flag, queue_offset, clog_offset,
+                               sys_flag, born_ts),
+                born, _RMQ_I64.pack(store_ts), store, _RMQ_TAIL.pack(reconsume, prepared, body_len), body,
+                len(topic).to_bytes(2 if long_topic else 1, "big"), topic, len(props).to_bytes(2, "big"), props)
+        pos += total
+    return b"".join(out)
+
+
+def decode_rocketmq_batch(body, born_timestamp: int, /) -> tuple[bytes, int]:
+    """A SEND_BATCH_MESSAGE body as a packed batch and its count; see ``_commitlog.pyi``."""
+    born = _bounded(born_timestamp, 64)
+    mv = memoryview(body).cast("B")
+    size = mv.nbytes
+    if size == 0:
+        raise _err(MESSAGE_ILLEGAL, "the batch is empty")
+    pos = 0
+    i = 0
+    out: list[bytes | memoryview] = []
+    while pos < size:
+        left = size - pos
+        if left < RMQ_BATCH_HEAD:
+            raise _illegal(i, f"the entry header is truncated ({left} bytes left)")
+        total, _magic, _crc, flag, body_len = _RMQ_BATCH.unpack_from(mv, pos)
+        if body_len < 0:
+            raise _illegal(i, f"the body length {body_len} is negative")
+        need = RMQ_BATCH_HEAD + body_len + 2
+        if need > left:
+            raise _illegal(i, f"the entry needs {need} bytes, {left} are left")
+        props_len = _RMQ_I16.unpack_from(mv, pos + RMQ_BATCH_HEAD + body_len)[0]
+        if props_len < 0:
+            raise _illegal(i, f"the properties length {props_len} is negative")
+        need += props_len
+        if need > left:
+            raise _illegal(i, f"the entry needs {need} bytes, {left} are left")
+        if total != need:
+            raise _illegal(i, f"TOTALSIZE {total} does not match the entry's {need} bytes")
+        props = mv[pos + need - props_len:pos + need]
+        try:
+            str(props, "utf-8")
+        except UnicodeDecodeError:
+            raise _illegal(i, "the properties are not valid UTF-8") from None
+        start = pos + RMQ_BATCH_HEAD
+        out += (PACKED_ENTRY.pack(body_len, props_len, flag, born), mv[start:start + body_len], props)
+        pos += need
+        i += 1
+    return b"".join(out), i
 
 
 def _check_topic(topic: object) -> bytes:

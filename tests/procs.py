@@ -255,10 +255,10 @@ def route_read_queues(admin: Any, topic: str) -> list[Any]:
 
 
 def broker_restart_ports(port: int) -> tuple[str, ...]:
-    """Broker flags to start again on its old HTTP ``port``, with remoting on a free port and no HA port: the
-    ports beside it (HTTP + 1 and + 2, the defaults) were never reserved, and after the first broker let go
-    of them another socket may hold one (CI saw ``address already in use`` on HTTP + 1)."""
-    return ("--port", str(port), "--remoting-port", "0", "--ha-port", "-1")
+    """Broker flags to start again on its old ``port`` (HTTP and remoting) with no HA port: the port beside it
+    (HTTP + 1, the default) was never reserved, and after the first broker let go of it another socket may hold
+    it (CI saw ``address already in use`` on HTTP + 1)."""
+    return ("--port", str(port), "--ha-port", "-1")
 
 
 def fast_client_config(namesrv_addrs: str, offset_dir: Path, **overrides: Any) -> Any:

@@ -27,14 +27,15 @@ from urllib.parse import quote
 
 import grpc
 import httpx
-import msgspec
 import pytest
 from acl_users import ACL_SETTINGS, ALICE, BOB, CAROL, ROOT, STALE_MS, WRONG, ok
+from rmq_wire import java_sign
 
 from procs import BROKER, NAMESRV, ProcessHarness, ServiceProcess, child_env, wait_until, write_conf
 from sparkmq.platform.auth import Credentials, Signer
 from sparkmq.platform.auth.signing import grpc_signature
 from sparkmq.platform.client import ConsumeStatus, PushConsumer
+from sparkmq.platform.client.broker_remoting import send_ext
 from sparkmq.platform.client.config import ClientConfig
 from sparkmq.platform.client.producer import Producer as SparkProducer
 from sparkmq.platform.client.remoting import SigningAuth
@@ -47,7 +48,6 @@ from sparkmq.platform.remoting import SyncRemotingClient
 pytestmark = pytest.mark.cluster
 
 GROUP = "cg-1"
-_encode = msgspec.msgpack.Encoder().encode
 
 
 @dataclass
@@ -249,15 +249,17 @@ def test_a_signed_push_consumer_consumes_over_remoting(acl: AclPlatform) -> None
 
 
 # -- remoting ----------------------------------------------------------------------------------------------
-def _remoting(acl: AclPlatform, credentials: Credentials | None, code: int, header: p.Header, body: bytes = b"",
-              *, age_ms: int = 0, sent_body: bytes | None = None) -> ErrorCode | None:
-    """One remoting request signed by hand; the error code it got (None = success)."""
-    raw = _encode(header)
-    if credentials is not None:
-        raw = Signer(credentials).remoting_header(code, raw, body, timestamp_ms=int(time.time() * 1000) - age_ms)
+def _remoting(acl: AclPlatform, credentials: Credentials | None, code: int, ext: dict[str, str], body: bytes = b"",
+              *, sent_body: bytes | None = None, java: bool = False, age_ms: int = 0) -> ErrorCode | None:
+    """One remoting request signed by hand (sparkmq's signer, or RocketMQ's AclClientRPCHook scheme written from its
+    description: ``rmq_wire.java_sign``); the error code it got (None = success)."""
+    if credentials is not None and java:
+        ext = java_sign(ext, body, credentials.access_key, credentials.secret_key)
+    elif credentials is not None:
+        ext = Signer(credentials).sign_ext(code, ext, body, timestamp_ms=int(time.time() * 1000) - age_ms)
     client = SyncRemotingClient(request_timeout_s=5)
     try:
-        client.request(acl.remoting_addr, code, raw, body if sent_body is None else sent_body)
+        client.request(acl.remoting_addr, code, ext, body if sent_body is None else sent_body)
     except SparkMQError as exc:
         return exc.code
     finally:
@@ -266,31 +268,33 @@ def _remoting(acl: AclPlatform, credentials: Credentials | None, code: int, head
 
 
 def test_remoting_refuses_bad_signatures_and_unpermitted_users_and_changes_nothing(acl: AclPlatform) -> None:
-    send = p.SendRequest("orders-1")
-    commit = p.CommitOffsetsRequest(GROUP, [p.CommitOffsetEntry("orders-1", 0, 1)])
+    send = send_ext("pg", "orders-1", 0, "", born_timestamp=int(time.time() * 1000))
+    secret = send_ext("pg", "orders-secret", 0, "", born_timestamp=int(time.time() * 1000))
+    commit = p.ext_fields(p.UpdateConsumerOffsetRequestHeader(GROUP, "orders-1", 0, 1))
+    code_send, code_commit = RequestCode.SEND_MESSAGE_V2, RequestCode.UPDATE_CONSUMER_OFFSET
     refusals = [
-        ("no credentials", lambda: _remoting(acl, None, RequestCode.SEND_MESSAGE, send, b"x"),
+        ("no credentials", lambda: _remoting(acl, None, code_send, send, b"x"), ErrorCode.AUTHENTICATION_FAILED),
+        ("wrong secret", lambda: _remoting(acl, WRONG, code_send, send, b"x"), ErrorCode.AUTHENTICATION_FAILED),
+        ("wrong secret, Java's scheme", lambda: _remoting(acl, WRONG, code_send, send, b"x", java=True),
          ErrorCode.AUTHENTICATION_FAILED),
-        ("wrong secret", lambda: _remoting(acl, WRONG, RequestCode.SEND_MESSAGE, send, b"x"),
+        ("tampered body", lambda: _remoting(acl, ALICE, code_send, send, b"x", sent_body=b"y"),
          ErrorCode.AUTHENTICATION_FAILED),
-        ("tampered body", lambda: _remoting(acl, ALICE, RequestCode.SEND_MESSAGE, send, b"x", sent_body=b"y"),
+        ("replayed", lambda: _remoting(acl, ALICE, code_send, send, b"x", age_ms=STALE_MS),
          ErrorCode.AUTHENTICATION_FAILED),
-        ("replayed", lambda: _remoting(acl, ALICE, RequestCode.SEND_MESSAGE, send, b"x", age_ms=STALE_MS),
-         ErrorCode.AUTHENTICATION_FAILED),
-        ("no policy", lambda: _remoting(acl, BOB, RequestCode.SEND_MESSAGE, send, b"x"), ErrorCode.NO_PERMISSION),
-        ("deny beats allow", lambda: _remoting(acl, ALICE, RequestCode.SEND_MESSAGE, p.SendRequest("orders-secret"),
-                                               b"x"), ErrorCode.NO_PERMISSION),
-        ("not granted: offsets", lambda: _remoting(acl, BOB, RequestCode.COMMIT_OFFSETS, commit),
-         ErrorCode.NO_PERMISSION),
-        ("other source address", lambda: _remoting(acl, CAROL, RequestCode.SEND_MESSAGE, send, b"x"),
-         ErrorCode.NO_PERMISSION),
+        ("tampered body, Java's scheme", lambda: _remoting(acl, ALICE, code_send, send, b"x", sent_body=b"y",
+                                                           java=True), ErrorCode.AUTHENTICATION_FAILED),
+        ("no policy", lambda: _remoting(acl, BOB, code_send, send, b"x"), ErrorCode.NO_PERMISSION),
+        ("deny beats allow", lambda: _remoting(acl, ALICE, code_send, secret, b"x"), ErrorCode.NO_PERMISSION),
+        ("not granted: offsets", lambda: _remoting(acl, BOB, code_commit, commit), ErrorCode.NO_PERMISSION),
+        ("other source address", lambda: _remoting(acl, CAROL, code_send, send, b"x"), ErrorCode.NO_PERMISSION),
     ]
     before = acl.state()
     for what, attempt, code in refusals:
         assert attempt() is code, what
         assert acl.state() == before, f"{what} changed something"
-    assert _remoting(acl, ALICE, RequestCode.SEND_MESSAGE, send, b"x") is None
-    assert _remoting(acl, ALICE, RequestCode.COMMIT_OFFSETS, commit) is None
+    assert _remoting(acl, ALICE, code_send, send, b"x") is None
+    assert _remoting(acl, ALICE, code_send, send, b"x", java=True) is None  # a Java client's AclClientRPCHook
+    assert _remoting(acl, ALICE, code_commit, commit) is None
     after = acl.state()
     assert after["max_offset"] > before["max_offset"] and after["offsets"]["orders-1"]["0"] == 1
 

@@ -33,11 +33,12 @@ from sparkmq.platform.auth.signing import (
     grpc_signature,
     parse_grpc,
     parse_http,
-    split_remoting,
+    parse_remoting,
 )
 from sparkmq.platform.broker.config import BrokerConfig
 from sparkmq.platform.client.config import ClientConfig
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
+from sparkmq.platform.remoting import Frame
 
 SECRET = "alice-secret-1"
 IP = ipaddress.ip_address
@@ -53,11 +54,11 @@ def table(*entries: PolicyEntry, super_user: bool = False) -> AclTable:
 
 
 # -- the model -------------------------------------------------------------------------------------------
-def test_error_codes_are_stable_and_unique() -> None:
-    assert ErrorCode.AUTHENTICATION_FAILED.remoting_code == 30 and ErrorCode.AUTHENTICATION_FAILED.http_status == 401
-    assert ErrorCode.NO_PERMISSION.remoting_code == 12 and ErrorCode.NO_PERMISSION.http_status == 403
-    numbers = [c.remoting_code for c in ErrorCode]
-    assert len(numbers) == len(set(numbers))
+def test_error_codes_are_rocketmqs() -> None:
+    """Both refusals answer RocketMQ's NO_PERMISSION (16), as its ACL does; the exact one rides in errorCode."""
+    assert ErrorCode.AUTHENTICATION_FAILED.remoting_code == 16 and ErrorCode.AUTHENTICATION_FAILED.http_status == 401
+    assert ErrorCode.NO_PERMISSION.remoting_code == 16 and ErrorCode.NO_PERMISSION.http_status == 403
+    assert len({c.name for c in ErrorCode}) == len(ErrorCode)
 
 
 def test_deny_beats_allow_whatever_the_order() -> None:
@@ -216,20 +217,26 @@ def test_http_signature_covers_method_path_query_body_and_time() -> None:
     assert info.value.code is ErrorCode.AUTHENTICATION_FAILED
 
 
-def test_remoting_signature_rides_in_front_of_the_header() -> None:
+def _frame(code: int, ext: dict | None, body: bytes = b"") -> Frame:
+    return Frame(code, 0, 1, ext, body, version=479)
+
+
+def test_remoting_signature_rides_in_the_ext_fields() -> None:
     signer = Signer(Credentials("alice", SECRET))
-    signed_header = signer.remoting_header(11, b"\x81\xa5topic\xa1t", b"payload")
-    signed, plain = split_remoting(11, signed_header, b"payload")
-    assert plain == b"\x81\xa5topic\xa1t" and signed is not None and signed.verify(SECRET)
-    assert split_remoting(11, b"\x81\xa5topic\xa1t", b"") == (None, b"\x81\xa5topic\xa1t")
-    nonce_at = 3 + len("alice") + 8
-    other_nonce = signed_header[:nonce_at] + bytes([signed_header[nonce_at] ^ 1]) + signed_header[nonce_at + 1:]
-    for code, header, body in ((10, signed_header, b"payload"), (11, signed_header, b"paylOad"),
-                               (11, signed_header[:-1] + b"u", b"payload"), (11, other_nonce, b"payload")):
-        tampered, _ = split_remoting(code, header, body)
+    ext = signer.sign_ext(11, {"topic": "t", "queueId": "1"}, b"payload")
+    frame = _frame(11, dict(ext), b"payload")
+    signed = parse_remoting(frame)
+    assert frame.ext == {"topic": "t", "queueId": "1"}, "the credential field leaves the frame"
+    assert signed is not None and signed.verify(SECRET)
+    assert parse_remoting(_frame(11, {"topic": "t"})) is None and parse_remoting(_frame(11, None)) is None
+    nonce = ext["SparkMQSignature"].split(":")[2]
+    other_nonce = dict(ext, SparkMQSignature=ext["SparkMQSignature"].replace(nonce, nonce[::-1]))
+    for code, fields, body in ((10, ext, b"payload"), (11, ext, b"paylOad"), (11, dict(ext, topic="u"), b"payload"),
+                               (11, dict(ext, extra="1"), b"payload"), (11, other_nonce, b"payload")):
+        tampered = parse_remoting(_frame(code, dict(fields), body))
         assert tampered is not None and not tampered.verify(SECRET)
     with pytest.raises(SparkMQError) as info:
-        split_remoting(11, signed_header[:10], b"")
+        parse_remoting(_frame(11, {"SparkMQSignature": "alice:12"}))
     assert info.value.code is ErrorCode.AUTHENTICATION_FAILED
 
 
@@ -293,8 +300,8 @@ def test_guard_decisions_follow_policy_changes_at_once(tmp_path: Path, caplog: p
 
 
 #: What each protocol's request carries without credentials, and with a claim that does not parse.
-_UNSIGNED: dict[str, object] = {"http": {}, "remoting": b"\x80", "grpc": {}}
-_MALFORMED: dict[str, object] = {"http": {"authorization": "Basic abc"}, "remoting": b"\xc1\x09",
+_UNSIGNED: dict[str, object] = {"http": {}, "remoting": {"topic": "t"}, "grpc": {}}
+_MALFORMED: dict[str, object] = {"http": {"authorization": "Basic abc"}, "remoting": {"SparkMQSignature": "x"},
                                  "grpc": {"authorization": "MQv2-HMAC-SHA1 nonsense"}}
 
 
@@ -307,14 +314,14 @@ def _signed_claim(protocol: str, access_key: str, secret: str, at: float) -> obj
     signer = Signer(Credentials(access_key, secret), clock=lambda: at)
     if protocol == "http":
         return signer.http_headers("POST", "/topics/orders-1/messages", b"{}")
-    return signer.remoting_header(10, b"\x80", b"x")
+    return signer.sign_ext(10, {"topic": "t"}, b"x")
 
 
 def _authenticate(guard: AccessGuard, protocol: str, claim: Any) -> Principal:
     if protocol == "http":
         return guard.authenticate_http("POST", "/topics/orders-1/messages", claim, b"{}", "10.1.2.3")
     if protocol == "remoting":
-        return guard.authenticate_remoting(10, claim, b"x", "10.1.2.3")[0]
+        return guard.authenticate_remoting(_frame(10, dict(claim), b"x"), "10.1.2.3")
     return guard.authenticate_grpc(claim, "ipv4:10.1.2.3:5000", "SendMessage")
 
 

@@ -1205,7 +1205,8 @@ def test_batch_results_are_made_when_read_and_concatenate_as_lists() -> None:
     commit-log offset in its offsetMsgId; ``+`` with a list makes a list either way round."""
     from sparkmq.platform.common import protocol
 
-    answer = protocol.SendBatchResponse("SEND_OK", "t", "broker-a", 2, 40, 3, 1_700_000_000_000, "127.0.0.1:10911")
+    answer = protocol.SendPackedResponseHeader("SEND_OK", "t", "broker-a", 2, 40, 3, 1_700_000_000_000,
+                                               "127.0.0.1:10911")
     offsets = [1000, 2024, 3048]
     results = producer_module.BatchSendResults(answer, ["id-0", "id-1", "id-2"], b"".join(
         o.to_bytes(8, "little") for o in offsets))

@@ -73,8 +73,10 @@ def cluster(module_procs: ProcessHarness, tmp_path_factory: pytest.TempPathFacto
               "--broker-name", "broker-a", *certs, "--tls-ca-file", str(pki.ca_file))
     master = start_https(module_procs, "broker", BROKER, "--data-dir", str(tmp / "master"), *common, "--tls-required",
                     "--grpc-port", "0", "--ha-port", "0", want=("remoting", "grpc"))
+    # The slave's remoting on a dedicated port too: only there can TLS and plaintext share a port (its HTTP port
+    # with a certificate speaks TLS only, remoting included).
     slave = start_https(module_procs, "broker", BROKER, "--data-dir", str(tmp / "slave"), *common, "--role", "SLAVE",
-                   "--broker-id", "1", want=("remoting",))
+                   "--broker-id", "1", "--remoting-port", "0", want=("remoting",))
     cluster = Cluster(pki, tmp, namesrv, master, slave)
     with AdminClient(cluster.config()) as admin:
         admin.create_topic("TlsTopic", read_queue_nums=2, write_queue_nums=2)
@@ -126,7 +128,7 @@ def _remoting_ping(addr: str, ctx: Any) -> None:
     async def run() -> None:
         conn = await RemotingConnection.connect(addr, ssl_context=ctx, timeout=5)
         try:
-            await conn.request(int(RequestCode.PING), timeout=5)
+            await conn.request(int(RequestCode.SPARKMQ_PING), timeout=5)
         finally:
             await conn.close()
     with asyncio.Runner(loop_factory=new_event_loop) as runner:

@@ -174,7 +174,11 @@ def dev(config_file: Path | None, data_dir: Path | None, namesrv_port: int | Non
     except BaseException:
         platform.stop()
         raise
-    remoting = f", remoting on [bold]{platform.remoting_addr}[/]" if platform.remoting_addr else ""
+    remoting = ""
+    if platform.remoting_addr == platform.broker_addr:
+        remoting = ", RocketMQ remoting on the same port (namesrvAddr for RocketMQ clients: the name server's)"
+    elif platform.remoting_addr:
+        remoting = f", RocketMQ remoting on [bold]{platform.remoting_addr}[/]"
     if platform.grpc_addr:
         remoting += f", RocketMQ 5 gRPC on [bold]{platform.grpc_addr}[/]"
     if platform.member_addrs:  # which member takes sends is known once one is elected: see the group table

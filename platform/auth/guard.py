@@ -23,7 +23,17 @@ from typing import Any, TypeVar
 
 from ..common.errors import ErrorCode, SparkMQError
 from .model import AclTable, Action, Decision, Resource, User
-from .signing import GrpcSignature, SignedRequest, auth_failed, grpc_date_ms, parse_grpc, parse_http, split_remoting
+from .signing import (
+    GrpcSignature,
+    RemotingRequest,
+    RocketMQSignature,
+    SignedRequest,
+    auth_failed,
+    grpc_date_ms,
+    parse_grpc,
+    parse_http,
+    parse_remoting,
+)
 from .store import AclStore, acl_path
 
 __all__ = ["AccessGuard", "Principal", "Need", "DEFAULT_CLOCK_SKEW_S", "audit_log", "peer_ip"]
@@ -40,6 +50,7 @@ _CACHE_MAX = 50_000
 #: What a refusal for missing credentials tells sparkmq's own clients, and the official gRPC clients.
 _SIGN_HINT = "sign the request with an access key"
 _GRPC_SIGN_HINT = "give the client Credentials(access_key, secret_key)"
+_REMOTING_SIGN_HINT = "sign the request with an access key (a RocketMQ client: an AclClientRPCHook)"
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 _T = TypeVar("_T")
@@ -116,8 +127,8 @@ class AccessGuard:
     # -- authentication --------------------------------------------------------------------------
     # Every protocol goes through the same two steps: parse the claim (a malformed one is refused with no user
     # to name), then :meth:`_principal` (skew window, user lookup, signature, one audit line per refusal).
-    def _principal(self, claim: SignedRequest | GrpcSignature | None, peer: str | None, what: str, *,
-                   how_to_sign: str = _SIGN_HINT) -> Principal:
+    def _principal(self, claim: SignedRequest | GrpcSignature | RocketMQSignature | None, peer: str | None,
+                   what: str, *, how_to_sign: str = _SIGN_HINT) -> Principal:
         """Who made ``claim`` (None: the request carried none); AUTHENTICATION_FAILED, audited, otherwise."""
         self.store.maybe_reload()
         try:
@@ -126,8 +137,10 @@ class AccessGuard:
             now_s = self._clock()
             if isinstance(claim, SignedRequest):
                 signed_ms, stamp = claim.timestamp_ms, "the request was signed"
-            else:  # the official gRPC clients sign their x-mq-date-time header, not the request
+            elif isinstance(claim, GrpcSignature):  # the official gRPC clients sign x-mq-date-time, not the request
                 signed_ms, stamp = grpc_date_ms(claim.date_time, now_s), "x-mq-date-time is"
+            else:  # RocketMQ's remoting signature carries no time: nothing to hold it to (docs/security.md)
+                signed_ms, stamp = int(now_s * 1000), ""
             skew_ms = abs(now_s * 1000 - signed_ms)
             if skew_ms > self.clock_skew_ms:
                 raise auth_failed(f"{stamp} {skew_ms / 1000:.0f} s away from the server's clock "
@@ -160,12 +173,13 @@ class AccessGuard:
         what = f"{method} {target.partition('?')[0]}"
         return self._principal(self._parsed(parse_http, peer, what, method, target, headers, body), peer, what)
 
-    def authenticate_remoting(self, code: int, header: bytes | memoryview, body: bytes | memoryview,
-                              peer: str | None) -> tuple[Principal, bytes | memoryview]:
-        """(who signed a remoting request, its plain header); AUTHENTICATION_FAILED otherwise."""
-        what = f"remoting code {code}"
-        signed, plain = self._parsed(split_remoting, peer, what, code, header, body)
-        return self._principal(signed, peer, what), plain
+    def authenticate_remoting(self, frame: RemotingRequest, peer: str | None) -> Principal:
+        """Who signed a remoting request: sparkmq's signature or a RocketMQ client's ``AclClientRPCHook``
+        (:func:`~.signing.parse_remoting`); AUTHENTICATION_FAILED (RocketMQ's NO_PERMISSION, 16) otherwise.  The
+        credential fields are removed from ``frame.ext`` whatever the outcome."""
+        what = f"remoting code {frame.code}"
+        return self._principal(self._parsed(parse_remoting, peer, what, frame), peer, what,
+                               how_to_sign=_REMOTING_SIGN_HINT)
 
     def authenticate_grpc(self, metadata: Mapping[str, str], peer: str | None, what: str) -> Principal:
         """Who signed a gRPC call (``MQv2-HMAC-SHA1``); AUTHENTICATION_FAILED otherwise."""

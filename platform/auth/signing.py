@@ -17,13 +17,10 @@ unforgeable), because GMAC runs at AES-NI/PCLMUL speed: a 256 KiB batch costs th
 * HTTP: METHOD is the HTTP method, TARGET the raw path with its query string (``/topics/t/batch?queue_id=1``),
   the one part is the body.  Headers: ``x-sparkmq-date: <epoch ms>`` and
   ``authorization: SPARKMQ-HMAC-SHA256 Credential=<access key>, Nonce=<hex nonce>, Signature=<hex mac>``.
-* Remoting: METHOD is ``REMOTING``, TARGET the request code in decimal, the parts are the frame's header and
-  body.  The credentials ride in front of the msgpack header (the header field of the frame)::
-
-      0xC1 | version (2) | access key length (1) | access key | timestamp ms (8, big-endian) | nonce (16)
-           | mac (32) | header
-
-  0xC1 is the one byte msgpack never uses, so a signed header cannot be mistaken for a plain one.
+* Remoting (RocketMQ's frames, docs/remoting.md): METHOD is ``REMOTING``, TARGET the request code in decimal,
+  the parts are the frame's extFields in a canonical form (sorted by key; each key and value as a 4-byte
+  big-endian length and its UTF-8) and the body.  The claim rides in the extFields as
+  ``SparkMQSignature: <access key>:<timestamp ms>:<hex nonce>:<hex mac>`` (:meth:`Signer.sign_ext`).
 
 Changing any byte of the method, path, query, header or body changes the mac; a timestamp outside the
 verifier's clock-skew window is refused, so a captured request cannot be replayed later.
@@ -33,9 +30,17 @@ Signature=<hex HMAC-SHA1(secret, x-mq-date-time)>`` with ``x-mq-date-time`` like
 date is signed (the protocol's choice): the skew window bounds a replay.  The Python client writes its *local*
 time with a literal ``Z``, so :func:`grpc_date_ms` accepts the value read as UTC or as the server's local time,
 whichever is nearer (both the same on UTC hosts).
+
+RocketMQ's remoting clients (Java ``AclClientRPCHook``, Go's, ``mqadmin``) add ``AccessKey`` (and ``SecurityToken``)
+to the extFields, then sign: every extField's *value*, ordered by key (Java's ``TreeMap``: UTF-16 order), except
+``Signature``, concatenated, UTF-8, then the body; HmacSHA1 with the secret key, Base64 => ``Signature``.  Nothing
+in it says when it was made, so such a request has no replay window (RocketMQ's own choice; docs/security.md).
+As RocketMQ's server does, a request of a client older than 4.9.4 (version <= 399) is checked without
+``_UNIQUE_KEY_QUERY``, which those clients added after signing.
 """
 from __future__ import annotations
 
+import base64
 import calendar
 import hashlib
 import hmac
@@ -43,8 +48,9 @@ import os
 import re
 import struct
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -52,23 +58,37 @@ from ..common.errors import ErrorCode, SparkMQError
 from .model import validate_access_key, validate_secret_key
 
 __all__ = ["Credentials", "SignedRequest", "Signer", "SCHEME", "AUTHORIZATION_HEADER", "DATE_HEADER",
-           "REMOTING_MARKER", "NONCE_SIZE", "GrpcSignature", "mac_of", "parse_http", "split_remoting", "parse_grpc",
-           "grpc_date_ms", "grpc_signature", "auth_failed"]
+           "NONCE_SIZE", "GrpcSignature", "mac_of", "parse_http", "parse_grpc", "grpc_date_ms", "grpc_signature",
+           "auth_failed", "EXT_SIGNATURE", "EXT_ACCESS_KEY", "EXT_ROCKETMQ_SIGNATURE", "EXT_SECURITY_TOKEN",
+           "CREDENTIAL_FIELDS", "RemotingRequest", "RocketMQSignature", "canonical_ext", "rocketmq_signature",
+           "rocketmq_content", "parse_remoting"]
 
 SCHEME = "SPARKMQ-HMAC-SHA256"
 #: HTTP header of the credential and signature (``SPARKMQ-HMAC-SHA256 Credential=..., Nonce=..., Signature=...``).
 AUTHORIZATION_HEADER = "authorization"
 #: HTTP header of the signing time, epoch milliseconds.
 DATE_HEADER = "x-sparkmq-date"
-#: First byte of a signed remoting header (never a msgpack byte).
-REMOTING_MARKER = 0xC1
-_REMOTING_VERSION = 2
-_MAC_SIZE = 32
 #: Random bytes a signer picks per request (they make its part key).
 NONCE_SIZE = 16
 _PART_KEY_LABEL = b"SPARKMQ-PART-KEY\n"
 _IVS = tuple(i.to_bytes(12, "big") for i in range(4))  # one GCM IV per content part (no request has more)
-_TS = struct.Struct(">q")
+_LEN32 = struct.Struct(">I")
+
+# -- remoting extFields ------------------------------------------------------------------------------------
+#: The extField of sparkmq's own remoting signature: ``<access key>:<timestamp ms>:<hex nonce>:<hex mac>``.
+EXT_SIGNATURE = "SparkMQSignature"
+#: The extFields of RocketMQ's ``AclClientRPCHook`` (``SessionCredentials``' names).
+EXT_ACCESS_KEY = "AccessKey"
+EXT_ROCKETMQ_SIGNATURE = "Signature"
+EXT_SECURITY_TOKEN = "SecurityToken"
+#: What the guard removes from a request's extFields once it has checked them: handlers never see credentials.
+CREDENTIAL_FIELDS = (EXT_SIGNATURE, EXT_ACCESS_KEY, EXT_ROCKETMQ_SIGNATURE, EXT_SECURITY_TOKEN)
+#: RocketMQ's server leaves this field out of the signed content of clients up to V4_9_3 (MQVersion ordinal
+#: 399): they added it after signing.
+_UNIQUE_KEY_QUERY = "_UNIQUE_KEY_QUERY"
+_OLD_CLIENT_VERSION = 399
+_SPARKMQ_CLAIM = re.compile(
+    rf"^([A-Za-z0-9_.@-]{{1,64}}):(\d{{1,18}}):([0-9a-f]{{{2 * NONCE_SIZE}}}):([0-9a-f]{{64}})$")
 _LEN = struct.Struct(">Q")
 _HTTP_AUTH = re.compile(rf"^{SCHEME}\s+Credential=([^,\s]*),\s*Nonce=([0-9a-fA-F]{{{2 * NONCE_SIZE}}}),"
                         r"\s*Signature=([0-9a-fA-F]{64})\s*$")
@@ -165,14 +185,25 @@ class Signer:
                 AUTHORIZATION_HEADER: f"{SCHEME} Credential={self.credentials.access_key}, Nonce={nonce.hex()}, "
                                       f"Signature={mac.hex()}"}
 
-    def remoting_header(self, code: int, header: bytes, body: bytes | memoryview = b"", *,
-                        timestamp_ms: int | None = None) -> bytes:
-        """``header`` with the signed credential block in front (see the module docstring)."""
+    def sign_ext(self, code: int, ext: Mapping[str, str] | None, body: bytes | memoryview = b"", *,
+                 timestamp_ms: int | None = None) -> dict[str, str]:
+        """A remoting request's extFields with sparkmq's signature added (:data:`EXT_SIGNATURE`): a new dict, so
+        the caller's header stays as it was.  ``ext`` must be the exact strings the frame carries.
+
+        Example::
+
+            >>> signer = Signer(Credentials("alice", "s3cret-key"), clock=lambda: 1700000000.0)
+            >>> signed = signer.sign_ext(310, {"b": "orders"}, b"hello")
+            >>> sorted(signed), signed["SparkMQSignature"].split(":")[:2]
+            (['SparkMQSignature', 'b'], ['alice', '1700000000000'])
+        """
         ts = self._now_ms() if timestamp_ms is None else timestamp_ms
         nonce = os.urandom(NONCE_SIZE)
-        mac = mac_of(self._key, "REMOTING", str(code), ts, nonce, (header, body))
-        return b"".join((bytes((REMOTING_MARKER, _REMOTING_VERSION, len(self._ak))), self._ak, _TS.pack(ts), nonce,
-                         mac, header))
+        out = dict(ext or {})
+        out.pop(EXT_SIGNATURE, None)
+        mac = mac_of(self._key, "REMOTING", str(code), ts, nonce, (canonical_ext(out), body))
+        out[EXT_SIGNATURE] = f"{self.credentials.access_key}:{ts}:{nonce.hex()}:{mac.hex()}"
+        return out
 
 
 def parse_http(method: str, target: str, headers: Mapping[str, str], body: bytes) -> SignedRequest | None:
@@ -192,31 +223,108 @@ def parse_http(method: str, target: str, headers: Mapping[str, str], body: bytes
                          (body,))
 
 
-def split_remoting(code: int, header: bytes | memoryview, body: bytes | memoryview
-                   ) -> tuple[SignedRequest | None, bytes | memoryview]:
-    """(the signature of a remoting request or None, the plain header after the credential block);
-    AUTHENTICATION_FAILED for a truncated or unknown block."""
-    if not len(header) or header[0] != REMOTING_MARKER:
-        return None, header
-    view = memoryview(header)
-    if len(view) < 3 or view[1] != _REMOTING_VERSION:
-        raise auth_failed("the remoting credential block is truncated or of an unknown version")
-    ak_len = view[2]
-    start = 3 + ak_len
-    end = start + _TS.size + NONCE_SIZE + _MAC_SIZE
-    if len(view) < end:
-        raise auth_failed("the remoting credential block is truncated")
-    try:
-        access_key = bytes(view[3:start]).decode("ascii")
-    except UnicodeDecodeError:
-        raise auth_failed("the remoting access key is not ASCII") from None
-    ts = _TS.unpack_from(view, start)[0]
-    rest = view[end:]
-    rest_header = bytes(rest) if isinstance(header, bytes) else rest
-    nonce_at = start + _TS.size
-    signed = SignedRequest(access_key, ts, bytes(view[nonce_at:nonce_at + NONCE_SIZE]),
-                           bytes(view[nonce_at + NONCE_SIZE:end]), "REMOTING", str(code), (rest_header, body))
-    return signed, rest_header
+# -- remoting requests: sparkmq's signature or RocketMQ's AclClientRPCHook -----------------------------------
+class RemotingRequest(Protocol):
+    """What :func:`parse_remoting` reads of a request frame (``platform.remoting.Frame``)."""
+
+    code: int
+    version: int
+    ext: dict[str, Any] | None
+    body: bytes | memoryview
+
+
+def _text(value: object) -> str:
+    """An extField's value as the string its sender signed (``Frame.ext_text``: booleans as ``true``/``false``)."""
+    if isinstance(value, str):
+        return value
+    if value is True or value is False:
+        return "true" if value else "false"
+    return str(value)
+
+
+def canonical_ext(ext: Mapping[str, object]) -> bytes:
+    """The extFields as sparkmq's remoting signature covers them (its own field left out): sorted by key, each key
+    and value as a 4-byte big-endian length and the UTF-8 bytes, so no two maps share a form."""
+    parts: list[bytes] = []
+    for key in sorted(ext):
+        if key == EXT_SIGNATURE:
+            continue
+        raw_key = key.encode()
+        raw_value = _text(ext[key]).encode()
+        parts += (_LEN32.pack(len(raw_key)), raw_key, _LEN32.pack(len(raw_value)), raw_value)
+    return b"".join(parts)
+
+
+def _java_order(key: str) -> bytes:
+    # java.lang.String.compareTo orders by UTF-16 code units: UTF-16-BE bytes compare the same way
+    return key.encode("utf-16-be", "surrogatepass")
+
+
+def rocketmq_content(ext: Mapping[str, object], body: bytes | memoryview, version: int = 0) -> bytes:
+    """What RocketMQ's ``AclClientRPCHook`` signs: the values of every extField but ``Signature``, ordered by key as
+    Java's ``TreeMap`` orders them, concatenated, UTF-8, then the body (``_UNIQUE_KEY_QUERY`` left out for
+    clients of ``version`` <= 399, as RocketMQ's server does)."""
+    old = 0 < version <= _OLD_CLIENT_VERSION
+    values = "".join(_text(ext[k]) for k in sorted(ext, key=_java_order)
+                     if k != EXT_ROCKETMQ_SIGNATURE and not (old and k == _UNIQUE_KEY_QUERY))
+    return values.encode("utf-8", "surrogatepass") + bytes(body)
+
+
+def rocketmq_signature(secret_key: str, content: bytes) -> str:
+    """Base64 of HmacSHA1(secret key, content): ``AclSigner.calSignature``."""
+    return base64.b64encode(hmac.digest(secret_key.encode(), content, "sha1")).decode("ascii")
+
+
+@dataclass(frozen=True, slots=True)
+class RocketMQSignature:
+    """The claim of a RocketMQ client's ``AclClientRPCHook``: an access key and the signature of ``content``."""
+
+    access_key: str
+    content: bytes
+    signature: str
+
+    def verify(self, secret_key: str) -> bool:
+        """Whether ``signature`` is the one ``secret_key`` makes (constant-time comparison)."""
+        return hmac.compare_digest(self.signature.encode(), rocketmq_signature(secret_key, self.content).encode())
+
+
+def parse_remoting(frame: RemotingRequest) -> SignedRequest | RocketMQSignature | None:
+    """The claim a remoting request carries (None: none), its credential fields removed from ``frame.ext``;
+    AUTHENTICATION_FAILED when malformed.
+
+    sparkmq's own signature (:data:`EXT_SIGNATURE`) is looked at first; else RocketMQ's ``AccessKey`` and
+    ``Signature``.  The fields are removed whatever the outcome, so no handler ever sees them.
+    """
+    ext = frame.ext
+    if not ext:
+        return None
+    own = ext.get(EXT_SIGNATURE)
+    if own is not None:
+        content = canonical_ext(ext)
+        _strip(ext)
+        match = _SPARKMQ_CLAIM.match(own) if isinstance(own, str) else None
+        if match is None:
+            raise auth_failed(f"the {EXT_SIGNATURE} field is not '<access key>:<epoch ms>:<hex nonce>:<hex mac>'")
+        access_key, ts, nonce, mac = match.groups()
+        return SignedRequest(access_key, int(ts), bytes.fromhex(nonce), bytes.fromhex(mac), "REMOTING",
+                             str(frame.code), (content, frame.body))
+    access_key = ext.get(EXT_ACCESS_KEY)
+    if access_key is None:
+        _strip(ext)
+        return None
+    signature = ext.get(EXT_ROCKETMQ_SIGNATURE)
+    content = rocketmq_content(ext, frame.body, frame.version)
+    _strip(ext)
+    if not isinstance(access_key, str) or not access_key.strip():
+        raise auth_failed("the AccessKey field is empty")
+    if not isinstance(signature, str) or not signature:
+        raise auth_failed("the request has an AccessKey but no Signature")
+    return RocketMQSignature(access_key, content, signature)
+
+
+def _strip(ext: MutableMapping[str, Any]) -> None:
+    for name in CREDENTIAL_FIELDS:
+        ext.pop(name, None)
 
 
 @dataclass(frozen=True, slots=True)

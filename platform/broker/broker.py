@@ -53,6 +53,7 @@ from .processors.pop import PopProcessor
 from .registration import RegistrationService
 from .schedule import ScheduleService
 from .slave_sync import SlaveSynchronizer
+from .subscription_groups import SubscriptionGroupManager
 from .timer import TimerService
 from .topics import TopicConfigManager, is_reserved_topic
 from .trace import TracedTransactionService, TraceLookup, TraceRecorder
@@ -75,6 +76,8 @@ class Broker:
         set_summary_interval(config.log_summary_interval_s)  # before the components build their FailureLogs
         self.topics = TopicConfigManager(config.topics_path, default_queue_nums=config.default_topic_queue_nums,
                                          auto_create=config.auto_create_topic)
+        #: Consumer groups' settings as ``mqadmin updateSubGroup`` sets them (defaults for the others).
+        self.subscription_groups = SubscriptionGroupManager(config.progress_path("subscription_groups"))
         self.store = MessageStore(config.store_config(), queue_count_of=self.topics.queue_count)
         self.clients = ClientManager(config.client_expiry_s, config.client_scan_interval_s)
         self.locks = QueueLockManager(config.queue_lock_expiry_s)
@@ -193,6 +196,7 @@ class Broker:
         if self.config.port == 0 and not self.config.advertised_addr:
             raise ValueError("port 0: bind the listening socket first and pass config.bound_to(real_port)")
         self.topics.load()
+        self.subscription_groups.load()
         self.store.start()
         try:
             if self.config.dledger_enabled:

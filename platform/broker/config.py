@@ -146,8 +146,9 @@ class BrokerConfig:
     port: int = DEFAULT_PORT
     #: ``host:port`` clients and name servers are told; None = the host and port actually bound.
     advertised_addr: str | None = None
-    #: Port of the binary remoting endpoint (docs/remoting.md); None = HTTP port + 2 (port + 1 is HA's),
-    #: or a free port when ``port`` is 0; 0 = a free port; -1 = serve no remoting.
+    #: RocketMQ's remoting protocol (docs/remoting.md) is served on the main port beside HTTP, told apart by the
+    #: first byte.  This is an optional extra, dedicated remoting listener: None = none (the default), 0 = a free
+    #: port, N = that port; routes then name it.  -1 = serve no remoting at all (HTTP only on the main port).
     remoting_port: int | None = None
     #: Port of the RocketMQ 5 gRPC endpoint (``apache.rocketmq.v2.MessagingService``, what the official clients
     #: speak; RocketMQ's proxy uses 8081); None or -1 = serve none; 0 = a free port.
@@ -370,11 +371,14 @@ class BrokerConfig:
         return self._limits  # type: ignore[attr-defined, no-any-return]  # set in __post_init__
 
     @property
+    def remoting_enabled(self) -> bool:
+        """Whether the broker serves remoting (on its main port, and on :attr:`remoting_bind_port` when set)."""
+        return self.remoting_port is None or self.remoting_port >= 0
+
+    @property
     def remoting_bind_port(self) -> int | None:
-        """The port to serve remoting on (0 = a free one), None when remoting is off."""
-        if self.remoting_port is None:
-            return 0 if self.port == 0 else self.port + 2
-        return None if self.remoting_port < 0 else self.remoting_port
+        """The dedicated remoting listener's port (0 = a free one), None when there is none."""
+        return None if self.remoting_port is None or self.remoting_port < 0 else self.remoting_port
 
     @property
     def grpc_bind_port(self) -> int | None:
@@ -452,10 +456,10 @@ class BrokerConfig:
     def bound_to(self, port: int) -> BrokerConfig:
         """A copy for the port actually bound (what ``port=0`` turned into).
 
-        The ports derived from the HTTP port (remoting + 2, HA + 1) become free ports too when it was 0:
-        the neighbours of a port the OS picked may belong to anyone.
+        The port derived from the HTTP port (HA + 1) becomes a free port too when it was 0: the neighbours of a
+        port the OS picked may belong to anyone.
         """
-        derived = {} if self.port else {name: 0 for name in ("remoting_port", "ha_port") if getattr(self, name) is None}
+        derived = {} if self.port else {name: 0 for name in ("ha_port",) if getattr(self, name) is None}
         return replace(self, port=port, **derived)
 
     def to_dict(self) -> dict[str, Any]:

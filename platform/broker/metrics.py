@@ -1,12 +1,18 @@
 """The broker's Prometheus metrics, in a registry of its own (several brokers may share a process).
 
 Counted on the hot path: messages and bytes sent per topic, pulled per (topic, group),
-send/pull latency histograms, send errors per code.  Computed at scrape time by a
+send/pull latency histograms, send errors per code; and :class:`BrokerStats`, the broker-wide totals and rates
+RocketMQ's tools read (``mqadmin clusterList`` / ``brokerStatus``: GET_BROKER_RUNTIME_INFO).  Computed at scrape
+time by a
 custom collector (no work between scrapes): the commit log's max offset, every
 queue's max offset and every group's lag per topic.
 """
 from __future__ import annotations
 
+import datetime as _dt
+import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -14,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["BrokerMetrics", "CONTENT_TYPE"]
+__all__ = ["BrokerMetrics", "BrokerStats", "CONTENT_TYPE", "TPS_WINDOWS_S"]
 
 #: The media type of :meth:`BrokerMetrics.render`.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -82,6 +88,101 @@ class _ScrapeCollector(Collector):
         yield from (clog, queues, lag)
 
 
+#: The windows of RocketMQ's TPS figures (``putTps`` is "<10 s> <1 min> <10 min>").
+TPS_WINDOWS_S = (10, 60, 600)
+
+
+class BrokerStats:
+    """Messages put and got by this broker since it started, their rates, and the totals at the start of today
+    and of yesterday (local time): RocketMQ's ``BrokerStats`` / ``StoreStatsService`` figures.
+
+    One counter pair behind a lock, and a per-second history of the totals (the last 10 minutes) for the rates.
+    ``clock`` (epoch seconds) is injectable for tests.
+
+    Example::
+
+        >>> stats = BrokerStats(clock=lambda: 1000.0)
+        >>> stats.put(5); stats.totals()
+        (5, 0)
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._put = 0
+        self._got = 0
+        #: (second, put total, got total) at the end of each second something was counted or asked in
+        self._history: deque[tuple[int, int, int]] = deque(maxlen=max(TPS_WINDOWS_S) + 2)
+        self._second = int(clock())
+        self._history.append((self._second - 1, 0, 0))  # nothing was counted before the broker started
+        self._day = self._day_of(clock())
+        self._today_morning = (0, 0)
+        self._yesterday_morning = (0, 0)
+
+    @staticmethod
+    def _day_of(now: float) -> _dt.date:
+        return _dt.datetime.fromtimestamp(now).date()
+
+    def _roll(self, now: float) -> None:
+        # Caller holds the lock.  Closes the seconds that passed; a new day moves the morning totals.
+        second = int(now)
+        if second != self._second:
+            self._history.append((self._second, self._put, self._got))
+            self._second = second
+            day = self._day_of(now)
+            if day != self._day:
+                self._yesterday_morning = self._today_morning if (day - self._day).days == 1 else (self._put,
+                                                                                                   self._got)
+                self._today_morning = (self._put, self._got)
+                self._day = day
+
+    def put(self, messages: int) -> None:
+        """Count messages stored by a send."""
+        with self._lock:
+            self._roll(self._clock())
+            self._put += messages
+
+    def got(self, messages: int) -> None:
+        """Count messages answered to pulls."""
+        with self._lock:
+            self._roll(self._clock())
+            self._got += messages
+
+    def totals(self) -> tuple[int, int]:
+        """(messages put, messages got) since the broker started."""
+        with self._lock:
+            return self._put, self._got
+
+    def mornings(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """((put, got) at the start of yesterday, (put, got) at the start of today); (0, 0) before the broker ran."""
+        with self._lock:
+            self._roll(self._clock())
+            return self._yesterday_morning, self._today_morning
+
+    def tps(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """(put, got) messages per second over each of :data:`TPS_WINDOWS_S`, from the closed seconds."""
+        with self._lock:
+            now = self._clock()
+            self._roll(now)
+            history = list(self._history)
+            open_second = self._second
+        puts: list[float] = []
+        gots: list[float] = []
+        # the current second is open: rates use the closed ones, whose totals are the last entry's (entries are
+        # written only for seconds in which something was counted)
+        last_second = open_second - 1
+        _, closed_put, closed_got = history[-1]
+        for window in TPS_WINDOWS_S:
+            # the totals at the end of the second before the window's first one; a broker younger than the
+            # window counts from its start (the first entry: nothing counted before it)
+            start = last_second - window
+            base_second, base_put, base_got = next((h for h in reversed(history) if h[0] <= start), history[0])
+            span = max(last_second - base_second, 1)
+            puts.append((closed_put - base_put) / span)
+            gots.append((closed_got - base_got) / span)
+        return tuple(puts), tuple(gots)
+
+
 class BrokerMetrics:
     """Counters and histograms of one broker, plus scrape-time gauges."""
 
@@ -108,6 +209,8 @@ class BrokerMetrics:
         # every send and pull.
         self._sent_children: dict[str, tuple[Any, Any]] = {}
         self._pulled_children: dict[tuple[str, str], tuple[Any, Any]] = {}
+        #: Broker-wide totals and rates (GET_BROKER_RUNTIME_INFO).
+        self.stats = BrokerStats()
 
     def sent(self, topic: str, messages: int, body_bytes: int, seconds: float) -> None:
         """Count a successful send."""
@@ -116,6 +219,7 @@ class BrokerMetrics:
             children = self._sent_children[topic] = (self.messages_sent.labels(topic), self.bytes_sent.labels(topic))
         children[0].inc(messages)
         children[1].inc(body_bytes)
+        self.stats.put(messages)
         self.send_latency.observe(seconds)
 
     def send_failed(self, code: str) -> None:
@@ -132,6 +236,7 @@ class BrokerMetrics:
                                                           self.bytes_pulled.labels(*key))
             children[0].inc(messages)
             children[1].inc(body_bytes)
+            self.stats.got(messages)
         self.pull_latency.observe(seconds)
 
     def add_component_gauges(self, prefix: str, rows: Callable[[], Iterable[tuple[str, Mapping[str, float]]]]) -> None:

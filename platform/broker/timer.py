@@ -26,7 +26,12 @@ from pathlib import Path
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.failure_log import FailureLog
 from ..common.message import Message, StoredMessage
-from ..common.system_topics import PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELIVER_MS, TIMER_TOPIC
+from ..common.system_topics import (
+    PROPERTY_TIMER_DELAY_MS,
+    PROPERTY_TIMER_DELAY_SEC,
+    PROPERTY_TIMER_DELIVER_MS,
+    TIMER_TOPIC,
+)
 from ..store import MessageStore
 from .background import RETRY_LATER_CODES, RETRY_LATER_MS, PeriodicService
 from .progress import DoneTracker
@@ -82,19 +87,25 @@ class TimerService(PeriodicService):
 
     # -- send side --------------------------------------------------------------------
     def due_time(self, properties: dict[str, str], now_ms: int) -> int | None:
-        """The due time a message asks for (TIMER_DELIVER_MS or TIMER_DELAY_SEC), None if neither.
+        """The due time a message asks for (TIMER_DELIVER_MS, TIMER_DELAY_SEC or TIMER_DELAY_MS), None if none.
 
         INVALID_ARGUMENT when it is not a number or beyond the maximum delay.
         """
         raw_at = properties.get(PROPERTY_TIMER_DELIVER_MS)
         raw_delay = properties.get(PROPERTY_TIMER_DELAY_SEC)
-        if raw_at is None and raw_delay is None:
+        raw_delay_ms = properties.get(PROPERTY_TIMER_DELAY_MS)
+        if raw_at is None and raw_delay is None and raw_delay_ms is None:
             return None
         try:
-            due = int(raw_at) if raw_at is not None else now_ms + int(float(raw_delay) * 1000)  # type: ignore[arg-type]
+            if raw_at is not None:
+                due = int(raw_at)
+            elif raw_delay is not None:
+                due = now_ms + int(float(raw_delay) * 1000)
+            else:
+                due = now_ms + int(raw_delay_ms)  # type: ignore[arg-type]
         except ValueError:
-            raise SparkMQError(ErrorCode.INVALID_ARGUMENT,
-                               f"timer delivery time must be a number, got {raw_at or raw_delay!r}") from None
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "timer delivery time must be a number, got "
+                                                           f"{raw_at or raw_delay or raw_delay_ms!r}") from None
         if due - now_ms > self.max_delay_s * 1000:
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT,
                                f"the delivery time is {(due - now_ms) / 1000:.0f} s ahead; "

@@ -117,11 +117,11 @@ class AdminClient:
 
     def replication(self, addr: str) -> dict[str, Any]:
         """The replication state of the broker at ``addr`` (``GET /broker/ha``)."""
-        return self._brokers.get(addr).replication()
+        return self._brokers.http(addr).replication()
 
     def dledger_status(self, addr: str) -> dict[str, Any]:
         """The DLedger member of the broker at ``addr`` (``GET /broker/dledger``; DLEDGER_NOT_ENABLED if none)."""
-        return self._brokers.get(addr).dledger_status()
+        return self._brokers.http(addr).dledger_status()
 
     def transfer_leadership(self, addr: str, to_id: str) -> dict[str, Any]:
         """Ask the DLedger leader at ``addr`` to hand the leadership to member ``to_id``; returns once ``to_id``
@@ -135,11 +135,11 @@ class AdminClient:
         """
         # The broker waits up to its election time (seconds with the 2 s default heartbeat): wait longer.
         timeout = max(self.config.request_timeout_s, _TRANSFER_TIMEOUT_S)
-        return self._brokers.get(addr).dledger_transfer(to_id, timeout=timeout)
+        return self._brokers.http(addr).dledger_transfer(to_id, timeout=timeout)
 
     def broker_info(self, addr: str) -> dict[str, Any]:
         """``GET /broker`` of one broker."""
-        return self._brokers.get(addr).broker_info()
+        return self._brokers.http(addr).broker_info()
 
     def query_messages(self, *, topic: str | None = None, key: str | None = None, msg_id: str | None = None,
                        begin_ms: int | None = None, end_ms: int | None = None, max_hits: int = 32,
@@ -153,7 +153,7 @@ class AdminClient:
         answered = 0
         for addr in sorted(self.masters(cluster).values()):
             try:
-                found += self._brokers.get(addr).query_messages(params)
+                found += self._brokers.http(addr).query_messages(params)
                 answered += 1
             except SparkMQError as exc:
                 if exc.code is not ErrorCode.LAKE_NOT_AVAILABLE:
@@ -176,14 +176,14 @@ class AdminClient:
             raise SparkMQError(ErrorCode.MESSAGE_ID_ILLEGAL, "the message id must be a non-empty string")
         events: list[dict[str, Any]] = []
         for addr in sorted(self.masters(cluster).values()):
-            events += self._brokers.get(addr).trace(msg_id)["events"]
+            events += self._brokers.http(addr).trace(msg_id)["events"]
         return trace_path(events)
 
     def lake_status(self, cluster: str | None = None) -> dict[str, dict[str, Any]]:
         """Each master's lake (from its ``/health``): state and jobs, or ``{"state": "disabled"}``."""
         out: dict[str, dict[str, Any]] = {}
         for name, addr in sorted(self.masters(cluster).items()):
-            health = self._brokers.get(addr).health()
+            health = self._brokers.http(addr).health()
             out[name] = health.get("lake") or {"state": "disabled", "jobs": {}}
         return out
 
@@ -198,7 +198,7 @@ class AdminClient:
             firing = [a for rows in admin.alerts().values() for a in rows]
         """
         state = "all" if resolved else "open"
-        return {name: self._brokers.get(addr).alerts(state, limit)
+        return {name: self._brokers.http(addr).alerts(state, limit)
                 for name, addr in sorted(self.masters(cluster).items())}
 
     def alert_rules(self, cluster: str | None = None) -> dict[str, dict[str, Any]]:
@@ -210,7 +210,7 @@ class AdminClient:
 
             names = {r["name"] for answer in admin.alert_rules().values() for r in answer["rules"]}
         """
-        return {name: self._brokers.get(addr).alert_rules() for name, addr in sorted(self.masters(cluster).items())}
+        return {name: self._brokers.http(addr).alert_rules() for name, addr in sorted(self.masters(cluster).items())}
 
     def report_series(self, kind: str, name: str, range_name: str = "6h", cluster: str | None = None
                       ) -> ReportSeries:
@@ -226,7 +226,7 @@ class AdminClient:
         if kind not in REPORT_KINDS:
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"kind must be one of {list(REPORT_KINDS)}, got {kind!r}")
         (validate_topic if kind == "topic" else validate_group)(name)
-        series = [self._brokers.get(addr).report(kind, name, range_name)
+        series = [self._brokers.http(addr).report(kind, name, range_name)
                   for _, addr in sorted(self.masters(cluster).items())]
         if not series:
             raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, "no live master to read reports from")
@@ -267,7 +267,7 @@ class AdminClient:
         error: SparkMQError | None = None
         for addr in self._targets(cluster, broker_addrs):
             try:
-                out[addr] = self._brokers.get(addr).create_topic(body)
+                out[addr] = self._brokers.http(addr).create_topic(body)
             except SparkMQError as exc:
                 log.warning("creating %s on %s failed: %s", topic, addr, exc)
                 error = error or exc
@@ -289,7 +289,7 @@ class AdminClient:
         refused: SparkMQError | None = None
         for addr in self._targets(cluster, None):
             try:
-                brokers[addr] = bool(self._brokers.get(addr).delete_topic(topic).get("deleted"))
+                brokers[addr] = bool(self._brokers.http(addr).delete_topic(topic).get("deleted"))
             except SparkMQError as exc:
                 log.warning("deleting %s on %s failed: %s", topic, addr, exc)
                 brokers[addr] = False
@@ -318,7 +318,7 @@ class AdminClient:
             addr = route.read_addr(name)
             if addr is None:
                 continue
-            stats = self._brokers.get(addr).topic_stats(topic)
+            stats = self._brokers.http(addr).topic_stats(topic)
             out.extend(QueueStats(topic, name, int(q["queue_id"]), int(q["min_offset"]), int(q["max_offset"]),
                                   int(q.get("last_store_timestamp") or 0)) for q in stats.get("queues") or ())
         return sorted(out, key=lambda s: (s.broker_name, s.queue_id))
@@ -332,7 +332,7 @@ class AdminClient:
         error: SparkMQError | None = None
         for addr in list(servers) if servers else self._targets(cluster, None):
             try:
-                out[addr] = fn(self._brokers.get(addr))
+                out[addr] = fn(self._brokers.http(addr))
             except SparkMQError as exc:
                 log.warning("%s on %s failed: %s", what, addr, exc)
                 error = error or exc
@@ -381,7 +381,7 @@ class AdminClient:
         out: dict[str, Any] = {}
         for name, addr in self.masters().items():
             try:
-                out[name] = fn(self._brokers.get(addr))
+                out[name] = fn(self._brokers.http(addr))
             except SparkMQError as exc:
                 log.warning("broker %s (%s) did not answer: %s", name, addr, exc)
         return out
@@ -446,7 +446,7 @@ class AdminClient:
         """
         decoded = decode_offset_msg_id(offset_msg_id)
         try:
-            return self._brokers.get(decoded.store_host).message(offset_msg_id)
+            return self._brokers.http(decoded.store_host).message(offset_msg_id)
         except SparkMQError as exc:
             if exc.code is not ErrorCode.SERVICE_NOT_AVAILABLE:
                 raise
@@ -455,7 +455,7 @@ class AdminClient:
             if addr == decoded.store_host:
                 continue
             try:
-                msg = self._brokers.get(addr).message(offset_msg_id)
+                msg = self._brokers.http(addr).message(offset_msg_id)
             except SparkMQError:
                 continue
             # Another broker may read its own log at that offset: only its answer for this very id counts.
@@ -497,7 +497,7 @@ class AdminClient:
         missing: SparkMQError | None = None
         for name, by_queue in sorted(plan.items()):
             try:
-                answer = self._brokers.get(masters[name]).reset_offsets(group, topic, timestamp=timestamp,
+                answer = self._brokers.http(masters[name]).reset_offsets(group, topic, timestamp=timestamp,
                                                                         offsets=by_queue)
             except SparkMQError as exc:
                 if exc.code is not ErrorCode.GROUP_NOT_EXIST or offsets is not None:
@@ -519,7 +519,7 @@ class AdminClient:
             offset = 0
             while len(out) < max_messages:
                 try:
-                    answer = self._brokers.get(addr).dlq_messages(group, offset, min(32, max_messages - len(out)))
+                    answer = self._brokers.http(addr).dlq_messages(group, offset, min(32, max_messages - len(out)))
                 except SparkMQError as exc:
                     if exc.code in (ErrorCode.TOPIC_NOT_EXIST, ErrorCode.GROUP_NOT_EXIST):
                         break  # no dead letters of that group on this broker
@@ -543,7 +543,7 @@ class AdminClient:
         errors: list[SparkMQError] = []
         for addr in self.masters().values():
             try:
-                answer = self._brokers.get(addr).redrive(group, msg_ids=msg_ids, all_messages=all, topic=topic,
+                answer = self._brokers.http(addr).redrive(group, msg_ids=msg_ids, all_messages=all, topic=topic,
                                                          tags=tags)
             except SparkMQError as exc:
                 if exc.code is ErrorCode.SERVICE_NOT_AVAILABLE:
@@ -579,7 +579,7 @@ class AdminClient:
         not_found: SparkMQError | None = None
         for addr in masters:
             try:
-                return self._brokers.get(addr).resend(group, msg_id.strip())
+                return self._brokers.http(addr).resend(group, msg_id.strip())
             except SparkMQError as exc:
                 # Only the master holding the message can copy it: a plain "not here" from the others is no
                 # answer while one of them said why it refused (an unknown group, no permission).
@@ -596,7 +596,7 @@ class AdminClient:
         if not isinstance(msg_id, str) or not msg_id.strip():
             raise SparkMQError(ErrorCode.MESSAGE_ID_ILLEGAL, "a message id is needed")
         for addr in self.masters().values():
-            answer = self._brokers.get(addr).recall_timer(msg_id)
+            answer = self._brokers.http(addr).recall_timer(msg_id)
             if answer.get("recalled"):
                 return dict(answer)
         return {"msg_id": msg_id, "recalled": False}

@@ -57,14 +57,25 @@ from ..common import protocol as p
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.filtering import FILTER_TAG
 from ..common.ids import UniqueIdGenerator
-from ..common.message import Message, SendResult, send_status
-from ..common.protocol import PullStatus, RequestCode
+from ..common.message import Message, SendResult
+from ..common.protocol import PULL_OUTCOME_CODES, SEND_OUTCOME_CODES, PullStatus, RequestCode, ResponseCode
 from ..common.system_topics import RETRY_PREFIX, retry_topic
 from ..common.validation import validate_group, validate_topic
 from ..common.wire import ReceivedMessage
-from ..remoting import AsyncRemotingClient, Frame, RemotingError, Response
+from ..remoting import AsyncRemotingClient, Ext, Frame, RemotingError, Reply, Response
 from .allocation import DEFAULT_STRATEGY, AllocateStrategy, MessageQueue
-from .broker_remoting import decode_answer, decode_pulled, header_encoder
+from .broker_remoting import (
+    decode_members,
+    decode_packed,
+    decode_pulled,
+    decode_send,
+    ext_signer,
+    heartbeat_data,
+    packed_ext,
+    properties_text,
+    pull_ext,
+    send_ext,
+)
 from .config import DEFAULT_CONSUME_TIMESTAMP_BACK_S, ClientConfig
 from .endpoints import remoting_endpoint
 from .fault import LatencyFaultTolerance, QueueSelector
@@ -92,10 +103,11 @@ __all__ = ["AsyncProducer", "AsyncConsumer"]
 
 log = logging.getLogger("sparkmq.client")
 
-H = TypeVar("H", bound=p.Header)
 T = TypeVar("T")
 
-_encode = msgspec.msgpack.Encoder().encode
+_SUCCESS = frozenset({ResponseCode.SUCCESS})
+_encode_json = msgspec.json.Encoder().encode
+_QUERY_OK = frozenset({ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND})
 
 #: Retryable failures about the topic on that broker, not the broker itself: refresh the route, do not
 #: isolate the broker (the threaded producer's split of ``RETRYABLE_CODES``).
@@ -116,13 +128,13 @@ class _AsyncClient:
                                          credentials=config.credentials, tls=config.tls_settings)
         self._routes = TopicRouteCache(self._namesrv, miss_retry_s=config.route_miss_retry_s)
         self._remoting: AsyncRemotingClient | None = None
-        self._header = header_encoder(config.credentials)  # signs requests for brokers with ACL on
+        self._sign = ext_signer(config.credentials)  # signs requests for brokers with ACL on
         self._tasks: set[asyncio.Task[Any]] = set()
         self._no_endpoint_warned: set[str] = set()
         self._state = "created"
 
     # -- lifecycle helpers -------------------------------------------------------------------
-    def _begin(self, on_push: Callable[[str, Frame], None] | None = None) -> None:
+    def _begin(self, on_push: Callable[[str, Frame], Reply | None] | None = None) -> None:
         if self._state != "created":
             raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"{self._what()} is {self._state}")
         self._state = "starting"
@@ -187,12 +199,12 @@ class _AsyncClient:
             raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, message)
         return endpoint
 
-    async def _request(self, addr: str, code: RequestCode, header: p.Header, body: bytes = b"",
-                       timeout: float | None = None) -> Response:
-        """One request to the broker at HTTP address ``addr``, on its remoting connection."""
+    async def _request(self, addr: str, code: RequestCode, ext: Ext = None, body: bytes = b"",
+                       timeout: float | None = None, ok: frozenset[int] = _SUCCESS) -> Response:
+        """One request to the broker at address ``addr`` (as routes name it), on its remoting connection."""
         assert self._remoting is not None
-        return await self._remoting.request(self._endpoint(addr), code, self._header(code, header, body), body,
-                                            timeout)
+        return await self._remoting.request(self._endpoint(addr), code, self._sign(code, ext, body), body,
+                                            timeout, ok)
 
     def _cached_addrs(self, topics: Sequence[str], *, masters_only: bool = False) -> list[str]:
         addrs: set[str] = set()
@@ -202,7 +214,7 @@ class _AsyncClient:
                 addrs.update(route.master_addrs() if masters_only else route.all_addrs())
         return sorted(addrs)
 
-    async def _unregister(self, addrs: Sequence[str], req: p.UnregisterRequest) -> None:
+    async def _unregister(self, addrs: Sequence[str], req: p.UnregisterClientRequestHeader) -> None:
         for addr in addrs:
             try:
                 await self._request(addr, RequestCode.UNREGISTER_CLIENT, req)
@@ -261,7 +273,7 @@ class AsyncProducer(_AsyncClient):
             return
         self._state = "stopping"
         await self._cancel_tasks()
-        await self._unregister(self._known_addrs(), p.UnregisterRequest(self.client_id, [self.group]))
+        await self._unregister(self._known_addrs(), p.UnregisterClientRequestHeader(self.client_id, self.group))
         await self._close()
 
     async def __aenter__(self) -> AsyncProducer:
@@ -288,13 +300,13 @@ class AsyncProducer(_AsyncClient):
         born_ms = int(time.time() * 1000)
         msg_id = self._ids.next_id(born_ms)  # kept across retries: a duplicate after a timeout has the same id
 
+        props = properties_text(msg.properties, tags=msg.tags, keys=msg.keys, msg_id=msg_id)
+
         async def attempt(addr: str, mq: MessageQueue, left: float) -> SendResult:
-            req = p.SendRequest(topic, mq.queue_id, sharding_key, self.group, msg.tags, list(msg.keys),
-                                dict(msg.properties), msg_id, msg.flag, compressed, born_ms)
-            r = decode_answer((await self._request(addr, RequestCode.SEND_MESSAGE, req, body, left)).header,
-                        p.SendResponse)
-            return SendResult(send_status(r.status), r.msg_id, r.offset_msg_id, r.topic, r.broker_name, r.queue_id,
-                              r.queue_offset, r.store_timestamp)
+            ext = send_ext(self.group, topic, mq.queue_id, props, born_timestamp=born_ms, flag=msg.flag,
+                           compressed=compressed)
+            answer = await self._request(addr, RequestCode.SEND_MESSAGE_V2, ext, body, left, SEND_OUTCOME_CODES)
+            return decode_send(answer, msg_id, topic, mq.broker_name)
 
         return await self._with_retries(topic, timeout, self._ordered(sharding_key), attempt)
 
@@ -323,10 +335,10 @@ class AsyncProducer(_AsyncClient):
             raise SparkMQError(ErrorCode[exc.code], exc.message) from None
 
         async def attempt(addr: str, mq: MessageQueue, left: float) -> Sequence[SendResult]:
-            req = p.SendBatchRequest(topic, len(ids), mq.queue_id, sharding_key, self.group, compress)
-            response = await self._request(addr, RequestCode.SEND_BATCH, req, data, left)
-            answer = decode_answer(response.header, p.SendBatchResponse)
-            return BatchSendResults(answer, ids, bytes(response.body))
+            req = packed_ext(topic, len(ids), self.group, mq.queue_id, compress, sharding_key=sharding_key)
+            answer, offsets = decode_packed(await self._request(addr, RequestCode.SPARKMQ_SEND_PACKED, req, data, left,
+                                                                SEND_OUTCOME_CODES))
+            return BatchSendResults(answer, ids, offsets)
 
         return await self._with_retries(topic, timeout, self._ordered(sharding_key), attempt)
 
@@ -389,10 +401,10 @@ class AsyncProducer(_AsyncClient):
 
     async def send_heartbeats(self) -> None:
         """Tell every master this producer sends to that it is alive (done every ``heartbeat_interval_s``)."""
-        req = p.HeartbeatRequest(self.client_id, [self.group])
+        body = heartbeat_data({"client_id": self.client_id, "producer_groups": [self.group], "consumers": []})
         for addr in self._known_addrs():
             try:
-                await self._request(addr, RequestCode.HEARTBEAT, req)
+                await self._request(addr, RequestCode.HEART_BEAT, None, body)
             except SparkMQError as exc:
                 log.debug("producer heartbeat to %s failed: %s", addr, exc)
 
@@ -405,7 +417,7 @@ class AsyncProducer(_AsyncClient):
                 continue
             try:
                 assert self._remoting is not None
-                await self._remoting.request(self._endpoint(addr), RequestCode.PING, timeout=1.0)
+                await self._remoting.request(self._endpoint(addr), RequestCode.SPARKMQ_PING, timeout=1.0)
             except SparkMQError:
                 continue
             log.info("broker %s (%s) answers again; lifting its isolation", broker_name, addr)
@@ -571,7 +583,7 @@ class AsyncConsumer(_AsyncClient):
             log.warning("final offset commit of %s failed: %s", self.group, exc)
         addrs = self._cached_addrs(sorted(self._topics()))
         self._pqs.clear()
-        await self._unregister(addrs, p.UnregisterRequest(self.client_id, consumer_groups=[self.group]))
+        await self._unregister(addrs, p.UnregisterClientRequestHeader(self.client_id, consumerGroup=self.group))
         await self._close()
 
     async def _cancel_pulls(self) -> None:
@@ -662,10 +674,10 @@ class AsyncConsumer(_AsyncClient):
                 continue
             by_addr.setdefault(addr, {})[mq] = offset
         for addr, entries in sorted(by_addr.items()):
-            req = p.CommitOffsetsRequest(self.group, [p.CommitOffsetEntry(mq.topic, mq.queue_id, offset)
-                                                      for mq, offset in sorted(entries.items())])
+            body = _encode_json(p.UpdateConsumerOffsetsBody(self.group, [
+                p.UpdateConsumerOffsetEntry(mq.topic, mq.queue_id, offset) for mq, offset in sorted(entries.items())]))
             try:
-                await self._request(addr, RequestCode.COMMIT_OFFSETS, req)
+                await self._request(addr, RequestCode.SPARKMQ_UPDATE_CONSUMER_OFFSETS, None, body)
             except SparkMQError as exc:
                 log.warning("committing %d offsets of %s to %s failed: %s", len(entries), self.group, addr, exc)
                 error = error or exc
@@ -704,12 +716,13 @@ class AsyncConsumer(_AsyncClient):
             sub = self._subscriptions.get(mq.topic) or Subscription(mq.topic, "*", None)
             sql = sub.filter_type != FILTER_TAG
             offset = pq.next_offset
-            req = p.PullRequest(mq.topic, mq.queue_id, offset, cfg.pull_batch_size, self.group, self.client_id,
-                                None if sql else sub.expression, sub.filter_type, sub.expression if sql else None,
-                                cfg.long_poll_wait_ms)
+            ext = pull_ext(self.group, mq.topic, mq.queue_id, offset, cfg.pull_batch_size, expression=sub.expression,
+                           filter_type=sub.filter_type if sql else "TAG", wait_ms=cfg.long_poll_wait_ms,
+                           client_id=self.client_id)
             begin = time.monotonic()
             try:
-                response = await self._request(addr, RequestCode.PULL_MESSAGE, req, b"", cfg.pull_timeout_s)
+                response = await self._request(addr, RequestCode.SPARKMQ_PULL_PACKED, ext, b"", cfg.pull_timeout_s,
+                                               PULL_OUTCOME_CODES)
                 result = decode_pulled(response, mq.broker_name)
             except SparkMQError as exc:
                 log.debug("pull of %s@%s at %d failed: %s", mq.topic, mq.key, offset, exc)
@@ -747,18 +760,35 @@ class AsyncConsumer(_AsyncClient):
                 await asyncio.sleep(cfg.flow_control_backoff_s * 2)
 
     # -- membership and rebalance ------------------------------------------------------------------
-    def _on_push(self, addr: str, frame: Frame) -> None:
-        """A broker's notice on one of this consumer's connections (the loop runs it)."""
+    def _on_push(self, addr: str, frame: Frame) -> Reply | None:
+        """A broker's request on one of this consumer's connections (the loop runs it): a membership notice
+        rebalances, a GET_CONSUMER_RUNNING_INFO is answered."""
+        if frame.code == RequestCode.GET_CONSUMER_RUNNING_INFO:
+            return Reply(body=self.running_info())
         if frame.code != RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
-            return
+            return None
         try:
-            notice = decode_answer(frame.header, p.GroupChangedNotice)
+            group = frame.header_as(p.ConsumerGroupRequestHeader).consumerGroup
         except SparkMQError as exc:
             log.warning("bad notice from %s: %s", addr, exc)
-            return
-        if notice.group == self.group:
-            log.info("group %s membership changed on %s (version %d); rebalancing", self.group, addr, notice.version)
+            return None
+        if group == self.group:
+            log.info("group %s membership changed on %s; rebalancing", self.group, addr)
             self._rebalance_due.set()
+        return None
+
+    def running_info(self) -> bytes:
+        """This consumer's GET_CONSUMER_RUNNING_INFO answer (RocketMQ's ConsumerRunningInfo JSON)."""
+        props = {p.PROP_NAMESERVER_ADDR: ";".join(self.config.namesrv_addrs),
+                 p.PROP_CONSUME_TYPE: p.CONSUME_TYPE_NAMES[str(self.consume_type)], p.PROP_CONSUME_ORDERLY: "false",
+                 p.PROP_CLIENT_VERSION: str(p.CLIENT_VERSION), "messageModel": str(p.MessageModel.CLUSTERING),
+                 "consumeFromWhere": str(self.consume_from_where), "consumerGroup": self.group}
+        subs = [p.SubscriptionDataBody(s.topic, s.expression, expressionType=s.filter_type or "TAG")
+                for _, s in sorted(self._subscriptions.items())]
+        queues = [(p.MessageQueueData(mq.topic, mq.broker_name, mq.queue_id),
+                   p.ProcessQueueInfo(pq.commit_offset(), cachedMsgCount=pq.msg_count, droped=pq.dropped))
+                  for mq, pq in sorted(self._pqs.items())]
+        return p.consumer_running_info(props, subs, queues)
 
     async def _rebalance_loop(self) -> None:
         while True:
@@ -784,15 +814,15 @@ class AsyncConsumer(_AsyncClient):
                     await self._route(topic)
                 except SparkMQError:
                     continue
-        subs = [p.SubscriptionData(s.topic, s.expression, s.filter_type)
-                for _, s in sorted(self._subscriptions.items())]
+        subs = [s.to_dict() for _, s in sorted(self._subscriptions.items())]
         held = [p.held_queue_key(q.topic, q.broker_name, q.queue_id) for q in self.assignment(include_retry=True)]
-        req = p.HeartbeatRequest(self.client_id, [], [p.ConsumerGroupData(
-            self.group, str(self.consume_type), str(p.MessageModel.CLUSTERING), str(self.consume_from_where), subs,
-            held)])
+        body = heartbeat_data({"client_id": self.client_id, "producer_groups": [], "consumers": [{
+            "group": self.group, "consume_type": str(self.consume_type),
+            "message_model": str(p.MessageModel.CLUSTERING),
+            "consume_from_where": str(self.consume_from_where), "subscriptions": subs, "held_queues": held}]})
         for addr in self._cached_addrs(sorted(self._topics())):
             try:
-                await self._request(addr, RequestCode.HEARTBEAT, req)
+                await self._request(addr, RequestCode.HEART_BEAT, None, body)
             except SparkMQError as exc:
                 log.debug("heartbeat of %s to %s failed: %s", self.client_id, addr, exc)
 
@@ -848,11 +878,14 @@ class AsyncConsumer(_AsyncClient):
         masters = route.master_addrs()
         for addr in masters + [a for a in route.all_addrs() if a not in masters]:
             try:
-                response = await self._request(addr, RequestCode.GROUP_INFO, p.GroupInfoRequest(self.group))
+                response = await self._request(addr, RequestCode.GET_CONSUMER_LIST_BY_GROUP,
+                                               {"consumerGroup": self.group})
             except SparkMQError as exc:
+                if exc.code is ErrorCode.GROUP_NOT_EXIST:  # none here (yet): our heartbeat is on its way
+                    return []
                 log.debug("group %s members from %s failed: %s", self.group, addr, exc)
                 continue
-            return sorted(decode_answer(response.header, p.GroupInfoResponse).members)
+            return decode_members(response)
         return None
 
     async def _update(self, topic: str, wanted: set[MessageQueue]) -> bool:
@@ -895,11 +928,11 @@ class AsyncConsumer(_AsyncClient):
         master = route.master_addr(mq.broker_name)
         if master is None:  # the group's offsets live on the master: without it the start is unknown
             raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"broker {mq.broker_name} has no master for offsets")
-        response = await self._request(master, RequestCode.QUERY_OFFSET,
-                                       p.QueryOffsetRequest(self.group, mq.topic, mq.queue_id))
-        stored = decode_answer(response.header, p.QueryOffsetResponse).offset
-        if stored >= 0:
-            return stored, True
+        response = await self._request(master, RequestCode.QUERY_CONSUMER_OFFSET,
+                                       p.QueryConsumerOffsetRequestHeader(self.group, mq.topic, mq.queue_id, False),
+                                       ok=_QUERY_OK)
+        if response.code == ResponseCode.SUCCESS:
+            return response.header_as(p.OffsetResponseHeader).offset, True
         addr = route.read_addr(mq.broker_name)
         if addr is None:
             raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"broker {mq.broker_name} has no address")
@@ -909,11 +942,11 @@ class AsyncConsumer(_AsyncClient):
             timestamp = self.config.consume_timestamp_ms
             if timestamp is None:
                 timestamp = int((time.time() - DEFAULT_CONSUME_TIMESTAMP_BACK_S) * 1000)
-        response = await self._request(addr, RequestCode.QUEUE_OFFSETS,
-                                       p.QueueOffsetsRequest(mq.topic, mq.queue_id, timestamp))
-        bounds = decode_answer(response.header, p.QueueOffsetsResponse)
+        response = await self._request(addr, RequestCode.SPARKMQ_QUEUE_OFFSETS,
+                                       p.QueueRequestHeader(mq.topic, mq.queue_id, timestamp))
+        bounds = response.header_as(p.QueueOffsetsResponseHeader)
         if cfw is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET:
-            return bounds.min_offset, False
+            return bounds.minOffset, False
         if cfw is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP and bounds.offset is not None:
             return bounds.offset, False
-        return bounds.max_offset, False
+        return bounds.maxOffset, False

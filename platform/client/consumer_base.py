@@ -25,14 +25,22 @@ from abc import ABC, abstractmethod
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
+from ..common import protocol as p
 from ..common.errors import ErrorCode, SparkMQError
-from ..common.protocol import OffsetResetNotice, held_queue_key
+from ..common.protocol import held_queue_key
 from ..common.validation import validate_group, validate_topic
 from ..common.wire import ReceivedMessage
 from ..remoting import RemotingError
 from ..remoting.loop import LoopThread
 from .allocation import AllocateStrategy, MessageQueue
-from .broker_remoting import AsyncBrokerRouter, forget_offset_reset, on_offset_reset
+from .broker_remoting import (
+    AsyncBrokerRouter,
+    OffsetReset,
+    forget_offset_reset,
+    forget_running_info,
+    on_offset_reset,
+    on_running_info,
+)
 from .config import ClientConfig
 from .offset_store import LocalOffsetStore, OffsetStore, RemoteOffsetStore
 from .process_queue import ProcessQueue
@@ -173,6 +181,7 @@ class ConsumerBase(ABC):
             self.offset_store.load()
             self._start_loop()
             on_offset_reset(self.group, self._on_pushed_reset)
+            on_running_info(self.client_id, self.running_info)
             for topic in self._topics():
                 try:
                     self._routes.get(topic)
@@ -210,6 +219,7 @@ class ConsumerBase(ABC):
             self._state = "stopping"
         self._scheduler.stop()
         forget_offset_reset(self.group, self._on_pushed_reset)
+        forget_running_info(self.client_id)
         if self._loop is not None and self._loop.is_running():
             self._run_on_loop(self._cancel_all_pulls()).result(timeout=30)
         if before_commit is not None:
@@ -505,6 +515,28 @@ class ConsumerBase(ABC):
                 log.debug("heartbeat of %s to %s failed: %s", self.client_id, addr, exc)
         self._sync_watchers()
 
+    def running_info(self) -> bytes:
+        """This consumer's GET_CONSUMER_RUNNING_INFO answer (RocketMQ's ConsumerRunningInfo JSON): its settings,
+        subscriptions and each held queue's state, as ``mqadmin consumerStatus`` shows them."""
+        now_ms = int(time.time() * 1000)
+        mono = time.monotonic()
+        props = {p.PROP_NAMESERVER_ADDR: ";".join(self.config.namesrv_addrs),
+                 p.PROP_CONSUME_TYPE: p.CONSUME_TYPE_NAMES[str(self.consume_type)],
+                 p.PROP_CONSUME_ORDERLY: str(getattr(self, "_orderly_listener", None) is not None).lower(),
+                 p.PROP_CLIENT_VERSION: str(p.CLIENT_VERSION), "messageModel": self.message_model.value,
+                 "consumeFromWhere": self.consume_from_where.value, "consumerGroup": self.group}
+        subs = [p.SubscriptionDataBody(s.topic, s.expression, expressionType=s.filter_type or "TAG")
+                for _, s in sorted(self._subscriptions.items())]
+        queues = []
+        for mq, pq in sorted(self._rebalance.process_queues().items()):
+            offsets = pq.in_flight_offsets()
+            queues.append((p.MessageQueueData(mq.topic, mq.broker_name, mq.queue_id), p.ProcessQueueInfo(
+                pq.commit_offset(), offsets[0] if offsets else 0, offsets[-1] if offsets else 0, len(offsets),
+                pq.msg_bytes // (1 << 20), droped=pq.dropped,
+                lastPullTimestamp=now_ms - int((mono - pq.last_pull_time) * 1000),
+                lastConsumeTimestamp=now_ms - int((mono - pq.last_consume_time) * 1000))))
+        return p.consumer_running_info(props, subs, queues)
+
     def rebalance(self) -> bool:
         """Rebalance now (also done every ``rebalance_interval_s`` and on membership notices); whether it changed."""
         if self._state != "running":
@@ -547,7 +579,7 @@ class ConsumerBase(ABC):
                 moved.append(mq)
         return moved
 
-    def _on_pushed_reset(self, notice: OffsetResetNotice) -> None:
+    def _on_pushed_reset(self, notice: OffsetReset) -> None:
         """A broker pushed an offset reset of this group: restart the held queues it names there at once."""
         if self.message_model is MessageModel.BROADCASTING:
             return  # broadcasting members keep their own offsets

@@ -51,7 +51,14 @@ from ..common.validation import validate_group, validate_topic
 from ..common.wire import SendRow, encode_body, send_rows_to_arrow, to_ipc
 from .accumulator import Accumulator, BatchedFuture
 from .allocation import MessageQueue
-from .broker_remoting import RemotingBrokerClient, decode_batch_answer
+from .broker_remoting import (
+    RemotingBrokerClient,
+    decode_packed,
+    delay_properties,
+    packed_ext,
+    properties_text,
+    send_ext,
+)
 from .config import ClientConfig
 from .fault import LatencyFaultTolerance, QueueSelector
 from .remoting import BrokerClientPool, NameServerClient, RemotingError
@@ -159,14 +166,15 @@ class _Prepared:
 class BatchSendResults(Sequence[SendResult]):
     """The results of a batch stored in one queue, built one by one when read (a batch answer comes packed)."""
 
-    __slots__ = ("_answer", "_ids", "_offsets", "_prefix", "_status")
+    __slots__ = ("_answer", "_ids", "_offsets", "_prefix", "_status", "_queue_offsets")
 
-    def __init__(self, answer: protocol.SendBatchResponse, msg_ids: Sequence[str], offsets: bytes) -> None:
+    def __init__(self, answer: protocol.SendPackedResponseHeader, msg_ids: Sequence[str], offsets: bytes) -> None:
         self._answer = answer
         self._ids = msg_ids
         self._offsets = memoryview(offsets).cast("q")
         self._prefix: str | None = None
         self._status: SendStatus | None = None
+        self._queue_offsets: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -176,13 +184,15 @@ class BatchSendResults(Sequence[SendResult]):
             return [self[i] for i in range(*index.indices(len(self)))]
         a = self._answer
         if self._status is None:  # once per batch, not per message
-            self._prefix = offset_msg_id_prefix(a.store_host)
+            self._prefix = offset_msg_id_prefix(a.storeHost)
             self._status = send_status(a.status)
+            if a.queueOffsets:  # a delayed batch: each message parked on its own
+                self._queue_offsets = [int(o) for o in a.queueOffsets.split(",")]
         i = range(len(self))[index]
-        queue_offset = a.queue_offsets[i] if a.queue_offsets is not None else a.first_queue_offset + i
+        queue_offset = self._queue_offsets[i] if self._queue_offsets is not None else a.queueOffset + i
         offset = self._offsets[i]
         return SendResult(self._status, self._ids[i], f"{self._prefix}{offset:016X}", a.topic,
-                          a.broker_name, a.queue_id, queue_offset, a.store_timestamp, offset)
+                          a.brokerName, a.queueId, queue_offset, a.storeTimestamp, offset)
 
     def __eq__(self, other: object) -> bool:
         return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
@@ -195,7 +205,7 @@ class BatchSendResults(Sequence[SendResult]):
         return [*other, *self] if isinstance(other, Sequence) else NotImplemented
 
     def __repr__(self) -> str:
-        return f"BatchSendResults({len(self)} messages on {self._answer.broker_name}/{self._answer.queue_id})"
+        return f"BatchSendResults({len(self)} messages on {self._answer.brokerName}/{self._answer.queueId})"
 
 
 def _outcome(future: concurrent.futures.Future[SendResult]) -> tuple[SendResult | None, BaseException | None]:
@@ -327,11 +337,13 @@ class Producer:
                 "compressed": p.compressed, "producer_group": self.group, "born_timestamp": int(time.time() * 1000),
                 "born_host": None, "msg_id": p.msg_id, **p.extra}
 
-    def _request(self, p: _Prepared, mq: MessageQueue, sharding_key: str | None,
-                 born_ms: int) -> protocol.SendRequest:
+    def _send_ext(self, p: _Prepared, mq: MessageQueue, born_ms: int) -> dict[str, str]:
+        """SEND_MESSAGE_V2's extFields: tags, keys, the unique id and a delay travel in the properties string."""
         m = p.message
-        return protocol.SendRequest(p.topic, mq.queue_id, sharding_key, self.group, m.tags, list(m.keys),
-                                    dict(m.properties), p.msg_id, m.flag, p.compressed, born_ms, **p.extra)
+        props = properties_text(m.properties, tags=m.tags, keys=m.keys, msg_id=p.msg_id,
+                                extra=delay_properties(**p.extra) if p.extra else None)
+        return send_ext(self.group, p.topic, mq.queue_id, props, born_timestamp=born_ms, flag=m.flag,
+                        compressed=p.compressed)
 
     # -- queue choice and the retry loop -----------------------------------------------------
     def _route(self, topic: str) -> TopicRouteInfo:
@@ -435,7 +447,8 @@ class Producer:
         def attempt(addr: str, mq: MessageQueue, left: float) -> SendResult:
             client = self._brokers.get(addr)
             if isinstance(client, RemotingBrokerClient):
-                result = client.send_message(self._request(prepared, mq, sharding_key, born_ms), prepared.body, left)
+                result = client.send_message(self._send_ext(prepared, mq, born_ms), prepared.body,
+                                             msg_id=prepared.msg_id, broker_name=mq.broker_name, timeout=left)
             else:
                 result = SendResult.from_dict(client.send(prepared.topic, self._payload(prepared, mq, sharding_key),
                                                           timeout=left))
@@ -557,8 +570,8 @@ class Producer:
             client = self._brokers.get(addr)
             if isinstance(client, RemotingBrokerClient) and not arrow:
                 data, ids = packed_batch()
-                answer, offsets = client.send_packed(protocol.SendBatchRequest(
-                    topic, len(ids), mq.queue_id, sharding_key, self.group, compress), data, left)
+                answer, offsets = client.send_packed(packed_ext(topic, len(ids), self.group, mq.queue_id, compress,
+                                                                sharding_key=sharding_key), data, left)
                 results: Sequence[SendResult] = BatchSendResults(answer, ids, offsets)
                 if self._tracer is not None:
                     for m, result in zip(msgs, results, strict=False):
@@ -567,10 +580,11 @@ class Producer:
             prepared = prepared_messages()
             params = {"queue_id": mq.queue_id, "sharding_key": sharding_key, "producer_group": self.group,
                       "compressed": "true" if compress else "false"}
-            if arrow:
+            if arrow:  # an Arrow IPC batch is HTTP's: remoting has no request for it
                 rows = [SendRow(p.body, p.message.tags, tuple(p.message.keys), dict(p.message.properties))
                         for p in prepared]
-                answer = client.send_batch(topic, params, arrow=to_ipc(send_rows_to_arrow(rows)), timeout=left)
+                answer = self._brokers.http(addr).send_batch(topic, params, arrow=to_ipc(send_rows_to_arrow(rows)),
+                                                             timeout=left)
             else:
                 answer = client.send_batch(topic, params, messages=[
                     {"body": encode_body(p.body), "body_encoding": "base64", "tags": p.message.tags,
@@ -617,15 +631,15 @@ class Producer:
         born_ms = int(time.time() * 1000)
         data, ids = self._pack(msgs, compress, born_ms)
         begin = time.monotonic()
-        sent = client.send_packed_future(protocol.SendBatchRequest(
-            topic, len(ids), mq.queue_id, None, self.group, compress), data, self.config.send_timeout_s)
+        sent = client.send_packed_future(packed_ext(topic, len(ids), self.group, mq.queue_id, compress), data,
+                                         self.config.send_timeout_s)
         out: concurrent.futures.Future[Sequence[SendResult]] = concurrent.futures.Future()
 
         def done(f: concurrent.futures.Future[Any]) -> None:  # on the connection's loop: hand work off
             error = f.exception()
             if error is None:
                 self.fault.update(mq.broker_name, (time.monotonic() - begin) * 1000)
-                answer, offsets = decode_batch_answer(f.result())
+                answer, offsets = decode_packed(f.result())
                 out.set_result(BatchSendResults(answer, ids, offsets))
                 return
             if isinstance(error, SparkMQError) and error.code in BROKER_FAULT_CODES:
@@ -683,7 +697,7 @@ class Producer:
             if addr is None:
                 continue
             try:
-                self._brokers.get(addr).health(timeout=1.0)
+                self._brokers.get(addr).ping(timeout=1.0)
             except SparkMQError:
                 continue
             log.info("broker %s (%s) answers again; lifting its isolation", broker_name, addr)

@@ -370,7 +370,8 @@ class PushConsumer(ConsumerBase):
         try:
             answer = self._brokers.get(addr).send_back(self.group, msg.offset_msg_id, delay_level=-1 if to_dlq else 0,
                                                        reason=reason[:1000],
-                                                       max_reconsume_times=self.max_reconsume_times)
+                                                       max_reconsume_times=self.max_reconsume_times,
+                                                       msg_id=msg.msg_id or None, origin_topic=msg.topic)
         except SparkMQError as exc:
             log.warning("send-back of %s to %s failed (%s); redelivering locally", msg.msg_id, addr, exc)
             return False
@@ -466,7 +467,8 @@ class PushConsumer(ConsumerBase):
             return False
         begin = time.monotonic()
         try:
-            locked = self._brokers.get(addr).lock_queues(self.group, self.client_id, [(mq.topic, mq.queue_id)])
+            locked = self._brokers.get(addr).lock_queues(self.group, self.client_id, [(mq.topic, mq.queue_id)],
+                                                         mq.broker_name)
         except SparkMQError as exc:
             log.info("locking %s@%s failed: %s", mq.topic, mq.key, exc)
             return False
@@ -487,7 +489,7 @@ class PushConsumer(ConsumerBase):
             begin = time.monotonic()
             try:
                 locked = self._brokers.get(addr).lock_queues(self.group, self.client_id,
-                                                             [(q.topic, q.queue_id) for q in mqs])
+                                                             [(q.topic, q.queue_id) for q in mqs], mqs[0].broker_name)
             except SparkMQError as exc:
                 log.info("renewing the locks on %s failed: %s", addr, exc)
                 continue
@@ -524,7 +526,7 @@ class PushConsumer(ConsumerBase):
         for addr, group in by_addr.items():
             try:
                 self._brokers.get(addr).unlock_queues(self.group, self.client_id,
-                                                      [(q.topic, q.queue_id) for q in group])
+                                                      [(q.topic, q.queue_id) for q in group], group[0].broker_name)
             except SparkMQError as exc:
                 log.info("unlocking on %s failed (the lock expires by itself): %s", addr, exc)
 

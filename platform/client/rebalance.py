@@ -235,7 +235,7 @@ class RebalanceImpl:
         addrs = route.master_addrs() + [a for a in route.all_addrs() if a not in route.master_addrs()]
         for addr in addrs:
             try:
-                return sorted(self._brokers.get(addr).consumer_group(self.group).get("members") or [])
+                return self._brokers.get(addr).consumer_ids(self.group)
             except SparkMQError as exc:
                 log.debug("group %s members from %s failed: %s", self.group, addr, exc)
         return None

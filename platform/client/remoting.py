@@ -411,6 +411,10 @@ class BrokerClient:
         """``GET /consumers/{group}``: version, sorted member ids, model and subscriptions."""
         return self._get(f"/consumers/{_seg(group)}")
 
+    def consumer_ids(self, group: str) -> list[str]:
+        """The group's member ids, sorted (``GET /consumers/{group}``'s ``members``)."""
+        return sorted(self.consumer_group(group).get("members") or [])
+
     def group_changes(self, group: str, version: int, wait_ms: int, timeout: float | None = None) -> dict[str, Any]:
         """``GET /consumers/{group}/changes``: long-polls until the membership version differs from ``version``."""
         return self._get(f"/consumers/{_seg(group)}/changes", params={"version": version, "wait_ms": wait_ms},
@@ -463,7 +467,8 @@ class BrokerClient:
         return self._post(f"/topics/{_seg(topic)}/half", dict(message), timeout=timeout)
 
     def end_transaction(self, transaction_id: str, producer_group: str, action: str, *,
-                        from_check: bool = False) -> dict[str, Any]:
+                        from_check: bool = False, offset_msg_id: str | None = None,
+                        queue_offset: int | None = None) -> dict[str, Any]:
         """``POST /transactions/{id}``: COMMIT, ROLLBACK or UNKNOWN; TRANSACTION_NOT_FOUND when unknown or settled."""
         return self._post(f"/transactions/{_seg(transaction_id)}", {"producer_group": producer_group, "action": action,
                                                               "from_check": from_check})
@@ -477,8 +482,10 @@ class BrokerClient:
         return list(answer.get("checks") or [])
 
     def send_back(self, group: str, offset_msg_id: str, *, delay_level: int = 0, reason: str = "",
-                  max_reconsume_times: int = 16) -> dict[str, Any]:
-        """``POST /consumers/{group}/send-back``: a failed message to ``%RETRY%<group>`` (or the DLQ)."""
+                  max_reconsume_times: int = 16, msg_id: str | None = None,
+                  origin_topic: str | None = None) -> dict[str, Any]:
+        """``POST /consumers/{group}/send-back``: a failed message to ``%RETRY%<group>`` (or the DLQ);
+        ``msg_id`` and ``origin_topic`` are the remoting client's (unused here)."""
         return self._post(f"/consumers/{_seg(group)}/send-back", {
             "offset_msg_id": offset_msg_id, "delay_level": delay_level, "reason": reason,
             "max_reconsume_times": max_reconsume_times})
@@ -510,13 +517,16 @@ class BrokerClient:
         """``DELETE /timers/{msg_id}``: ``{"msg_id", "recalled"}``."""
         return _json(self._call("DELETE", f"/timers/{_seg(msg_id)}"))
 
-    def lock_queues(self, group: str, client_id: str, queues: Sequence[tuple[str, int]]) -> set[tuple[str, int]]:
-        """``POST /locks/lock``: the ``(topic, queue_id)`` pairs this client holds now (locked or renewed)."""
+    def lock_queues(self, group: str, client_id: str, queues: Sequence[tuple[str, int]],
+                    broker_name: str = "") -> set[tuple[str, int]]:
+        """``POST /locks/lock``: the ``(topic, queue_id)`` pairs this client holds now (locked or renewed);
+        ``broker_name`` is the remoting client's (unused here)."""
         answer = self._post("/locks/lock", {"group": group, "client_id": client_id,
                                             "queues": [{"topic": t, "queue_id": q} for t, q in queues]})
         return {(str(x["topic"]), int(x["queue_id"])) for x in answer.get("locked") or ()}
 
-    def unlock_queues(self, group: str, client_id: str, queues: Sequence[tuple[str, int]]) -> dict[str, Any]:
+    def unlock_queues(self, group: str, client_id: str, queues: Sequence[tuple[str, int]],
+                      broker_name: str = "") -> dict[str, Any]:
         """``POST /locks/unlock``."""
         return self._post("/locks/unlock", {"group": group, "client_id": client_id,
                                             "queues": [{"topic": t, "queue_id": q} for t, q in queues]})
@@ -557,6 +567,10 @@ class BrokerClient:
     def health(self, timeout: float | None = None) -> dict[str, Any]:
         """``GET /health``."""
         return self._get("/health", timeout=timeout)
+
+    def ping(self, timeout: float | None = None) -> None:
+        """Whether the broker answers at all (``GET /health``; RemotingError when it does not)."""
+        self.health(timeout)
 
     # the lake's reports and alerts, re-send (the console's admin calls)
     def alerts(self, state: str = "open", limit: int = 500) -> list[dict[str, Any]]:
@@ -636,11 +650,15 @@ class BrokerClientPool:
         self._transport = transport
         self._remoting = remoting and transport is None
         self._clients: dict[str, Any] = {}
+        self._http_clients: dict[str, BrokerClient] = {}
         self._lock = threading.Lock()
         self._sync: Any = None
 
-    def get(self, addr: str) -> BrokerClient:
-        """The client for ``addr`` (a :class:`~.broker_remoting.RemotingBrokerClient` when it speaks remoting)."""
+    def get(self, addr: str) -> Any:
+        """The messaging client for ``addr``: a :class:`~.broker_remoting.RemotingBrokerClient` when the pool speaks
+        remoting and a route named the broker's endpoint, else the HTTP :class:`BrokerClient`.  Both answer the calls
+        producers and consumers make (sends, pulls, heartbeats, offsets, locks, send-back, transactions, trace); admin
+        calls are made on :meth:`http`."""
         endpoint = remoting_endpoint(addr) if self._remoting else None
         with self._lock:
             client = self._clients.get(addr)
@@ -654,15 +672,28 @@ class BrokerClientPool:
                 client = RemotingBrokerClient(addr, endpoint, self._timeout, self._sync,
                                               credentials=self._credentials)
             else:
-                client = BrokerClient(addr, self._timeout, transport=self._transport, credentials=self._credentials,
-                                      tls=self._tls)
+                client = self._http_locked(addr)
             self._clients[addr] = client
             return client
+
+    def http(self, addr: str) -> BrokerClient:
+        """The HTTP client for ``addr`` (admin calls, and anything remoting has no request for)."""
+        with self._lock:
+            return self._http_locked(addr)
+
+    def _http_locked(self, addr: str) -> BrokerClient:
+        client = self._http_clients.get(addr)
+        if client is None:
+            client = self._http_clients[addr] = BrokerClient(addr, self._timeout, transport=self._transport,
+                                                             credentials=self._credentials, tls=self._tls)
+        return client
 
     def close(self) -> None:
         """Close every client."""
         with self._lock:
             clients, self._clients = list(self._clients.values()), {}
+            clients += [c for c in self._http_clients.values() if c not in clients]
+            self._http_clients = {}
             sync, self._sync = self._sync, None
         for client in clients:
             client.close()

@@ -1,8 +1,9 @@
 """Topic routes as clients use them: queue lists to send to and to pull from, and broker addresses.
 
-A name server answers ``GET /routes/{topic}`` with queue data per broker name (read and
-write queue counts, perm) and the broker names' addresses by broker id (0 = master).
-:class:`TopicRouteInfo` turns that into
+A name server answers GET_ROUTEINFO_BY_TOPIC (RocketMQ remoting, :class:`NameServerRoutes`) with RocketMQ's
+``TopicRouteData``: queue data per broker name (read and write queue counts, perm) and the broker names'
+addresses by broker id (0 = master), each the broker's one port (remoting and HTTP).  The HTTP
+``GET /routes/{topic}`` answers the same in sparkmq's JSON.  :class:`TopicRouteInfo` turns either into
 
 * ``write_queues`` -- ``write_queue_nums`` queues of every broker whose perm has WRITE and
   that has a live master (sends go to masters only), sorted;
@@ -10,27 +11,34 @@ write queue counts, perm) and the broker names' addresses by broker id (0 = mast
   has any live address (a consumer may read from a slave while the master is down), sorted.
 
 :class:`TopicRouteCache` keeps one per topic and refreshes them every 30 s.  For a topic no
-name server knows yet, :meth:`TopicRouteCache.get` can build a *default route* from the
-cluster view: 4 queues on every master, as a broker auto-creates them on the first send
-(RocketMQ reaches the same brokers through the TBW102 template topic).
+name server knows yet, :meth:`TopicRouteCache.get` can build a *default route*, as RocketMQ's producer does:
+the route of the ``TBW102`` template topic (the brokers that auto-create topics), with at most 4 queues on each,
+as a broker auto-creates them on the first send.  (Over HTTP: 4 queues on every master of the cluster view.)
 """
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+import msgspec
+
+from ..auth.signing import Credentials, Signer
+from ..common import protocol as p
 from ..common.errors import ErrorCode, SparkMQError
+from ..common.protocol import RequestCode
 from ..namesrv.perm import PERM_READ_WRITE, is_readable, is_writeable
+from ..remoting import RemotingError, SyncRemotingClient
 from .allocation import MessageQueue
 from .endpoints import learn_remoting_endpoints
-from .remoting import NameServerClient
 
-__all__ = ["QueueData", "TopicRouteInfo", "TopicRouteCache", "DEFAULT_TOPIC_QUEUE_NUMS", "MASTER_ID",
-           "UNREACHABLE_PASS_OVER_S", "mark_reachable", "mark_unreachable"]
+__all__ = ["QueueData", "TopicRouteInfo", "TopicRouteCache", "NameServerRoutes", "RouteSource",
+           "DEFAULT_TOPIC_QUEUE_NUMS", "MASTER_ID", "AUTO_CREATE_TOPIC", "UNREACHABLE_PASS_OVER_S", "mark_reachable",
+           "mark_unreachable"]
 
 log = logging.getLogger("sparkmq.client")
 
@@ -38,6 +46,8 @@ log = logging.getLogger("sparkmq.client")
 DEFAULT_TOPIC_QUEUE_NUMS = 4
 #: Broker id of a master.
 MASTER_ID = 0
+#: The template topic whose route names the brokers that auto-create topics (RocketMQ's ``TBW102``).
+AUTO_CREATE_TOPIC = "TBW102"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +113,20 @@ class TopicRouteInfo:
                 learn_remoting_endpoints(by_id, b.get("remoting_addrs") or {})
         except (KeyError, TypeError, ValueError) as exc:
             raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"malformed route for {topic!r}: {exc!r}") from None
+        return cls(topic, queue_datas, addrs, is_default=is_default)
+
+    @classmethod
+    def from_route_data(cls, topic: str, data: p.TopicRouteData, *, is_default: bool = False,
+                        max_queues: int | None = None) -> TopicRouteInfo:
+        """Build from RocketMQ's ``TopicRouteData`` (GET_ROUTEINFO_BY_TOPIC); ``max_queues`` caps each broker's
+        read and write queue counts (a default route made of ``TBW102``'s, as RocketMQ's producer does)."""
+        def cap(n: int) -> int:
+            return n if max_queues is None else min(n, max_queues)
+
+        queue_datas = tuple(sorted((QueueData(q.brokerName, cap(q.readQueueNums), cap(q.writeQueueNums), q.perm,
+                                              q.topicSysFlag) for q in data.queueDatas),
+                                   key=lambda q: q.broker_name))
+        addrs = {b.brokerName: {int(i): a for i, a in b.brokerAddrs.items()} for b in data.brokerDatas}
         return cls(topic, queue_datas, addrs, is_default=is_default)
 
     @classmethod
@@ -175,6 +199,15 @@ def mark_reachable(addr: str) -> None:
     _unreachable.pop(addr, None)
 
 
+class RouteSource(Protocol):
+    """Where :class:`TopicRouteCache` gets routes: :class:`NameServerRoutes` (remoting: RocketMQ's structs) or
+    the HTTP ``NameServerClient`` (sparkmq's JSON dicts) while clients still use it."""
+
+    def topic_route(self, topic: str) -> p.TopicRouteData | dict[str, Any]: ...
+
+    def cluster_info(self) -> p.ClusterInfo | dict[str, Any]: ...
+
+
 class TopicRouteCache:
     """Routes by topic, fetched on first use and refreshed by :meth:`refresh_all` (every 30 s).
 
@@ -183,11 +216,11 @@ class TopicRouteCache:
 
     Example::
 
-        >>> cache = TopicRouteCache(namesrv=None)  # doctest: +SKIP
+        >>> cache = TopicRouteCache(NameServerRoutes(["127.0.0.1:9876"], timeout_s=3.0))  # doctest: +SKIP
         >>> cache.get("orders").write_queues  # doctest: +SKIP
     """
 
-    def __init__(self, namesrv: NameServerClient, *, miss_retry_s: float = 1.0,
+    def __init__(self, namesrv: RouteSource, *, miss_retry_s: float = 1.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._namesrv = namesrv
         self._miss_retry_s = miss_retry_s
@@ -209,8 +242,9 @@ class TopicRouteCache:
         """The route of ``topic``, fetched when not cached.
 
         With ``allow_default`` (producers), a topic no name server knows gets a default route over
-        every master, re-asked for at most every ``miss_retry_s`` until the real one appears.
-        Raises TOPIC_NOT_EXIST (or the name servers' error) when there is no route.
+        the brokers that auto-create topics (:meth:`default_route`), re-asked for at most every
+        ``miss_retry_s`` until the real one appears.  Raises TOPIC_NOT_EXIST (or the name servers'
+        error) when there is no route.
         """
         route = self.cached(topic)
         if route is not None and not (route.is_default and self._clock() - route.fetched_at >= self._miss_retry_s):
@@ -222,7 +256,7 @@ class TopicRouteCache:
                 return route
             if not allow_default or exc.code is not ErrorCode.TOPIC_NOT_EXIST:
                 raise
-        default = TopicRouteInfo.default_from_cluster(topic, self._namesrv.cluster_info())
+        default = self.default_route(topic)
         if not default.write_queues:
             raise SparkMQError(ErrorCode.TOPIC_NOT_EXIST, f"no route for {topic!r} and no live master to create it on")
         default = TopicRouteInfo(topic, default.queue_datas, default.broker_addrs, is_default=True,
@@ -231,9 +265,30 @@ class TopicRouteCache:
             self._routes.setdefault(topic, default)
             return self._routes[topic]
 
+    def default_route(self, topic: str) -> TopicRouteInfo:
+        """The route a new ``topic`` gets before any broker has it: ``TBW102``'s, each broker's queues capped at
+        :data:`DEFAULT_TOPIC_QUEUE_NUMS` (RocketMQ's producer); from the HTTP name server client, every master
+        of the cluster view."""
+        if isinstance(self._namesrv, NameServerRoutes):
+            try:
+                data = self._namesrv.topic_route(AUTO_CREATE_TOPIC)
+            except SparkMQError as exc:
+                if exc.code is ErrorCode.TOPIC_NOT_EXIST:
+                    raise SparkMQError(ErrorCode.TOPIC_NOT_EXIST, f"no route for {topic!r} and no broker that "
+                                                                  "auto-creates topics") from None
+                raise
+            return TopicRouteInfo.from_route_data(topic, data, is_default=True, max_queues=DEFAULT_TOPIC_QUEUE_NUMS)
+        cluster = self._namesrv.cluster_info()
+        assert isinstance(cluster, Mapping)
+        return TopicRouteInfo.default_from_cluster(topic, cluster)
+
     def refresh(self, topic: str) -> TopicRouteInfo:
         """Fetch ``topic``'s route now and cache it; raises when no name server has it."""
-        route = TopicRouteInfo.from_dict(topic, self._namesrv.topic_route(topic))
+        data = self._namesrv.topic_route(topic)
+        if isinstance(data, p.TopicRouteData):
+            route = TopicRouteInfo.from_route_data(topic, data)
+        else:
+            route = TopicRouteInfo.from_dict(topic, data)
         route = TopicRouteInfo(topic, route.queue_datas, route.broker_addrs, fetched_at=self._clock())
         with self._lock:
             old = self._routes.get(topic)
@@ -255,3 +310,87 @@ class TopicRouteCache:
         """Drop ``topic`` from the cache."""
         with self._lock:
             self._routes.pop(topic, None)
+
+
+class NameServerRoutes:
+    """Asks name servers for routes and the cluster view over RocketMQ remoting, failing over between them.
+
+    Requests go to the last name server that answered; one that cannot be reached (or does not answer in
+    time) moves them on to the next, in the configured order, wrapping around.  An error answer (for example
+    TOPIC_NOT_EXIST) is a real answer and is raised as is.  ``addrs`` are the name servers' ports (each serves
+    remoting and HTTP); with ``credentials`` every request is signed (:meth:`Signer.sign_ext`).
+
+    Example::
+
+        >>> ns = NameServerRoutes(["127.0.0.1:9876", "127.0.0.1:9877"], timeout_s=3.0)
+        >>> ns.current
+        '127.0.0.1:9876'
+        >>> ns.close()
+    """
+
+    def __init__(self, addrs: Sequence[str], timeout_s: float, *, credentials: Credentials | None = None,
+                 ssl_context: ssl.SSLContext | None = None, client: SyncRemotingClient | None = None) -> None:
+        if not addrs:
+            raise ValueError("at least one name server address is needed")
+        self.addrs = tuple(addrs)
+        self._timeout = timeout_s
+        self._signer = Signer(credentials) if credentials is not None else None
+        self._own_client = client is None
+        self._client = client or SyncRemotingClient(request_timeout_s=timeout_s, connect_timeout_s=timeout_s,
+                                                    ssl_context=ssl_context)
+        self._index = 0
+        self._lock = threading.Lock()
+
+    @property
+    def current(self) -> str:
+        """The name server requests go to first."""
+        return self.addrs[self._index]
+
+    def request(self, code: int, ext: dict[str, str] | None = None) -> bytes:
+        """``code`` on the current name server, failing over; the answer's body (an error answer is raised)."""
+        if self._signer is not None:
+            ext = self._signer.sign_ext(code, ext, b"")
+        with self._lock:
+            start = self._index
+        last: SparkMQError | None = None
+        for step in range(len(self.addrs)):
+            index = (start + step) % len(self.addrs)
+            addr = self.addrs[index]
+            try:
+                answer = self._client.request(addr, code, dict(ext) if ext else None, b"", self._timeout)
+            except RemotingError as exc:
+                last = exc
+                log.debug("name server %s failed: %s", addr, exc)
+                continue
+            with self._lock:
+                if self._index != index:
+                    log.info("name server %s answers; switching to it from %s", addr, self.addrs[self._index])
+                self._index = index
+            return bytes(answer.body)
+        assert last is not None
+        raise last
+
+    def topic_route(self, topic: str) -> p.TopicRouteData:
+        """GET_ROUTEINFO_BY_TOPIC: RocketMQ's ``TopicRouteData``; TOPIC_NOT_EXIST when no broker serves ``topic``."""
+        return _decode(self.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}), p.TopicRouteData)
+
+    def cluster_info(self) -> p.ClusterInfo:
+        """GET_BROKER_CLUSTER_INFO: clusters, their broker names and each broker's addresses."""
+        return _decode(self.request(RequestCode.GET_BROKER_CLUSTER_INFO), p.ClusterInfo)
+
+    def topic_list(self) -> list[str]:
+        """GET_ALL_TOPIC_LIST_FROM_NAMESERVER: every topic some live broker serves, sorted."""
+        return list(_decode(self.request(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER), p.TopicList).topicList)
+
+    def close(self) -> None:
+        """Close the connections (when the client is this object's own)."""
+        if self._own_client:
+            self._client.close()
+
+
+def _decode(body: bytes, kind: type[Any]) -> Any:
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"a name server answered a malformed {kind.__name__}: {exc}") \
+            from None

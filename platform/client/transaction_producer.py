@@ -187,6 +187,7 @@ class TransactionProducer(Producer):
             payload = self._payload(prepared, mq, None)
             answer = self._brokers.get(addr).send_half(prepared.topic, payload, timeout=left)
             holder["addr"], holder["transaction_id"] = addr, str(answer["transaction_id"])
+            holder["offset_msg_id"], holder["queue_offset"] = answer.get("offset_msg_id"), answer.get("queue_offset")
             answer.setdefault("status", SendStatus.SEND_OK.value)
             answer.setdefault("topic", prepared.topic)
             answer.setdefault("broker_name", mq.broker_name)
@@ -206,7 +207,9 @@ class TransactionProducer(Producer):
             state = TransactionState.UNKNOWN
         ended = True
         try:
-            self._brokers.get(holder["addr"]).end_transaction(holder["transaction_id"], self.group, state.value)
+            self._brokers.get(holder["addr"]).end_transaction(holder["transaction_id"], self.group, state.value,
+                                                              offset_msg_id=holder["offset_msg_id"],
+                                                              queue_offset=holder["queue_offset"])
         except SparkMQError as exc:
             # Not fatal: the half message stays until a check-back settles it.
             log.warning("ending transaction %s (%s) failed: %s", holder["transaction_id"], state.value, exc)
@@ -297,7 +300,9 @@ class TransactionProducer(Producer):
                 log.exception("check listener failed on transaction %s; answering UNKNOWN", check.transaction_id)
                 state = TransactionState.UNKNOWN
         try:
-            self._brokers.get(addr).end_transaction(check.transaction_id, self.group, state.value, from_check=True)
+            self._brokers.get(addr).end_transaction(check.transaction_id, self.group, state.value, from_check=True,
+                                                    offset_msg_id=raw.get("offset_msg_id") or None,
+                                                    queue_offset=raw.get("queue_offset"))
             self._count("answered")
         except SparkMQError as exc:
             log.info("answering the check of %s (%s) failed: %s", check.transaction_id, state.value, exc)

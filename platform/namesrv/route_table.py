@@ -574,3 +574,17 @@ class RouteTable:
         """Every topic some live broker serves, sorted."""
         with self._lock:
             return sorted(self._topics)
+
+    def topics_of_cluster(self, cluster: str) -> list[str]:
+        """Every topic served by a broker name of ``cluster``, sorted (none for an unknown cluster)."""
+        with self._lock:
+            names = self._clusters.get(cluster, set())
+            return sorted(t for t, queue_map in self._topics.items() if names.intersection(queue_map))
+
+    def system_topic_list(self) -> tuple[list[str], str | None]:
+        """RocketMQ's "system topics" of a name server: every cluster name and broker name (each broker name is a
+        topic a broker serves on itself), and the address of one broker to ask about them."""
+        with self._lock:
+            names = [n for cluster, brokers in sorted(self._clusters.items()) for n in (cluster, *sorted(brokers))]
+            addr = next((a for _n, b in sorted(self._brokers.items()) for _i, a in sorted(b.addrs.items())), None)
+        return names, addr

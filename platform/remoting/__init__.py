@@ -1,7 +1,7 @@
 """The transport of the remoting protocol (``docs/remoting.md``): frames, a server, clients.
 
-It carries frames only and knows nothing of brokers or messages: headers are opaque bytes
-(msgpack made by callers) except an error response's ``{"message": str}``.
+It carries RocketMQ's frames and knows nothing of brokers or messages: a frame's header is its code,
+flags, opaque, remark and extFields (the typed headers of :mod:`sparkmq.platform.common.protocol`).
 
 * :func:`encode_frame` / :class:`FrameDecoder` -- the frame codec; :class:`ProtocolError` on a
   broken stream (the receiver closes the connection).
@@ -18,6 +18,8 @@ from __future__ import annotations
 from .client import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_REQUEST_TIMEOUT_S,
+    SUCCESS_ONLY,
+    Ext,
     PushCallback,
     RemotingConnection,
     split_addr,
@@ -30,8 +32,9 @@ from .codec import (
     RemotingError,
     Reply,
     Response,
-    encode_error_header,
+    decode_header,
     encode_frame,
+    encode_rocketmq_header,
     error_from_frame,
     error_reply,
     unsupported_reply,
@@ -44,7 +47,9 @@ from .server import Deferred, Handler, RemotingServer, ServerConnection
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT_S",
     "DEFAULT_REQUEST_TIMEOUT_S",
+    "SUCCESS_ONLY",
     "AsyncRemotingClient",
+    "Ext",
     "Deferred",
     "Frame",
     "FrameData",
@@ -60,8 +65,9 @@ __all__ = [
     "Response",
     "ServerConnection",
     "SyncRemotingClient",
-    "encode_error_header",
+    "decode_header",
     "encode_frame",
+    "encode_rocketmq_header",
     "error_from_frame",
     "error_reply",
     "new_event_loop",

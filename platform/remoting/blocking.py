@@ -20,13 +20,13 @@ import threading
 import time
 import weakref
 
-from ..common.protocol import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_FRAME_BYTES, FLAG_RESPONSE, RESPONSE_SUCCESS
-from .client import split_addr
+from ..common.protocol import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_FRAME_BYTES, FLAG_RESPONSE
+from .client import SUCCESS_ONLY, Ext, split_addr
 from .codec import Frame, FrameDecoder, ProtocolError, RemotingError, Response, encode_frame, error_from_frame
 
 __all__ = ["BlockingConnection", "DirectConnections"]
 
-_MASK32 = 0xFFFFFFFF
+_MASK31 = 0x7FFFFFFF
 _RECV_BYTES = 256 * 1024
 
 
@@ -55,7 +55,8 @@ class BlockingConnection:
         self._used = time.monotonic()
         self.closed = False
 
-    def request(self, code: int, header: bytes, body: bytes | memoryview, timeout: float | None) -> Response:
+    def request(self, code: int, ext: Ext, body: bytes | memoryview, timeout: float | None,
+                ok: frozenset[int] = SUCCESS_ONLY) -> Response:
         """Send one request and read its answer on this thread; errors as ``RemotingConnection.request``.
 
         A failed or timed-out exchange closes the connection (a late answer must never be taken for the
@@ -63,8 +64,8 @@ class BlockingConnection:
         """
         if self.closed:
             raise RemotingError(self.addr, "connection is closed")
-        self._opaque = op = (self._opaque + 1) & _MASK32 or 1
-        data = encode_frame(0, code, op, header, body)
+        self._opaque = op = (self._opaque + 1) & _MASK31 or 1
+        data = encode_frame(code, 0, op, ext, body)
         sock = self._sock
         try:
             sock.settimeout(timeout)
@@ -82,8 +83,8 @@ class BlockingConnection:
             self.close()
             raise RemotingError(self.addr, f"connection failed: {exc}") from None
         self._used = time.monotonic()
-        if frame.code == RESPONSE_SUCCESS:
-            return Response(frame.code, frame.header, frame.body)
+        if frame.code in ok:
+            return frame
         raise error_from_frame(frame)
 
     def _read_answer(self, op: int) -> Frame:
@@ -93,7 +94,7 @@ class BlockingConnection:
             if not data:
                 raise OSError("closed by the peer")
             for frame in decoder.feed(data):
-                if frame.flags & FLAG_RESPONSE and frame.opaque == op:
+                if frame.flag & FLAG_RESPONSE and frame.opaque == op:
                     return frame  # one request at a time: nothing can follow its answer
 
     def usable(self, idle_limit_s: float) -> bool:

@@ -23,8 +23,8 @@ from ..common.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     FLAG_ONEWAY,
     FLAG_RESPONSE,
-    FRAME_PREFIX_SIZE,
     RESPONSE_SUCCESS,
+    ExtHeader,
     RequestCode,
 )
 from .codec import (
@@ -35,12 +35,14 @@ from .codec import (
     RemotingError,
     Reply,
     Response,
-    encode_error_header,
     encode_frame,
     error_from_frame,
+    error_reply,
 )
 
 __all__ = [
+    "SUCCESS_ONLY",
+    "Ext",
     "DEFAULT_CONNECT_TIMEOUT_S",
     "DEFAULT_REQUEST_TIMEOUT_S",
     "PushCallback",
@@ -54,10 +56,14 @@ log = logging.getLogger("sparkmq.remoting")
 DEFAULT_CONNECT_TIMEOUT_S = 3.0
 DEFAULT_REQUEST_TIMEOUT_S = 5.0
 
-_PING = int(RequestCode.PING)
-#: The part of ``length`` that is neither header nor body.
-_FIXED_LENGTH = FRAME_PREFIX_SIZE - 4
-_MASK32 = 0xFFFFFFFF
+_PING = int(RequestCode.SPARKMQ_PING)
+#: Opaques are Java ints on the other side: this side's stay in the positive half.
+_MASK31 = 0x7FFFFFFF
+
+#: The response codes a request answers with by default (any other raises); a pull passes its outcomes too.
+SUCCESS_ONLY: frozenset[int] = frozenset({RESPONSE_SUCCESS})
+#: A request's header: a typed extFields struct, a ready map of strings, or none.
+Ext = ExtHeader | dict[str, str] | None
 _INVALID_STATE = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
 
 #: ``on_push(frame)`` of a connection: called on its loop for each request the server sends.
@@ -72,6 +78,13 @@ def split_addr(addr: str) -> tuple[str, int]:
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     return host, int(port)
+
+
+def _answer(frame: Frame, ok: frozenset[int]) -> Response:
+    """The response when its code is one of ``ok``; else the error it stands for is raised."""
+    if frame.code in ok:
+        return frame
+    raise error_from_frame(frame)
 
 
 class _SyncWaiter:
@@ -100,18 +113,19 @@ class _SyncWaiter:
 class _FutureWaiter:
     """Completes a ``concurrent.futures.Future`` with a :class:`Response` (or the error)."""
 
-    __slots__ = ("future", "timer")
+    __slots__ = ("future", "timer", "ok")
 
-    def __init__(self, future: concurrent.futures.Future[Response]) -> None:
+    def __init__(self, future: concurrent.futures.Future[Response], ok: frozenset[int]) -> None:
         self.future = future
         self.timer: asyncio.TimerHandle | None = None
+        self.ok = ok
 
     def set_result(self, frame: Frame) -> None:
         if self.timer is not None:
             self.timer.cancel()
         try:
-            if frame.code == RESPONSE_SUCCESS:
-                self.future.set_result(Response(frame.code, frame.header, frame.body))
+            if frame.code in self.ok:
+                self.future.set_result(frame)
             else:
                 self.future.set_exception(error_from_frame(frame))
         except _INVALID_STATE:  # cancelled by its owner
@@ -218,20 +232,21 @@ class RemotingConnection(asyncio.Protocol):
 
     # ---- requests -----------------------------------------------------------------------
 
-    async def request(self, code: int, header: bytes = b"", body: bytes | memoryview = b"",
-                      timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S) -> Response:
+    async def request(self, code: int, ext: Ext = None, body: bytes | memoryview = b"",
+                      timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S, ok: frozenset[int] = SUCCESS_ONLY
+                      ) -> Response:
         """Send a request and await its response (on the connection's loop).
 
-        Raises :class:`SparkMQError` for an error response and :class:`RemotingError` when the
-        connection fails or closes, or no answer comes within ``timeout`` (``timed_out``; the
-        connection stays usable).
+        A response whose code is in ``ok`` is returned; any other raises the :class:`SparkMQError` it
+        stands for.  :class:`RemotingError` when the connection fails or closes, or no answer comes within
+        ``timeout`` (``timed_out``; the connection stays usable).
         """
         if self._closed:
             raise self._closed_error()
         loop = self._loop
         fut = loop.create_future()
         op = self._register(fut)
-        self._queue_write(self._encode(code, op, header, body, fut))
+        self._queue_write(self._encode(code, op, ext, body, fut))
         timer = loop.call_later(timeout, self._expire, op, code, timeout) if timeout is not None else None
         try:
             frame = await fut
@@ -240,12 +255,11 @@ class RemotingConnection(asyncio.Protocol):
                 timer.cancel()
             if not fut.done() and self._pending.get(op) is fut:  # the awaiting task was cancelled
                 del self._pending[op]
-        if frame.code == RESPONSE_SUCCESS:
-            return Response(frame.code, frame.header, frame.body)
-        raise error_from_frame(frame)
+        return _answer(frame, ok)
 
-    def request_blocking(self, code: int, header: bytes = b"", body: bytes | memoryview = b"",
-                         timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S) -> Response:
+    def request_blocking(self, code: int, ext: Ext = None, body: bytes | memoryview = b"",
+                         timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S, ok: frozenset[int] = SUCCESS_ONLY
+                         ) -> Response:
         """Send a request from a thread other than the loop's and block for the response.
 
         Same answers and errors as :meth:`request`.
@@ -257,7 +271,7 @@ class RemotingConnection(asyncio.Protocol):
         waiter = _SyncWaiter()
         pending = self._pending
         op = self._register(waiter)
-        data = self._encode(code, op, header, body, waiter)
+        data = self._encode(code, op, ext, body, waiter)
         # Closed between the check and the registration: the loop's sweep may have missed us.
         if self._closed and pending.pop(op, None) is waiter:
             raise self._closed_error()
@@ -273,12 +287,11 @@ class RemotingConnection(asyncio.Protocol):
         frame = waiter.frame
         if frame is None:
             raise waiter.exc  # type: ignore[misc]
-        if frame.code == RESPONSE_SUCCESS:
-            return Response(frame.code, frame.header, frame.body)
-        raise error_from_frame(frame)
+        return _answer(frame, ok)
 
-    def request_future(self, code: int, header: bytes = b"", body: bytes | memoryview = b"",
-                       timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S) -> concurrent.futures.Future[Response]:
+    def request_future(self, code: int, ext: Ext = None, body: bytes | memoryview = b"",
+                       timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S, ok: frozenset[int] = SUCCESS_ONLY
+                       ) -> concurrent.futures.Future[Response]:
         """Send a request from any thread; a ``concurrent.futures.Future`` of its :class:`Response`.
 
         The future fails as :meth:`request` would raise; its callbacks run on the loop thread.
@@ -287,10 +300,10 @@ class RemotingConnection(asyncio.Protocol):
         if self._closed:
             future.set_exception(self._closed_error())
             return future
-        waiter = _FutureWaiter(future)
+        waiter = _FutureWaiter(future, ok)
         op = self._register(waiter)
         try:
-            data = self._encode(code, op, header, body, waiter)
+            data = self._encode(code, op, ext, body, waiter)
         except SparkMQError as exc:
             future.set_exception(exc)
             return future
@@ -304,11 +317,11 @@ class RemotingConnection(asyncio.Protocol):
                 future.set_exception(RemotingError(self.addr, "the connection's event loop is closed"))
         return future
 
-    def oneway(self, code: int, header: bytes = b"", body: bytes | memoryview = b"") -> None:
+    def oneway(self, code: int, ext: Ext = None, body: bytes | memoryview = b"") -> None:
         """Send a ONEWAY request (no response); from any thread; raises RemotingError if closed."""
         if self._closed:
             raise self._closed_error()
-        data = encode_frame(FLAG_ONEWAY, code, next(self._ids) & _MASK32, header, body)
+        data = encode_frame(code, FLAG_ONEWAY, next(self._ids) & _MASK31, ext, body)
         if threading.get_ident() == self._loop_tid:
             self._queue_write(data)
         else:
@@ -365,7 +378,7 @@ class RemotingConnection(asyncio.Protocol):
             return
         pending = self._pending
         for frame in frames:
-            if frame.flags & FLAG_RESPONSE:
+            if frame.flag & FLAG_RESPONSE:
                 waiter = pending.pop(frame.opaque, None)
                 if waiter is not None:
                     try:
@@ -378,25 +391,24 @@ class RemotingConnection(asyncio.Protocol):
     # ---- internals ----------------------------------------------------------------------
 
     def _register(self, waiter: Any) -> int:
-        """A free opaque for ``waiter``: uint32, wrapping, never one in flight; thread-safe.
+        """A free opaque for ``waiter``: a positive int32, wrapping, never one in flight; thread-safe.
 
         ``next()`` on a count and ``dict.setdefault`` are each atomic, so two threads can never
         claim the same opaque.
         """
         pending = self._pending
         while True:
-            op = next(self._ids) & _MASK32
+            op = next(self._ids) & _MASK31
             if pending.setdefault(op, waiter) is waiter:
                 return op
 
-    def _encode(self, code: int, op: int, header: bytes, body: bytes | memoryview, waiter: Any) -> FrameData:
-        if len(body) + len(header) > self.max_frame_bytes - _FIXED_LENGTH:
+    def _encode(self, code: int, op: int, ext: Ext, body: bytes | memoryview, waiter: Any) -> FrameData:
+        if len(body) > self.max_frame_bytes - 4:
             if self._pending.get(op) is waiter:
                 del self._pending[op]
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT,
-                               f"request of {len(header) + len(body)} bytes exceeds max_frame_bytes "
-                               f"{self.max_frame_bytes}")
-        return encode_frame(0, code, op, header, body)
+                               f"request body of {len(body)} bytes exceeds max_frame_bytes {self.max_frame_bytes}")
+        return encode_frame(code, 0, op, ext, body)
 
     def _queue_write(self, data: FrameData) -> None:
         """Coalesce the writes of one loop pass into one ``writelines`` (loop thread only)."""
@@ -496,16 +508,16 @@ class RemotingConnection(asyncio.Protocol):
         if not self._sent:
             self._ping = _PingWaiter()
             op = self._register(self._ping)
-            self._queue_write(encode_frame(0, _PING, op))
+            self._queue_write(encode_frame(_PING, 0, op))
         self._sent = False
         self._heartbeat_handle = self._loop.call_later(self.heartbeat_interval_s, self._heartbeat)
 
     def _on_request(self, frame: Frame) -> None:
         """A request from the server: PING is answered here, everything else goes to on_push."""
-        oneway = frame.flags & FLAG_ONEWAY
+        oneway = frame.flag & FLAG_ONEWAY
         if frame.code == _PING:
             if not oneway:
-                self._queue_write(encode_frame(FLAG_RESPONSE, RESPONSE_SUCCESS, frame.opaque))
+                self._queue_write(encode_frame(RESPONSE_SUCCESS, FLAG_RESPONSE, frame.opaque))
             return
         reply = None
         if self.on_push is not None:
@@ -514,14 +526,13 @@ class RemotingConnection(asyncio.Protocol):
             except Exception:
                 log.exception("on_push callback failed for request code %d from %s", frame.code, self.addr)
                 if not oneway:
-                    self._queue_write(encode_frame(FLAG_RESPONSE, ErrorCode.INTERNAL_ERROR.remoting_code,
-                                                   frame.opaque, encode_error_header("on_push failed")))
+                    self._reply(frame.opaque, error_reply(ErrorCode.INTERNAL_ERROR, "on_push failed"))
                 return
         if oneway:
             return
-        if type(reply) is Reply:
-            self._queue_write(encode_frame(FLAG_RESPONSE, reply.code, frame.opaque, reply.header, reply.body))
-        else:
-            self._queue_write(encode_frame(FLAG_RESPONSE, ErrorCode.REQUEST_CODE_NOT_SUPPORTED.remoting_code,
-                                           frame.opaque,
-                                           encode_error_header(f"request code {frame.code} is not supported")))
+        if type(reply) is not Reply:
+            reply = error_reply(ErrorCode.REQUEST_CODE_NOT_SUPPORTED, f"request code {frame.code} is not supported")
+        self._reply(frame.opaque, reply)
+
+    def _reply(self, opaque: int, reply: Reply) -> None:
+        self._queue_write(encode_frame(reply.code, FLAG_RESPONSE, opaque, reply.ext, reply.body, reply.remark))

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from ..common.errors import SparkMQError
 from ..common.protocol import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_MAX_FRAME_BYTES
 from .blocking import DirectConnections
-from .client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_REQUEST_TIMEOUT_S, RemotingConnection
+from .client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_REQUEST_TIMEOUT_S, SUCCESS_ONLY, Ext, RemotingConnection
 from .codec import Frame, RemotingError, Reply, Response
 from .loop import LoopThread
 
@@ -96,16 +96,16 @@ class SyncRemotingClient:
                 self._conns[addr] = conn
             return conn
 
-    def request(self, addr: str, code: int, header: bytes = b"", body: bytes | memoryview = b"",
-                timeout: float | None = None) -> Response:
+    def request(self, addr: str, code: int, ext: Ext = None, body: bytes | memoryview = b"",
+                timeout: float | None = None, ok: frozenset[int] = SUCCESS_ONLY) -> Response:
         """Send a request to ``addr`` and block for its :class:`Response` (``timeout`` defaults to the client's)."""
         conn = self._conns.get(addr)
         if conn is None or conn._closed:
             conn = self.connection(addr)
-        return conn.request_blocking(code, header, body, self.request_timeout_s if timeout is None else timeout)
+        return conn.request_blocking(code, ext, body, self.request_timeout_s if timeout is None else timeout, ok)
 
-    def request_direct(self, addr: str, code: int, header: bytes = b"", body: bytes | memoryview = b"",
-                       timeout: float | None = None) -> Response:
+    def request_direct(self, addr: str, code: int, ext: Ext = None, body: bytes | memoryview = b"",
+                       timeout: float | None = None, ok: frozenset[int] = SUCCESS_ONLY) -> Response:
         """:meth:`request` written and answered on the calling thread (a blocking connection of its own),
         which saves the two thread hand-offs of the shared connection: for latency-bound calls made one
         at a time (a synchronous send).  Falls back to :meth:`request` when many threads hold one already.
@@ -114,11 +114,12 @@ class SyncRemotingClient:
             raise RemotingError(addr, "client is closed")
         conn = self._direct.connection(addr)
         if conn is None:
-            return self.request(addr, code, header, body, timeout)
-        return conn.request(code, header, body, self.request_timeout_s if timeout is None else timeout)
+            return self.request(addr, code, ext, body, timeout, ok)
+        return conn.request(code, ext, body, self.request_timeout_s if timeout is None else timeout, ok)
 
-    def request_future(self, addr: str, code: int, header: bytes = b"", body: bytes | memoryview = b"",
-                       timeout: float | None = None) -> concurrent.futures.Future[Response]:
+    def request_future(self, addr: str, code: int, ext: Ext = None, body: bytes | memoryview = b"",
+                       timeout: float | None = None, ok: frozenset[int] = SUCCESS_ONLY
+                       ) -> concurrent.futures.Future[Response]:
         """Send a request without blocking for the answer; a future of its :class:`Response`.
 
         A connection that cannot be opened fails the future (it does not raise).
@@ -131,11 +132,11 @@ class SyncRemotingClient:
                 future: concurrent.futures.Future[Response] = concurrent.futures.Future()
                 future.set_exception(exc)
                 return future
-        return conn.request_future(code, header, body, self.request_timeout_s if timeout is None else timeout)
+        return conn.request_future(code, ext, body, self.request_timeout_s if timeout is None else timeout, ok)
 
-    def oneway(self, addr: str, code: int, header: bytes = b"", body: bytes | memoryview = b"") -> None:
+    def oneway(self, addr: str, code: int, ext: Ext = None, body: bytes | memoryview = b"") -> None:
         """Send a ONEWAY request to ``addr``."""
-        self.connection(addr).oneway(code, header, body)
+        self.connection(addr).oneway(code, ext, body)
 
     def close_connection(self, addr: str) -> None:
         """Close the connection to ``addr`` (the next request reconnects)."""
@@ -236,17 +237,17 @@ class AsyncRemotingClient:
         fut.set_result(conn)
         return conn
 
-    async def request(self, addr: str, code: int, header: bytes = b"", body: bytes | memoryview = b"",
-                      timeout: float | None = None) -> Response:
+    async def request(self, addr: str, code: int, ext: Ext = None, body: bytes | memoryview = b"",
+                      timeout: float | None = None, ok: frozenset[int] = SUCCESS_ONLY) -> Response:
         """Send a request to ``addr`` and await its :class:`Response`."""
         conn = self._conns.get(addr)
         if conn is None or conn._closed:
             conn = await self.connection(addr)
-        return await conn.request(code, header, body, self.request_timeout_s if timeout is None else timeout)
+        return await conn.request(code, ext, body, self.request_timeout_s if timeout is None else timeout, ok)
 
-    async def oneway(self, addr: str, code: int, header: bytes = b"", body: bytes | memoryview = b"") -> None:
+    async def oneway(self, addr: str, code: int, ext: Ext = None, body: bytes | memoryview = b"") -> None:
         """Send a ONEWAY request to ``addr``."""
-        (await self.connection(addr)).oneway(code, header, body)
+        (await self.connection(addr)).oneway(code, ext, body)
 
     async def close(self) -> None:
         """Close every connection."""

@@ -22,6 +22,8 @@ from ..common.protocol import (
     FLAG_ONEWAY,
     FLAG_RESPONSE,
     RESPONSE_SUCCESS,
+    SERVER_VERSION,
+    ExtHeader,
     RequestCode,
 )
 from ..common.tls import TlsSettings, create_server
@@ -30,8 +32,8 @@ from .codec import (
     FrameData,
     FrameDecoder,
     ProtocolError,
+    RemotingError,
     Reply,
-    encode_error_header,
     encode_frame,
 )
 
@@ -52,8 +54,9 @@ class Deferred(NamedTuple):
 #: answer to a ONEWAY request, an empty success to any other).
 Handler = Callable[["ServerConnection", Frame], "Reply | Awaitable[Reply | None] | Deferred | None"]
 
-_PING = int(RequestCode.PING)
-_MASK32 = 0xFFFFFFFF
+_PING = int(RequestCode.SPARKMQ_PING)
+#: Opaques are Java ints: this side's own requests keep to the positive half.
+_MASK31 = 0x7FFFFFFF
 #: Stop reading a connection whose unsent replies exceed this, until they drain to a quarter of it.
 DEFAULT_WRITE_HIGH_WATER = 4 << 20
 
@@ -77,6 +80,8 @@ class ServerConnection(asyncio.Protocol):
         self._closed = False
         self._close_callbacks: list[Callable[[ServerConnection], None]] = []
         self._push_ids = itertools.count(1)
+        #: opaque -> the future of a request this side sent and wants answered (:meth:`request`).
+        self._pending: dict[int, asyncio.Future[Frame]] = {}
         self._wq: list[bytes | memoryview] | None = None  # writes coalesced until the next loop pass
         self._inflight = 0    # handler tasks not yet answered (a connection with some is not idle)
         self._active = True   # received something since the last idle sweep
@@ -91,11 +96,11 @@ class ServerConnection(asyncio.Protocol):
         """True once the connection is closed or closing."""
         return self._closed
 
-    def push(self, code: int, header: bytes = b"", body: bytes | memoryview = b"") -> bool:
+    def push(self, code: int, ext: ExtHeader | dict[str, str] | None = None, body: bytes | memoryview = b"") -> bool:
         """Send a ONEWAY request to the client (a notice); thread-safe; False if the connection is gone."""
         if self._closed:
             return False
-        data = encode_frame(FLAG_ONEWAY, code, next(self._push_ids) & _MASK32, header, body)
+        data = encode_frame(code, FLAG_ONEWAY, next(self._push_ids) & _MASK31, ext, body, version=SERVER_VERSION)
         if threading.get_ident() == self.server._loop_thread_id:
             self._queue_write(data)
             return True
@@ -104,6 +109,26 @@ class ServerConnection(asyncio.Protocol):
         except RuntimeError:  # the loop is closed
             return False
         return True
+
+    async def request(self, code: int, ext: ExtHeader | dict[str, str] | None = None, body: bytes | memoryview = b"",
+                      timeout_s: float = 3.0) -> Frame:
+        """Send a request to the client and await its response (any code); on the server's loop only.
+
+        RemotingError when the connection closes or the client does not answer within ``timeout_s``.
+        """
+        if self._closed:
+            raise RemotingError(self.peer, "connection closed")
+        opaque = next(self._push_ids) & _MASK31
+        future: asyncio.Future[Frame] = self._loop.create_future()
+        self._pending[opaque] = future
+        self._queue_write(encode_frame(code, 0, opaque, ext, body, version=SERVER_VERSION))
+        try:
+            return await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            raise RemotingError(self.peer, f"no answer to request code {code} within {timeout_s} s",
+                                timed_out=True) from None
+        finally:
+            self._pending.pop(opaque, None)
 
     def close(self) -> None:
         """Close after the replies already written are flushed; thread-safe."""
@@ -146,6 +171,10 @@ class ServerConnection(asyncio.Protocol):
         self._closed = True
         self._transport = None
         self._wq = None
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(RemotingError(self.peer, "connection closed"))
         if self.ip is None:  # refused in connection_made: never opened as far as the server is concerned
             return
         self.server._lost(self)
@@ -186,13 +215,16 @@ class ServerConnection(asyncio.Protocol):
         handler = server._handler
         out: list[bytes | memoryview] = []
         for frame in frames:
-            flags = frame.flags
+            flags = frame.flag
             if flags & FLAG_RESPONSE:
-                continue  # our pushes are ONEWAY: a response to one is a stray, ignore it
+                future = self._pending.pop(frame.opaque, None)  # an answer to request(); any other is a stray
+                if future is not None and not future.done():
+                    future.set_result(frame)
+                continue
             oneway = flags & FLAG_ONEWAY
             if frame.code == _PING:
                 if not oneway:
-                    out.append(encode_frame(FLAG_RESPONSE, RESPONSE_SUCCESS, frame.opaque))
+                    out.append(_success_frame(frame.opaque))
                 continue
             if server._stopping:
                 if not oneway:
@@ -211,10 +243,10 @@ class ServerConnection(asyncio.Protocol):
                 continue
             if type(reply) is Reply:
                 if not oneway:
-                    _extend(out, encode_frame(FLAG_RESPONSE, reply.code, frame.opaque, reply.header, reply.body))
+                    _extend(out, _reply_frame(frame.opaque, reply))
             elif reply is None:
                 if not oneway:
-                    out.append(encode_frame(FLAG_RESPONSE, RESPONSE_SUCCESS, frame.opaque))
+                    out.append(_success_frame(frame.opaque))
             else:
                 self._spawn(frame, reply)
         if out and not self._closed:
@@ -267,16 +299,16 @@ class ServerConnection(asyncio.Protocol):
     def _answered(self, frame: Frame, reply: Any, error: Exception | None) -> None:
         """Queue the answer to a request answered later: its reply, or the error its handler raised."""
         self._done_one()
-        if frame.flags & FLAG_ONEWAY:
+        if frame.flag & FLAG_ONEWAY:
             if error is not None and not isinstance(error, SparkMQError):
                 self.server._handler_failed(frame, error)
             return
         if isinstance(error, SparkMQError):
             data = _error_frame(frame.opaque, error.code, error.message)
         elif error is None and reply is None:
-            data = encode_frame(FLAG_RESPONSE, RESPONSE_SUCCESS, frame.opaque)
+            data = _success_frame(frame.opaque)
         elif error is None and type(reply) is Reply:
-            data = encode_frame(FLAG_RESPONSE, reply.code, frame.opaque, reply.header, reply.body)
+            data = _reply_frame(frame.opaque, reply)
         else:
             if error is None:
                 error = TypeError(f"handler answered {type(reply).__name__}, not Reply")
@@ -337,7 +369,17 @@ def _extend(out: list[bytes | memoryview], data: FrameData) -> None:
 
 
 def _error_frame(opaque: int, code: ErrorCode, message: str) -> FrameData:
-    return encode_frame(FLAG_RESPONSE, code.remoting_code, opaque, encode_error_header(message))
+    return encode_frame(code.remoting_code, FLAG_RESPONSE, opaque, {"errorCode": code.name}, b"", message,
+                        version=SERVER_VERSION)
+
+
+def _reply_frame(opaque: int, reply: Reply) -> FrameData:
+    return encode_frame(reply.code, FLAG_RESPONSE, opaque, reply.ext, reply.body, reply.remark,
+                        version=SERVER_VERSION)
+
+
+def _success_frame(opaque: int) -> bytes:
+    return encode_frame(RESPONSE_SUCCESS, FLAG_RESPONSE, opaque, version=SERVER_VERSION)  # type: ignore[return-value]
 
 
 def _internal_message(exc: BaseException) -> str:
@@ -427,18 +469,38 @@ class RemotingServer:
         self._arm_sweep()
         return self
 
+    def start_shared(self) -> RemotingServer:
+        """Serve connections another listener accepted and handed over (:meth:`adopt`) on the running loop,
+        without a port of its own: an HTTP port that tells remoting from HTTP by the first byte
+        (``api/serving.py``).  Returns self."""
+        if self._loop_thread_id is not None and not self._stopping:
+            raise RuntimeError("RemotingServer already started")
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread_id = threading.get_ident()
+        self._stopping = False
+        self._arm_sweep()
+        return self
+
+    def adopt(self) -> ServerConnection:
+        """A new connection of this server for a transport accepted elsewhere: the caller calls its
+        ``connection_made(transport)`` and feeds it the bytes already read."""
+        if self._loop_thread_id is None:
+            raise RuntimeError("start() or start_shared() the RemotingServer before adopting connections")
+        return ServerConnection(self)
+
     async def stop(self, grace_s: float = 5.0) -> None:
         """Stop gracefully: accept nothing new, answer in-flight requests (up to ``grace_s``), then close.
 
         Requests arriving meanwhile get SERVICE_NOT_AVAILABLE.  Handlers still running after the
         grace period are cancelled and their connections aborted.
         """
-        if self._server is None:
+        if self._server is None and (self._loop_thread_id is None or self._stopping):
             return
         loop = self._loop
         deadline = loop.time() + max(grace_s, 0.0)
         self._stopping = True
-        self._server.close()
+        if self._server is not None:
+            self._server.close()
         if self._sweep_handle is not None:
             self._sweep_handle.cancel()
             self._sweep_handle = None
@@ -460,11 +522,13 @@ class RemotingServer:
             self._all_closed = None
         for conn in list(self._conns):
             conn._abort()
-        try:
-            await asyncio.wait_for(self._server.wait_closed(), 1.0)
-        except TimeoutError:  # pragma: no cover - defensive
-            pass
+        if self._server is not None:
+            try:
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+            except TimeoutError:  # pragma: no cover - defensive
+                pass
         self._server = None
+        self._loop_thread_id = None
 
     # ---- called by connections ----------------------------------------------------------
 

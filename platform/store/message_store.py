@@ -301,6 +301,18 @@ class MessageStore:
         except StoreError:  # retention removed it meanwhile
             return 0
 
+    def store_timestamp_of(self, topic: str, queue_id: int, queue_offset: int) -> int:
+        """Store time of the message at ``queue_offset`` of a queue; 0 when the queue has none there (never
+        written, retained no more, or not visible yet)."""
+        log_ = self.commit_log
+        cq = log_.consume_queue(topic, queue_id)
+        if cq is None or not cq.min_offset <= queue_offset < cq.visible_max_offset:
+            return 0
+        try:
+            return log_.store_timestamp_at(cq.unit(queue_offset)[0])
+        except StoreError:  # retention removed it meanwhile
+            return 0
+
     # -- append listeners ----------------------------------------------------
     def add_append_listener(self, listener: Callable[[AppendEvent], None]) -> None:
         """Call ``listener(event)`` after every append, once its records are readable (before a flush wait).

@@ -113,6 +113,17 @@ class ConsumerProcessor(Processor):
         committed = self.offsets.query(group, topic, queue_id)
         return -1 if committed is None else committed
 
+    def query_offset_or_start(self, group: str, topic: str, queue_id: int, zero_if_not_found: bool | None) -> int:
+        """RocketMQ's QUERY_CONSUMER_OFFSET: the committed offset; else 0 when the queue still holds its first
+        message (offset 0) and ``zero_if_not_found`` is not False -- a group new to a young queue starts at its
+        beginning, as RocketMQ's broker answers; else -1 (QUERY_NOT_FOUND: the client decides where to start)."""
+        committed = self.query_offset(group, topic, queue_id)
+        if committed >= 0 or zero_if_not_found is False:
+            return committed
+        if self.store.min_offset(topic, queue_id) == 0 and self.store.max_offset(topic, queue_id) > 0:
+            return 0
+        return -1
+
     def lag(self, group: str, topic: str | None = None) -> dict[str, Any]:
         """Per read queue: broker offset, consumer offset (-1 = none) and lag; topics of the group when none given.
 

@@ -374,6 +374,43 @@ class PullProcessor(Processor):
         """Whether a pending offset reset sends ``group``'s puller at ``offset`` elsewhere (wakes a held pull)."""
         return group is not None and self.offsets.pending_reset(group, topic, queue_id) not in (None, offset)
 
+    def search_offset(self, topic: str, queue_id: int, timestamp: int, boundary: str = "LOWER") -> int:
+        """RocketMQ's SEARCH_OFFSET_BY_TIMESTAMP: ``LOWER`` the first offset stored at or after ``timestamp`` (the
+        max offset when none is), ``UPPER`` the last one stored at or before it (the min offset when none is)."""
+        cfg = self.topics.require(topic)
+        check_int("queue_id", queue_id, 0, cfg.queue_count - 1, ErrorCode.QUEUE_ID_ILLEGAL)
+        check_int("timestamp", timestamp, 0, 2**63 - 2)
+        kind = str(boundary).upper()
+        if kind == "LOWER":
+            return self.store.offset_by_time(topic, queue_id, timestamp)
+        if kind != "UPPER":
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"boundaryType must be LOWER or UPPER, got {boundary!r}")
+        after = self.store.offset_by_time(topic, queue_id, timestamp + 1)
+        return max(after - 1, self.store.min_offset(topic, queue_id))
+
+    def earliest_store_time(self, topic: str, queue_id: int) -> int:
+        """The store time (epoch ms) of the oldest message a queue still holds; -1 when it holds none."""
+        cfg = self.topics.require(topic)
+        check_int("queue_id", queue_id, 0, cfg.queue_count - 1, ErrorCode.QUEUE_ID_ILLEGAL)
+        low = self.store.min_offset(topic, queue_id)
+        if low >= self.store.max_offset(topic, queue_id):
+            return -1
+        try:
+            return int(self.store.read_queue_message(topic, queue_id, low).store_timestamp)
+        except SparkMQError:  # retention took it meanwhile
+            return -1
+
+    def group_subscription(self, group: str, topic: str) -> tuple[str, str]:
+        """(filter type, expression) the members of ``group`` last heartbeat for ``topic``: the filter of a pull
+        that carries none (RocketMQ's broker uses the group's registered subscription then);
+        SUBSCRIPTION_NOT_EXIST when no member subscribes to it here."""
+        validate_group(group)
+        for sub in self.clients.group_info(group).subscriptions:
+            if sub.topic == topic:
+                return str(sub.type), sub.expression
+        raise SparkMQError(ErrorCode.SUBSCRIPTION_NOT_EXIST,
+                           f"no member of group {group!r} subscribes to {topic!r} on {self.name}")
+
     def queue_offsets(self, topic: str, queue_id: int, timestamp: int | None = None) -> dict[str, int]:
         """``{"min_offset", "max_offset"}`` of a queue, plus ``"offset"`` (first stored at or after ``timestamp``)."""
         cfg = self.topics.require(topic)

@@ -52,6 +52,24 @@ class QueryProcessor(Processor):
         return found
 
 
+    def query_by_key(self, topic: str, key: str, *, unique: bool = False, max_hits: int = DEFAULT_MAX_HITS,
+                     begin_ms: int = 0, end_ms: int = 2**63 - 1) -> list[StoredMessage]:
+        """RocketMQ's QUERY_MESSAGE: the messages of ``topic`` with ``key`` among their keys -- or, ``unique``,
+        whose unique id (UNIQ_KEY) is ``key`` -- stored in ``[begin_ms, end_ms]``; at most ``max_hits``
+        (1..DEFAULT_MAX_HITS * 2)."""
+        if not isinstance(key, str) or not key:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "the key to query must be a non-empty string")
+        hits = max(1, min(int(max_hits), DEFAULT_MAX_HITS * 2))
+        if unique:
+            found = [m for m in self.query_messages(msg_id=key, max_hits=hits) if m.topic == topic or not topic]
+        else:
+            found = self.query_messages(topic=topic, key=key, max_hits=hits)
+        return [m for m in found if begin_ms <= m.store_timestamp <= end_ms]
+
+    def message_at(self, commitlog_offset: int) -> StoredMessage:
+        """The message stored at ``commitlog_offset`` here (RocketMQ's VIEW_MESSAGE_BY_ID); MESSAGE_NOT_FOUND."""
+        return self.store.read_message(commitlog_offset)
+
     def message_by_offset_msg_id(self, offset_msg_id: str) -> StoredMessage:
         """The message an offsetMsgId points to (MESSAGE_ID_ILLEGAL, MESSAGE_NOT_FOUND)."""
         return self.store.read_by_offset_msg_id(offset_msg_id)

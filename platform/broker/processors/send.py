@@ -26,6 +26,7 @@ from ...common.protocol import MAX_MSG_ID_LENGTH
 from ...common.sysflag import COMPRESSED
 from ...common.system_topics import (
     PROPERTY_DELAY_LEVEL,
+    PROPERTY_TIMER_DELAY_MS,
     PROPERTY_TIMER_DELAY_SEC,
     PROPERTY_TIMER_DELIVER_MS,
 )
@@ -50,7 +51,8 @@ log = logging.getLogger("sparkmq.broker")
 _HAS_SPACE = re.compile(r"\s")
 
 #: Properties a delayed or timer send uses to ask for parking; stripped before parking.
-DELAY_PROPERTIES = (PROPERTY_DELAY_LEVEL, PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_DELAY_SEC)
+DELAY_PROPERTIES = (PROPERTY_DELAY_LEVEL, PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_DELAY_SEC,
+                    PROPERTY_TIMER_DELAY_MS)
 
 
 @dataclass(slots=True)
@@ -67,6 +69,8 @@ class OutgoingMessage:
     properties: dict[str, str] = field(default_factory=dict)
     #: The producer's unique id (UNIQ_KEY); None = the broker makes one.
     msg_id: str | None = None
+    #: The producer's free-form flag (RocketMQ's ``Message.flag``), stored with the message.
+    flag: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +167,7 @@ class SendProcessor(Processor):
     def send(self, topic: str, message: OutgoingMessage, *, queue_id: int | None = None,
              sharding_key: str | None = None, compressed: bool = False, producer_group: str | None = None,
              born_timestamp: int | None = None, born_host: str | None = None, delay_level: int | None = None,
-             deliver_at_ms: int | None = None, delay_ms: int | None = None) -> SendResult:
+             deliver_at_ms: int | None = None, delay_ms: int | None = None, reconsume_times: int = 0) -> SendResult:
         """Store one message; the topic is auto-created (after storing) when allowed.
 
         Under SYNC_FLUSH this waits for the disk sync (see :meth:`send_nowait` for an event loop).
@@ -177,32 +181,36 @@ class SendProcessor(Processor):
         those of the parked copy, its msg_id the message's own.
         """
         return self._send(topic, message, queue_id, sharding_key, compressed, producer_group, born_timestamp,
-                          born_host, delay_level, deliver_at_ms, delay_ms, wait=True)[0]
+                          born_host, delay_level, deliver_at_ms, delay_ms, reconsume_times, wait=True)[0]
 
     def send_nowait(self, topic: str, message: OutgoingMessage, *, queue_id: int | None = None,
                     sharding_key: str | None = None, compressed: bool = False, producer_group: str | None = None,
                     born_timestamp: int | None = None, born_host: str | None = None, delay_level: int | None = None,
-                    deliver_at_ms: int | None = None, delay_ms: int | None = None) -> tuple[SendResult, int]:
+                    deliver_at_ms: int | None = None, delay_ms: int | None = None,
+                    reconsume_times: int = 0) -> tuple[SendResult, int]:
         """:meth:`send` without waiting for a SYNC_FLUSH sync: (the result, the log offset to wait for).
 
         The caller waits with ``store.wait_durable(end_offset)`` (an event loop, no thread) and
         answers FLUSH_DISK_TIMEOUT itself when that says so.
         """
         return self._send(topic, message, queue_id, sharding_key, compressed, producer_group, born_timestamp,
-                          born_host, delay_level, deliver_at_ms, delay_ms, wait=False)
+                          born_host, delay_level, deliver_at_ms, delay_ms, reconsume_times, wait=False)
 
     def _send(self, topic: str, message: OutgoingMessage, queue_id: int | None, sharding_key: str | None,
               compressed: bool, producer_group: str | None, born_timestamp: int | None, born_host: str | None,
-              delay_level: int | None, deliver_at_ms: int | None, delay_ms: int | None, *,
+              delay_level: int | None, deliver_at_ms: int | None, delay_ms: int | None, reconsume_times: int, *,
               wait: bool) -> tuple[SendResult, int]:
         started = time.perf_counter()
         try:
             with self._operation():
                 cfg, qid = self.prepare_send(topic, queue_id, sharding_key, producer_group, born_timestamp)
                 msg, sys_flag = self.to_message(topic, message, compressed)
+                extra: dict[str, Any] = {}
+                if reconsume_times:  # a consumer re-sending to its retry topic (RocketMQ's fallback of send-back)
+                    extra["reconsume_times"] = check_int("reconsume_times", reconsume_times, 0, 2**31 - 1)
                 result = self._put_or_park(msg, qid, self._delay_of(msg, delay_level, deliver_at_ms, delay_ms),
                                            born_host=born_host, born_timestamp=born_timestamp, sys_flag=sys_flag,
-                                           note=AppendNote("send", topic), wait=wait)
+                                           note=AppendNote("send", topic), wait=wait, **extra)
         except SparkMQError as exc:
             self.metrics.send_failed(exc.code.name)
             raise
@@ -453,7 +461,10 @@ class SendProcessor(Processor):
             if not isinstance(message.body, bytes | bytearray) or not looks_like_zlib(bytes(message.body)):
                 raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, "compressed is set but the body is not zlib data")
             sys_flag |= COMPRESSED
-        return Message(topic, message.body, tags, keys, props), sys_flag
+        flag = message.flag
+        if flag:
+            check_int("flag", flag, -(2**31), 2**31 - 1, ErrorCode.MESSAGE_ILLEGAL)
+        return Message(topic, message.body, tags, keys, props, flag), sys_flag
 
     def ensure_topic(self, topic: str) -> None:
         """Auto-create ``topic`` after a message was stored to it, when it does not exist yet."""
@@ -476,9 +487,13 @@ class SendProcessor(Processor):
             return _raise_error(dledger.await_committed(end_offset))
         return SendStatus.SEND_OK
 
-    def send_back(self, group: str, offset_msg_id: str, *, delay_level: int = 0, reason: str = "",
-                  max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES) -> dict[str, Any]:
+    def send_back(self, group: str, offset_msg_id: str | None, *, delay_level: int = 0, reason: str = "",
+                  max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES,
+                  commitlog_offset: int | None = None) -> dict[str, Any]:
         """A consumer of ``group`` failed on a message: retry it through ``%RETRY%<group>`` or dead-letter it.
+
+        The message is named by its ``offset_msg_id``, or by its ``commitlog_offset`` here (RocketMQ's
+        CONSUMER_SEND_MSG_BACK names it so).
 
         ``delay_level`` 0 = level 3 + reconsume count, > 0 = that level, -1 = straight to the
         DLQ.  After ``max_reconsume_times`` retries the message goes to ``%DLQ%<group>`` (one
@@ -495,7 +510,12 @@ class SendProcessor(Processor):
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT,
                                f"group {group!r} consumes by broadcasting; broadcasting consumers do not retry")
         with self._operation():
-            stored = self.store.read_by_offset_msg_id(offset_msg_id)
+            if offset_msg_id is not None:
+                stored = self.store.read_by_offset_msg_id(offset_msg_id)
+            elif commitlog_offset is not None:
+                stored = self.store.read_message(commitlog_offset)
+            else:
+                raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "name the message by offset_msg_id or commitlog_offset")
             plan = plan_send_back(stored, group, reason=reason, delay_level=delay_level,
                                   max_reconsume_times=max_reconsume_times, level_count=len(self.levels_ms))
             put_args: dict[str, Any] = {"born_timestamp": stored.born_timestamp,

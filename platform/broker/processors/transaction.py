@@ -1,14 +1,19 @@
 """Transactions: half messages, commit and rollback, check-backs to live producers."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
 from ...common.errors import ErrorCode, SparkMQError
-from ...common.message import (
-    SendResult,
-)
+from ...common.message import SendResult, StoredMessage
 from ...common.protocol import MAX_LONG_POLL_MS
+from ...common.system_topics import (
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TRANSACTION_CHECK_TIMES,
+    TRANS_HALF_TOPIC,
+)
 from ...common.validation import validate_group
 from ...store import AppendNote
 from ..transaction import COMMIT, ROLLBACK, CheckRequest, TransactionService
@@ -71,6 +76,30 @@ class TransactionProcessor(Processor):
                                      put.queue_offset, put.store_timestamp, put.commitlog_offset).to_dict()
         log.debug("transaction %s of %s: %s (from check: %s)", transaction_id, producer_group, action, from_check)
         return {"transaction_id": transaction_id, "action": action, "send_result": send_result}
+
+    def transaction_id_at(self, commitlog_offset: int) -> str:
+        """The transaction id (UNIQ_KEY) of the half message stored at ``commitlog_offset`` (how RocketMQ's
+        END_TRANSACTION names it); TRANSACTION_NOT_FOUND when no half message is stored there."""
+        try:
+            stored = self.store.read_message(commitlog_offset)
+        except SparkMQError as exc:
+            raise SparkMQError(ErrorCode.TRANSACTION_NOT_FOUND,
+                               f"no half message at commit-log offset {commitlog_offset}: {exc.message}") from None
+        if stored.topic != TRANS_HALF_TOPIC or not stored.msg_id:
+            raise SparkMQError(ErrorCode.TRANSACTION_NOT_FOUND,
+                               f"the message at commit-log offset {commitlog_offset} is not a half message")
+        return stored.msg_id
+
+    def check_message(self, check: CheckRequest) -> StoredMessage:
+        """The half message a check-back asks about, as a producer is shown it (RocketMQ's check-back body): at its
+        real topic and queue, with ``TRANSACTION_CHECK_TIMES``.  MESSAGE_NOT_FOUND when it is gone."""
+        stored = self.store.read_by_offset_msg_id(check.half_offset_msg_id)
+        props = dict(stored.properties)
+        real_topic = props.get(PROPERTY_REAL_TOPIC, stored.topic)
+        real_queue = props.get(PROPERTY_REAL_QUEUE_ID)
+        props[PROPERTY_TRANSACTION_CHECK_TIMES] = str(check.check_times)
+        return dataclasses.replace(stored, topic=real_topic, properties=props,
+                                   queue_id=int(real_queue) if real_queue and real_queue.isdigit() else 0)
 
     def offer_check(self, request: CheckRequest) -> bool:
         # Queued even when no producer is known: one that connects later takes it at once.
