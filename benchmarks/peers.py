@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -66,19 +67,27 @@ def _port_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+#: Ports are drawn below the kernel's ephemeral range (32768-60999 here): a port picked from that range can be
+#: taken by any process's outgoing connection before the server binds it (seen once on this busy machine: a
+#: DLedger member died with "Address already in use").
+_PORT_RANGE = (10000, 32000)
+_handed_out: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port nothing listens on now, below the ephemeral range, not handed out before by this process."""
+    return free_ports(1, host)
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> int:
     """A base port ``p`` such that ``p .. p+count-1`` are free now (a RocketMQ broker takes listenPort and the HA
     port listenPort + 1)."""
-    for _ in range(200):
-        base = free_port(host)
-        if base + count < 65535 and all(_port_free(base + i, host) for i in range(count)):
+    rng = random.Random()
+    for _ in range(500):
+        base = rng.randrange(_PORT_RANGE[0], _PORT_RANGE[1] - count)
+        ports = range(base, base + count)
+        if not _handed_out.intersection(ports) and all(_port_free(p, host) for p in ports):
+            _handed_out.update(ports)
             return base
     raise RuntimeError(f"no {count} consecutive free ports on {host}")
 

@@ -194,7 +194,7 @@ def flow_transaction(c: Capture) -> None:
     c.mark("transaction producer: commit, rollback, unknown; check-backs answered unknown once, then commit")
     c.run("transaction", "--topic", "CapTx", "--group", "CapTxProducer", "--count", "3",
           "--states", "commit,rollback,unknown", "--check-answer", "commit", "--check-unknown-first", "1",
-          "--wait-checks", "2", "--duration-s", "90", timeout=150)
+          "--wait-resolved", "--duration-s", "90", timeout=150)
     c.mark("a consumer sees the committed ones")
     c.run("litepull", "--topic", "CapTx", "--group", "CapTxReader", "--count", "2", "--duration-s", "30")
 

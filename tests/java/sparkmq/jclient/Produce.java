@@ -26,8 +26,11 @@ import sparkmq.jutil.StopSignal;
 
 /**
  * {@code produce}: DefaultMQProducer sends ({@code --send sync|async|oneway|batch|ordered}); {@code transaction}:
- * TransactionMQProducer half messages whose local transaction answers {@code --states} (cycled per message) and
- * whose check-backs answer {@code --check-answer} (after {@code --check-unknown-first K} UNKNOW answers).
+ * TransactionMQProducer half messages whose local transaction answers {@code --states} (cycled per message).  A
+ * check-back answers what the message's local transaction decided; for one left UNKNOW it answers UNKNOW
+ * {@code --check-unknown-first K} times, then {@code --check-answer}.  The producer stays online after its sends
+ * until {@code --wait-checks N} check-backs came, {@code --wait-resolved} (every UNKNOW one answered for good),
+ * {@code --duration-s}, or stdin closes.
  *
  * <p>Message i has body {@code --body} (default {@code msg-<i>}; {@code {i}} is replaced by i) padded with
  * {@code x} to {@code --body-size}, tag {@code --tags} (comma list, cycled), keys {@code --keys-prefix}+i, user
@@ -54,6 +57,7 @@ final class Produce {
         String checkAnswer = args.get("check-answer", "commit");
         int unknownFirst = args.intValue("check-unknown-first", 0);
         int waitChecks = args.intValue("wait-checks", 0);
+        boolean waitResolved = args.flag("wait-resolved");
         double duration = args.doubleValue("duration-s", 0);
         boolean stdinStop = args.flag("stdin-stop");
         String brokerName = args.get("broker-name", null);
@@ -62,13 +66,18 @@ final class Produce {
 
         DefaultMQProducer producer;
         AtomicInteger checks = new AtomicInteger();
+        java.util.concurrent.atomic.AtomicBoolean sendsDone = new java.util.concurrent.atomic.AtomicBoolean();
         StopSignal stop = new StopSignal(duration, stdinStop);
         if (transactional) {
             TransactionMQProducer tx = new TransactionMQProducer(group, Common.rpcHook(args));
             Map<String, AtomicInteger> seen = new ConcurrentHashMap<>();
+            // the "local transactions": what each message's local transaction decided, by UNIQ_KEY; a check-back
+            // answers from it (the broker may check a message it was already told about: the answer must agree)
+            Map<String, String> local = new ConcurrentHashMap<>();
             tx.setTransactionListener(new TransactionListener() {
                 @Override
                 public LocalTransactionState executeLocalTransaction(Message msg, Object arg) {
+                    local.put(MessageClientIDSetter.getUniqID(msg), (String) arg);
                     return state((String) arg);
                 }
 
@@ -77,8 +86,13 @@ final class Produce {
                     String uniq = MessageClientIDSetter.getUniqID(msg);
                     int n = seen.computeIfAbsent(uniq == null ? msg.getMsgId() : uniq, k -> new AtomicInteger())
                             .incrementAndGet();
-                    LocalTransactionState answer = n <= unknownFirst ? LocalTransactionState.UNKNOW
-                            : state(checkAnswer);
+                    String decided = local.getOrDefault(uniq, "unknown");
+                    LocalTransactionState answer = !decided.equals("unknown") ? state(decided)
+                            : n <= unknownFirst ? LocalTransactionState.UNKNOW : state(checkAnswer);
+                    if (!decided.equals("unknown") || answer != LocalTransactionState.UNKNOW) {
+                        local.put(uniq, answer == LocalTransactionState.UNKNOW ? "unknown"
+                                : answer == LocalTransactionState.COMMIT_MESSAGE ? "commit" : "rollback");
+                    }
                     Map<String, Object> ev = Common.received(msg, withBody);
                     ev.put("event", "check");
                     ev.put("msgId", uniq);
@@ -86,9 +100,13 @@ final class Produce {
                     ev.put("transactionId", msg.getTransactionId());
                     ev.put("checkNumber", n);
                     ev.put("answer", answer.name());
+                    ev.put("localState", decided);
                     JsonOut.emit(ev);
                     if (waitChecks > 0 && checks.incrementAndGet() >= waitChecks) {
                         stop.fire("checks");
+                    }
+                    if (waitResolved && sendsDone.get() && !local.containsValue("unknown")) {
+                        stop.fire("resolved");
                     }
                     return answer;
                 }
@@ -222,12 +240,13 @@ final class Produce {
             window.acquire(inflight); // every callback has run
             window.release(inflight);
         }
+        sendsDone.set(true);
         Map<String, Object> done = JsonOut.event("sends_done");
         done.put("count", count);
         done.put("errors", errors.get());
         done.put("seconds", (System.nanoTime() - t0) / 1e9);
         JsonOut.emit(done);
-        if (transactional && (waitChecks > 0 || duration > 0 || stdinStop)) {
+        if (transactional && (waitChecks > 0 || waitResolved || duration > 0 || stdinStop)) {
             Map<String, Object> ev = JsonOut.event("stopping");
             ev.put("reason", stop.await());
             ev.put("checks", checks.get());
