@@ -29,7 +29,7 @@ import remoting_capture as rc
 
 ROOT = Path(__file__).resolve().parents[1]
 RELAY_HOST = "127.0.0.2"
-BROKER_CONF = {"messageDelayLevel": " ".join(["1s"] * 18), "transactionTimeOut": 1000,
+BROKER_CONF = {"messageDelayLevel": " ".join(["1s"] * 18), "transactionTimeOut": 3000,
                "transactionCheckInterval": 1000, "enablePropertyFilter": "true"}
 
 
@@ -115,10 +115,11 @@ def run(rmq, mode: str, *args: str, timeout: float = 120.0):  # type: ignore[no-
     return run_driver(mode, "--namesrv", rmq.namesrv, *args, work_dir=rmq.work, timeout=timeout)
 
 
-def drain(rmq, topic: str, count: int, *extra: str) -> list[dict]:  # type: ignore[no-untyped-def]
-    """Every message of ``topic`` read with a lite pull consumer (assigned, from the beginning)."""
+def drain(rmq, topic: str, count: int, *extra: str, idle_ms: int = 5000) -> list[dict]:  # type: ignore[no-untyped-def]
+    """The messages of ``topic`` read with a lite pull consumer (assigned, from the beginning) until ``count``
+    came, none came for ``idle_ms`` (0: no idle stop), or 60 s passed."""
     result = run(rmq, "litepull", "--topic", topic, "--group", f"reader-{time.monotonic_ns()}", "--seek-begin",
-                 "--count", str(count), "--idle-ms", "5000", "--duration-s", "60", *extra)
+                 "--count", str(count), "--idle-ms", str(idle_ms), "--duration-s", "60", *extra)
     assert result.returncode == 0, result.errors
     return result.events_of("received")
 
@@ -184,20 +185,22 @@ def test_reconsume_later_then_dlq(rocketmq) -> None:  # type: ignore[no-untyped-
 @pytest.mark.slow
 def test_transactions_commit_rollback_and_check_back(rocketmq) -> None:  # type: ignore[no-untyped-def]
     """commit and rollback are final; an UNKNOW half message is checked back (answered UNKNOW once, then
-    COMMIT) and then delivered; the rolled-back one never is.  (With a 1 s check interval the broker also checks
-    messages whose END_TRANSACTION it had not processed yet; the driver answers those what it decided.)"""
+    COMMIT) and then delivered; the rolled-back one never is.  (The broker checks a half message older than
+    transactionTimeOut, 3 s here: with 1 s it also checked the settled ones, and in 3 of 7 runs the commit answered
+    by a check-back was never delivered -- RocketMQ's behaviour at that setting, not a driver's.)"""
     topic = "HarnessTx"
     result = run(rocketmq, "transaction", "--topic", topic, "--group", "HarnessTxProducer", "--count", "3",
                  "--states", "commit,rollback,unknown", "--check-unknown-first", "1", "--check-answer", "commit",
                  "--wait-resolved", "--duration-s", "90", timeout=150)
+    (rocketmq.work / "transaction-events.json").write_text(json.dumps(result.events, indent=1))  # for a post-mortem
     assert result.returncode == 0, result.errors
     sent = result.events_of("sent")
     assert [e["localState"] for e in sent] == ["COMMIT_MESSAGE", "ROLLBACK_MESSAGE", "UNKNOW"]
     assert result.events_of("stopping")[0]["reason"] == "resolved"
     checks = [c for c in result.events_of("check") if c["msgId"] == sent[2]["msgId"]]
     assert [c["answer"] for c in checks[:2]] == ["UNKNOW", "COMMIT_MESSAGE"]
-    got = {e["msgId"] for e in drain(rocketmq, topic, 2)}
-    assert got == {sent[0]["msgId"], sent[2]["msgId"]}
+    got = {e["msgId"] for e in drain(rocketmq, topic, 2, idle_ms=0)}  # the checked one may come a while later
+    assert got == {sent[0]["msgId"], sent[2]["msgId"]}, (sent, result.events_of("check"))
 
 
 @pytest.mark.cluster

@@ -251,6 +251,9 @@ final class Produce {
             ev.put("reason", stop.await());
             ev.put("checks", checks.get());
             JsonOut.emit(ev);
+            // the last check-back's answer (a one-way END_TRANSACTION sent after the listener returns) must leave
+            // before shutdown closes the connection
+            Thread.sleep(1000);
         } else if (!transactional && (duration > 0 || stdinStop)) {
             stop.await(); // stay online (e.g. as the group's producer) until told
         }
