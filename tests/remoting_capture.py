@@ -408,6 +408,8 @@ def request(addr: str, code: int, ext_fields: dict[str, str] | None = None, body
         while True:
             if len(buf) >= 4:
                 (length,) = struct.unpack_from(">i", buf)
+                if length < 4 or length > MAX_FRAME:  # not a remoting server (an HTTP one answers "HTTP...")
+                    raise FrameError(f"{addr} answered {buf[:16]!r}: not a remoting frame")
                 if len(buf) >= 4 + length:
                     return decode_frame(buf[4:4 + length])
             chunk = sock.recv(65536)
