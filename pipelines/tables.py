@@ -19,7 +19,9 @@ Conventions for every table:
 * only the tables that grow with traffic are partitioned, by a *date* column, so retention can drop
   whole days;
 * Delta collects file statistics only on the columns readers filter by (``stats_columns``): they
-  are what data skipping uses, and statistics on bodies and unique ids cost the writer time for nothing;
+  are what data skipping uses (by Spark and by the broker's delta-rs lookups: producer msgIds grow with
+  time, so their min/max skip files), and statistics on bodies and properties cost the writer time for
+  nothing;
 * columns whose values rarely repeat (bodies, unique ids, keys: ``plain_columns``) are written without
   Parquet dictionary encoding, which for them only costs the writer a hash lookup per value before it
   falls back (a table property Delta hands to the Parquet writer, ``parquet.enable.dictionary#<column>``).
@@ -214,7 +216,7 @@ _MESSAGES = _spec(MESSAGES, "every stored message in full (the lake tier serves 
     _req("reconsume_times", pa.int32()),
     _req("sys_flag", pa.int32()),
     _req("store_date", pa.date32()),     # UTC date of store_ts; the partition column
-], partition_by=("store_date",), stats_columns=_LOCATION_STATS,
+], partition_by=("store_date",), stats_columns=(*_LOCATION_STATS, "msg_id"),
    plain_columns=("msg_id", "offset_msg_id", "keys", "body"))
 
 _MESSAGE_KEYS = _spec(MESSAGE_KEYS, "the index: every message's unique id and each of its keys -> its location", [
@@ -226,7 +228,7 @@ _MESSAGE_KEYS = _spec(MESSAGE_KEYS, "the index: every message's unique id and ea
     _req("queue_offset", pa.int64()),
     _req("commitlog_offset", pa.int64()),
     _req("store_ts", _TS),
-], stats_columns=("key_type", *_LOCATION_STATS), plain_columns=("key",))
+], stats_columns=("key", "key_type", *_LOCATION_STATS), plain_columns=("key",))
 
 _CONSUMER_OFFSETS = TableSpec(
     name=CONSUMER_OFFSETS, location=CONSUMER_OFFSETS, schema=CONSUMER_OFFSETS_SCHEMA, partition_by=(),
@@ -253,7 +255,7 @@ _MESSAGE_TRACE = _spec(MESSAGE_TRACE, "trace events: send, store, deliver, consu
     _opt("detail", pa.string()),         # free text: error message, transaction state, ...
     _req("event_date", pa.date32()),     # UTC date of event_ts; the partition column
 ], partition_by=("event_date",),
-   stats_columns=("topic", "event_type", "event_ts", "broker", "queue_id", "queue_offset"),
+   stats_columns=("msg_id", "topic", "event_type", "event_ts", "broker", "queue_id", "queue_offset"),
    plain_columns=("trace_id", "msg_id"))
 
 _DEAD_LETTERS = _spec(DEAD_LETTERS, "messages moved to a %DLQ% topic after too many failed consumption attempts", [

@@ -10,6 +10,7 @@ import re
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import test_lake_source as lake_source
@@ -199,6 +200,52 @@ def test_dispatch_survives_a_broker_killed_mid_batch(sq: SparkSession, cluster: 
                              max_messages_per_trigger=None)
     assert resumed.awaitTermination(120) and resumed.exception() is None
     assert_lake_has_each_message_once(sq, lake, stored(cluster))
+
+
+@pytest.mark.cluster
+def test_a_stream_over_sparkmq_messages_sees_every_message_once(sq: SparkSession, cluster: Cluster,
+                                                               tmp_path: Path) -> None:
+    """A user's ``spark.readStream.table("sparkmq.messages")`` into a Delta sink while dispatch commits batch
+    after batch: stopped halfway, the table compacted (OPTIMIZE) meanwhile, restarted from its checkpoint --
+    every message of the topic reaches the sink exactly once."""
+    from sparkmq.pipelines.maintenance import maintain
+
+    cluster.create_topic("lake-s1")
+    send(cluster, "lake-s1", 30)
+    lake, out = tmp_path / "lake", str(tmp_path / "subscriber")
+    dispatch = start_dispatch(sq, cluster.namesrv.addr, lake, str(tmp_path / "ck"),
+                              {"processingTime": "200 milliseconds"}, max_messages_per_trigger=10)
+
+    def subscribe() -> Any:
+        tables.register_tables(sq, lake, [tables.MESSAGES])
+        return (sq.readStream.table("sparkmq.messages").where("topic = 'lake-s1'")
+                .select("broker", "queue_id", "queue_offset", "msg_id").writeStream.format("delta")
+                .option("checkpointLocation", str(tmp_path / "subscriber-ck"))
+                .trigger(processingTime="300 milliseconds").start(out))
+
+    def received() -> list[tuple]:
+        try:
+            return [tuple(r) for r in sq.read.format("delta").load(out).collect()]
+        except Exception:  # noqa: BLE001 -- the sink has not committed yet
+            return []
+
+    try:
+        wait_until(lambda: dispatch_stats(dispatch).rows >= 10, 180, "a dispatched batch")
+        subscriber = subscribe()
+        wait_until(lambda: received(), 180, "the subscriber's first rows")
+        subscriber.stop()
+        maintain(sq, tables.table_path(lake, tables.MESSAGES), vacuum_retention_hours=None)   # OPTIMIZE only
+        send(cluster, "lake-s1", 12, start=100)
+        subscriber = subscribe()
+        expected = sorted((m.broker_name, m.queue_id, m.queue_offset, m.msg_id) for m in pull_all(cluster, "lake-s1"))
+        assert len(expected) == 42
+        wait_until(lambda: len(received()) >= len(expected), 240, "every message at the subscriber")
+        time.sleep(1.0)   # a duplicate would have its chance
+        assert subscriber.exception() is None
+        subscriber.stop()
+    finally:
+        dispatch.stop()
+    assert sorted(received()) == expected
 
 
 def test_dispatch_topic_selection() -> None:
