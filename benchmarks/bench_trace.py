@@ -3,8 +3,8 @@
     python benchmarks/bench_trace.py [--quick] [--dir DIR] [--rows N] [--commits N]
 
 Writes ``--rows`` trace rows (1,000,000; ``--quick`` 100,000) into a fresh ``message_trace``
-table with :func:`~sparkmq.pipelines.delta_io.append_exactly_once`, in ``--commits`` appends
-(one per micro-batch, as the trace job does): four events per message (send, store, deliver,
+table with delta-spark (:func:`~sparkmq.pipelines.dispatch.append_once`, a local[2] session), in
+``--commits`` appends (one per micro-batch, as the trace job does): four events per message (send, store, deliver,
 consume) with producer-style msgIds, in time order.  Then looks messages up the way
 ``GET /trace/{msg_id}`` does (:class:`~sparkmq.platform.broker.trace.TraceLookup`, delta-rs,
 table loaded afresh each time) and prints one line::
@@ -22,12 +22,13 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from sparkmq.pipelines import tables
-from sparkmq.pipelines.delta_io import append_exactly_once
+from sparkmq.pipelines.dispatch import append_once
 from sparkmq.platform.broker.trace import TraceLookup
 from sparkmq.platform.common.ids import UniqueIdGenerator
 
@@ -73,7 +74,7 @@ def batch_rows(msg_ids: list[str], first_ms: int) -> pa.Table:
     return pa.Table.from_arrays([columns[f.name] for f in spec], schema=spec)
 
 
-def bench_trace_lookup(base: Path, rows: int, commits: int, shuffled: bool = False) -> None:
+def bench_trace_lookup(spark: Any, base: Path, rows: int, commits: int, shuffled: bool = False) -> None:
     """Write ``rows`` trace rows in ``commits`` appends, then time lookups by msgId.
 
     ``shuffled``: msgIds in random order across commits (many producers whose ids interleave), so
@@ -81,8 +82,9 @@ def bench_trace_lookup(base: Path, rows: int, commits: int, shuffled: bool = Fal
     """
     lake = base / "lake"
     shutil.rmtree(lake, ignore_errors=True)
-    tables.ensure_table(lake, tables.MESSAGE_TRACE)
+    tables.ensure_table(spark, lake, tables.MESSAGE_TRACE)
     path = tables.table_path(lake, tables.MESSAGE_TRACE)
+    schema = tables.spark_schema(tables.MESSAGE_TRACE)
     messages = rows // len(_STEPS)
     ids = UniqueIdGenerator()
     start_ms = int(time.time() * 1000) - messages
@@ -93,7 +95,8 @@ def bench_trace_lookup(base: Path, rows: int, commits: int, shuffled: bool = Fal
     written = time.perf_counter()
     for version, first in enumerate(range(0, messages, per_commit)):
         chunk = all_ids[first:first + per_commit]
-        append_exactly_once(path, batch_rows(chunk, start_ms + first), app_id="trace-bench", version=version)
+        frame = spark.createDataFrame(batch_rows(chunk, start_ms + first), schema=schema)
+        append_once(frame, lake, tables.MESSAGE_TRACE, "trace-bench", version)
     write_s = time.perf_counter() - written
     lookup = TraceLookup(lake)
     began = time.perf_counter()
@@ -123,11 +126,15 @@ def main() -> None:
     args = parser.parse_args()
     rows = args.rows or (100_000 if args.quick else 1_000_000)
     base = args.dir or Path(tempfile.mkdtemp(prefix="sparkmq-bench-trace-"))
+    from sparkmq.pipelines.session import get_spark, stop_spark
+
+    spark = get_spark({"spark.master": "local[2]"}, app_name="sparkmq-bench-trace", log_level="ERROR")
     try:
-        bench_trace_lookup(base, rows, args.commits)
+        bench_trace_lookup(spark, base, rows, args.commits)
         if args.shuffled:
-            bench_trace_lookup(base, rows, args.commits, shuffled=True)
+            bench_trace_lookup(spark, base, rows, args.commits, shuffled=True)
     finally:
+        stop_spark()
         if args.dir is None:
             shutil.rmtree(base, ignore_errors=True)
 

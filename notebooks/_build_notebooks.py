@@ -59,7 +59,8 @@ kernel's process; the lake jobs are off, Spark runs only here), then:
 2. runs a streaming query over the whole topic with `maxMessagesPerTrigger = 60` into a `foreachBatch` sink,
 3. restarts it from its checkpoint and sees only the messages sent since,
 4. keeps a live query running while messages arrive,
-5. checks that the group's lag on the broker is zero.
+5. checks that the group's lag on the broker is zero,
+6. dispatches the topic into the lake and streams it back from the Delta table `sparkmq.messages`.
 
 Run it top to bottom; the last cell stops everything it started.
 """),
@@ -227,6 +228,35 @@ print("every message read once:", len(batches), "batches,",
       sum(len(rows) for _, rows in batches), "rows for", len(first) + len(second) + len(third), "messages sent;",
       "group lag", total)
 per_queue
+"""),
+    md("""
+## The lake as a stream: `spark.readStream.table("sparkmq.messages")`
+A broker's lake (or `sparkmq lake`) dispatches every topic into the Delta table `messages`, registered as
+`sparkmq.messages`. Delta's own streaming source reads it like any Delta table: every committed row once per
+checkpoint, history beyond the commit log's retention, no load on the broker. Here the dispatch job runs once
+(`availableNow`) into a lake of this notebook, then a query streams the table.
+
+Which one: the `sparkmq` source reads the brokers' log directly (milliseconds behind, every topic, tag
+filters, no lake needed); `sparkmq.messages` is as fresh as dispatch (about a second behind) and is the
+choice for analytics and pipelines that should not touch the brokers or need old history.
+"""),
+    code("""
+from sparkmq.pipelines.dispatch import start_dispatch
+
+lake_root = f"{workdir}/lake"
+dispatch = start_dispatch(spark, {platform.broker_service.config.broker_name: platform.broker_addr}, lake_root,
+                          f"{workdir}/checkpoints/dispatch", trigger={"availableNow": True})
+dispatch.awaitTermination(180)
+assert dispatch.exception() is None, dispatch.exception()
+
+from_lake = []
+lake_query = (spark.readStream.table("sparkmq.messages").where("topic = 'Clicks'")
+              .writeStream.foreachBatch(lambda df, _: from_lake.extend(r.msg_id for r in df.select("msg_id").collect()))
+              .option("checkpointLocation", f"{workdir}/checkpoints/lake-clicks").trigger(availableNow=True).start())
+lake_query.awaitTermination(120)
+assert sorted(from_lake) == sorted(r.msg_id for r in first + second + third)
+print(len(from_lake), "messages from sparkmq.messages, each once;",
+      spark.sql("DESCRIBE HISTORY sparkmq.messages").count(), "versions of the table")
 """),
     md("""
 ## Stop
@@ -550,7 +580,6 @@ first offsets sample of both groups.
     code("""
 from sparkmq.pipelines.alerts import AlertConfig
 from sparkmq.pipelines.reports import Reporter, offsets_source
-from sparkmq.pipelines.sql import run_sql
 
 billing = PullConsumer("billing", config, consume_from_where="CONSUME_FROM_FIRST_OFFSET")
 billing.subscribe("Orders")
@@ -586,8 +615,6 @@ per-queue lag lines differ. Then we wait until the dispatch job has put every on
 `consume_queue` — the reports count from there.
 """),
     code("""
-from deltalake import DeltaTable
-import pyarrow.dataset as ds
 from sparkmq.pipelines import tables
 
 PER_QUEUE = {0: 900, 1: 1200, 2: 1500, 3: 2400}
@@ -606,9 +633,10 @@ for queue_id, count in PER_QUEUE.items():
 load_end = dt.datetime.now(dt.UTC)
 print(f"sent {N} messages in {time.monotonic() - t0:.1f} s")
 
+tables.register_tables(spark, lake_root)   # the lake's tables as sparkmq.<table> (the lake made them)
+
 def dispatched():
-    cq = DeltaTable(tables.table_path(lake_root, tables.CONSUME_QUEUE)).to_pyarrow_dataset()
-    return cq.count_rows(filter=ds.field("topic") == "Orders")
+    return spark.table("sparkmq.consume_queue").where("topic = 'Orders'").count()
 
 deadline = time.monotonic() + 60
 while (n := dispatched()) < N and time.monotonic() < deadline:
@@ -642,21 +670,22 @@ for step in range(5):
     runs.append({"run": step + 1, "billing consumed": consumed[-1], "consume s": round(t1 - t0, 1),
                  "report s": round(time.monotonic() - t1, 1),
                  "windows reported": ", ".join(w.strftime("%H:%M") for w in result.windows),
-                 "topic rows": result.topic_rows, "group rows": result.group_rows, "engine": result.engine,
+                 "topic rows": result.topic_rows, "group rows": result.group_rows,
                  "alerts raised": ", ".join(a["alert_id"] for a in result.alerts.raised) if result.alerts else ""})
 assert sum(consumed) == N, consumed
 pd.DataFrame(runs)
 """),
     md("""
 ## `topic_stats`: TPS in and out
-Every table is a SQL view (`run_sql` registers them). In: what was stored per window. Out: what the
-groups consumed, summed over groups. The counts are exact: 6,000 in, 6,000 out (all `billing`).
+Every table is a Delta table in the session's catalog (`sparkmq.<table>`), so plain Spark SQL reads it. In:
+what was stored per window. Out: what the groups consumed, summed over groups. The counts are exact: 6,000
+in, 6,000 out (all `billing`).
 """),
     code("""
-topic = run_sql(spark, lake_root, '''
+topic = spark.sql('''
     SELECT window_start, messages_in, messages_out, bytes_in, bytes_out,
            round(tps_in, 2) AS tps_in, round(tps_out, 2) AS tps_out
-    FROM topic_stats WHERE topic = 'Orders' ORDER BY window_start''').toPandas()
+    FROM sparkmq.topic_stats WHERE topic = 'Orders' ORDER BY window_start''').toPandas()
 assert topic.messages_in.sum() == N and topic.messages_out.sum() == N, topic
 topic
 """),
@@ -676,10 +705,10 @@ One row per (window, group, queue) for each run that sampled the brokers. `billi
 `audit`'s lag is the whole topic, queue by queue, and never moves.
 """),
     code("""
-groups = run_sql(spark, lake_root, '''
+groups = spark.sql('''
     SELECT window_start, `group`, queue_id, messages_out, round(tps_out, 2) AS tps_out,
            committed_offset, max_offset, lag
-    FROM group_stats WHERE topic = 'Orders' ORDER BY `group`, window_start, queue_id''').toPandas()
+    FROM sparkmq.group_stats WHERE topic = 'Orders' ORDER BY `group`, window_start, queue_id''').toPandas()
 assert groups[groups.group == "billing"].messages_out.sum() == N
 assert groups[groups.group == "audit"].messages_out.sum() == 0
 groups.pivot_table(index="window_start", columns="group", values=["messages_out", "lag"], aggfunc="sum")
@@ -707,9 +736,9 @@ webhook, and is listed by the broker's `GET /alerts` (read with delta-rs, no Spa
 nothing: its lag never stayed above the thresholds.
 """),
     code("""
-alerts = run_sql(spark, lake_root, '''
+alerts = spark.sql('''
     SELECT alert_id, severity, value, threshold, raised_at, resolved_at, detail
-    FROM alerts ORDER BY raised_at, alert_id''').toPandas()
+    FROM sparkmq.alerts ORDER BY raised_at, alert_id''').toPandas()
 assert set(alerts.alert_id) == {"lag-high:group=audit topic=Orders", "stuck-group:group=audit"}, alerts
 alerts
 """),
@@ -748,8 +777,9 @@ notebook(
 With tracing on (the default), every hop of a message leaves an event in the system topic
 `RMQ_SYS_TRACE_TOPIC`: the producer's `send` (with its cost), the broker's `store`, `deliver`, `retry` and
 `dlq`, and the push consumer's `consume` result (with the listener's cost). The **trace job** — a
-Structured Streaming query over that topic — writes them to the Delta table `message_trace`, where
-`sparkmq admin trace <msgId>` and `GET /trace/{msg_id}` look a message up and SQL works on everything.
+Structured Streaming query over that topic — writes them with delta-spark to the Delta table
+`message_trace`, registered in the session's catalog as `sparkmq.message_trace`: `sparkmq admin trace <msgId>`
+and `GET /trace/{msg_id}` look a message up, and plain Spark SQL works on everything.
 
 This notebook starts its own platform (delay levels of 200 ms so retries are quick), sends 60 orders to a
 consumer whose work takes a varying time and which cannot handle one poison order, runs the trace job,
@@ -836,23 +866,24 @@ print("trace topic messages:", sum(q["max_offset"] for q in trace_topic), "| bro
     md("""
 ## The trace job
 `start_trace_job` reads `RMQ_SYS_TRACE_TOPIC` with the `sparkmq` source and appends the decoded events to
-`message_trace` (exactly once per micro-batch). With `availableNow` it catches up and stops; a broker's lake
-runs it continuously. The table lives in the broker's lake directory, where `GET /trace/{msg_id}` reads it.
+`message_trace` (exactly once per micro-batch: Delta's `txnAppId`/`txnVersion`). With `availableNow` it
+catches up and stops; a broker's lake runs it continuously. The table lives in the broker's lake
+directory, where `GET /trace/{msg_id}` reads it; `get_spark(lake_root=...)` registers the lake's tables as
+`sparkmq.<table>`.
 """),
     code("""
 from sparkmq.pipelines.session import get_spark, stop_spark
-from sparkmq.pipelines.sql import run_sql
 from sparkmq.pipelines.trace_job import start_trace_job, trace_stats
 
-spark = get_spark(log_level="ERROR")
 lake_root = f"{workdir}/broker/lake"
+spark = get_spark(log_level="ERROR", lake_root=lake_root)
 query = start_trace_job(spark, {platform.broker_service.config.broker_name: platform.broker_addr}, lake_root,
                         f"{workdir}/checkpoints/trace", trigger={"availableNow": True})
 query.awaitTermination(120)
 stats = trace_stats(query)
 assert stats is not None and stats.last_error is None, stats
 print("events written:", stats.rows, "in", stats.batches, "batch(es)")
-run_sql(spark, lake_root, "SELECT count(*) AS events, count(DISTINCT msg_id) AS messages FROM message_trace").toPandas()
+spark.sql("SELECT count(*) AS events, count(DISTINCT msg_id) AS messages FROM sparkmq.message_trace").toPandas()
 """),
     md("""
 ## 1. A message's path, with timings
@@ -867,13 +898,13 @@ PATH_SQL = '''
            CAST((unix_micros(event_ts) - unix_micros(lag(event_ts) OVER w)) / 1000 AS BIGINT) AS step_ms,
            CAST((unix_micros(event_ts) - unix_micros(first(event_ts) OVER w)) / 1000 AS BIGINT) AS total_ms,
            detail
-    FROM message_trace WHERE msg_id = '{msg_id}'
+    FROM sparkmq.message_trace WHERE msg_id = '{msg_id}'
     WINDOW w AS (ORDER BY event_ts, CASE event_type WHEN 'send' THEN 0 WHEN 'store' THEN 1 WHEN 'deliver' THEN 2
                                                     WHEN 'consume' THEN 3 WHEN 'retry' THEN 4 ELSE 5 END)
     ORDER BY event_ts, CASE event_type WHEN 'send' THEN 0 WHEN 'store' THEN 1 WHEN 'deliver' THEN 2
                                        WHEN 'consume' THEN 3 WHEN 'retry' THEN 4 ELSE 5 END
 '''
-good = run_sql(spark, lake_root, PATH_SQL.format(msg_id=sent[7])).toPandas()
+good = spark.sql(PATH_SQL.format(msg_id=sent[7])).toPandas()
 assert list(good.event_type) == ["send", "store", "deliver", "consume"], good
 good
 """),
@@ -884,7 +915,7 @@ Order 13 went `send → store → deliver → consume (RECONSUME_LATER)`, then t
 it to `%DLQ%shipping`. The broker's `GET /trace/{msg_id}` answers the same path from the same table.
 """),
     code("""
-poison = run_sql(spark, lake_root, PATH_SQL.format(msg_id=sent[13])).toPandas()
+poison = spark.sql(PATH_SQL.format(msg_id=sent[13])).toPandas()
 assert poison.event_type.tolist().count("consume") == 3 and poison.event_type.iloc[-1] == "dlq", poison
 poison[["event_type", "status", "topic", "reconsume_times", "cost_ms", "at", "step_ms", "total_ms", "detail"]]
 """),
@@ -897,10 +928,10 @@ assert [e["event_type"] for e in api_path] == poison.event_type.tolist()
 ## 3. Events by type and status
 """),
     code("""
-run_sql(spark, lake_root, '''
+spark.sql('''
     SELECT event_type, status, count(*) AS events, count(DISTINCT msg_id) AS messages,
            round(avg(cost_ms), 1) AS avg_cost_ms
-    FROM message_trace
+    FROM sparkmq.message_trace
     GROUP BY event_type, status
     ORDER BY CASE event_type WHEN 'send' THEN 0 WHEN 'store' THEN 1 WHEN 'deliver' THEN 2 WHEN 'consume' THEN 3
                              WHEN 'retry' THEN 4 ELSE 5 END, status''').toPandas()
@@ -911,20 +942,20 @@ The listener's cost is in each `consume` event: the slowest ones are the big ord
 longer for them). Percentiles per step show where time goes: the producer's round trip vs the listener.
 """),
     code("""
-run_sql(spark, lake_root, '''
+spark.sql('''
     SELECT t.msg_id, t.keys, t.tags, t.queue_id, t.cost_ms, t.status,
            date_format(t.event_ts, 'HH:mm:ss.SSS') AS at
-    FROM message_trace t
+    FROM sparkmq.message_trace t
     WHERE t.event_type = 'consume'
     ORDER BY t.cost_ms DESC, t.keys
     LIMIT 10''').toPandas()
 """),
     code("""
-run_sql(spark, lake_root, '''
+spark.sql('''
     SELECT event_type, count(*) AS events,
            percentile(cost_ms, 0.5) AS p50_ms, percentile(cost_ms, 0.9) AS p90_ms,
            percentile(cost_ms, 0.99) AS p99_ms, max(cost_ms) AS max_ms
-    FROM message_trace WHERE cost_ms IS NOT NULL
+    FROM sparkmq.message_trace WHERE cost_ms IS NOT NULL
     GROUP BY event_type ORDER BY event_type''').toPandas()
 """),
     md("""
@@ -932,17 +963,29 @@ And end to end: from the producer's `send` to the call of the listener that succ
 (order 13 never succeeded, so it is not counted).
 """),
     code("""
-run_sql(spark, lake_root, '''
+spark.sql('''
     WITH per_message AS (
         SELECT msg_id, max(tags) AS tags,
                min(CASE WHEN event_type = 'send' THEN event_ts END) AS sent_at,
                max(CASE WHEN event_type = 'consume' AND status = 'CONSUME_SUCCESS' THEN event_ts END) AS done_at
-        FROM message_trace GROUP BY msg_id)
+        FROM sparkmq.message_trace GROUP BY msg_id)
     SELECT tags, count(*) AS messages,
            round(avg((unix_micros(done_at) - unix_micros(sent_at)) / 1000), 1) AS avg_send_to_consumed_ms,
            max((unix_micros(done_at) - unix_micros(sent_at)) / 1000) AS max_send_to_consumed_ms
     FROM per_message WHERE done_at IS NOT NULL
     GROUP BY tags ORDER BY tags''').toPandas()
+"""),
+    md("""
+## 5. History and time travel
+`message_trace` is a Delta table: every micro-batch of the trace job is a version. `DESCRIBE HISTORY` lists
+them, and `VERSION AS OF` reads the table as it was (here: right after it was created, empty).
+"""),
+    code("""
+history = spark.sql("DESCRIBE HISTORY sparkmq.message_trace").select("version", "timestamp", "operation",
+                                                                     "operationMetrics.numOutputRows").toPandas()
+print(spark.sql("SELECT count(*) AS events FROM sparkmq.message_trace VERSION AS OF 0").first().events,
+      "events at version 0")
+history
 """),
     md("""
 ## Stop

@@ -31,7 +31,7 @@ An alert is raised once: a row in ``alerts`` with ``alert_id = "<rule>:<subject>
 ``resolved_at`` NULL, and one POST of that row (JSON) to ``webhook_url``.  While it is
 open nothing more is written.  It is resolved when the newest window shows the condition
 cleared -- only on evidence: a group missing from the newest window (its broker did not
-answer) keeps its alert open -- by a delta-rs MERGE that sets ``resolved_at`` on the open
+answer) keeps its alert open -- by a delta-spark MERGE that sets ``resolved_at`` on the open
 row, and the resolved row is POSTed too (``"event": "resolved"``).  The same subject may
 fire again later: a new row with the same ``alert_id`` and a later ``raised_at``.
 
@@ -48,14 +48,17 @@ import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pyarrow as pa
 import pyarrow.dataset as ds
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable
 
 from . import tables
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 __all__ = [
     "ALERT_KINDS",
@@ -164,13 +167,13 @@ class _Finding:
 
 # -- reading the reports -----------------------------------------------------------------------
 
-def _read_window_range(lake_root: str, name: str, columns: list[str], start: dt.datetime,
+def _read_window_range(spark: SparkSession, lake_root: str, name: str, columns: list[str], start: dt.datetime,
                        end: dt.datetime) -> list[dict[str, Any]]:
-    table = DeltaTable(tables.table_path(lake_root, name))
-    dataset = table.to_pyarrow_dataset(file_pruning_predicate=[("window_start", ">=", start),
-                                                                ("window_start", "<", end)])
-    cond = (ds.field("window_start") >= pa.scalar(start, _TS)) & (ds.field("window_start") < pa.scalar(end, _TS))
-    return dataset.to_table(columns=columns, filter=cond).to_pylist()
+    from pyspark.sql import functions as F
+
+    df = (spark.read.format("delta").load(tables.table_path(lake_root, name))
+          .where((F.col("window_start") >= F.lit(start)) & (F.col("window_start") < F.lit(end))).select(*columns))
+    return df.toArrow().to_pylist()  # Arrow keeps timestamps UTC-aware
 
 
 def _windows(latest: dt.datetime, n: int) -> list[dt.datetime]:
@@ -280,10 +283,10 @@ def open_alerts(lake_root: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return [_json_row(r) for r in rows.sort_by([("raised_at", "ascending"), ("alert_id", "ascending")]).to_pylist()]
 
 
-def _open_rows(lake_root: str) -> dict[str, dict[str, Any]]:
-    table = DeltaTable(_alerts_path(lake_root)).to_pyarrow_dataset().to_table(
-        filter=ds.field("resolved_at").is_null())
-    return {r["alert_id"]: r for r in table.to_pylist()}
+def _open_rows(spark: SparkSession, lake_root: str) -> dict[str, dict[str, Any]]:
+    # toArrow, not collect: Arrow keeps timestamps UTC-aware (collect gives naive local times).
+    rows = spark.read.format("delta").load(_alerts_path(lake_root)).where("resolved_at IS NULL").toArrow()
+    return {r["alert_id"]: r for r in rows.to_pylist()}
 
 
 # -- the engine ------------------------------------------------------------------------------------
@@ -295,9 +298,11 @@ class AlertEngine:
     to run concurrently with itself (the :class:`~.reports.Reporter` serialises runs).
     """
 
-    def __init__(self, lake_root: str | os.PathLike[str], config: AlertConfig, *,
+    def __init__(self, spark: SparkSession, lake_root: str | os.PathLike[str], config: AlertConfig, *,
                  transport: httpx.BaseTransport | None = None) -> None:
-        """``transport`` replaces the network for the webhook (tests)."""
+        """``spark`` reads the reports and writes ``alerts``; ``transport`` replaces the network for the webhook
+        (tests)."""
+        self.spark = spark
         self.lake_root = os.fspath(lake_root)
         self.config = config
         self._transport = transport
@@ -311,12 +316,12 @@ class AlertEngine:
     def evaluate(self, latest_window: dt.datetime, now: dt.datetime | None = None) -> AlertResult:
         """Evaluate every rule on the reports up to ``latest_window``; raise, resolve, notify."""
         now = (now or dt.datetime.now(UTC)).astimezone(UTC)
-        tables.ensure_tables(self.lake_root, [tables.ALERTS, tables.GROUP_STATS, tables.TOPIC_STATS])
+        tables.ensure_tables(self.spark, self.lake_root, [tables.ALERTS, tables.GROUP_STATS, tables.TOPIC_STATS])
         result = AlertResult()
         rules = self.config.rules
         if rules:
             findings = self._findings(latest_window)
-            open_rows = _open_rows(self.lake_root)
+            open_rows = _open_rows(self.spark, self.lake_root)
             raised, resolved = [], []
             for rule in rules:
                 prefix = f"{rule.name}:"
@@ -330,9 +335,9 @@ class AlertEngine:
                     elif f.state == "clear" and alert_id in open_rows:
                         resolved.append({**open_rows[alert_id], "resolved_at": now})
             if raised:
-                write_deltalake(_alerts_path(self.lake_root),
-                                pa.Table.from_pylist(raised, schema=tables.get_spec(tables.ALERTS).schema),
-                                mode="append")
+                (self.spark.createDataFrame(pa.Table.from_pylist(raised, schema=tables.get_spec(tables.ALERTS).schema),
+                                            schema=tables.spark_schema(tables.ALERTS))
+                 .write.format("delta").mode("append").save(_alerts_path(self.lake_root)))
                 for row in raised:
                     log.warning("alert raised: %s (%s) %s", row["alert_id"], row["severity"], row["detail"])
             if resolved:
@@ -352,13 +357,13 @@ class AlertEngine:
         group_rows: list[dict[str, Any]] = []
         topic_rows: list[dict[str, Any]] = []
         if any(r.kind in ("lag", "idle_group") for r in rules):
-            group_rows = _read_window_range(self.lake_root, tables.GROUP_STATS,
+            group_rows = _read_window_range(self.spark, self.lake_root, tables.GROUP_STATS,
                                             ["window_start", "group", "topic", "messages_out", "lag"], start, end)
         open_by_rule: dict[str, list[str]] = {}
         if any(r.kind == "dlq_growth" for r in rules):
-            topic_rows = _read_window_range(self.lake_root, tables.TOPIC_STATS,
+            topic_rows = _read_window_range(self.spark, self.lake_root, tables.TOPIC_STATS,
                                             ["window_start", "topic", "messages_in"], start, end)
-            for row in _open_rows(self.lake_root).values():
+            for row in _open_rows(self.spark, self.lake_root).values():
                 open_by_rule.setdefault(row["rule"], []).append(row["subject"])
         out: dict[str, list[_Finding]] = {}
         for rule in rules:
@@ -371,14 +376,14 @@ class AlertEngine:
         return out
 
     def _resolve(self, resolved: Sequence[Mapping[str, Any]]) -> None:
-        source = pa.Table.from_pylist([{"alert_id": r["alert_id"], "resolved_at": r["resolved_at"]} for r in resolved],
-                                      schema=pa.schema([pa.field("alert_id", pa.string(), nullable=False),
-                                                        pa.field("resolved_at", _TS, nullable=False)]))
+        from delta.tables import DeltaTable as SparkDeltaTable
+
+        source = self.spark.createDataFrame(
+            [(r["alert_id"], r["resolved_at"]) for r in resolved], "alert_id string, resolved_at timestamp")
         # Only the open row of each id: an alert that fired and cleared before keeps its old resolved_at.
-        (DeltaTable(_alerts_path(self.lake_root))
-         .merge(source, predicate="t.alert_id = s.alert_id AND t.resolved_at IS NULL", source_alias="s",
-                target_alias="t")
-         .when_matched_update({"resolved_at": "s.resolved_at"})
+        (SparkDeltaTable.forPath(self.spark, _alerts_path(self.lake_root)).alias("t")
+         .merge(source.alias("s"), "t.alert_id = s.alert_id AND t.resolved_at IS NULL")
+         .whenMatchedUpdate(set={"resolved_at": "s.resolved_at"})
          .execute())
 
     def _notify(self, result: AlertResult) -> None:

@@ -7,12 +7,15 @@ that later JVMs map into memory: measured here, a session starts in 4.5-5.2 s in
 8.0-9.2 s and its first job takes 2.3 s instead of 3.8 s.  Brokers with a lake, ``sparkmq lake``,
 ``sparkmq sql``, notebooks and the test suite all start Spark drivers, often.
 
-The archive belongs to one environment: one Java, one PySpark with its jars.  It lives in
-the environment (``<sys.prefix>/share/sparkmq/``) under a name that fingerprints both, so
-another Java or a reinstalled PySpark simply finds none.  ``build.py setup`` builds it
+The archive belongs to one environment: one Java, one PySpark with its jars, one set of Delta jars.
+It lives in the environment (``<sys.prefix>/share/sparkmq/``) under a name that fingerprints them
+(the Delta jars by name and size, not by folder: the same jars elsewhere are the same classes), so
+another Java, a reinstalled PySpark or another Delta simply finds none.  ``build.py setup`` builds it
 (:func:`build`, about a minute, once) by running a small workload that touches what the lake
 uses -- Python data sources (batch, stream, sink), ``foreachBatch``, Arrow transfers,
-Parquet reads, SQL -- in a JVM that writes the classes it loaded at exit.
+Parquet reads, SQL, Delta writes, reads, history, MERGE and OPTIMIZE -- in a JVM that writes the
+classes it loaded at exit.  Delta's classes come from ``spark.jars`` (Spark's own class loader for
+added jars): the JVM archives them too, and maps each back only for the very same class file.
 :func:`~.session.get_spark` uses it when it is there (:func:`java_options`); without it
 Spark starts as usual.
 
@@ -55,11 +58,16 @@ def _java() -> Path | None:
 
 
 def _fingerprint() -> str | None:
-    """A short hash of this environment's Java binary and PySpark jars (None without Java or PySpark)."""
+    """A short hash of this environment's Java binary, PySpark jars and Delta jars (None without Java, PySpark
+    or the Delta jars)."""
+    from sparkmq.platform.common import jars
+
     java = _java()
     try:
         import pyspark
-    except ImportError:
+
+        delta = jars.jars("delta")
+    except (ImportError, jars.MissingJarsError):
         return None
     if java is None:
         return None
@@ -67,6 +75,8 @@ def _fingerprint() -> str | None:
     for path in [java, *sorted((Path(pyspark.__file__).parent / "jars").glob("*.jar"))]:
         st = path.stat()
         digest.update(f"{path}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    for path in delta:
+        digest.update(f"{path.name}:{path.stat().st_size}\n".encode())
     return digest.hexdigest()[:16]
 
 
@@ -166,8 +176,32 @@ def _training_source() -> Any:
     return TrainingSource
 
 
+def _train_delta(spark: Any, work: Path) -> None:
+    """What the lake does with Delta, in small: create, idempotent appends, read, history, MERGE, OPTIMIZE."""
+    from delta.tables import DeltaTable
+    from pyspark.sql.types import DateType, LongType, StructField, StructType, TimestampType
+
+    path = str(work / "delta")
+    schema = StructType([StructField("id", LongType(), False), StructField("ts", TimestampType()),
+                         StructField("d", DateType())])
+    (DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
+     .partitionedBy("d").property("delta.minWriterVersion", "2").execute())
+    rows = spark.sql("SELECT id, current_timestamp() AS ts, current_date() AS d FROM range(100)")
+    for version in range(2):
+        rows.write.format("delta").mode("append").option("txnAppId", "train").option("txnVersion", version).save(path)
+    spark.sql("CREATE DATABASE IF NOT EXISTS sparkmq_training")
+    spark.sql(f"CREATE TABLE IF NOT EXISTS sparkmq_training.t USING DELTA LOCATION '{path}'")
+    spark.table("sparkmq_training.t").groupBy("d").count().collect()
+    spark.sql("DESCRIBE HISTORY sparkmq_training.t").collect()
+    table = DeltaTable.forPath(spark, path)
+    table.alias("t").merge(rows.limit(5).alias("s"), "t.id = s.id").whenMatchedUpdate(set={"ts": "s.ts"}).execute()
+    table.optimize().executeCompaction()
+    spark.sql("DROP DATABASE sparkmq_training CASCADE")
+
+
 def _train(spark: Any, work: Path) -> None:
-    """What the lake does, in small: Python sources and sinks, a stream with foreachBatch, Arrow, Parquet, SQL."""
+    """What the lake does, in small: Python sources and sinks, a stream with foreachBatch, Arrow, Parquet, SQL,
+    Delta."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -188,6 +222,7 @@ def _train(spark: Any, work: Path) -> None:
     query = (spark.readStream.format("sparkmq-class-training").load().writeStream.foreachBatch(each_batch)
              .option("checkpointLocation", str(work / "checkpoint")).trigger(availableNow=True).start())
     query.awaitTermination(300)
+    _train_delta(spark, work)
 
 
 def _dump(target: Path) -> None:

@@ -1,4 +1,4 @@
-"""Errors of the lake layer (table specs, Delta reads and writes).
+"""Errors of the lake layer (table specs, Delta tables).
 
 They subclass :class:`~sparkmq.platform.common.errors.SparkMQError`, so the API layer
 maps them like every other error (``str()`` gives ``CODE: message``).  There is no
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 
-__all__ = ["LakeError", "SchemaMismatchError", "TableNotFound", "UnknownTableError", "UnsupportedTableError"]
+__all__ = ["LakeError", "SchemaMismatchError", "UnknownTableError"]
 
 
 class LakeError(SparkMQError):
@@ -26,18 +26,5 @@ class UnknownTableError(LakeError):
         super().__init__(message, ErrorCode.INVALID_ARGUMENT)
 
 
-class TableNotFound(LakeError):
-    """No Delta table at the path (create it with ``tables.ensure_table`` first)."""
-
-
 class SchemaMismatchError(LakeError):
     """An existing table's schema or partitioning differs from its spec in ``pipelines.tables``."""
-
-
-class UnsupportedTableError(LakeError):
-    """A table that the snapshot reader cannot read correctly as plain Parquet.
-
-    Column mapping renames columns in the Parquet files and deletion vectors hide
-    rows outside them: a plain Parquet read would silently return NULL columns or
-    deleted rows, so such tables are refused instead.
-    """

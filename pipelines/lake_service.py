@@ -6,8 +6,10 @@ over a whole cluster (``namesrv="a:9876;b:9876"``) as a standalone Spark applica
 The SparkSession starts on a background thread, so the broker serves messages at once
 and the tables catch up when Spark is ready (delivery never waits for Spark).
 
-Jobs: ``dispatch`` (commit log → ``consume_queue``, ``messages``, ``message_keys``);
-more join as they are built.  Checkpoints live under ``checkpoint_root/<job>``.
+Jobs: ``dispatch`` (commit log → ``messages``, ``consume_queue``, ``message_keys``), ``trace``
+(→ ``message_trace``), ``dlq`` (→ ``dead_letters``), ``reports`` (→ ``topic_stats``, ``group_stats``,
+``alerts``) and ``maintenance``; every table is written by delta-spark and registered in the session's
+catalog as ``sparkmq.<table>``.  Checkpoints live under ``checkpoint_root/<job>``.
 """
 from __future__ import annotations
 
@@ -221,7 +223,8 @@ class LakeService:
         try:
             from .session import get_spark, lower_priority  # here: a broker without the lake never loads PySpark
 
-            self.spark = get_spark(self.spark_conf)
+            # The lake's tables are registered as sparkmq.<table> (the jobs add those they create).
+            self.spark = get_spark(self.spark_conf, lake_root=self.lake_root)
             lower_priority(self.spark, self.nice)
             if self._stopping.is_set():
                 return
@@ -234,7 +237,8 @@ class LakeService:
             if "maintenance" in self.job_names:
                 from .maintenance import Maintainer
 
-                self.maintainer = Maintainer(self.lake_root, interval_s=self.maintenance_interval_s).start()
+                self.maintainer = Maintainer(self.spark, self.lake_root,
+                                             interval_s=self.maintenance_interval_s).start()
             with self._lock:
                 self._state = "running"
         except Exception as exc:  # the broker keeps serving; the lake reports why it is down

@@ -34,19 +34,14 @@ Where the numbers come from, and why:
   consumers all died keeps being reported -- that is exactly the stuck group an alert
   should catch) + ``extra_groups``.
 
-Spark or not: the consume_queue files of the windows are first pruned with the Delta
-log's min/max statistics of ``store_ts`` and their row counts read from the log.  From
-``spark_min_rows`` rows (default 500 000, i.e. busy minutes at 100 k msg/s) the GROUP BY
-and the bytes-out range join (ranges broadcast) run in Spark over those Parquet files,
-so the cluster does the work, not the broker's Python process.  Below that, or with no
-SparkSession, the same aggregation runs in pyarrow over a delta-rs dataset: a Spark job
-costs 1-2 s of scheduling on a small machine, more than pyarrow needs for a quiet
-minute.  Both give exact counts (the dispatch job writes every message exactly once).
+Spark does the work: consume_queue is read with delta-spark, which skips the files whose
+``store_ts`` statistics lie outside the windows (dispatch appends in store order, so a minute's
+rows sit in a few files), and the GROUP BY and the bytes-out range join (ranges broadcast) run
+on the executors.  The rows it writes -- a few hundred a minute -- are appended with delta-spark.
 
-Exactly once: both tables are appended with the Delta app transaction
-``(f"report-{job}", window start in minutes since the epoch)``; several catch-up
-windows go in one commit whose version is the newest window, so re-running any of
-them adds nothing.
+Exactly once: both tables are appended with Delta's ``txnAppId = report-{job}`` and ``txnVersion =``
+the window start in minutes since the epoch; several catch-up windows go in one commit whose version
+is the newest window, so re-running any of them adds nothing.
 
 Example (what the lake service does, from its own thread, every 60 s)::
 
@@ -63,7 +58,6 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
-from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -83,10 +77,10 @@ from sparkmq.platform.common.protocol import (
 from sparkmq.platform.common.validation import validate_group, validate_topic
 
 from . import tables
-from .delta_io import append_exactly_once, snapshot
+from .dispatch import append_once
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
     from .alerts import AlertConfig, AlertResult
 
@@ -116,10 +110,6 @@ DEFAULT_GRACE_S = 15.0
 DEFAULT_BACKFILL_MINUTES = 60
 #: At most this many windows per run (one day), so catching up after long downtime stays bounded.
 MAX_WINDOWS_PER_RUN = 1440
-#: Below this many consume_queue rows in the windows of a run, pyarrow aggregates them in-process even when a
-#: SparkSession is given: a Spark job costs ~1-2 s of scheduling on a small machine, pyarrow does 500 k rows
-#: in well under a second.  Above it Spark (on the cluster) does the GROUP BY and the bytes-out join.
-DEFAULT_SPARK_MIN_ROWS = 500_000
 #: How far back group_stats is read for previous samples and sticky groups.
 DEFAULT_GROUP_LOOKBACK_MINUTES = 60
 
@@ -257,7 +247,6 @@ class ReportResult:
     wrote: bool = False                 # False when there was nothing to do or another run had done it
     sampled: bool = False               # whether broker offsets were sampled (group_stats written)
     last_window: dt.datetime | None = None   # the newest window reported so far (by any run)
-    engine: str | None = None           # "spark" or "arrow": what aggregated consume_queue
     alerts: AlertResult | None = None
 
 
@@ -272,108 +261,22 @@ _OUT_SCHEMA = pa.schema([("topic", pa.string()), ("broker", pa.string()), ("queu
 _CQ_COLUMNS = ["topic", "broker", "queue_id", "queue_offset", "size", "store_ts"]
 
 
-def _range_predicate(topics: Sequence[str], min_offset: int) -> list[tuple[str, str, Any]]:
-    return [("topic", "in", list(topics)), ("queue_offset", ">=", min_offset)]
+def _delta(spark: SparkSession, lake_root: str, name: str) -> DataFrame:
+    """A lake table read by delta-spark (by path: the job's own lake root, whatever the catalog names)."""
+    return spark.read.format("delta").load(tables.table_path(lake_root, name))
 
 
-def _cq_files(lake_root: str | os.PathLike[str], start: dt.datetime | None = None, end: dt.datetime | None = None,
-              *, topics: Sequence[str] | None = None, min_offset: int | None = None) -> tuple[DeltaTable, list[str]]:
-    """consume_queue's snapshot and its files that may hold rows stored in ``[start, end)`` (or of
-    ``topics`` at queue offsets ``>= min_offset``).
+def _in_counts(spark: SparkSession, lake_root: str, start: dt.datetime, end: dt.datetime,
+               brokers: frozenset[str] | None) -> pa.Table:
+    """Messages and bytes stored per (window, topic, broker, queue) in ``[start, end)``, from consume_queue.
 
-    The min/max statistics prune the files: dispatch appends in store order, so a minute's
-    rows sit in a few files and a run reads only those (a superset: rows are filtered after).
+    Delta skips the files whose ``store_ts`` statistics lie outside the range: dispatch appends in store
+    order, so a run reads the few files of its minutes.
     """
-    snap = snapshot(tables.table_path(lake_root, tables.CONSUME_QUEUE))
-    snap.check_plain_parquet()
-    preds: list[tuple[str, str, Any]] = []
-    if start is not None:
-        preds.append(("store_ts", ">=", start))
-    if end is not None:
-        preds.append(("store_ts", "<", end))
-    if topics is not None and min_offset is not None:
-        preds.extend(_range_predicate(topics, min_offset))
-    files = snap.table.file_uris(file_pruning_predicate=preds) if preds else list(snap.files)
-    return snap.table, files
-
-
-def _rows_in(table: DeltaTable, files: Sequence[str]) -> int:
-    """How many rows ``files`` hold, from the log's per-file record counts (no file is opened)."""
-    actions = pa.table(table.get_add_actions(flatten=True)).select(["path", "num_records"]).to_pylist()
-    # delta-rs names data files with UUIDs, so a file's base name identifies its add action.
-    by_name = {unquote(a["path"]).rsplit("/", 1)[-1]: a["num_records"] or 0 for a in actions}
-    return sum(by_name.get(f.rsplit("/", 1)[-1], 0) for f in files)
-
-
-def _in_counts_arrow(lake_root: str, start: dt.datetime, end: dt.datetime,
-                     brokers: frozenset[str] | None) -> pa.Table:
-    import pyarrow.dataset as ds
-
-    table, files = _cq_files(lake_root, start, end)
-    if not files:
-        return _IN_SCHEMA.empty_table()
-    dataset = table.to_pyarrow_dataset(file_pruning_predicate=[("store_ts", ">=", start), ("store_ts", "<", end)])
-    cond = (ds.field("store_ts") >= pa.scalar(start, _TS)) & (ds.field("store_ts") < pa.scalar(end, _TS))
-    if brokers is not None:
-        cond &= ds.field("broker").isin(sorted(brokers))
-    rows = dataset.to_table(columns=["topic", "broker", "queue_id", "size", "store_ts"], filter=cond)
-    if rows.num_rows == 0:
-        return _IN_SCHEMA.empty_table()
-    rows = rows.append_column("window_start", pc.floor_temporal(rows["store_ts"], unit="minute"))
-    agg = rows.group_by(["window_start", "topic", "broker", "queue_id"], use_threads=False).aggregate(
-        [("size", "count"), ("size", "sum")])
-    return pa.table({"window_start": agg["window_start"].cast(_TS), "topic": agg["topic"],
-                     "broker": agg["broker"], "queue_id": agg["queue_id"],
-                     "messages": agg["size_count"].cast(pa.int64()), "bytes": agg["size_sum"].cast(pa.int64())},
-                    schema=_IN_SCHEMA)
-
-
-def _out_bytes_arrow(lake_root: str, ranges: pa.Table) -> pa.Table:
-    """Sum of ``size`` over the consume_queue rows with ``lo <= queue_offset < hi`` of each range's queue."""
-    import pyarrow.dataset as ds
-
-    if ranges.num_rows == 0:
-        return _OUT_SCHEMA.empty_table()
-    topics = sorted(set(ranges["topic"].to_pylist()))
-    min_lo = pc.min(ranges["lo"]).as_py()
-    table, files = _cq_files(lake_root, topics=topics, min_offset=min_lo)
-    if not files:
-        return _OUT_SCHEMA.empty_table()
-    rows = table.to_pyarrow_dataset(file_pruning_predicate=_range_predicate(topics, min_lo)).to_table(
-        columns=["topic", "broker", "queue_id", "queue_offset", "size"],
-        filter=ds.field("topic").isin(topics) & (ds.field("queue_offset") >= min_lo))
-    joined = rows.join(ranges, keys=["topic", "broker", "queue_id"], join_type="inner", use_threads=False)
-    inside = joined.filter((pc.field("queue_offset") >= pc.field("lo")) & (pc.field("queue_offset") < pc.field("hi")))
-    if inside.num_rows == 0:
-        return _OUT_SCHEMA.empty_table()
-    agg = inside.group_by(["topic", "broker", "queue_id", "lo", "hi"], use_threads=False).aggregate(
-        [("size", "sum")])
-    return pa.table({"topic": agg["topic"], "broker": agg["broker"], "queue_id": agg["queue_id"],
-                     "lo": agg["lo"], "hi": agg["hi"], "bytes": agg["size_sum"].cast(pa.int64())}, schema=_OUT_SCHEMA)
-
-
-def _cq_frame(spark: SparkSession, lake_root: str, start: dt.datetime | None, end: dt.datetime | None,
-              **prune: Any) -> Any:
-    from pyspark.sql.types import StructType
-
-    _, files = _cq_files(lake_root, start, end, **prune)
-    full = tables.spark_schema(tables.CONSUME_QUEUE)
-    schema = StructType([full[c] for c in _CQ_COLUMNS])
-    if not files:
-        return None
-    # consume_queue is not partitioned, so the pruned file list is read as plain Parquet
-    # (read_delta would read every file of the snapshot).
-    return spark.read.schema(schema).parquet(*files)
-
-
-def _in_counts_spark(spark: SparkSession, lake_root: str, start: dt.datetime, end: dt.datetime,
-                     brokers: frozenset[str] | None) -> pa.Table:
     from pyspark.sql import functions as F
 
-    df = _cq_frame(spark, lake_root, start, end)
-    if df is None:
-        return _IN_SCHEMA.empty_table()
-    df = df.where((F.col("store_ts") >= F.lit(start)) & (F.col("store_ts") < F.lit(end)))
+    df = _delta(spark, lake_root, tables.CONSUME_QUEUE).where(
+        (F.col("store_ts") >= F.lit(start)) & (F.col("store_ts") < F.lit(end)))
     if brokers is not None:
         df = df.where(F.col("broker").isin(sorted(brokers)))
     agg = (df.groupBy(F.date_trunc("minute", "store_ts").alias("window_start"), "topic", "broker", "queue_id")
@@ -381,17 +284,16 @@ def _in_counts_spark(spark: SparkSession, lake_root: str, start: dt.datetime, en
     return _conform(agg.toArrow(), _IN_SCHEMA)
 
 
-def _out_bytes_spark(spark: SparkSession, lake_root: str, ranges: pa.Table) -> pa.Table:
+def _out_bytes(spark: SparkSession, lake_root: str, ranges: pa.Table) -> pa.Table:
+    """Sum of ``size`` over the consume_queue rows with ``lo <= queue_offset < hi`` of each range's queue."""
     from pyspark.sql import functions as F
 
     if ranges.num_rows == 0:
         return _OUT_SCHEMA.empty_table()
     topics = sorted(set(ranges["topic"].to_pylist()))
     min_lo = pc.min(ranges["lo"]).as_py()
-    df = _cq_frame(spark, lake_root, None, None, topics=topics, min_offset=min_lo)
-    if df is None:
-        return _OUT_SCHEMA.empty_table()
-    df = df.where(F.col("topic").isin(topics) & (F.col("queue_offset") >= F.lit(min_lo)))
+    df = _delta(spark, lake_root, tables.CONSUME_QUEUE).where(
+        F.col("topic").isin(topics) & (F.col("queue_offset") >= F.lit(min_lo)))
     r = spark.createDataFrame(ranges)
     # A few hundred ranges at most: broadcast them, so the join never shuffles consume_queue.
     joined = df.join(F.broadcast(r), ["topic", "broker", "queue_id"]).where(
@@ -406,22 +308,28 @@ def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.table([table[f.name].cast(f.type) for f in schema], schema=schema)
 
 
+def _window_rows(spark: SparkSession, lake_root: str, name: str, columns: list[str], start: dt.datetime,
+                 end: dt.datetime) -> pa.Table:
+    """``columns`` of a report table's rows with ``start <= window_start < end``."""
+    from pyspark.sql import functions as F
+
+    df = _delta(spark, lake_root, name).where((F.col("window_start") >= F.lit(start))
+                                              & (F.col("window_start") < F.lit(end)))
+    spec = tables.get_spec(name).schema
+    return _conform(df.select(*columns).toArrow(), pa.schema([spec.field(c) for c in columns]))
+
+
 # -- state kept in group_stats -----------------------------------------------------------------
 
 _GroupKey = tuple[str, str, str, int]   # group, topic, broker, queue_id
 
 
-def _previous_rows(lake_root: str, since: dt.datetime, before: dt.datetime) -> dict[_GroupKey, dict[str, Any]]:
+def _previous_rows(spark: SparkSession, lake_root: str, since: dt.datetime,
+                   before: dt.datetime) -> dict[_GroupKey, dict[str, Any]]:
     """The latest group_stats row per (group, topic, broker, queue) with ``since <= window_start < before``."""
-    import pyarrow.dataset as ds
-
-    table = DeltaTable(tables.table_path(lake_root, tables.GROUP_STATS))
-    pred = [("window_start", ">=", since), ("window_start", "<", before)]
-    dataset = table.to_pyarrow_dataset(file_pruning_predicate=pred)
-    rows = dataset.to_table(
-        columns=["window_start", "group", "topic", "broker", "queue_id", "committed_offset", "max_offset", "lag"],
-        filter=(ds.field("window_start") >= pa.scalar(since, _TS))
-        & (ds.field("window_start") < pa.scalar(before, _TS)))
+    rows = _window_rows(spark, lake_root, tables.GROUP_STATS,
+                        ["window_start", "group", "topic", "broker", "queue_id", "committed_offset", "max_offset",
+                         "lag"], since, before)
     out: dict[_GroupKey, dict[str, Any]] = {}
     for row in rows.sort_by("window_start").to_pylist():
         out[(row["group"], row["topic"], row["broker"], row["queue_id"])] = row
@@ -435,22 +343,30 @@ def _effective_committed(committed: int | None, max_offset: int, lag: int) -> in
 
 # -- the report step ---------------------------------------------------------------------------
 
-def run_report(spark_or_none: SparkSession | None, lake_root: str | os.PathLike[str], now: dt.datetime | None,
+def _txn_version(lake_root: str, name: str, app_id: str) -> int | None:
+    """The newest ``txnVersion`` of ``app_id`` in a table's log (read with delta-rs: delta-spark has no API)."""
+    return DeltaTable(tables.table_path(lake_root, name)).transaction_version(app_id)
+
+
+def _append(spark: SparkSession, lake_root: str, name: str, rows: pa.Table, app_id: str, version: int) -> None:
+    """Append report rows (built here, a few hundred a minute) with delta-spark, once per ``(app_id, version)``."""
+    append_once(spark.createDataFrame(rows, schema=tables.spark_schema(name)), lake_root, name, app_id, version)
+
+
+def run_report(spark: SparkSession, lake_root: str | os.PathLike[str], now: dt.datetime | None,
                sources: OffsetsSource | None, *, job: str = "cluster", brokers: Iterable[str] | None = None,
                grace_s: float = DEFAULT_GRACE_S, backfill_minutes: int = DEFAULT_BACKFILL_MINUTES,
                group_lookback_minutes: int = DEFAULT_GROUP_LOOKBACK_MINUTES,
-               extra_groups: Iterable[str] = (), spark_min_rows: int = DEFAULT_SPARK_MIN_ROWS) -> ReportResult:
+               extra_groups: Iterable[str] = ()) -> ReportResult:
     """Report every closed minute window not yet in ``topic_stats`` / ``group_stats``; exactly once per window.
 
     ``now`` (default: the clock) decides which windows are closed: those ending at least
     ``grace_s`` before it.  ``sources`` gives the brokers' offsets (None: no group_stats,
     and topic_stats count only what came in).  ``brokers`` limits the report to those
     broker names (an embedded lake reporting only its own broker; the app id then should
-    name the job, ``job=<broker name>``).  ``spark_or_none`` does the aggregation when the
-    windows hold at least ``spark_min_rows`` consume_queue rows (0: always); below that, or
-    without a session, pyarrow does it in-process -- same rows either way.  Stateless: what
-    is done and the previous offsets sample are read from the tables, so any process may run
-    it after any other.
+    name the job, ``job=<broker name>``).  ``spark`` reads the tables and writes the reports
+    (delta-spark).  Stateless: what is done and the previous offsets sample are read from the
+    tables, so any process may run it after any other.
     """
     if isinstance(backfill_minutes, bool) or not isinstance(backfill_minutes, int) or backfill_minutes < 1:
         raise ValueError(f"backfill_minutes must be an integer >= 1, got {backfill_minutes!r}")
@@ -458,12 +374,10 @@ def run_report(spark_or_none: SparkSession | None, lake_root: str | os.PathLike[
     now = (now or dt.datetime.now(UTC)).astimezone(UTC)
     broker_set = frozenset(brokers) if brokers is not None else None
     app_id = report_app_id(job)
-    tables.ensure_tables(lake_root, [tables.CONSUME_QUEUE, tables.TOPIC_STATS, tables.GROUP_STATS])
-    topic_path = tables.table_path(lake_root, tables.TOPIC_STATS)
-    group_path = tables.table_path(lake_root, tables.GROUP_STATS)
+    tables.ensure_tables(spark, lake_root, [tables.CONSUME_QUEUE, tables.TOPIC_STATS, tables.GROUP_STATS])
 
     last_closed = _floor_minute(now - dt.timedelta(seconds=grace_s)) - WINDOW
-    done = DeltaTable(topic_path).transaction_version(app_id)
+    done = _txn_version(lake_root, tables.TOPIC_STATS, app_id)
     first = (version_window(done) + WINDOW) if done is not None else last_closed - WINDOW * (backfill_minutes - 1)
     result = ReportResult(last_window=version_window(done) if done is not None else None)
     if first > last_closed:
@@ -474,45 +388,35 @@ def run_report(spark_or_none: SparkSession | None, lake_root: str | os.PathLike[
     end = last + WINDOW
 
     # 1. messages in, per queue and window, from consume_queue.
-    spark = spark_or_none
-    if spark is not None and spark_min_rows > 0:
-        cq_table, cq_files = _cq_files(lake_root, first, end)
-        if _rows_in(cq_table, cq_files) < spark_min_rows:
-            spark = None
-    result.engine = "spark" if spark is not None else "arrow"
-    if spark is not None:
-        in_counts = _in_counts_spark(spark, lake_root, first, end, broker_set)
-    else:
-        in_counts = _in_counts_arrow(lake_root, first, end, broker_set)
-    in_rows = in_counts.to_pylist()
+    in_rows = _in_counts(spark, lake_root, first, end, broker_set).to_pylist()
 
     # 2. group_stats of the newest window, from a fresh offsets sample -- only when this run
     #    reaches the newest closed window (a sample taken now describes now, not an old window).
-    group_done = DeltaTable(group_path).transaction_version(app_id)
+    group_done = _txn_version(lake_root, tables.GROUP_STATS, app_id)
     if sources is not None and last == last_closed and (group_done is None or group_done < version):
         since = last - dt.timedelta(minutes=group_lookback_minutes)
-        previous = _previous_rows(lake_root, since, last)
+        previous = _previous_rows(spark, lake_root, since, last)
         known = {k[0] for k in previous} | set(extra_groups)
         samples = [s for s in sources.sample(sorted(known)) if broker_set is None or s.broker in broker_set]
         group_table = _group_rows(spark, lake_root, last, samples, previous, in_rows)
         result.sampled = True
-        if append_exactly_once(group_path, group_table, app_id, version):
-            result.group_rows = group_table.num_rows
+        _append(spark, lake_root, tables.GROUP_STATS, group_table, app_id, version)
+        result.group_rows = group_table.num_rows
 
     # 3. topic_stats: in from consume_queue; out from the group_stats rows now in the table for
     #    these windows (not from this run's sample: after a crash between the two appends the
     #    re-run must use what was written).
-    out_rows = _group_out_by_topic(lake_root, first, end, broker_set)
+    out_rows = _group_out_by_topic(spark, lake_root, first, end, broker_set)
     topic_table = _topic_rows(windows, in_rows, out_rows)
-    if append_exactly_once(topic_path, topic_table, app_id, version):
-        result.wrote = True
-        result.windows = windows
-        result.topic_rows = topic_table.num_rows
+    _append(spark, lake_root, tables.TOPIC_STATS, topic_table, app_id, version)
+    result.wrote = True
+    result.windows = windows
+    result.topic_rows = topic_table.num_rows
     result.last_window = last
     return result
 
 
-def _group_rows(spark: SparkSession | None, lake_root: str, window: dt.datetime, samples: Sequence[QueueSample],
+def _group_rows(spark: SparkSession, lake_root: str, window: dt.datetime, samples: Sequence[QueueSample],
                 previous: Mapping[_GroupKey, Mapping[str, Any]], in_rows: Sequence[Mapping[str, Any]]) -> pa.Table:
     in_by_queue: dict[tuple[str, str, int], int] = {}
     for r in in_rows:
@@ -539,10 +443,7 @@ def _group_rows(spark: SparkSession | None, lake_root: str, window: dt.datetime,
     # bytes_out: the sizes of the consumed offsets, one pass over consume_queue for every range.
     range_table = pa.Table.from_pylist([dict(zip(_RANGE_SCHEMA.names, r, strict=True)) for r in sorted(ranges)],
                                        schema=_RANGE_SCHEMA)
-    if spark is not None:
-        sizes = _out_bytes_spark(spark, lake_root, range_table)
-    else:
-        sizes = _out_bytes_arrow(lake_root, range_table)
+    sizes = _out_bytes(spark, lake_root, range_table)
     by_range = {(r["topic"], r["broker"], r["queue_id"], r["lo"], r["hi"]): r["bytes"] for r in sizes.to_pylist()}
     for row in rows:
         consumed = row.pop("_consumed")
@@ -550,20 +451,14 @@ def _group_rows(spark: SparkSession | None, lake_root: str, window: dt.datetime,
     return pa.Table.from_pylist(rows, schema=tables.get_spec(tables.GROUP_STATS).schema)
 
 
-def _group_out_by_topic(lake_root: str, start: dt.datetime, end: dt.datetime,
+def _group_out_by_topic(spark: SparkSession, lake_root: str, start: dt.datetime, end: dt.datetime,
                         brokers: frozenset[str] | None) -> dict[tuple, tuple[int, int, float]]:
     """(window, topic, broker) -> (messages_out, bytes_out, tps_out) summed over groups and queues.
 
     Only ``brokers`` (None: all): another job's rows for its own brokers are its business.
     """
-    import pyarrow.dataset as ds
-
-    table = DeltaTable(tables.table_path(lake_root, tables.GROUP_STATS))
-    dataset = table.to_pyarrow_dataset(file_pruning_predicate=[("window_start", ">=", start),
-                                                                ("window_start", "<", end)])
-    rows = dataset.to_table(
-        columns=["window_start", "topic", "broker", "messages_out", "bytes_out", "tps_out"],
-        filter=(ds.field("window_start") >= pa.scalar(start, _TS)) & (ds.field("window_start") < pa.scalar(end, _TS)))
+    rows = _window_rows(spark, lake_root, tables.GROUP_STATS,
+                        ["window_start", "topic", "broker", "messages_out", "bytes_out", "tps_out"], start, end)
     out: dict[tuple, tuple[int, int, float]] = {}
     for r in rows.to_pylist():
         if brokers is not None and r["broker"] not in brokers:
@@ -607,12 +502,12 @@ class Reporter:
     """
 
     def __init__(self, lake_root: str | os.PathLike[str], sources: OffsetsSource | None, *,
-                 spark: SparkSession | None = None, job: str = "cluster", brokers: Iterable[str] | None = None,
+                 spark: SparkSession, job: str = "cluster", brokers: Iterable[str] | None = None,
                  grace_s: float = DEFAULT_GRACE_S, backfill_minutes: int = DEFAULT_BACKFILL_MINUTES,
                  extra_groups: Iterable[str] = (), alerts: AlertConfig | Mapping[str, Any] | None = None,
-                 clock: Callable[[], dt.datetime] | None = None,
-                 spark_min_rows: int = DEFAULT_SPARK_MIN_ROWS) -> None:
-        """``alerts``: an :class:`~.alerts.AlertConfig` or the ``[alerts]`` conf mapping (None: no rules)."""
+                 clock: Callable[[], dt.datetime] | None = None) -> None:
+        """``spark`` reads and writes the tables; ``alerts``: an :class:`~.alerts.AlertConfig` or the
+        ``[alerts]`` conf mapping (None: no rules)."""
         from .alerts import AlertConfig, AlertEngine
 
         self.lake_root = os.fspath(lake_root)
@@ -623,9 +518,9 @@ class Reporter:
         self.grace_s = grace_s
         self.backfill_minutes = backfill_minutes
         self.extra_groups = tuple(extra_groups)
-        self.spark_min_rows = spark_min_rows
         config = alerts if isinstance(alerts, AlertConfig) or alerts is None else AlertConfig.from_mapping(alerts)
-        self.alert_engine = AlertEngine(self.lake_root, config) if config is not None and config.rules else None
+        self.alert_engine = (AlertEngine(spark, self.lake_root, config) if config is not None and config.rules
+                             else None)
         self._clock = clock or (lambda: dt.datetime.now(UTC))
         self._lock = threading.Lock()
         self.last_window: dt.datetime | None = None
@@ -639,8 +534,7 @@ class Reporter:
             try:
                 result = run_report(self.spark, self.lake_root, now, self.sources, job=self.job,
                                     brokers=self.brokers, grace_s=self.grace_s,
-                                    backfill_minutes=self.backfill_minutes, extra_groups=self.extra_groups,
-                                    spark_min_rows=self.spark_min_rows)
+                                    backfill_minutes=self.backfill_minutes, extra_groups=self.extra_groups)
                 if self.alert_engine is not None and result.last_window is not None:
                     # Evaluated every run (not only when a window was written): a webhook that
                     # failed is retried, and a rerun after a crash still raises what it should.

@@ -1,21 +1,30 @@
 """The process's one SparkSession, configured the way the lake needs it.
 
-Brokers (lake enabled), ``sparkmq lake``, notebooks and tests all get their session
-here, so every one runs with the same settings: UTC session time zone (lake
-timestamps are UTC instants), Arrow transfers (``toArrow`` feeds delta-rs), few
-shuffle partitions on a local master, the venv's Python on the workers, quiet logs.
+Brokers (lake enabled), ``sparkmq lake``, ``sparkmq sql``, notebooks, benchmarks and tests all get
+their session here, so every one runs with the same settings: Delta Lake (:data:`DELTA_CONF`: the
+delta-spark jars in ``spark.jars``, shipped to the executors, with Delta's SQL extension and catalog),
+Parquet timestamps as microseconds (what delta-rs, the broker's reader, expects), UTC session time
+zone (lake timestamps are UTC instants), Arrow transfers, few shuffle partitions on a local master,
+the venv's Python on the workers, quiet logs.  With ``lake_root`` the lake's tables are registered
+under the database ``sparkmq`` (:func:`.tables.register_tables`), so ``spark.table("sparkmq.messages")``
+works.  A machine without the jars gets :class:`~sparkmq.platform.common.jars.MissingJarsError` (one
+message saying how to provide them) before any JVM starts.
 
 ``local[*]`` by default; ``spark.master`` in ``conf`` selects a cluster and
 ``spark.remote`` (``sc://host:15002``) Spark Connect.  Spark Connect needs PySpark's
 connect extras (grpcio, grpcio-status, googleapis-common-protos, zstandard), which this
 environment does not have.
 
+A Spark Connect session gets the runtime settings only: the Connect server must run with Delta itself
+(the lines a user adds to their own session are in ``docs/lake.md``).
+
 A cluster master (``spark://host:7077``, standalone) keeps Spark's defaults except: on a
 master at a loopback address (``spark://127.0.0.1:7077``, ``localhost``) the driver binds to
 127.0.0.1 too, like a local master, so the executors reach it whatever the hostname resolves
 to.  The executors' Python workers run the interpreter named by ``PYSPARK_PYTHON`` (this
 one by default; ``spark.pyspark.python`` in ``conf`` names another, e.g. the venv's path on
-the worker machines), which must import sparkmq, pyarrow and deltalake; the lake root and
+the worker machines), which must import sparkmq and pyarrow; the Delta jars reach the executors
+through ``spark.jars`` (the driver serves them); the lake root and
 checkpoints must be paths every executor and the driver see alike (one machine, or a shared
 file system).  The local-only settings (few shuffle partitions, no UI, Hadoop
 FileSystem checkpoints) are not applied; the class-data archive only concerns the driver's JVM.
@@ -39,30 +48,46 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["DEFAULT_APP_NAME", "IDLE", "get_spark", "lower_priority", "stop_spark"]
+__all__ = ["DEFAULT_APP_NAME", "DELTA_CATALOG", "DELTA_EXTENSION", "IDLE", "delta_conf", "get_spark",
+           "lower_priority", "stop_spark"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_APP_NAME = "sparkmq"
 
+#: Delta's SQL extension and catalog: static settings, so they are given before the session starts.
+DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+#: The jar set of ``conf/jars.toml`` every session loads (fetched by ``build.py setup``).
+_DELTA_JARS = "delta"
+
 #: Runtime SQL settings, applied to local, cluster and Connect sessions alike.
 _SQL_DEFAULTS: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # Spark writes INT96 timestamps by default, which delta-rs (the broker's reader) reads as nanoseconds.
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+}
+
+#: Delta settings for a local master: tables here are small per commit, and every Spark job costs a
+#: task per partition (Delta's default of 50 state partitions made a 10-row append take 1 s on 2 cores).
+_LOCAL_DELTA_DEFAULTS: dict[str, str] = {
+    "spark.databricks.delta.snapshotPartitions": "2",
 }
 
 #: Settings for a classic (non-Connect) driver.
 _CLASSIC_DEFAULTS: dict[str, str] = {
     "spark.ui.showConsoleProgress": "false",   # progress bars garble broker logs
+    # CREATE DATABASE sparkmq makes a directory in the warehouse, by default ./spark-warehouse wherever the
+    # process runs; the lake's tables are external (their data stays under the lake root) and the
+    # in-memory catalog forgets the database with the JVM, so a temporary directory serves.
+    "spark.sql.warehouse.dir": os.path.join(tempfile.gettempdir(), "sparkmq-spark", "warehouse"),
 }
 
 #: Settings for a local master: one machine, small data per micro-batch.
 _LOCAL_DEFAULTS: dict[str, str] = {
     # 200 shuffle partitions means 200 tasks for a GROUP BY over a few rows.
     "spark.sql.shuffle.partitions": "4",
-    # The snapshot reader hands Spark explicit file lists; above this many paths Spark
-    # lists them with a distributed job (about 0.5 s of overhead on a local master).
-    "spark.sql.sources.parallelPartitionDiscovery.threshold": "4096",
     "spark.ui.enabled": "false",               # no port 4040 race between brokers and tests
     # Loopback: sandboxes and laptops often have hostnames that do not resolve.
     "spark.driver.host": "127.0.0.1",
@@ -131,7 +156,8 @@ def _log4j_file(level: str) -> str:
 
 
 def get_spark(conf: Mapping[str, Any] | None = None, app_name: str = DEFAULT_APP_NAME, *,
-              log_level: str = "WARN", class_archive: bool = True) -> SparkSession:
+              log_level: str = "WARN", class_archive: bool = True,
+              lake_root: str | os.PathLike[str] | None = None) -> SparkSession:
     """The process's SparkSession, created on the first call with ``conf`` (a mapping of Spark settings).
 
     Later calls return the same session and ignore ``conf``/``app_name`` (Spark cannot
@@ -142,47 +168,88 @@ def get_spark(conf: Mapping[str, Any] | None = None, app_name: str = DEFAULT_APP
     class-data archive when it has one (:mod:`.class_archive`; ``class_archive=False`` does not);
     ``spark.driver.extraJavaOptions`` in ``conf`` is added to the options set here.
     ``spark.pyspark.python`` in ``conf`` sets ``PYSPARK_PYTHON`` (the executors' Python) first.
+    ``lake_root``: register that lake's tables under the database ``sparkmq`` (on every call, so a
+    later call with another root re-points the names).  A classic session always has Delta Lake
+    (:func:`delta_conf`); :class:`~sparkmq.platform.common.jars.MissingJarsError` when its jars are missing.
 
     >>> spark = get_spark({"spark.master": "local[2]"})          # doctest: +SKIP
     >>> spark.conf.get("spark.sql.session.timeZone")              # doctest: +SKIP
     'UTC'
     """
-    global _session
     level = log_level.upper()
     if level not in {"ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF"}:
         raise ValueError(f"log_level must be a log4j level such as WARN or ERROR, got {log_level!r}")
     with _lock:
-        if _session is not None and _alive(_session):
-            return _session
-        settings = {str(k): str(v) for k, v in (conf or {}).items()}
-        if settings.get("spark.pyspark.python"):   # PySpark reads the executors' Python from the environment
-            os.environ["PYSPARK_PYTHON"] = settings["spark.pyspark.python"]
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        session = _session if _session is not None and _alive(_session) else _start(conf, app_name, level,
+                                                                                     class_archive)
+    if lake_root is not None:
+        from .tables import register_tables
 
-        from pyspark.sql import SparkSession
+        register_tables(session, lake_root)
+    return session
 
-        builder = SparkSession.builder.appName(app_name)
-        remote = settings.pop("spark.remote", None)
-        if remote:
-            builder = builder.remote(remote)
-            defaults = dict(_SQL_DEFAULTS)
-        else:
-            master = settings.pop("spark.master", "local[*]")
-            builder = builder.master(master)
-            defaults = {**_SQL_DEFAULTS, **_CLASSIC_DEFAULTS,
-                        **(_LOCAL_DEFAULTS if master.startswith("local") else {}),
-                        **(_LOOPBACK_CLUSTER_DEFAULTS if _on_loopback(master) else {})}
-            settings["spark.driver.extraJavaOptions"] = _driver_java_options(
-                level, class_archive, settings.get("spark.driver.extraJavaOptions", ""))
-        for key, value in {**defaults, **settings}.items():
-            builder = builder.config(key, value)
-        session = builder.getOrCreate()
-        if not remote:
-            session.sparkContext.setLogLevel(level)
-        log.info("started SparkSession %r (%s)", app_name, remote or session.sparkContext.master)
-        _session = session
-        return session
+
+def _start(conf: Mapping[str, Any] | None, app_name: str, level: str, class_archive: bool) -> SparkSession:
+    """Start the process's session (the caller holds ``_lock``)."""
+    global _session
+    settings = {str(k): str(v) for k, v in (conf or {}).items()}
+    if settings.get("spark.pyspark.python"):   # PySpark reads the executors' Python from the environment
+        os.environ["PYSPARK_PYTHON"] = settings["spark.pyspark.python"]
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    remote = settings.pop("spark.remote", None)
+    if remote:
+        builder = builder.remote(remote)
+        defaults = dict(_SQL_DEFAULTS)
+    else:
+        master = settings.pop("spark.master", "local[*]")
+        builder = builder.master(master)
+        defaults = {**_SQL_DEFAULTS, **_CLASSIC_DEFAULTS,
+                    **(_LOCAL_DEFAULTS if master.startswith("local") else {}),
+                    **(_LOOPBACK_CLUSTER_DEFAULTS if _on_loopback(master) else {})}
+        settings["spark.driver.extraJavaOptions"] = _driver_java_options(
+            level, class_archive, settings.get("spark.driver.extraJavaOptions", ""))
+        settings = {**settings, **delta_conf(settings)}  # MissingJarsError here, before a JVM starts
+        if master.startswith("local"):
+            defaults.update(_LOCAL_DELTA_DEFAULTS)
+    for key, value in {**defaults, **settings}.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    if not remote:
+        session.sparkContext.setLogLevel(level)
+    log.info("started SparkSession %r (%s)", app_name, remote or session.sparkContext.master)
+    _session = session
+    return session
+
+
+def _merged(given: str | None, wanted: list[str]) -> str:
+    """A comma list: ``given`` (the caller's entries first) plus those of ``wanted`` it lacks."""
+    items = [i.strip() for i in (given or "").split(",") if i.strip()]
+    return ",".join(items + [w for w in wanted if w not in items])
+
+
+def delta_conf(settings: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The static settings that give a classic session Delta Lake, merged into ``settings``' own.
+
+    ``spark.jars`` gets the jar set ``delta`` (:func:`sparkmq.platform.common.jars.jars`; the driver serves
+    them to the executors of a cluster), ``spark.sql.extensions`` Delta's extension, and the session
+    catalog becomes Delta's.  Raises :class:`~sparkmq.platform.common.jars.MissingJarsError` (what is
+    missing, how to provide it) when the jars are not there.
+
+    >>> delta_conf({"spark.jars": "/opt/my.jar"})["spark.jars"]          # doctest: +SKIP
+    '/opt/my.jar,/root/.cache/sparkmq/jars/delta-fd459922d11e/delta-spark_4.2_2.13-4.4.0.jar,...'
+    """
+    from sparkmq.platform.common import jars
+
+    given = dict(settings or {})
+    paths = [str(p) for p in jars.jars(_DELTA_JARS)]
+    return {"spark.jars": _merged(given.get("spark.jars"), paths),
+            "spark.sql.extensions": _merged(given.get("spark.sql.extensions"), [DELTA_EXTENSION]),
+            "spark.sql.catalog.spark_catalog": given.get("spark.sql.catalog.spark_catalog", DELTA_CATALOG)}
 
 
 def _driver_java_options(level: str, class_archive: bool, given: str) -> str:

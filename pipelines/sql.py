@@ -1,10 +1,11 @@
-"""SQL over the lake: every existing table as a Spark temporary view.
+"""SQL over the lake: every table through Spark's catalog, as ``sparkmq.<table>``.
 
-Views are built with the snapshot reader (:func:`delta_io.read_delta`) and the
-schemas of :mod:`pipelines.tables`, so ``SELECT ... FROM messages`` works without the
-delta-spark jars.  A view reads the table version current when it was registered:
-call :func:`register_tables` again (or use :func:`run_sql`, which does) to see newer
-commits.
+The tables are Delta tables registered under the database ``sparkmq``
+(:func:`.tables.register_tables`), so plain Spark SQL works on them: ``SELECT ... FROM
+sparkmq.messages``, ``DESCRIBE HISTORY sparkmq.messages``, ``SELECT ... FROM sparkmq.messages
+VERSION AS OF 3``.  :func:`run_sql` (what ``sparkmq sql`` runs) also resolves the short names
+(``FROM messages``): it plans the query with ``sparkmq`` as the current database.  Every query
+reads the table's latest version (Delta resolves it when the query is planned).
 
 Example::
 
@@ -14,48 +15,28 @@ Example::
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from deltalake import DeltaTable
-
 from . import tables
-from .delta_io import read_delta
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["register_tables", "run_sql"]
-
-
-def register_tables(spark: SparkSession, lake_root: str | os.PathLike[str],
-                    names: Iterable[str] | None = None) -> list[str]:
-    """Create or replace a temporary view named after each table of ``names`` (default all) that exists.
-
-    Returns the names of the views registered, in :data:`tables.TABLES` order.  Tables
-    not yet created under ``lake_root`` are skipped (a fresh lake has few), and a view
-    left from an earlier call for such a table is dropped so it cannot show stale data
-    from another lake root.  Each view has the table's spec schema (all columns
-    nullable, see :func:`read_delta`).
-    """
-    wanted = list(tables.TABLES) if names is None else [tables.get_spec(n).name for n in names]
-    registered: list[str] = []
-    for name in wanted:
-        spec = tables.get_spec(name)
-        path = spec.path(lake_root)
-        if not DeltaTable.is_deltatable(path):
-            spark.catalog.dropTempView(name)
-            continue
-        read_delta(spark, path, schema=tables.spark_schema(spec)).createOrReplaceTempView(name)
-        registered.append(name)
-    return registered
+__all__ = ["run_sql"]
 
 
 def run_sql(spark: SparkSession, lake_root: str | os.PathLike[str], query: str) -> DataFrame:
-    """Register every table of ``lake_root`` as a view (refreshing existing views), then run ``query``.
+    """Register the tables of ``lake_root`` as ``sparkmq.<table>`` and plan ``query`` with ``sparkmq`` as the
+    current database (the session's own current database is back when this returns).
 
     >>> run_sql(spark, "/data/lake", "SELECT count(*) AS n FROM message_keys").first().n   # doctest: +SKIP
     12
     """
-    register_tables(spark, lake_root)
-    return spark.sql(query)
+    tables.register_tables(spark, lake_root)
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS {tables.DATABASE}")
+    previous = spark.catalog.currentDatabase()
+    spark.catalog.setCurrentDatabase(tables.DATABASE)
+    try:
+        return spark.sql(query)  # analysed here: the names are resolved before the database is switched back
+    finally:
+        spark.catalog.setCurrentDatabase(previous)

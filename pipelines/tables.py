@@ -1,35 +1,45 @@
-"""Every lake table, named once: its location under the lake root, schema, partitioning.
+"""Every lake table, named once: its location under the lake root, schema, partitioning, catalog name.
 
-A lake is a directory (the *lake root*) holding one Delta table per derived data set.
-Jobs, the SQL views, maintenance and the admin CLI find tables only through this
-module, so a table's schema and place are defined exactly once.
-The one exception is ``consumer_offsets``: the broker writes it and may not import
-``pipelines``, so its schema lives in :mod:`sparkmq.platform.common.lake_tables` and is
-imported here.
+A lake is a directory (the *lake root*) holding one Delta table per derived data set, written and
+read by delta-spark.  Jobs, SQL, maintenance and the admin CLI find tables only through this module,
+so a table's schema and place are defined exactly once.  The one exception is ``consumer_offsets``:
+the broker writes it with delta-rs and may not import ``pipelines``, so its schema lives in
+:mod:`sparkmq.platform.common.lake_tables` and is imported here.
 
 Conventions for every table:
 
-* a table lives in ``<lake_root>/<name>`` (``TableSpec.location == name``);
+* a table lives in ``<lake_root>/<name>`` (``TableSpec.location == name``) and is registered in
+  Spark's catalog as ``sparkmq.<name>`` (:func:`register_tables`), an external table over that path;
+* it is created with :data:`~sparkmq.platform.common.lake_tables.PINNED_PROPERTIES` (Delta protocol
+  reader 1 / writer 2, no deletion vectors, no column mapping), so the broker's delta-rs reads every
+  table and writes ``consumer_offsets``;
 * timestamps are ``timestamp[us, tz=UTC]`` (Spark ``TimestampType``, Delta ``timestamp``);
 * store-side coordinates are ``broker`` (broker name), ``queue_id`` int32,
   ``queue_offset`` / ``commitlog_offset`` int64, as in the wire format;
-* only the tables that grow with traffic are partitioned, by a *date* column: date
-  partition values survive the Hive path encoding that Spark parses (non-ASCII strings
-  would not, see ``delta_io.read_delta``) and let retention drop whole days.
+* only the tables that grow with traffic are partitioned, by a *date* column, so retention can drop
+  whole days;
+* Delta collects file statistics only on the columns readers filter by (``stats_columns``): they
+  are what data skipping uses (by Spark and by the broker's delta-rs lookups: producer msgIds grow with
+  time, so their min/max skip files), and statistics on bodies and properties cost the writer time for
+  nothing;
+* columns whose values rarely repeat (bodies, unique ids, keys: ``plain_columns``) are written without
+  Parquet dictionary encoding, which for them only costs the writer a hash lookup per value before it
+  falls back (a table property Delta hands to the Parquet writer, ``parquet.enable.dictionary#<column>``).
 
 Example::
 
     from sparkmq.pipelines import tables
-    dt = tables.ensure_table("/data/lake", tables.MESSAGES)   # deltalake.DeltaTable
-    tables.table_path("/data/lake", "messages")                # '/data/lake/messages'
+    tables.ensure_table(spark, "/data/lake", tables.MESSAGES)   # 'sparkmq.messages'
+    tables.register_tables(spark, "/data/lake")                  # every table that exists, as sparkmq.<name>
+    spark.table("sparkmq.messages").count()
+    tables.table_path("/data/lake", "messages")                  # '/data/lake/messages'
 """
 from __future__ import annotations
 
-import errno
-import json
+import logging
 import os
-import shutil
-import uuid
+import threading
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -37,24 +47,25 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-from deltalake import DeltaTable, Schema
-from deltalake.exceptions import DeltaError
 
 from sparkmq.platform.common.lake_tables import (
     CONSUMER_OFFSETS_DESCRIPTION,
     CONSUMER_OFFSETS_SCHEMA,
     CONSUMER_OFFSETS_TABLE,
+    PINNED_PROPERTIES,
 )
 
 from .errors import LakeError, SchemaMismatchError, UnknownTableError
 
-if TYPE_CHECKING:  # pyspark is needed only by spark_schema(); keep the import cheap for the CLI
+if TYPE_CHECKING:  # pyspark is needed only by the Spark functions; keep the import cheap for the CLI
+    from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
 
 __all__ = [
     "ALERTS",
     "CONSUMER_OFFSETS",
     "CONSUME_QUEUE",
+    "DATABASE",
     "DEAD_LETTERS",
     "GROUP_STATS",
     "MESSAGES",
@@ -66,9 +77,16 @@ __all__ = [
     "ensure_table",
     "ensure_tables",
     "get_spec",
+    "is_table",
+    "register_tables",
     "spark_schema",
     "table_path",
 ]
+
+log = logging.getLogger(__name__)
+
+#: The catalog database every session the project configures registers the tables under.
+DATABASE = "sparkmq"
 
 # -- table names ------------------------------------------------------------------------
 
@@ -102,10 +120,12 @@ def _opt(name: str, type_: pa.DataType) -> pa.Field:
 
 @dataclass(frozen=True)
 class TableSpec:
-    """One lake table: where it lives under the lake root, its schema and its partitioning.
+    """One lake table: where it lives under the lake root, its schema, partitioning and statistics columns.
 
-    ``schema`` is the Arrow schema writers must produce (delta-rs accepts columns in any
-    order and nullable Arrow fields without nulls, e.g. from ``DataFrame.toArrow()``).
+    ``schema`` is the Arrow schema of the table (the Spark schema is derived from it, :func:`spark_schema`;
+    delta-rs readers on the broker get exactly it).  ``stats_columns``: the columns Delta keeps min/max
+    statistics of (empty: Delta's default, the first 32 columns).  ``plain_columns``: columns written
+    without Parquet dictionary encoding (values that rarely repeat).
     """
 
     name: str
@@ -113,23 +133,50 @@ class TableSpec:
     schema: pa.Schema
     partition_by: tuple[str, ...]
     description: str                  # one line; also the Delta table description
+    stats_columns: tuple[str, ...] = ()
+    plain_columns: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         loc = PurePosixPath(self.location)
         if not self.location or loc.is_absolute() or ".." in loc.parts:
             raise ValueError(f"table {self.name!r}: location must be relative to the lake root, got {self.location!r}")
-        missing = [c for c in self.partition_by if c not in self.schema.names]
+        missing = [c for c in (*self.partition_by, *self.stats_columns, *self.plain_columns)
+                   if c not in self.schema.names]
         if missing:
-            raise ValueError(f"table {self.name!r}: partition columns {missing} are not in the schema")
+            raise ValueError(f"table {self.name!r}: partition, statistics or plain columns {missing} are not in "
+                             "the schema")
 
     def path(self, lake_root: str | os.PathLike[str]) -> str:
         """The table's location under ``lake_root`` (see :func:`table_path`)."""
         return _join(lake_root, self.location)
 
+    @property
+    def qualified_name(self) -> str:
+        """The table's name in Spark's catalog: ``sparkmq.<name>``."""
+        return f"{DATABASE}.{self.name}"
 
-def _spec(name: str, description: str, fields: Iterable[pa.Field], partition_by: tuple[str, ...] = ()) -> TableSpec:
+    @property
+    def properties(self) -> dict[str, str]:
+        """The Delta table properties it is created with: the pinned protocol, statistics and plain columns."""
+        props = dict(PINNED_PROPERTIES)
+        if self.stats_columns:
+            props["delta.dataSkippingStatsColumns"] = ",".join(self.stats_columns)
+        props.update({f"{_NO_DICTIONARY}#{c}": "false" for c in self.plain_columns})
+        return props
+
+
+#: The Parquet writer's per-column switch (Delta passes table properties to the Parquet writer).
+_NO_DICTIONARY = "parquet.enable.dictionary"
+
+
+def _spec(name: str, description: str, fields: Iterable[pa.Field], partition_by: tuple[str, ...] = (),
+          stats_columns: tuple[str, ...] = (), plain_columns: tuple[str, ...] = ()) -> TableSpec:
     return TableSpec(name=name, location=name, schema=pa.schema(list(fields)), partition_by=partition_by,
-                     description=description)
+                     description=description, stats_columns=stats_columns, plain_columns=plain_columns)
+
+
+#: Where a message is: the statistics columns of the tables that hold one row per message.
+_LOCATION_STATS = ("topic", "broker", "queue_id", "queue_offset", "commitlog_offset", "store_ts")
 
 
 # -- the tables -------------------------------------------------------------------------
@@ -145,7 +192,7 @@ _CONSUME_QUEUE = _spec(CONSUME_QUEUE, "one row per stored message: where it is i
     _req("size", pa.int32()),            # the record's size in the commit log, bytes
     _req("tag_hash", pa.int64()),
     _req("store_ts", _TS),
-])
+], stats_columns=_LOCATION_STATS)
 
 _MESSAGES = _spec(MESSAGES, "every stored message in full (the lake tier serves pulls below log retention)", [
     _req("topic", pa.string()),
@@ -169,7 +216,8 @@ _MESSAGES = _spec(MESSAGES, "every stored message in full (the lake tier serves 
     _req("reconsume_times", pa.int32()),
     _req("sys_flag", pa.int32()),
     _req("store_date", pa.date32()),     # UTC date of store_ts; the partition column
-], partition_by=("store_date",))
+], partition_by=("store_date",), stats_columns=(*_LOCATION_STATS, "msg_id"),
+   plain_columns=("msg_id", "offset_msg_id", "keys", "body"))
 
 _MESSAGE_KEYS = _spec(MESSAGE_KEYS, "the index: every message's unique id and each of its keys -> its location", [
     _req("key", pa.string()),
@@ -180,7 +228,7 @@ _MESSAGE_KEYS = _spec(MESSAGE_KEYS, "the index: every message's unique id and ea
     _req("queue_offset", pa.int64()),
     _req("commitlog_offset", pa.int64()),
     _req("store_ts", _TS),
-])
+], stats_columns=("key", "key_type", *_LOCATION_STATS), plain_columns=("key",))
 
 _CONSUMER_OFFSETS = TableSpec(
     name=CONSUMER_OFFSETS, location=CONSUMER_OFFSETS, schema=CONSUMER_OFFSETS_SCHEMA, partition_by=(),
@@ -206,7 +254,9 @@ _MESSAGE_TRACE = _spec(MESSAGE_TRACE, "trace events: send, store, deliver, consu
     _opt("keys", pa.string()),
     _opt("detail", pa.string()),         # free text: error message, transaction state, ...
     _req("event_date", pa.date32()),     # UTC date of event_ts; the partition column
-], partition_by=("event_date",))
+], partition_by=("event_date",),
+   stats_columns=("msg_id", "topic", "event_type", "event_ts", "broker", "queue_id", "queue_offset"),
+   plain_columns=("trace_id", "msg_id"))
 
 _DEAD_LETTERS = _spec(DEAD_LETTERS, "messages moved to a %DLQ% topic after too many failed consumption attempts", [
     _req("group", pa.string()),
@@ -223,7 +273,7 @@ _DEAD_LETTERS = _spec(DEAD_LETTERS, "messages moved to a %DLQ% topic after too m
     _opt("keys", pa.string()),
     _opt("properties", _PROPERTIES),
     _req("body", pa.binary()),
-])
+], plain_columns=("msg_id", "body"))
 
 _TOPIC_STATS = _spec(TOPIC_STATS, "per minute and topic on each broker: messages and bytes in and out, TPS", [
     _req("window_start", _TS),           # minute windows: [window_start, window_start + 60 s)
@@ -311,79 +361,146 @@ def spark_schema(spec: TableSpec | str) -> StructType:
     return from_arrow_schema(spec.schema)
 
 
-# -- creation ---------------------------------------------------------------------------
+# -- creation and the catalog ---------------------------------------------------------------
 
-def _delta_schema_json(schema: pa.Schema) -> dict:
-    return json.loads(Schema.from_arrow(schema).to_json())
+#: Serialises creation and registration in this process (jobs start on several threads).
+_lock = threading.RLock()
+#: What this process registered: (Spark application, table) -> location, so a repeated registration
+#: of the same lake costs no catalog round trip.
+_registered: dict[tuple[str, str], str] = {}
+_CREATE_ATTEMPTS = 5
 
 
-def _check_matches(spec: TableSpec, table: DeltaTable, path: str) -> None:
+def _sql_string(text: str) -> str:
+    """A Spark SQL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _app(spark: SparkSession) -> str:
+    try:
+        return spark.sparkContext.applicationId
+    except Exception:  # Spark Connect has no SparkContext  # noqa: BLE001
+        return str(id(spark))
+
+
+def is_table(spark: SparkSession, path: str) -> bool:
+    """Whether ``path`` holds a Delta table (a local path is checked without Spark: it has ``_delta_log``)."""
+    if "://" not in path or path.startswith("file:"):
+        log_dir = Path(path.removeprefix("file:")) / "_delta_log"
+        return log_dir.is_dir() and any(log_dir.glob("*.json"))
+    from delta.tables import DeltaTable
+
+    return DeltaTable.isDeltaTable(spark, path)
+
+
+def _field_text(field_: object) -> str:
+    return f"{field_.name} {field_.dataType.simpleString()}{'' if field_.nullable else ' NOT NULL'}"  # type: ignore[attr-defined]
+
+
+def _check_matches(spark: SparkSession, spec: TableSpec, path: str) -> None:
     """Raise SchemaMismatchError unless the table at ``path`` has the spec's schema and partitioning."""
-    want, have = _delta_schema_json(spec.schema), json.loads(table.schema().to_json())
-    if want != have:
-        want_f = {f["name"]: f for f in want["fields"]}
-        have_f = {f["name"]: f for f in have["fields"]}
+    from delta.tables import DeltaTable
+
+    table = DeltaTable.forPath(spark, path)
+    want, have = spark_schema(spec), table.toDF().schema
+    if [_field_text(f) for f in want.fields] != [_field_text(f) for f in have.fields]:
+        want_f = {f.name: _field_text(f) for f in want.fields}
+        have_f = {f.name: _field_text(f) for f in have.fields}
         diff = sorted(n for n in want_f.keys() | have_f.keys() if want_f.get(n) != have_f.get(n))
         raise SchemaMismatchError(f"the table at {path} does not have the schema of {spec.name!r} "
                                   f"(columns that differ: {', '.join(diff) or 'order only'}); "
                                   "migrate or move it away before using this lake root")
-    partitions = tuple(table.metadata().partition_columns)
+    partitions = tuple(table.detail().first().partitionColumns)
     if partitions != spec.partition_by:
         raise SchemaMismatchError(f"the table at {path} is partitioned by {list(partitions)}, "
                                   f"but {spec.name!r} is partitioned by {list(spec.partition_by)}")
 
 
-def _create(spec: TableSpec, path: str) -> None:
-    kwargs = {"partition_by": list(spec.partition_by) or None, "name": spec.name, "description": spec.description}
-    if "://" in path:
-        # Object stores have no atomic directory rename; delta-rs's put-if-absent on the
-        # first log entry is the only guard.  A racing creator may still commit a second
-        # CREATE as version 1 (same schema, so harmless); _check_matches catches the rest.
-        DeltaTable.create(path, spec.schema, mode="ignore", **kwargs)
-        return
-    # Local disk: racing DeltaTable.create(mode="ignore") calls were seen to commit the
-    # CREATE twice (versions 0 and 1) or fail with "protocol changed".  Instead build the
-    # table in a private directory and rename it into place: rename(2) is atomic and
-    # fails when the target already holds a table, so exactly one creator wins.
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.parent / f".{target.name}.creating-{uuid.uuid4().hex}"
-    try:
-        DeltaTable.create(str(staging), spec.schema, mode="error", **kwargs)
-        try:
-            os.rename(staging, target)
-        except OSError as exc:
-            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                raise
-            # Lost the race (or the directory holds something else): the caller re-opens.
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+def _create(spark: SparkSession, spec: TableSpec, path: str) -> None:
+    """Create the table at ``path`` (by path: its catalog name is :func:`register_tables`' business)."""
+    from delta.tables import DeltaTable
+
+    builder = (DeltaTable.createIfNotExists(spark).location(path).addColumns(spark_schema(spec))
+               .comment(spec.description))
+    if spec.partition_by:
+        builder = builder.partitionedBy(*spec.partition_by)
+    for key, value in spec.properties.items():
+        builder = builder.property(key, value)
+    builder.execute()
 
 
-def ensure_table(lake_root: str | os.PathLike[str], name: str) -> DeltaTable:
-    """Create table ``name`` under ``lake_root`` if it does not exist; return it opened.
+def ensure_table(spark: SparkSession, lake_root: str | os.PathLike[str], name: str) -> str:
+    """Create table ``name`` under ``lake_root`` with delta-spark if it does not exist, register it under
+    ``sparkmq``; return its catalog name (``sparkmq.<name>``).
 
-    Idempotent and safe under concurrent creators (processes or threads): exactly one
-    CREATE is committed on a local disk.  An existing table must match the spec
-    (schema, nullability, partitioning), else :class:`SchemaMismatchError`.
+    Idempotent, and safe under concurrent creators (threads here, other processes: Delta's log admits one
+    version 0).  An existing table must match the spec (schema, nullability, partitioning), else
+    :class:`SchemaMismatchError`; a directory that is not a Delta table gives :class:`LakeError`.
     """
     spec = get_spec(name)
     path = spec.path(lake_root)
     last_error: Exception | None = None
-    for _ in range(3):
-        if not DeltaTable.is_deltatable(path):
-            try:
-                _create(spec, path)
-            except (DeltaError, OSError) as exc:
-                last_error = exc  # most likely a concurrent creator; re-check below
-        if DeltaTable.is_deltatable(path):
-            table = DeltaTable(path)
-            _check_matches(spec, table, path)
-            return table
-    raise LakeError(f"could not create the table {spec.name!r} at {path}: "
-                    f"{last_error or 'the path exists and is not a Delta table'}")
+    with _lock:
+        for attempt in range(_CREATE_ATTEMPTS):
+            if not is_table(spark, path):
+                if Path(path).is_dir() and any(p.name != "_delta_log" for p in Path(path).iterdir()):
+                    raise LakeError(f"could not create the table {spec.name!r} at {path}: the path exists and is "
+                                    "not a Delta table")
+                try:
+                    _create(spark, spec, path)
+                except Exception as exc:  # most likely a concurrent creator committed version 0 first
+                    last_error = exc
+                    time.sleep(0.05 * (attempt + 1))
+                    continue
+            _check_matches(spark, spec, path)
+            _register(spark, spec, path)
+            return spec.qualified_name
+    raise LakeError(f"could not create the table {spec.name!r} at {path}: {last_error}")
 
 
-def ensure_tables(lake_root: str | os.PathLike[str], names: Iterable[str] | None = None) -> dict[str, DeltaTable]:
-    """:func:`ensure_table` for each of ``names`` (default: every table); returns them by name."""
-    return {name: ensure_table(lake_root, name) for name in (TABLES if names is None else names)}
+def ensure_tables(spark: SparkSession, lake_root: str | os.PathLike[str],
+                  names: Iterable[str] | None = None) -> dict[str, str]:
+    """:func:`ensure_table` for each of ``names`` (default: every table); their catalog names by table."""
+    return {name: ensure_table(spark, lake_root, name) for name in (TABLES if names is None else names)}
+
+
+def _register(spark: SparkSession, spec: TableSpec, path: str) -> None:
+    """``sparkmq.<name>`` as an external table over ``path`` (re-pointed when it named another path)."""
+    key = (_app(spark), spec.name)
+    if _registered.get(key) == path:
+        return
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
+    if spark.catalog.tableExists(spec.qualified_name):
+        # External: DROP TABLE forgets the name and keeps the files.
+        spark.sql(f"DROP TABLE {spec.qualified_name}")
+    spark.sql(f"CREATE TABLE {spec.qualified_name} USING DELTA LOCATION {_sql_string(path)}")
+    _registered[key] = path
+
+
+def register_tables(spark: SparkSession, lake_root: str | os.PathLike[str],
+                    names: Iterable[str] | None = None) -> list[str]:
+    """Register every table of ``names`` (default all) that exists under ``lake_root`` as ``sparkmq.<name>``.
+
+    What a session needs for ``spark.table("sparkmq.messages")``, ``DESCRIBE HISTORY sparkmq.messages`` and
+    time travel.  The catalog is Spark's in-memory one unless the session has Hive support, so every
+    session registers again (this does, cheaply, when the names already point at ``lake_root``).  A table
+    not (yet) created under ``lake_root`` is left unregistered, and a name left from another lake root is
+    dropped, so it cannot show that lake's data.  Returns the table names registered, in
+    :data:`TABLES` order.
+
+    >>> register_tables(spark, "/data/lake")                        # doctest: +SKIP
+    ['consume_queue', 'messages', 'message_keys', 'consumer_offsets']
+    """
+    wanted = list(TABLES) if names is None else [get_spec(n).name for n in names]
+    registered = []
+    with _lock:
+        for name in wanted:
+            spec = get_spec(name)
+            path = spec.path(lake_root)
+            if is_table(spark, path):
+                _register(spark, spec, path)
+                registered.append(name)
+            elif _registered.pop((_app(spark), name), None) is not None or (
+                    spark.catalog.databaseExists(DATABASE) and spark.catalog.tableExists(spec.qualified_name)):
+                spark.sql(f"DROP TABLE IF EXISTS {spec.qualified_name}")
+    return registered

@@ -4,7 +4,7 @@ Brokers store trace events (their own ``store`` / ``deliver`` / ``retry`` / ``dl
 ``transaction`` and the clients' ``send`` / ``consume``) as JSON-lines messages of the trace
 topic (:mod:`sparkmq.platform.common.trace`).  This Structured Streaming query reads that topic
 through the ``sparkmq`` source and, per micro-batch (``foreachBatch``), decodes the bodies and
-appends one row per event with delta-rs.
+appends one row per event with delta-spark.
 
 Packed batches (remoting batch sends, pulls answered with the stored records) reach the trace
 topic as one :class:`~sparkmq.platform.common.trace.TraceBatch` each -- queue, offset range,
@@ -19,13 +19,13 @@ the job read it is logged and its rows are missing, as with ``failOnDataLoss=fal
     query = start_trace_job(spark, "127.0.0.1:9876", "/data/lake", "/data/checkpoints/trace")
     trace_stats(query).last             # DispatchBatch: events written, lag from store to commit
 
-Exactly once, as in :mod:`.dispatch`: each append carries the Delta app transaction
-``(f"trace-{job}", batch_id)``, so a replayed batch adds nothing, and a checkpoint behind the
-table is refused.  A line that is not a trace event is logged, counted and skipped: one bad
+Exactly once, as in :mod:`.dispatch`: each append carries Delta's ``txnAppId = trace-{job}`` and
+``txnVersion = batch_id``, so a replayed batch adds nothing, and a checkpoint behind the table is
+refused.  A line that is not a trace event is logged, counted and skipped: one bad
 message must not stop the table for good.
 
 The lookup by msgId (``GET /trace/{msg_id}``) is :class:`sparkmq.platform.broker.trace.TraceLookup`;
-SQL works on the ``message_trace`` view (:func:`.sql.run_sql`).
+SQL works on ``sparkmq.message_trace`` (:func:`.sql.run_sql`).
 """
 from __future__ import annotations
 
@@ -49,15 +49,15 @@ from sparkmq.platform.common.trace import TraceBatch, TraceEvent, decode_trace
 
 from . import tables
 from .cluster_io import ClusterView, Endpoints, pull_queue_range
-from .delta_io import append_exactly_once
 from .dispatch import (
     DEFAULT_MAX_MESSAGES_PER_TRIGGER,
     DEFAULT_TRIGGER,
     DispatchBatch,
     DispatchStats,
     _endpoint_options,
-    _lag_ms,
+    append_once,
     check_checkpoint,
+    job_name_of,
     with_credentials,
 )
 from .source import FORMAT, register
@@ -74,7 +74,7 @@ __all__ = [
     "expand_batches",
     "start_trace_job",
     "trace_app_id",
-    "trace_arrow",
+    "trace_batch",
     "trace_source_options",
     "trace_stats",
 ]
@@ -336,35 +336,53 @@ def _as_trace_table(columns: Mapping[str, pa.Array], schema: pa.Schema) -> pa.Ta
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def trace_arrow(rows: pa.Table, batch_id: int, lake_root: str | os.PathLike[str], job: str, *,
-                read: RangeReader | None = None) -> DispatchBatch:
+def _lags(store_ms: np.ndarray, now_s: float) -> tuple[float | None, float | None, float | None]:
+    """Max, p50 and p99 of ``now - store time`` in ms over store times in epoch ms (Nones when empty)."""
+    if store_ms.size == 0:
+        return None, None, None
+    lag = now_s * 1000.0 - store_ms.astype(np.float64)
+    p50, p99 = np.percentile(lag, [50, 99])
+    return float(lag.max()), float(p50), float(p99)
+
+
+def trace_rows(rows: pa.Table, *, read: RangeReader | None = None, where: str = "trace") -> pa.Table:
+    """The ``message_trace`` rows of trace-topic messages (a table with their ``body`` column).
+
+    ``read`` fetches the messages of batch records (:class:`BrokerRangeReader`); batch records
+    without one are INVALID_ARGUMENT (they cannot become rows).  Lines that are not trace events
+    are logged (``where`` names the batch) and skipped.
+    """
+    events, batches, bad = decode_bodies(rows.column("body").to_pylist())
+    if bad:
+        log.warning("%s: skipped %d lines that are not trace events", where, bad)
+    table = events_table(events)
+    if batches:
+        if read is None:
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"{where}: {len(batches)} batch records need a reader "
+                                                           "of the brokers' queues")
+        table = pa.concat_tables([table, expand_batches(batches, read)])
+    return table
+
+
+def trace_batch(spark: SparkSession, rows: pa.Table, batch_id: int, lake_root: str | os.PathLike[str], job: str,
+                *, read: RangeReader | None = None) -> DispatchBatch:
     """Write one micro-batch (source rows with ``body`` and ``store_timestamp``) once per ``(job, batch_id)``.
 
-    The body of the job's ``foreachBatch``; public so a batch can be re-run (it then writes
-    nothing).  ``read`` fetches the messages of batch records (:class:`BrokerRangeReader`);
-    batch records without one are INVALID_ARGUMENT (they cannot become rows).
+    The body of the job's ``foreachBatch``; public so a batch can be re-run (Delta then skips it).
+    The rows are decoded here (:func:`trace_rows`) and appended with delta-spark.
     """
     begin = time.time()
-    written = False
     count = 0
     if rows.num_rows:
-        events, batches, bad = decode_bodies(rows.column("body").to_pylist())
-        if bad:
-            log.warning("trace %s batch %d: skipped %d lines that are not trace events", job, batch_id, bad)
-        table = events_table(events)
-        if batches:
-            if read is None:
-                raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"trace {job} batch {batch_id}: {len(batches)} batch "
-                                                               "records need a reader of the brokers' queues")
-            table = pa.concat_tables([table, expand_batches(batches, read)])
+        table = trace_rows(rows, read=read, where=f"trace {job} batch {batch_id}")
         count = table.num_rows
         if count:
-            written = append_exactly_once(tables.table_path(lake_root, tables.MESSAGE_TRACE), table,
-                                          app_id=trace_app_id(job), version=batch_id)
+            frame = spark.createDataFrame(table, schema=tables.spark_schema(tables.MESSAGE_TRACE))
+            append_once(frame, lake_root, tables.MESSAGE_TRACE, trace_app_id(job), batch_id)
     committed = time.time()
-    lag_max, lag_p50, lag_p99 = _lag_ms(rows.column("store_timestamp"), committed)
-    return DispatchBatch(batch_id, count, {tables.MESSAGE_TRACE: written}, lag_max, lag_p50, lag_p99, committed,
-                         committed - begin)
+    store_ms = pc.cast(rows.column("store_timestamp"), _TS).cast(pa.int64()).to_numpy(zero_copy_only=False) / 1000
+    lag_max, lag_p50, lag_p99 = _lags(store_ms, committed)
+    return DispatchBatch(batch_id, count, lag_max, lag_p50, lag_p99, committed, committed - begin)
 
 
 def trace_source_options(namesrv_or_brokers: str | Mapping[str, str],
@@ -398,10 +416,10 @@ def start_trace_job(spark: SparkSession, namesrv_or_brokers: str | Mapping[str, 
     source_options = with_credentials(trace_source_options(namesrv_or_brokers, max_messages_per_trigger),
                                       credentials)
     _, endpoints = _endpoint_options(namesrv_or_brokers)
-    job = job_name or (endpoints.brokers[0][0] if len(endpoints.brokers) == 1 else "cluster")
+    job = job_name_of(namesrv_or_brokers, job_name)
     lake_root = os.fspath(lake_root)
     checkpoint = os.fspath(checkpoint_dir)
-    tables.ensure_table(lake_root, tables.MESSAGE_TRACE)
+    tables.ensure_table(spark, lake_root, tables.MESSAGE_TRACE)
     _check_checkpoint(checkpoint, lake_root, job)
     register(spark)
     stats = DispatchStats(job)
@@ -409,7 +427,7 @@ def start_trace_job(spark: SparkSession, namesrv_or_brokers: str | Mapping[str, 
     def run_batch(df: DataFrame, batch_id: int) -> None:
         reader = BrokerRangeReader(endpoints, credentials=credentials)
         try:
-            result = trace_arrow(df.select("body", "store_timestamp").toArrow(), batch_id, lake_root, job,
+            result = trace_batch(spark, df.select("body", "store_timestamp").toArrow(), batch_id, lake_root, job,
                                  read=reader)
         except BaseException as exc:
             stats.fail(exc)

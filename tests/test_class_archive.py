@@ -57,3 +57,22 @@ def test_the_sessions_jvm_maps_the_environments_archive(spark) -> None:
         pytest.skip("this environment has no class-data archive (python3 build.py setup builds it)")
     jvm = spark.sparkContext._gateway.proc.pid
     assert str(archive) in Path(f"/proc/{jvm}/maps").read_text()
+
+
+def test_the_name_follows_the_delta_jars_not_their_folder(archive_dir: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Delta classes are archived too: other Delta jars mean another archive; the same jars elsewhere
+    (a copied folder named by SPARKMQ_JARS_DELTA) are the same classes, the same archive."""
+    import shutil
+
+    from sparkmq.platform.common import jars
+
+    here = class_archive.archive_path()
+    copy = tmp_path / "delta-copy"
+    copy.mkdir()
+    for jar in jars.jars("delta"):
+        shutil.copy(jar, copy / jar.name)
+    monkeypatch.setenv("SPARKMQ_JARS_DELTA", str(copy))
+    assert class_archive.archive_path() == here
+    (copy / "extra-1.0.jar").write_bytes(b"PK")
+    assert class_archive.archive_path() not in (None, here)

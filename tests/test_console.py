@@ -52,6 +52,7 @@ import httpx
 import pyarrow as pa
 import pytest
 
+from lake_rows import append_rows
 from procs import (
     BROKER,
     NAMESRV,
@@ -64,7 +65,6 @@ from procs import (
     write_conf,
 )
 from sparkmq.pipelines import tables
-from sparkmq.pipelines.delta_io import append_exactly_once
 from sparkmq.platform.auth import Credentials
 from sparkmq.platform.client import ClientConfig, Message, Producer
 from sparkmq.platform.client.admin import AdminClient
@@ -656,7 +656,7 @@ def sparkmq_cli(c: Cluster, *args: str, expect: int = 0) -> str:
 
 # -- charts from the report tables --------------------------------------------------------------------------------
 
-def test_the_longer_chart_ranges_draw_the_report_tables(cluster: Cluster, page: Any) -> None:
+def test_the_longer_chart_ranges_draw_the_report_tables(cluster: Cluster, page: Any, spark: Any) -> None:
     topic, group = "ConsoleReport", "console-report"
     create_topic(cluster, topic)
     now = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0)
@@ -664,15 +664,16 @@ def test_the_longer_chart_ranges_draw_the_report_tables(cluster: Cluster, page: 
     # Rows as the report job writes them; one of another broker sharing the lake, which is not this one's.
     topic_rows = [(ago[200], "broker-a", 600), (ago[150], "broker-a", 120), (ago[100], "broker-a", 60),
                   (ago[150], "broker-z", 999), (ago[2 * 24 * 60], "broker-a", 6)]
-    tables.ensure_tables(cluster.lake, [tables.TOPIC_STATS, tables.GROUP_STATS])  # the lake may not have reported
-    append_exactly_once(tables.table_path(cluster.lake, tables.TOPIC_STATS), pa_table(tables.TOPIC_STATS, [
+    # (written with delta-spark like the report job's rows; the lake may not have reported yet)
+    append_rows(spark, cluster.lake, tables.TOPIC_STATS, pa_table(tables.TOPIC_STATS, [
         {"window_start": w, "topic": topic, "broker": b, "messages_in": n, "bytes_in": n, "messages_out": n // 2,
-         "bytes_out": n // 2, "tps_in": n / 60, "tps_out": n / 120} for w, b, n in topic_rows]), "console-test", 1)
+         "bytes_out": n // 2, "tps_in": n / 60, "tps_out": n / 120} for w, b, n in topic_rows]), 1,
+        app_id="console-test")
     group_rows = [(ago[200], q, 40 + q) for q in (0, 1)] + [(ago[100], q, 10 + q) for q in (0, 1)]
-    append_exactly_once(tables.table_path(cluster.lake, tables.GROUP_STATS), pa_table(tables.GROUP_STATS, [
+    append_rows(spark, cluster.lake, tables.GROUP_STATS, pa_table(tables.GROUP_STATS, [
         {"window_start": w, "group": group, "topic": topic, "broker": "broker-a", "queue_id": q, "messages_in": 0,
          "messages_out": 30, "bytes_out": 30, "tps_out": 0.5, "committed_offset": 0, "max_offset": lag, "lag": lag}
-        for w, q, lag in group_rows]), "console-test", 2)
+        for w, q, lag in group_rows]), 2, app_id="console-test")
 
     # The admin API: this broker's rows of the topic, one point per minute window over 6 hours.
     minutes = [int(ago[m].timestamp()) for m in (200, 150, 100)]

@@ -16,6 +16,7 @@ import datetime as dt
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pyarrow as pa
@@ -23,10 +24,10 @@ import pytest
 from test_broker_app import SMALL_STORE, ThreadServer, error, ok
 from test_broker_features import fresh
 
+from lake_rows import append_rows
 from sparkmq.api.acl import ROUTE_NEEDS
 from sparkmq.api.broker_main import BrokerService
 from sparkmq.pipelines import tables
-from sparkmq.pipelines.delta_io import append_exactly_once
 from sparkmq.pipelines.lake_service import LakeSettings
 from sparkmq.pipelines.reports import read_report_series
 from sparkmq.platform.auth import Action, Resource
@@ -175,33 +176,32 @@ def _minute(ago: int) -> dt.datetime:
 _batch = itertools.count(1)
 
 
-def write_topic_stats(lake: Path, rows: list[tuple[dt.datetime, str, str, int, int]]) -> None:
-    """``(window, topic, broker, messages_in, messages_out)`` rows, as the report job writes them."""
-    tables.ensure_table(lake, tables.TOPIC_STATS)
+def write_topic_stats(spark: Any, lake: Path, rows: list[tuple[dt.datetime, str, str, int, int]]) -> None:
+    """``(window, topic, broker, messages_in, messages_out)`` rows, as the report job writes them (delta-spark)."""
     data = pa.Table.from_pylist([{"window_start": w, "topic": t, "broker": b, "messages_in": i, "bytes_in": 100 * i,
                                   "messages_out": o, "bytes_out": 100 * o, "tps_in": i / 60, "tps_out": o / 60}
                                  for w, t, b, i, o in rows], schema=tables.get_spec(tables.TOPIC_STATS).schema)
-    append_exactly_once(tables.table_path(lake, tables.TOPIC_STATS), data, "console-admin-test", next(_batch))
+    append_rows(spark, lake, tables.TOPIC_STATS, data, next(_batch), app_id="console-admin-test")
 
 
-def write_group_stats(lake: Path, rows: list[tuple[dt.datetime, str, str, int, int, int]]) -> None:
-    """``(window, group, broker, queue_id, messages_out, lag)`` rows of topic "T"."""
-    tables.ensure_table(lake, tables.GROUP_STATS)
+def write_group_stats(spark: Any, lake: Path, rows: list[tuple[dt.datetime, str, str, int, int, int]]) -> None:
+    """``(window, group, broker, queue_id, messages_out, lag)`` rows of topic "T" (delta-spark)."""
     data = pa.Table.from_pylist([{"window_start": w, "group": g, "topic": "T", "broker": b, "queue_id": q,
                                   "messages_in": 1, "messages_out": o, "bytes_out": o, "tps_out": o / 60,
                                   "committed_offset": 0, "max_offset": lag, "lag": lag}
                                  for w, g, b, q, o, lag in rows], schema=tables.get_spec(tables.GROUP_STATS).schema)
-    append_exactly_once(tables.table_path(lake, tables.GROUP_STATS), data, "console-admin-test", next(_batch))
+    append_rows(spark, lake, tables.GROUP_STATS, data, next(_batch), app_id="console-admin-test")
 
 
-def test_report_reads_bucket_this_brokers_rows_of_one_topic_or_group(server: ThreadServer,
-                                                                       http: httpx.Client) -> None:
+@pytest.mark.spark
+def test_report_reads_bucket_this_brokers_rows_of_one_topic_or_group(server: ThreadServer, http: httpx.Client,
+                                                                       spark: Any) -> None:
     lake = server.broker.config.data_dir / "lake"
     name, topic, group = server.broker.name, fresh("Report"), fresh("report")
     # Nothing written yet for them: no points, not an error.
     assert ok(http.get(f"/reports/topics/{topic}", params={"range": "1h"}))["points"] == []
     w = {ago: _minute(ago) for ago in (3, 4, 9, 30, 200, 2000)}
-    write_topic_stats(lake, [(w[3], topic, name, 60, 30), (w[4], topic, name, 120, 0), (w[9], topic, name, 6, 6),
+    write_topic_stats(spark, lake, [(w[3], topic, name, 60, 30), (w[4], topic, name, 120, 0), (w[9], topic, name, 6, 6),
                              (w[200], topic, name, 600, 0), (w[3], topic, "broker-other", 999, 999),
                              (w[3], fresh("Else"), name, 5, 5), (w[2000], topic, name, 1, 1)])
     hour = ok(http.get(f"/reports/topics/{topic}", params={"range": "1h"}))
@@ -220,7 +220,7 @@ def test_report_reads_bucket_this_brokers_rows_of_one_topic_or_group(server: Thr
     assert sum(p["messages_in"] for p in week["points"]) == 60 + 120 + 6 + 600 + 1
 
     # A group: consumed summed over queues, lag of the bucket's last window.
-    write_group_stats(lake, [(w[30], group, name, 0, 60, 10), (w[30], group, name, 1, 60, 5),
+    write_group_stats(spark, lake, [(w[30], group, name, 0, 60, 10), (w[30], group, name, 1, 60, 5),
                              (w[4], group, name, 0, 6, 1), (w[4], group, name, 1, 6, 2),
                              (w[4], group, "broker-other", 0, 600, 700)])
     points = ok(http.get(f"/reports/groups/{group}", params={"range": "6h"}))["points"]
@@ -233,9 +233,10 @@ def test_report_reads_bucket_this_brokers_rows_of_one_topic_or_group(server: Thr
     error(http.get("/reports/groups/bad%20name", params={"range": "1h"}), 400, "GROUP_ILLEGAL")
 
 
-def test_read_report_series_caps_the_rows_it_scans(tmp_path: Path) -> None:
+@pytest.mark.spark
+def test_read_report_series_caps_the_rows_it_scans(spark: Any, tmp_path: Path) -> None:
     lake = tmp_path / "lake"
-    write_topic_stats(lake, [(_minute(m), "Capped", "b", 1, 0) for m in range(1, 11)])
+    write_topic_stats(spark, lake, [(_minute(m), "Capped", "b", 1, 0) for m in range(1, 11)])
     full = read_report_series(lake, "topic", "Capped", "1h", broker="b")
     assert len(full.points) == 10 and not full.truncated
     capped = read_report_series(lake, "topic", "Capped", "1h", broker="b", max_rows=4)

@@ -1,7 +1,8 @@
-"""The dispatch job: every stored message exactly once in consume_queue, messages and message_keys.
+"""The dispatch job: every stored message exactly once in messages, consume_queue and message_keys.
 
-Real name server + two brokers (module-scoped, from test_lake_source), the shared SparkSession.
-Expected rows come from plain JSON pulls of every dispatched topic at check time.
+Real name server + two brokers (module-scoped, from test_lake_source), the shared SparkSession; the
+tables are written by delta-spark and read through the catalog (``sparkmq.<table>``).  Expected rows
+come from plain JSON pulls of every dispatched topic at check time.
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import test_lake_source as lake_source
@@ -19,19 +21,16 @@ from pyspark.sql.types import StructField, StructType
 from test_lake_source import BROKERS, Cluster, pull_all, send, wait_until
 
 from sparkmq.pipelines import tables
-from sparkmq.pipelines.delta_io import read_delta
 from sparkmq.pipelines.dispatch import (
     DISPATCH_PATTERN,
     DISPATCH_TABLES,
     dispatch_app_id,
-    dispatch_arrow,
     dispatch_source_options,
     dispatch_stats,
     start_dispatch,
+    write_batch,
 )
-from sparkmq.pipelines.dispatch_writer import group_ranges
 from sparkmq.pipelines.errors import LakeError
-from sparkmq.pipelines.source import QueueRange
 from sparkmq.platform.client import TopicRouteInfo
 from sparkmq.platform.common.codec import tag_hash
 from sparkmq.platform.common.system_topics import SCHEDULE_TOPIC, TRACE_TOPIC
@@ -50,13 +49,14 @@ def stored(c: Cluster) -> list:
 
 
 def table(spark: SparkSession, lake: Path, name: str, columns: list[str]) -> DataFrame:
-    return read_delta(spark, tables.table_path(lake, name)).select(*columns).orderBy(*columns)
+    """The table of ``lake`` through the catalog (re-pointed at this lake first)."""
+    tables.register_tables(spark, lake, [name])
+    return spark.table(f"sparkmq.{name}").select(*columns).orderBy(*columns)
 
 
 def expected(spark: SparkSession, name: str, columns: list[str], rows: list[tuple]) -> DataFrame:
     spec = tables.spark_schema(name)
-    # read_delta relaxes nullability (Spark file sources do); compare the same way.
-    schema = StructType([StructField(c, spec[c].dataType, True) for c in columns])
+    schema = StructType([StructField(c, spec[c].dataType, spec[c].nullable) for c in columns])
     return spark.createDataFrame(sorted(rows), schema).orderBy(*columns)
 
 
@@ -68,17 +68,17 @@ def assert_lake_has_each_message_once(spark: SparkSession, lake: Path, messages:
         table(spark, lake, tables.CONSUME_QUEUE, cq_cols),
         expected(spark, tables.CONSUME_QUEUE, cq_cols, [
             (m.topic, m.broker_name, m.queue_id, m.queue_offset, m.commitlog_offset, m.store_size, tag_hash(m.tags))
-            for m in messages]))
+            for m in messages]), ignore_nullable=True)
 
     ms_cols = ["topic", "broker", "queue_id", "queue_offset", "msg_id", "offset_msg_id", "tags", "keys"]
     assert_df_equality(
         table(spark, lake, tables.MESSAGES, ms_cols),
         expected(spark, tables.MESSAGES, ms_cols, [
             (m.topic, m.broker_name, m.queue_id, m.queue_offset, m.msg_id, m.offset_msg_id, m.tags,
-             " ".join(m.keys) or None) for m in messages]))
+             " ".join(m.keys) or None) for m in messages]), ignore_nullable=True)
     # Bodies as stored: compressed ones stay compressed (the lake tier serves them byte for byte).
     by_id = {m.msg_id: m for m in messages}
-    bodies = read_delta(spark, tables.table_path(lake, tables.MESSAGES)).select("msg_id", "body", "sys_flag").collect()
+    bodies = spark.table("sparkmq.messages").select("msg_id", "body", "sys_flag").collect()
     for row in bodies:
         body = zlib.decompress(row.body) if row.sys_flag & 1 else row.body
         assert body == by_id[row.msg_id].body
@@ -88,7 +88,7 @@ def assert_lake_has_each_message_once(spark: SparkSession, lake: Path, messages:
     keys = [(m.msg_id, "msg_id", m.topic, m.broker_name, m.queue_id, m.queue_offset) for m in messages]
     keys += [(k, "key", m.topic, m.broker_name, m.queue_id, m.queue_offset) for m in messages for k in m.keys]
     assert_df_equality(table(spark, lake, tables.MESSAGE_KEYS, mk_cols),
-                       expected(spark, tables.MESSAGE_KEYS, mk_cols, keys))
+                       expected(spark, tables.MESSAGE_KEYS, mk_cols, keys), ignore_nullable=True)
 
 
 @pytest.mark.cluster
@@ -113,12 +113,15 @@ def test_dispatch_writes_every_message_once_and_replays_nothing(sq: SparkSession
     stats = dispatch_stats(query)
     assert stats is not None and stats.job == "cluster" and stats.rows == 32 and stats.batches >= 3
     last = [b for b in stats.history if b.rows][-1]
-    assert all(last.written.values())
     assert last.lag_ms_max is not None and 0 <= last.lag_ms_p50 <= last.lag_ms_p99 <= last.lag_ms_max
     assert_lake_has_each_message_once(sq, lake, stored(cluster))
-    dead = read_delta(sq, tables.table_path(lake, tables.MESSAGES)).where("topic = '%DLQ%ab1'").collect()
+    dead = sq.table("sparkmq.messages").where("topic = '%DLQ%ab1'").collect()
     assert sorted(r.msg_id for r in dead) == sorted(r.msg_id for _, r in sent[:2])
     assert all(r.properties["DLQ_ORIGIN_TOPIC"] == "lake-d1" for r in dead)
+    # delta-spark wrote them at the pinned protocol, so the broker's delta-rs reads them (the lake tier).
+    for name in DISPATCH_TABLES:
+        protocol = DeltaTable(tables.table_path(lake, name)).protocol()
+        assert (protocol.min_reader_version, protocol.min_writer_version) == (1, 2), name
 
     send(cluster, "lake-d1", 8, start=100)
     again = start_dispatch(sq, cluster.namesrv.addr, lake, ck, {"availableNow": True}, max_messages_per_trigger=12)
@@ -126,16 +129,15 @@ def test_dispatch_writes_every_message_once_and_replays_nothing(sq: SparkSession
     assert dispatch_stats(again).rows == 8
     assert_lake_has_each_message_once(sq, lake, stored(cluster))
 
-    # Re-running a batch id that is already in the tables writes nothing.
+    # Re-running a batch id that is already in the tables writes nothing (Delta's txnAppId/txnVersion).
     versions = {t: DeltaTable(tables.table_path(lake, t)).version() for t in DISPATCH_TABLES}
     done = DeltaTable(tables.table_path(lake, tables.MESSAGES)).transaction_version(
         dispatch_app_id("cluster", tables.MESSAGES))
     reader = sq.read.format("sparkmq")
     for key, value in dispatch_source_options(cluster.namesrv.addr, None).items():
         reader = reader.option(key, value)
-    rows = reader.load().toArrow()
-    replay = dispatch_arrow(rows, done, lake, "cluster")
-    assert not any(replay.written.values())
+    replay = write_batch(reader.load(), done, lake, "cluster")
+    assert replay.rows == len(stored(cluster))
     assert {t: DeltaTable(tables.table_path(lake, t)).version() for t in DISPATCH_TABLES} == versions
     assert_lake_has_each_message_once(sq, lake, stored(cluster))
 
@@ -200,6 +202,52 @@ def test_dispatch_survives_a_broker_killed_mid_batch(sq: SparkSession, cluster: 
     assert_lake_has_each_message_once(sq, lake, stored(cluster))
 
 
+@pytest.mark.cluster
+def test_a_stream_over_sparkmq_messages_sees_every_message_once(sq: SparkSession, cluster: Cluster,
+                                                               tmp_path: Path) -> None:
+    """A user's ``spark.readStream.table("sparkmq.messages")`` into a Delta sink while dispatch commits batch
+    after batch: stopped halfway, the table compacted (OPTIMIZE) meanwhile, restarted from its checkpoint --
+    every message of the topic reaches the sink exactly once."""
+    from sparkmq.pipelines.maintenance import maintain
+
+    cluster.create_topic("lake-s1")
+    send(cluster, "lake-s1", 30)
+    lake, out = tmp_path / "lake", str(tmp_path / "subscriber")
+    dispatch = start_dispatch(sq, cluster.namesrv.addr, lake, str(tmp_path / "ck"),
+                              {"processingTime": "200 milliseconds"}, max_messages_per_trigger=10)
+
+    def subscribe() -> Any:
+        tables.register_tables(sq, lake, [tables.MESSAGES])
+        return (sq.readStream.table("sparkmq.messages").where("topic = 'lake-s1'")
+                .select("broker", "queue_id", "queue_offset", "msg_id").writeStream.format("delta")
+                .option("checkpointLocation", str(tmp_path / "subscriber-ck"))
+                .trigger(processingTime="300 milliseconds").start(out))
+
+    def received() -> list[tuple]:
+        try:
+            return [tuple(r) for r in sq.read.format("delta").load(out).collect()]
+        except Exception:  # noqa: BLE001 -- the sink has not committed yet
+            return []
+
+    try:
+        wait_until(lambda: dispatch_stats(dispatch).rows >= 10, 180, "a dispatched batch")
+        subscriber = subscribe()
+        wait_until(lambda: received(), 180, "the subscriber's first rows")
+        subscriber.stop()
+        maintain(sq, tables.table_path(lake, tables.MESSAGES), vacuum_retention_hours=None)   # OPTIMIZE only
+        send(cluster, "lake-s1", 12, start=100)
+        subscriber = subscribe()
+        expected = sorted((m.broker_name, m.queue_id, m.queue_offset, m.msg_id) for m in pull_all(cluster, "lake-s1"))
+        assert len(expected) == 42
+        wait_until(lambda: len(received()) >= len(expected), 240, "every message at the subscriber")
+        time.sleep(1.0)   # a duplicate would have its chance
+        assert subscriber.exception() is None
+        subscriber.stop()
+    finally:
+        dispatch.stop()
+    assert sorted(received()) == expected
+
+
 def test_dispatch_topic_selection() -> None:
     """User, retry and DLQ topics are dispatched; the broker's bookkeeping and the trace topic are not."""
     for topic in ("orders", "%RETRY%cg", "%DLQ%cg", "TBW102x"):
@@ -209,18 +257,14 @@ def test_dispatch_topic_selection() -> None:
         assert not re.fullmatch(DISPATCH_PATTERN, topic), topic
 
 
-def test_check_checkpoint_refuses_a_checkpoint_behind_any_of_its_tables(tmp_path: Path) -> None:
+def test_check_checkpoint_refuses_a_checkpoint_behind_any_of_its_tables(spark: SparkSession, tmp_path: Path) -> None:
     """The guard every job (dispatch, trace, dlq) runs before starting from a checkpoint."""
-    import pyarrow as pa
-
-    from sparkmq.pipelines.delta_io import append_exactly_once
-    from sparkmq.pipelines.dispatch import check_checkpoint
+    from sparkmq.pipelines.dispatch import append_once, check_checkpoint
 
     lake = tmp_path / "lake"
-    tables.ensure_tables(lake, [tables.DEAD_LETTERS])
-    spec = tables.get_spec(tables.DEAD_LETTERS)
-    empty = pa.Table.from_pylist([], schema=spec.schema)
-    append_exactly_once(tables.table_path(lake, tables.DEAD_LETTERS), empty, "dlq-a", 3)
+    tables.ensure_tables(spark, lake, [tables.DEAD_LETTERS])
+    empty = spark.createDataFrame([], tables.spark_schema(tables.DEAD_LETTERS))
+    append_once(empty, lake, tables.DEAD_LETTERS, "dlq-a", 3)
     checkpoint = tmp_path / "ckpt"
     with pytest.raises(LakeError, match="only reaches batch -1"):  # a lost checkpoint over written tables
         check_checkpoint(str(checkpoint), lake, {tables.DEAD_LETTERS: "dlq-a"})
@@ -233,16 +277,3 @@ def test_check_checkpoint_refuses_a_checkpoint_behind_any_of_its_tables(tmp_path
     for batch in range(2, 5):
         (checkpoint / "offsets" / str(batch)).write_text("{}")
     check_checkpoint(str(checkpoint), lake, {tables.DEAD_LETTERS: "dlq-a"})
-
-
-def test_dispatch_tasks_share_the_ranges_evenly() -> None:
-    """group_ranges: every range in exactly one task, at most ``tasks`` tasks, sizes within the largest range."""
-    ranges = [QueueRange("t", "b", q, "h:1", 0, size) for q, size in enumerate([500, 20, 300, 300, 10, 170, 700])]
-    for tasks in (1, 2, 3, 10):
-        planned = group_ranges(ranges, tasks)
-        assert len(planned) == min(tasks, len(ranges))
-        assert sorted((r for t in planned for r in t.ranges), key=lambda r: r.queue_id) == ranges
-        loads = [t.messages for t in planned]
-        assert max(loads) - min(loads) <= 700
-    assert group_ranges(ranges, 2) == group_ranges(list(reversed(ranges)), 2)   # deterministic
-    assert group_ranges([], 2) == []

@@ -1,25 +1,20 @@
-"""Message query over the index tables with delta-rs: by key, by unique id, by time range."""
+"""Message query over the index tables with delta-rs (the broker, no Spark) over tables delta-spark wrote: by key,
+by unique id, by time range."""
 from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 
+from lake_rows import append_rows
 from sparkmq.pipelines import tables
-from sparkmq.pipelines.delta_io import append_exactly_once
 from sparkmq.platform.broker.lake_index import LakeIndex
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 
+pytestmark = pytest.mark.spark
+
 BASE_MS = 1_800_000_000_000
-
-
-def _write_keys(lake: Path, rows: list[dict], version: int) -> None:
-    spec = tables.get_spec(tables.MESSAGE_KEYS)
-    tables.ensure_table(lake, tables.MESSAGE_KEYS)
-    data = pa.Table.from_pylist([{f.name: r[f.name] for f in spec.schema} for r in rows], schema=spec.schema)
-    append_exactly_once(tables.table_path(lake, tables.MESSAGE_KEYS), data, "test", version)
 
 
 def _rows(topic: str, offset: int, msg_id: str, keys: list[str], store_ms: int) -> list[dict]:
@@ -29,13 +24,13 @@ def _rows(topic: str, offset: int, msg_id: str, keys: list[str], store_ms: int) 
 
 
 @pytest.fixture
-def index(tmp_path: Path) -> LakeIndex:
+def index(spark, tmp_path: Path) -> LakeIndex:
     rows = []
     for i in range(10):
         rows += _rows("Orders", i, f"ID{i}", [f"order-{i % 3}", "all"], BASE_MS + 1000 * i)
     rows += _rows("Pay", 0, "PAY0", ["order-0"], BASE_MS)
-    _write_keys(tmp_path, rows[:15], 0)  # two commits, as the dispatch job makes them
-    _write_keys(tmp_path, rows[15:], 1)
+    append_rows(spark, tmp_path, tables.MESSAGE_KEYS, rows[:15], 0)  # two commits, as the dispatch job makes them
+    append_rows(spark, tmp_path, tables.MESSAGE_KEYS, rows[15:], 1)
     return LakeIndex(tmp_path)
 
 

@@ -1,8 +1,9 @@
 """pipelines.reports and pipelines.alerts: per-minute topic_stats / group_stats, alert rules, webhook, /alerts.
 
-The load is written straight into ``consume_queue`` (the dispatch job's table) with
-``append_exactly_once``, so every count is known exactly; committed offsets come from an
-injected source, and once from a real broker process (``POST /consumers/{group}/offsets``).
+The load is written straight into ``consume_queue`` (the dispatch job's table) with delta-spark, so every
+count is known exactly; committed offsets come from an injected source, and once from a real broker
+process (``POST /consumers/{group}/offsets``).  The reports are read back with delta-rs, as the broker's
+``GET /reports`` and ``GET /alerts`` read them.
 """
 from __future__ import annotations
 
@@ -18,14 +19,14 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from lake_rows import append_rows
 from procs import ProcessHarness, wait_until
 from sparkmq.pipelines import tables
 from sparkmq.pipelines.alerts import AlertConfig, AlertEngine, AlertRule, open_alerts
-from sparkmq.pipelines.delta_io import append_exactly_once, snapshot
 from sparkmq.pipelines.reports import QueueSample, Reporter, offsets_source, report_app_id, run_report
 from sparkmq.platform.client import BrokerClient
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 
 UTC = dt.UTC
 MIN = dt.timedelta(minutes=1)
@@ -46,8 +47,8 @@ def run_time(window: int) -> dt.datetime:
 _batch = iter(range(1, 1_000_000))
 
 
-def store(lake: Path, topic: str, broker: str, queue_id: int, offsets: Iterable[int], ts: Iterable[dt.datetime],
-          size: Any = 100) -> int:
+def store(spark: Any, lake: Path, topic: str, broker: str, queue_id: int, offsets: Iterable[int],
+          ts: Iterable[dt.datetime], size: Any = 100) -> int:
     """Append consume_queue rows (one dispatch-like batch); ``size``: an int or a function of the offset."""
     offsets, ts = list(offsets), list(ts)
     sizes = [size(o) if callable(size) else size for o in offsets]
@@ -55,8 +56,7 @@ def store(lake: Path, topic: str, broker: str, queue_id: int, offsets: Iterable[
         "topic": [topic] * len(offsets), "broker": [broker] * len(offsets), "queue_id": [queue_id] * len(offsets),
         "queue_offset": offsets, "commitlog_offset": [o * 1000 for o in offsets], "size": sizes,
         "tag_hash": [0] * len(offsets), "store_ts": ts}, schema=tables.get_spec(tables.CONSUME_QUEUE).schema)
-    tables.ensure_table(lake, tables.CONSUME_QUEUE)
-    append_exactly_once(tables.table_path(lake, tables.CONSUME_QUEUE), data, "test-load", next(_batch))
+    append_rows(spark, lake, tables.CONSUME_QUEUE, data, next(_batch), app_id="test-load")
     return sum(sizes)
 
 
@@ -95,25 +95,18 @@ class FakeOffsets:
 
 # -- topic_stats from a known load --------------------------------------------------------------------
 
-@pytest.fixture(params=["arrow", pytest.param("spark", marks=pytest.mark.spark)])
-def engine(request: pytest.FixtureRequest) -> Any:
-    """None (pyarrow over delta-rs) or the shared SparkSession: both paths must give the same rows."""
-    return request.getfixturevalue("spark") if request.param == "spark" else None
-
-
-def test_topic_stats_match_a_known_load(tmp_path: Path, engine: Any) -> None:
+def test_topic_stats_match_a_known_load(spark: Any, tmp_path: Path) -> None:
     lake = tmp_path / "lake"
-    b_a0 = store(lake, "orders", "broker-a", 0, range(50), spread(0, 50), size=100)
-    b_a1 = store(lake, "orders", "broker-a", 1, range(70), spread(0, 70), size=lambda o: 200 + o)
-    b_b0 = store(lake, "orders", "broker-b", 0, range(30), spread(0, 30), size=150)
+    b_a0 = store(spark, lake, "orders", "broker-a", 0, range(50), spread(0, 50), size=100)
+    b_a1 = store(spark, lake, "orders", "broker-a", 1, range(70), spread(0, 70), size=lambda o: 200 + o)
+    b_b0 = store(spark, lake, "orders", "broker-b", 0, range(30), spread(0, 30), size=150)
     # Window edges: the last microsecond of T+0 and the first of T+1.
-    store(lake, "audit", "broker-a", 0, [0, 1], [at(0, 59.999999), at(1)], size=999)
-    b_1 = store(lake, "orders", "broker-a", 0, range(50, 650), spread(1, 600), size=lambda o: o % 17 + 1)
+    store(spark, lake, "audit", "broker-a", 0, [0, 1], [at(0, 59.999999), at(1)], size=999)
+    b_1 = store(spark, lake, "orders", "broker-a", 0, range(50, 650), spread(1, 600), size=lambda o: o % 17 + 1)
     # T+2 is empty; T+3 is still open when the run happens (20 s past T+2's end + the 15 s grace).
-    store(lake, "orders", "broker-a", 0, range(650, 655), spread(3, 5))
+    store(spark, lake, "orders", "broker-a", 0, range(650, 655), spread(3, 5))
 
-    result = run_report(engine, lake, at(3, 30), None, backfill_minutes=5, spark_min_rows=0)
-    assert result.engine == ("arrow" if engine is None else "spark")
+    result = run_report(spark, lake, at(3, 30), None, backfill_minutes=5)
     assert result.wrote and result.windows == [at(-2), at(-1), at(0), at(1), at(2)]
     expected = [
         (at(0), "audit", "broker-a", 1, 999), (at(0), "orders", "broker-a", 120, b_a0 + b_a1),
@@ -125,22 +118,19 @@ def test_topic_stats_match_a_known_load(tmp_path: Path, engine: Any) -> None:
     for r in rows:   # exact by construction; the requirement is 5 %
         assert r["tps_in"] == pytest.approx(r["messages_in"] / 60, rel=0.05)
         assert (r["messages_out"], r["bytes_out"], r["tps_out"]) == (0, 0, 0.0)
-    if engine is not None:
-        from chispa import assert_df_equality
+    from chispa import assert_df_equality
 
-        from sparkmq.pipelines.delta_io import read_delta
-
-        want = engine.createDataFrame([(*e[:4], e[4], 0, 0, e[3] / 60, 0.0) for e in expected],
-                                      tables.spark_schema(tables.TOPIC_STATS))
-        assert_df_equality(read_delta(engine, tables.table_path(lake, tables.TOPIC_STATS)), want,
-                           ignore_row_order=True, ignore_nullable=True)
+    want = spark.createDataFrame([(*e[:4], e[4], 0, 0, e[3] / 60, 0.0) for e in expected],
+                                 tables.spark_schema(tables.TOPIC_STATS))
+    tables.register_tables(spark, lake, [tables.TOPIC_STATS])
+    assert_df_equality(spark.table("sparkmq.topic_stats"), want, ignore_row_order=True, ignore_nullable=True)
 
     # The same windows again: nothing written, not even an empty commit.
     v = version(lake, tables.TOPIC_STATS)
-    again = run_report(engine, lake, at(3, 30), None, backfill_minutes=5, spark_min_rows=0)
+    again = run_report(spark, lake, at(3, 30), None, backfill_minutes=5)
     assert not again.wrote and again.windows == [] and version(lake, tables.TOPIC_STATS) == v
     # The next minute closes T+3 only.
-    later = run_report(engine, lake, at(4, 30), None, backfill_minutes=5, spark_min_rows=0)
+    later = run_report(spark, lake, at(4, 30), None, backfill_minutes=5)
     assert later.windows == [at(3)]
     assert [(r["messages_in"], r["bytes_in"]) for r in read_rows(lake, tables.TOPIC_STATS)
             if r["window_start"] == at(3)] == [(5, 500)]
@@ -150,18 +140,18 @@ def test_topic_stats_match_a_known_load(tmp_path: Path, engine: Any) -> None:
 
 # -- group_stats from offsets the test controls ------------------------------------------------------
 
-def test_group_stats_consumed_and_lag_exact_across_a_restart(tmp_path: Path, engine: Any) -> None:
+def test_group_stats_consumed_and_lag_exact_across_a_restart(spark: Any, tmp_path: Path) -> None:
     lake = tmp_path / "lake"
 
     def size(o: int) -> int:
         return 10 + o
 
-    store(lake, "orders", "broker-a", 0, range(100), spread(0, 100), size=size)
-    store(lake, "orders", "broker-a", 0, range(100, 150), spread(1, 50), size=size)
+    store(spark, lake, "orders", "broker-a", 0, range(100), spread(0, 100), size=size)
+    store(spark, lake, "orders", "broker-a", 0, range(100, 150), spread(1, 50), size=size)
     src = FakeOffsets()
     src.set("g1", "orders", "broker-a", 0, 40, 100)
     src.set("g2", "orders", "broker-a", 0, None, 100)     # never committed: lag counts from offset 0
-    reporter = Reporter(lake, src, spark=engine, backfill_minutes=2, spark_min_rows=0)
+    reporter = Reporter(lake, src, spark=spark, backfill_minutes=2)
     first = reporter.run(run_time(0))
     assert first.sampled and first.group_rows == 2 and first.last_window == at(0)
 
@@ -172,7 +162,7 @@ def test_group_stats_consumed_and_lag_exact_across_a_restart(tmp_path: Path, eng
     # A new Reporter (a restart): the previous sample comes from group_stats itself.
     src.set("g1", "orders", "broker-a", 0, 150, 150)
     src.set("g2", "orders", "broker-a", 0, 30, 150)
-    Reporter(lake, src, spark=engine, spark_min_rows=0).run(run_time(2))
+    Reporter(lake, src, spark=spark).run(run_time(2))
     assert src.asked[-1] == ["g1", "g2"]     # groups seen before are sampled even without members
 
     got = [(r["window_start"], r["group"], r["messages_in"], r["messages_out"], r["bytes_out"],
@@ -195,15 +185,15 @@ def test_group_stats_consumed_and_lag_exact_across_a_restart(tmp_path: Path, eng
     assert topic[at(2)]["messages_out"] == 20
 
 
-def test_catching_up_samples_only_the_newest_window(tmp_path: Path) -> None:
+def test_catching_up_samples_only_the_newest_window(spark: Any, tmp_path: Path) -> None:
     lake = tmp_path / "lake"
-    store(lake, "orders", "broker-a", 0, range(10), spread(0, 10))
+    store(spark, lake, "orders", "broker-a", 0, range(10), spread(0, 10))
     src = FakeOffsets()
     src.set("g1", "orders", "broker-a", 0, 0, 10)
-    run_report(None, lake, run_time(0), src, backfill_minutes=1)
+    run_report(spark, lake, run_time(0), src, backfill_minutes=1)
     src.set("g1", "orders", "broker-a", 0, 9, 10)
     # Down for three minutes: T+1..T+3 reported in one commit; the sample goes to T+3 and its rate spans 3 minutes.
-    result = run_report(None, lake, run_time(3), src)
+    result = run_report(spark, lake, run_time(3), src)
     assert result.windows == [at(1), at(2), at(3)] and result.group_rows == 1
     row = read_rows(lake, tables.GROUP_STATS)[-1]
     assert (row["window_start"], row["messages_out"], row["tps_out"]) == (at(3), 9, pytest.approx(9 / 180))
@@ -212,7 +202,7 @@ def test_catching_up_samples_only_the_newest_window(tmp_path: Path) -> None:
 # -- the real-broker path --------------------------------------------------------------------------------
 
 @pytest.mark.cluster
-def test_group_stats_from_a_real_broker(tmp_path: Path, procs: ProcessHarness) -> None:
+def test_group_stats_from_a_real_broker(spark: Any, tmp_path: Path, procs: ProcessHarness) -> None:
     namesrv, broker = procs.start_platform(tmp_path / "broker", "--broker-name", "broker-a")
     client = BrokerClient(broker.addr, 5.0)
     try:
@@ -220,7 +210,7 @@ def test_group_stats_from_a_real_broker(tmp_path: Path, procs: ProcessHarness) -
         offsets = [int(client.send("rt", {"body": f"m{i}", "queue_id": 0})["queue_offset"]) for i in range(20)]
         assert offsets == list(range(20))
         lake = tmp_path / "lake"
-        store(lake, "rt", "broker-a", 0, offsets, spread(0, 20), size=lambda o: 300 + o)
+        store(spark, lake, "rt", "broker-a", 0, offsets, spread(0, 20), size=lambda o: 300 + o)
         # "live" has a member (listed by GET /consumers); "orphan" only has committed offsets.
         client.heartbeat({"client_id": "127.0.0.1@1@test", "consumers": [
             {"group": "live", "subscriptions": [{"topic": "rt", "expression": "*"}]}]})
@@ -232,14 +222,14 @@ def test_group_stats_from_a_real_broker(tmp_path: Path, procs: ProcessHarness) -
         via_namesrv = offsets_source(namesrv.addr)
         try:
             wait_until(lambda: "broker-a" in via_namesrv.masters(), 20, "broker-a registered", interval=0.1)
-            Reporter(lake, via_namesrv, extra_groups=["orphan"], backfill_minutes=1).run(run_time(0))
+            Reporter(lake, via_namesrv, spark=spark, extra_groups=["orphan"], backfill_minutes=1).run(run_time(0))
         finally:
             via_namesrv.close()
         client.commit_offsets("live", [{"topic": "rt", "queue_id": 0, "offset": 18}])
         direct = offsets_source({"broker-a": broker.addr})
         try:
             # Restarted without extra_groups: "orphan" is still sampled because group_stats knows it.
-            Reporter(lake, direct).run(run_time(1))
+            Reporter(lake, direct, spark=spark).run(run_time(1))
         finally:
             direct.close()
     finally:
@@ -294,9 +284,9 @@ def webhook() -> Iterator[Webhook]:
     hook.close()
 
 
-def test_stuck_group_raises_once_calls_the_webhook_and_resolves(tmp_path: Path, webhook: Webhook) -> None:
+def test_stuck_group_raises_once_calls_the_webhook_and_resolves(spark: Any, tmp_path: Path, webhook: Webhook) -> None:
     lake = tmp_path / "lake"
-    store(lake, "orders", "broker-a", 0, range(60), spread(0, 60))
+    store(spark, lake, "orders", "broker-a", 0, range(60), spread(0, 60))
     src = FakeOffsets()
     src.set("stuck", "orders", "broker-a", 0, 5, 60)
     src.set("fine", "orders", "broker-a", 0, 60, 60)
@@ -305,7 +295,7 @@ def test_stuck_group_raises_once_calls_the_webhook_and_resolves(tmp_path: Path, 
         {"name": "idle", "kind": "idle_group", "threshold": 0, "for_minutes": 2},
         {"name": "other", "kind": "lag", "threshold": 0, "group": "nobody-*"},
     ]}}
-    reporter = Reporter(lake, src, alerts=conf, backfill_minutes=1)
+    reporter = Reporter(lake, src, spark=spark, alerts=conf, backfill_minutes=1)
 
     assert reporter.run(run_time(0)).alerts.raised == []           # lag above 10 for 1 minute only
     webhook.fail = 1                                                # the first POST fails ...
@@ -333,7 +323,8 @@ def test_stuck_group_raises_once_calls_the_webhook_and_resolves(tmp_path: Path, 
     assert open_alerts(lake) == []
     rows = read_rows(lake, tables.ALERTS)
     assert len(rows) == 2 and all(r["resolved_at"] == run_time(3) for r in rows)
-    snapshot(tables.table_path(lake, tables.ALERTS)).check_plain_parquet()   # the MERGE left SQL views readable
+    protocol = DeltaTable(tables.table_path(lake, tables.ALERTS)).protocol()     # the MERGE added no feature
+    assert (protocol.min_reader_version, protocol.min_writer_version, protocol.writer_features) == (1, 2, None)
     assert [(h["event"], h["alert_id"]) for h in webhook.received] == [
         ("raised", "lag:group=stuck topic=orders"), ("raised", "idle:group=stuck"),
         ("resolved", "lag:group=stuck topic=orders"), ("resolved", "idle:group=stuck")]   # in rule order
@@ -348,22 +339,22 @@ def test_stuck_group_raises_once_calls_the_webhook_and_resolves(tmp_path: Path, 
     assert [(r["raised_at"], r["resolved_at"]) for r in lag_rows] == [(run_time(1), run_time(3)), (run_time(5), None)]
 
 
-def test_dlq_growth_fires_on_dlq_messages_in(tmp_path: Path, webhook: Webhook) -> None:
+def test_dlq_growth_fires_on_dlq_messages_in(spark: Any, tmp_path: Path, webhook: Webhook) -> None:
     lake = tmp_path / "lake"
-    store(lake, "%DLQ%g1", "broker-a", 0, range(5), spread(0, 5))
-    store(lake, "%DLQ%g1", "broker-b", 0, range(2), spread(0, 2))
-    store(lake, "orders", "broker-a", 0, range(50), spread(0, 50))      # not a DLQ: never fires
-    store(lake, "%DLQ%g2", "broker-a", 0, range(3), spread(0, 3))       # at the threshold: not above
+    store(spark, lake, "%DLQ%g1", "broker-a", 0, range(5), spread(0, 5))
+    store(spark, lake, "%DLQ%g1", "broker-b", 0, range(2), spread(0, 2))
+    store(spark, lake, "orders", "broker-a", 0, range(50), spread(0, 50))      # not a DLQ: never fires
+    store(spark, lake, "%DLQ%g2", "broker-a", 0, range(3), spread(0, 3))       # at the threshold: not above
     config = AlertConfig(rules=(AlertRule("dlq", "dlq_growth", threshold=3),), webhook_url=webhook.url)
-    engine = AlertEngine(lake, config)
+    engine = AlertEngine(spark, lake, config)
 
-    run_report(None, lake, run_time(0), None, backfill_minutes=1)
+    run_report(spark, lake, run_time(0), None, backfill_minutes=1)
     raised = engine.evaluate(at(0), run_time(0)).raised
     assert [(a["alert_id"], a["value"]) for a in raised] == [("dlq:topic=%DLQ%g1", 7.0)]
     assert [a["subject"] for a in open_alerts(lake)] == ["topic=%DLQ%g1"]
     assert webhook.received[0]["subject"] == "topic=%DLQ%g1"
 
-    run_report(None, lake, run_time(1), None)                           # nothing new in the DLQ
+    run_report(spark, lake, run_time(1), None)                           # nothing new in the DLQ
     assert [a["alert_id"] for a in engine.evaluate(at(1), run_time(1)).resolved] == ["dlq:topic=%DLQ%g1"]
     assert open_alerts(lake) == []
 
@@ -380,46 +371,47 @@ def test_alert_config_is_validated() -> None:
     assert open_alerts("/nonexistent/lake") == []
 
 
-def test_a_crash_between_the_two_appends_is_repaired(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_crash_between_the_two_appends_is_repaired(spark: Any, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from sparkmq.pipelines import reports
 
     lake = tmp_path / "lake"
-    store(lake, "orders", "broker-a", 0, range(10), spread(0, 10))
+    store(spark, lake, "orders", "broker-a", 0, range(10), spread(0, 10))
     src = FakeOffsets()
     src.set("g1", "orders", "broker-a", 0, 0, 10)
-    run_report(None, lake, run_time(0), src, backfill_minutes=1)
+    run_report(spark, lake, run_time(0), src, backfill_minutes=1)
     src.set("g1", "orders", "broker-a", 0, 7, 10)
-    real = reports.append_exactly_once
+    real = reports._append
 
-    def crash_on_topic_stats(path: str, *args: Any) -> bool:
-        if path.endswith(tables.TOPIC_STATS):
+    def crash_on_topic_stats(spark_: Any, lake_root: str, name: str, *args: Any) -> None:
+        if name == tables.TOPIC_STATS:
             raise RuntimeError("killed")
-        return real(path, *args)
+        real(spark_, lake_root, name, *args)
 
-    monkeypatch.setattr(reports, "append_exactly_once", crash_on_topic_stats)
+    monkeypatch.setattr(reports, "_append", crash_on_topic_stats)
     with pytest.raises(RuntimeError):
-        run_report(None, lake, run_time(1), src)
+        run_report(spark, lake, run_time(1), src)
     monkeypatch.undo()
     src.set("g1", "orders", "broker-a", 0, 9, 10)     # moved on meanwhile: the written sample must win
-    again = run_report(None, lake, run_time(1), src)
+    again = run_report(spark, lake, run_time(1), src)
     assert again.windows == [at(1)] and not again.sampled
     assert [r["messages_out"] for r in read_rows(lake, tables.GROUP_STATS)] == [0, 7]
     assert [r["messages_out"] for r in read_rows(lake, tables.TOPIC_STATS)] == [0, 7]
 
 
-def test_one_report_job_per_broker_share_a_lake(tmp_path: Path) -> None:
+def test_one_report_job_per_broker_share_a_lake(spark: Any, tmp_path: Path) -> None:
     lake = tmp_path / "lake"
-    store(lake, "orders", "broker-a", 0, range(4), spread(0, 4))
-    store(lake, "orders", "broker-b", 0, range(6), spread(0, 6))
+    store(spark, lake, "orders", "broker-a", 0, range(4), spread(0, 4))
+    store(spark, lake, "orders", "broker-b", 0, range(6), spread(0, 6))
     src = FakeOffsets()
     src.set("g1", "orders", "broker-a", 0, 1, 4)
     src.set("g1", "orders", "broker-b", 0, 2, 6)
     for broker in ("broker-a", "broker-b"):           # embedded lakes: each reports its own broker
-        run_report(None, lake, run_time(0), src, job=broker, brokers=[broker], backfill_minutes=1)
+        run_report(spark, lake, run_time(0), src, job=broker, brokers=[broker], backfill_minutes=1)
     src.set("g1", "orders", "broker-a", 0, 4, 4)
     src.set("g1", "orders", "broker-b", 0, 6, 6)
     for broker in ("broker-a", "broker-b"):
-        run_report(None, lake, run_time(1), src, job=broker, brokers=[broker])
+        run_report(spark, lake, run_time(1), src, job=broker, brokers=[broker])
     assert [(r["window_start"], r["broker"], r["messages_in"], r["messages_out"])
             for r in read_rows(lake, tables.TOPIC_STATS)] == [
         (at(0), "broker-a", 4, 0), (at(0), "broker-b", 6, 0), (at(1), "broker-a", 0, 3), (at(1), "broker-b", 0, 4)]
@@ -427,31 +419,18 @@ def test_one_report_job_per_broker_share_a_lake(tmp_path: Path) -> None:
         ("broker-a", 3), ("broker-b", 4), ("broker-a", 0), ("broker-b", 0)]
 
 
-def test_the_report_loop_runs_until_stopped(tmp_path: Path) -> None:
+def test_the_report_loop_runs_until_stopped(spark: Any, tmp_path: Path) -> None:
     lake = tmp_path / "lake"
-    store(lake, "orders", "broker-a", 0, range(3), spread(0, 3))
-    reporter = Reporter(lake, None, backfill_minutes=1, clock=lambda: run_time(0))
+    store(spark, lake, "orders", "broker-a", 0, range(3), spread(0, 3))
+    reporter = Reporter(lake, None, spark=spark, backfill_minutes=1, clock=lambda: run_time(0))
     stop = threading.Event()
     thread = threading.Thread(target=reporter.loop, args=(stop, 0.05), daemon=True)
     thread.start()
     try:
-        wait_until(lambda: reporter.last_window is not None, 20, "the first report window")
+        wait_until(lambda: reporter.last_window is not None, 120, "the first report window")
     finally:
         stop.set()
         thread.join(10)
     assert not thread.is_alive()
     assert reporter.status()["last_window"] == at(0).isoformat() and reporter.status()["last_error"] is None
     assert [r["messages_in"] for r in read_rows(lake, tables.TOPIC_STATS)] == [3]
-
-
-def test_small_windows_are_aggregated_without_spark(tmp_path: Path) -> None:
-    from sparkmq.pipelines.reports import _cq_files, _rows_in
-
-    lake = tmp_path / "lake"
-    store(lake, "orders", "broker-a", 0, range(7), spread(0, 7))
-    store(lake, "orders", "broker-a", 0, range(7, 10), spread(1, 3))
-    table, files = _cq_files(lake, at(0), at(1))
-    assert (len(files), _rows_in(table, files)) == (1, 7)       # the log's statistics prune the other file
-    not_a_session = object()                                     # would fail loudly if it were used
-    result = run_report(not_a_session, lake, run_time(1), None, backfill_minutes=2, spark_min_rows=11)
-    assert result.engine == "arrow" and [r["messages_in"] for r in read_rows(lake, tables.TOPIC_STATS)] == [7, 3]

@@ -8,11 +8,16 @@ each in its own driver process:
 
 1. ``sparkmq lake --spark-master spark://...`` -- the command that runs the lake jobs for a
    cluster (:class:`~sparkmq.pipelines.lake_service.LakeService`, :func:`~sparkmq.pipelines.dispatch.start_dispatch`).
-   It runs until the Delta tables ``consume_queue``, ``messages`` and ``message_keys`` (read
-   with delta-rs) hold every message exactly once, including a wave sent while it runs.
+   It runs until the Delta tables ``messages``, ``consume_queue`` and ``message_keys`` (written by
+   delta-spark on the executors, read here with delta-rs) hold every message exactly once, including a
+   wave sent while it runs.
 2. A streaming subscriber, ``readStream.format("sparkmq")`` with a checkpoint, whose
-   ``foreachBatch`` writes each micro-batch as Parquet (overwritten by batch id, so a
-   replayed batch cannot add rows); it must receive every message exactly once.
+   ``foreachBatch`` appends each micro-batch to a Delta table of its own with ``txnAppId`` /
+   ``txnVersion`` (a replayed batch cannot add rows); it must receive every message exactly once.
+
+Both applications get the Delta jars through ``spark.jars`` only (nothing is installed on the workers):
+each executor's directory in its worker holds the jar the driver served, and the executors ran Delta's
+writer (the tasks of every micro-batch succeeded there).
 
 That the work ran on the executors in the workers' processes, not in the driver, is read
 from the running application's REST API (``/api/v1/applications/<app>/...`` of the driver's
@@ -60,9 +65,10 @@ def subscriber_main(spec: dict[str, Any]) -> int:
     out = Path(spec["out"])
 
     def write(df: Any, batch_id: int) -> None:
-        # Executors read the queues and write the files; a replayed batch id overwrites its own directory.
+        # Executors read the queues and write Delta's files; Delta skips a replayed batch id.
         (df.select("topic", "broker", "queue_id", "queue_offset", "msg_id", "body")
-         .write.mode("overwrite").parquet(str(out / f"batch-{batch_id:06d}")))
+         .write.format("delta").mode("append").option("txnAppId", SUBSCRIBER).option("txnVersion", batch_id)
+         .save(str(out)))
 
     query = (spark.readStream.format("sparkmq").option("namesrv", spec["namesrv"]).option("subscribe", spec["topic"])
              .option("startingOffsets", "earliest").option("maxMessagesPerTrigger", str(spec["per_trigger"]))
@@ -91,7 +97,6 @@ if __name__ == "__main__":
 # -- the test ------------------------------------------------------------------------------------------------
 
 import pyarrow.compute as pc  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
 import test_lake_source as lake_source  # noqa: E402
 from deltalake import DeltaTable  # noqa: E402
 from spark_standalone import StandaloneCluster, get_json  # noqa: E402
@@ -100,6 +105,7 @@ from test_lake_source import Cluster  # noqa: E402
 from procs import child_env, wait_until  # noqa: E402
 from sparkmq.pipelines import tables  # noqa: E402
 from sparkmq.platform.client import Message, SendResult  # noqa: E402
+from sparkmq.platform.common import jars  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -301,10 +307,12 @@ def test_lake_dispatch_and_a_subscriber_on_a_standalone_cluster(cluster: Cluster
     # The cores come free once the lake's application ends.
     wait_until(lambda: not standalone.master_json()["activeapps"], timeout=60, what="the lake app to end")
     assert lake_app in {a["id"] for a in standalone.master_json()["completedapps"]}
-    # What stays on disk: each worker's dir holds its executor's log, with the tasks it ran.
+    # What stays on disk: each worker's dir holds its executor's log, with the tasks it ran, and the Delta
+    # jars the driver served it (spark.jars): the executors loaded Delta from there, not from the workers.
     logs = standalone.executor_logs(lake_app)
     assert sorted(worker for worker, _ in logs) == [0, 1], sorted(logs)
     assert all("Running task" in text for text in logs.values())
+    assert_delta_jars_shipped(standalone, lake_app)
 
     # 2. A streaming subscriber on the same cluster.
     out, stop = tmp_path / "subscriber", tmp_path / "subscriber.stop"
@@ -326,6 +334,7 @@ def test_lake_dispatch_and_a_subscriber_on_a_standalone_cluster(cluster: Cluster
                    what="the subscriber to receive the new messages", interval=0.5)
         time.sleep(1.5)
         sub_per_executor = assert_ran_on_the_workers_executors(standalone, info["ui"], SUBSCRIBER, sub.proc.pid)
+        assert_delta_jars_shipped(standalone, info["app_id"])
         stop.touch()
         assert sub.wait(60) == 0, sub.log()
     finally:
@@ -343,14 +352,23 @@ def test_lake_dispatch_and_a_subscriber_on_a_standalone_cluster(cluster: Cluster
 
 
 def received(out: Path) -> list[tuple]:
-    """The subscriber's rows so far: every batch directory whose write completed (``_SUCCESS``)."""
-    rows: list[tuple] = []
-    for batch in sorted(out.glob("batch-*")):
-        if (batch / "_SUCCESS").exists():
-            data = pq.read_table(batch)
-            rows.extend(zip(*(data.column(c).to_pylist() for c in
-                              ("topic", "broker", "queue_id", "queue_offset", "msg_id", "body")), strict=True))
-    return rows
+    """The subscriber's rows so far: its Delta table's latest version (delta-rs)."""
+    if not (out / "_delta_log").is_dir():
+        return []
+    data = DeltaTable(str(out)).to_pyarrow_table()
+    return list(zip(*(data.column(c).to_pylist() for c in ("topic", "broker", "queue_id", "queue_offset", "msg_id",
+                                                           "body")), strict=True))
+
+
+def assert_delta_jars_shipped(spark_cluster: StandaloneCluster, app_id: str) -> None:
+    """Each worker's directory of the application's executor holds the Delta jars the driver served."""
+    wanted = {p.name for p in jars.jars("delta")}
+    for worker in spark_cluster.workers:
+        assert worker.work_dir is not None
+        executor_dirs = [d for d in (worker.work_dir / app_id).iterdir() if d.is_dir()]
+        assert executor_dirs, f"no executor of {app_id} under {worker.work_dir}"
+        for directory in executor_dirs:
+            assert wanted <= {p.name for p in directory.glob("*.jar")}, (directory, sorted(wanted))
 
 
 def test_a_loopback_master_gets_a_loopback_driver() -> None:

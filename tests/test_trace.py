@@ -18,11 +18,13 @@ import httpx
 import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
+from deltalake import DeltaTable as RustDeltaTable
 
 from procs import ProcessHarness, ServiceProcess, child_env, wait_until
+from sparkmq.pipelines import tables
 from sparkmq.pipelines.cluster_io import pull_queue_range
 from sparkmq.pipelines.sql import run_sql
-from sparkmq.pipelines.trace_job import start_trace_job, trace_arrow, trace_stats
+from sparkmq.pipelines.trace_job import start_trace_job, trace_app_id, trace_batch, trace_stats
 from sparkmq.platform.broker.trace import TraceRecorder, trace_path
 from sparkmq.platform.client import AdminClient, ClientConfig, ConsumeStatus, Message, Producer, PushConsumer
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
@@ -145,11 +147,18 @@ def test_trace_shows_send_store_deliver_consume_and_the_retry_and_dlq_hops(
                             bad_id], capture_output=True, text=True, timeout=60, env=child_env(COLUMNS="300"))
     assert table.returncode == 0 and "dlq" in table.stdout and "RECONSUME_LATER" in table.stdout, table.stderr
 
-    # A replayed batch adds nothing (the app transaction guard): each event exactly once.
+    # A replayed batch adds nothing (Delta's txnAppId/txnVersion): each event exactly once.
     body = pa.table({"body": [b"\n".join(json.dumps(e).encode() for e in (send, store))],
                      "store_timestamp": pa.array([0], pa.timestamp("ms", tz="UTC"))})
-    assert not trace_arrow(body, 0, data_dir / "lake", "broker-a").written["message_trace"]
-    assert trace_arrow(body, 10_000, data_dir / "lake", "other-job").written["message_trace"]
+    table_path = tables.table_path(data_dir / "lake", tables.MESSAGE_TRACE)
+    before = RustDeltaTable(table_path)
+    trace_batch(spark, body, 0, data_dir / "lake", "broker-a")
+    after = RustDeltaTable(table_path)
+    assert after.transaction_version(trace_app_id("other-job")) is None
+    trace_batch(spark, body, 10_000, data_dir / "lake", "other-job")
+    assert RustDeltaTable(table_path).transaction_version(trace_app_id("other-job")) == 10_000
+    assert RustDeltaTable(table_path).to_pyarrow_table().num_rows == after.to_pyarrow_table().num_rows + 2
+    assert before.to_pyarrow_table().num_rows == after.to_pyarrow_table().num_rows   # batch 0 was skipped
 
 
 @pytest.mark.spark

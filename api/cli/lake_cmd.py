@@ -64,7 +64,7 @@ def lake(namesrv: str, lake_root: Path, checkpoint_root: Path | None, spark_mast
 @click.option("--json", "as_json", is_flag=True, help="print JSON lines")
 @click.option("--limit", type=int, default=100, show_default=True, help="rows to print")
 def sql(query: str, lake_root: Path, as_json: bool, limit: int) -> None:
-    """Run a Spark SQL QUERY over the lake's tables (every table is a view of the same name)."""
+    """Run a Spark SQL QUERY over the lake's Delta tables (``sparkmq.<table>``; the short names work too)."""
     from ...pipelines.session import get_spark
     from ...pipelines.sql import run_sql
 

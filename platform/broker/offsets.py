@@ -15,7 +15,7 @@ Design: **MERGE upsert**, not append-of-changes.  Each persist is one delta-rs
 ``DeltaTable.merge`` keyed on (broker, group, topic, queue_id), so the table always
 holds exactly one row per key:
 
-* readers (``load()``, the admin CLI, Spark through the snapshot reader, lag
+* readers (``load()``, the admin CLI, ``spark.table("sparkmq.consumer_offsets")``, lag
   reports) can take the table as it is -- no "latest row per key" window, and no
   compaction job whose absence would make the table and every restart grow without
   bound;
@@ -69,6 +69,7 @@ from sparkmq.platform.common.lake_tables import (  # defined there so pipelines/
     CONSUMER_OFFSETS_DESCRIPTION,
     CONSUMER_OFFSETS_SCHEMA,
     CONSUMER_OFFSETS_TABLE,
+    PINNED_PROPERTIES,
 )
 from sparkmq.platform.common.validation import validate_group, validate_topic
 
@@ -420,9 +421,11 @@ class ConsumerOffsetManager:
 
     def _create_table(self) -> DeltaTable:
         try:
+            # The pinned protocol (reader 1 / writer 2, no deletion vectors): delta-spark reads, vacuums and
+            # checkpoints the table the broker merges into, and neither side adds a feature the other lacks.
             return DeltaTable.create(self.table_path, CONSUMER_OFFSETS_SCHEMA, mode="ignore",
-                                     name=CONSUMER_OFFSETS_TABLE,
-                                     description=CONSUMER_OFFSETS_DESCRIPTION)
+                                     name=CONSUMER_OFFSETS_TABLE, description=CONSUMER_OFFSETS_DESCRIPTION,
+                                     configuration=dict(PINNED_PROPERTIES))
         except Exception:
             # Another broker sharing the path created it first: use theirs.
             table = self._open_table()

@@ -14,7 +14,20 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-__all__ = ["CONSUMER_OFFSETS_DESCRIPTION", "CONSUMER_OFFSETS_SCHEMA", "CONSUMER_OFFSETS_TABLE"]
+__all__ = ["CONSUMER_OFFSETS_DESCRIPTION", "CONSUMER_OFFSETS_SCHEMA", "CONSUMER_OFFSETS_TABLE", "PINNED_PROPERTIES"]
+
+#: The Delta protocol and features of every lake table, given when it is created (by delta-spark in
+#: ``pipelines/tables.py``, by delta-rs for ``consumer_offsets`` here): reader 1 / writer 2 with no table
+#: features, so both libraries read and write every table.  Deletion vectors, column mapping and v2
+#: checkpoints are named off explicitly: delta-rs writes no deletion vectors, and tables that carry
+#: features it cannot write (rowTracking, inCommitTimestamp, clustering, ...) would lock the broker out.
+PINNED_PROPERTIES: dict[str, str] = {
+    "delta.minReaderVersion": "1",
+    "delta.minWriterVersion": "2",
+    "delta.enableDeletionVectors": "false",
+    "delta.columnMapping.mode": "none",
+    "delta.checkpointPolicy": "classic",
+}
 
 #: The table's name (its directory under the lake root, and its Delta metadata name).
 CONSUMER_OFFSETS_TABLE = "consumer_offsets"
