@@ -1,0 +1,237 @@
+"""RocketMQ's official remoting clients (rocketmq-client 5.5.0) and mqadmin against a sparkmq cluster, unchanged.
+
+The scenarios are those test_java_harness.py proves against Apache RocketMQ 5.5.0 (shared in java_scenarios.py),
+here against 2 name servers and 2 brokers (real processes on free ports of 127.0.0.1, one cluster for the module),
+plus what only a cluster shows: queues on two brokers, a broker killed under a running consumer, and messages
+crossing between the Java clients and sparkmq's own Python client and HTTP.
+
+Without Java or the client jars the module skips, except under CI=true, where it fails.
+"""
+from __future__ import annotations
+
+import base64
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import java_scenarios as sc
+import pytest
+
+from procs import ProcessHarness, ServiceProcess, wait_until
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(300)]
+
+INTERVAL_S = 0.5
+CLUSTER = "JavaCluster"
+BROKERS = ("broker-a", "broker-b")
+
+
+@dataclass
+class SparkCluster:
+    """2 name servers and 2 brokers of one cluster; ``namesrv`` and ``work`` make it a java_scenarios target."""
+
+    procs: ProcessHarness
+    root: Path
+    namesrvs: list[ServiceProcess]
+    brokers: dict[str, ServiceProcess] = field(default_factory=dict)
+    cluster: str = CLUSTER
+
+    @property
+    def namesrv(self) -> str:
+        """The name servers as a RocketMQ client's ``namesrvAddr``."""
+        return ";".join(ns.addr for ns in self.namesrvs)
+
+    @property
+    def work(self) -> Path:
+        """Where the Java clients' logs go."""
+        return self.root / "clients"
+
+    def broker_args(self, name: str) -> list[str]:
+        """A broker's flags: sub-second registration and client expiry, 1 s delay levels, quick check-backs."""
+        return ["--data-dir", str(self.root / name), "--broker-name", name, "--cluster", self.cluster,
+                "--namesrv", self.namesrv, "--register-interval-s", str(INTERVAL_S), "--client-expiry-s", "6",
+                "--client-scan-interval-s", str(INTERVAL_S), "--offset-persist-interval-s", str(INTERVAL_S),
+                "--no-trace", "--message-delay-level", " ".join(["1s"] * 18),
+                "--transaction-check-first-s", "3", "--transaction-check-interval-s", "1"]
+
+    def start_broker(self, name: str, *extra: str) -> ServiceProcess:
+        """Start (or restart) broker ``name``."""
+        broker = self.procs.start("broker", "sparkmq.api.broker_main", *self.broker_args(name), *extra)
+        self.brokers[name] = broker
+        return broker
+
+    def live_brokers(self) -> set[str]:
+        """The broker addresses every name server holds live."""
+        live = None
+        for ns in self.namesrvs:
+            mine = set(httpx.get(f"{ns.url}/cluster", timeout=5).json()["live_brokers"])
+            live = mine if live is None else live & mine
+        return live or set()
+
+    def admin(self) -> Any:
+        """sparkmq's AdminClient on this cluster (close it)."""
+        from procs import fast_client_config
+        from sparkmq.platform.client.admin import AdminClient
+
+        return AdminClient(fast_client_config(self.namesrv, self.root / "offsets"))
+
+    def create_topic(self, topic: str, queues: int = 4) -> None:
+        """``topic`` with ``queues`` queues on each broker, routed by every name server."""
+        admin = self.admin()
+        try:
+            admin.create_topic(topic, read_queue_nums=queues, write_queue_nums=queues, cluster=self.cluster)
+        finally:
+            admin.close()
+        for ns in self.namesrvs:
+            wait_until(lambda ns=ns: _routed_queues(ns, topic) == queues * len(self.brokers), 20,
+                       f"the route of {topic}")
+
+
+def _routed_queues(ns: ServiceProcess, topic: str) -> int:
+    answer = httpx.get(f"{ns.url}/routes/{topic}", timeout=5)
+    return sum(q["read_queue_nums"] for q in answer.json()["queue_datas"]) if answer.status_code == 200 else 0
+
+
+@pytest.fixture(scope="module")
+def spark_cluster(module_procs: ProcessHarness) -> Iterator[SparkCluster]:
+    """The module's cluster; the Java drivers compiled first (the JDK and client jars are required)."""
+    sc.need("java and javac", bool(shutil.which("java") and shutil.which("javac")), "install a JDK 17+")
+    from java_clients import DRIVERS
+
+    from sparkmq.platform.common import jars
+
+    try:
+        DRIVERS.classes_dir()
+    except jars.MissingJarsError as exc:
+        sc.need("the rocketmq-client jars", False, str(exc))
+    namesrvs = module_procs.start_many([("namesrv", "sparkmq.api.namesrv_main",
+                                         ["--scan-interval-s", "0.5", "--broker-expiry-s", "4"])] * 2)
+    c = SparkCluster(module_procs, module_procs.work_dir, namesrvs)
+    specs = [("broker", "sparkmq.api.broker_main", c.broker_args(name)) for name in BROKERS]
+    for name, broker in zip(BROKERS, module_procs.start_many(specs), strict=True):
+        c.brokers[name] = broker
+    want = {b.addr for b in c.brokers.values()}
+    wait_until(lambda: c.live_brokers() >= want, 30, "both brokers registered with both name servers")
+    yield c
+
+
+# -- 1. DefaultMQProducer ---------------------------------------------------------------------------------------------
+def test_every_send_is_read_back_the_same(spark_cluster: SparkCluster) -> None:
+    """Sync, async, one-way, batch, ordered and delayed sends over two brokers: every id is read back with its
+    tags, keys, properties, body, offsetMsgId, broker, queue and offset."""
+    spark_cluster.create_topic("JavaSends")
+    sent = sc.every_send_is_accounted_for(spark_cluster, "JavaSends")
+    assert {e["brokerName"] for e in sent if "brokerName" in e} == set(BROKERS)  # both brokers took sends
+
+
+# -- 2. TransactionMQProducer -----------------------------------------------------------------------------------------
+def test_transactions_commit_rollback_and_check_back(spark_cluster: SparkCluster) -> None:
+    """commit and rollback are final; UNKNOW is resolved by a check-back (UNKNOW once, then COMMIT)."""
+    spark_cluster.create_topic("JavaTx")
+    sc.transactions_commit_rollback_and_check_back(spark_cluster, "JavaTx", "JavaTxProducer")
+
+
+# -- 4. DefaultLitePullConsumer ---------------------------------------------------------------------------------------
+def test_lite_pull_assign_and_seek(spark_cluster: SparkCluster) -> None:
+    """Assigned queues with a seek: the consumer reads from the offset it was sent to, on both brokers."""
+    spark_cluster.create_topic("JavaLiteSeek", queues=1)
+    sent = sc.run(spark_cluster, "produce", "--topic", "JavaLiteSeek", "--count", "12").events_of("sent")
+    per_queue = {(e["brokerName"], e["queueId"]): 0 for e in sent}
+    for e in sent:
+        per_queue[(e["brokerName"], e["queueId"])] += 1
+    assert len(per_queue) == 2, per_queue
+    want = {e["msgId"] for e in sent if e["queueOffset"] >= 2}
+    result = sc.run(spark_cluster, "litepull", "--topic", "JavaLiteSeek", "--group", "JavaLiteSeekGroup",
+                    "--assign", "all", "--seek", "0:2", "--count", str(len(want)), "--idle-ms", "5000",
+                    "--duration-s", "60")
+    assert result.returncode == 0, result.errors
+    got = result.events_of("received")
+    assert sorted(e["msgId"] for e in got) == sorted(want)
+
+
+def test_lite_pull_subscribe_and_commit(spark_cluster: SparkCluster) -> None:
+    """A subscribed lite pull consumer commits after 5 of 10; the next member of its group reads the other 5."""
+    spark_cluster.create_topic("JavaLite")
+    sc.lite_pull_commit_is_where_the_next_one_starts(spark_cluster, "JavaLite", "JavaLiteGroup")
+
+
+# -- 7. Cross-door equality -------------------------------------------------------------------------------------------
+def _stored_over_http(cluster: SparkCluster, broker: str, topic: str, queue_id: int, offset: int) -> dict[str, Any]:
+    answer = httpx.get(f"{cluster.brokers[broker].url}/topics/{topic}/queues/{queue_id}/messages",
+                       params={"offset": offset, "max": 1}, timeout=10).json()
+    [m] = answer["messages"]
+    return m  # type: ignore[no-any-return]
+
+
+def test_a_java_sent_message_reads_the_same_in_python_and_http(spark_cluster: SparkCluster) -> None:
+    """A message the Java producer sent, read by sparkmq's Python pull consumer and over HTTP: the same body,
+    tags, keys, user properties, ids, queue and timestamps as the Java consumer reports."""
+    from procs import fast_client_config
+    from sparkmq.platform.client.pull_consumer import PullConsumer
+    from sparkmq.platform.common.message import MessageQueue
+
+    topic = "JavaCrossIn"
+    spark_cluster.create_topic(topic, queues=1)
+    sent = sc.run(spark_cluster, "produce", "--topic", topic, "--count", "4", "--tags", "TagX",
+                  "--keys-prefix", "cross-", "--prop", "color=green", "--body", "cross-{i}").events_of("sent")
+    java = {e["msgId"]: e for e in sc.drain(spark_cluster, topic, 4)}
+    consumer = PullConsumer("JavaCrossInPy", fast_client_config(spark_cluster.namesrv, spark_cluster.root / "py"),
+                            consume_from_where="CONSUME_FROM_FIRST_OFFSET", auto_commit=False)
+    consumer.assign([MessageQueue(topic, name, 0) for name in BROKERS])
+    consumer.start()
+    try:
+        got: dict[str, Any] = {}
+        deadline = time.monotonic() + 30
+        while len(got) < 4 and time.monotonic() < deadline:
+            for m in consumer.poll(1.0):
+                got[m.msg_id] = m
+    finally:
+        consumer.shutdown()
+    assert set(got) == set(java) == {e["msgId"] for e in sent}
+    for msg_id, j in java.items():
+        p = got[msg_id]
+        h = _stored_over_http(spark_cluster, j["brokerName"], topic, j["queueId"], j["queueOffset"])
+        assert base64.b64decode(j["body"]) == p.body == base64.b64decode(h["body"])
+        assert j["tags"] == p.tags == h["tags"] == "TagX"
+        assert [j["keys"]] == list(p.keys) == h["keys"]
+        assert j["properties"]["color"] == p.properties["color"] == h["properties"]["color"] == "green"
+        assert j["offsetMsgId"] == p.offset_msg_id == h["offset_msg_id"]
+        assert (j["brokerName"], j["queueId"], j["queueOffset"]) == (p.broker_name, p.queue_id, p.queue_offset)
+        assert j["bornTimestamp"] == p.born_timestamp == h["born_timestamp"]
+        assert j["storeTimestamp"] == p.store_timestamp == h["store_timestamp"]
+        assert j["commitLogOffset"] == p.commitlog_offset
+
+
+def test_a_python_sent_message_reads_the_same_in_java(spark_cluster: SparkCluster) -> None:
+    """A message sparkmq's Python producer sent, read by the Java lite pull consumer: the same body, tags, keys,
+    user properties, ids, queue and timestamps as the send result and HTTP say."""
+    from procs import fast_client_config
+    from sparkmq.platform.client.producer import Producer
+    from sparkmq.platform.common.message import Message
+
+    topic = "JavaCrossOut"
+    spark_cluster.create_topic(topic, queues=1)
+    producer = Producer("JavaCrossOutPy", fast_client_config(spark_cluster.namesrv, spark_cluster.root / "py"))
+    producer.start()
+    try:
+        results = [producer.send(Message(topic, f"py-{i}".encode(), tags="TagP", keys=(f"pk-{i}", f"pk2-{i}"),
+                                         properties={"shade": "red"})) for i in range(4)]
+    finally:
+        producer.shutdown()
+    java = {e["msgId"]: e for e in sc.drain(spark_cluster, topic, 4)}
+    assert set(java) == {r.msg_id for r in results}
+    for i, r in enumerate(results):
+        j = java[r.msg_id]
+        h = _stored_over_http(spark_cluster, j["brokerName"], topic, j["queueId"], j["queueOffset"])
+        assert base64.b64decode(j["body"]) == f"py-{i}".encode() == base64.b64decode(h["body"])
+        assert j["tags"] == h["tags"] == "TagP" and j["keys"] == f"pk-{i} pk2-{i}" and h["keys"] == [f"pk-{i}",
+                                                                                                    f"pk2-{i}"]
+        assert j["properties"]["shade"] == h["properties"]["shade"] == "red"
+        assert j["offsetMsgId"] == r.offset_msg_id == h["offset_msg_id"] and h["msg_id"] == r.msg_id
+        assert (j["queueId"], j["queueOffset"]) == (r.queue_id, r.queue_offset)
+        assert j["brokerName"] == r.broker_name
+        assert j["bornTimestamp"] == h["born_timestamp"] and j["storeTimestamp"] == h["store_timestamp"]
