@@ -235,3 +235,96 @@ def test_a_python_sent_message_reads_the_same_in_java(spark_cluster: SparkCluste
         assert (j["queueId"], j["queueOffset"]) == (r.queue_id, r.queue_offset)
         assert j["brokerName"] == r.broker_name
         assert j["bornTimestamp"] == h["born_timestamp"] and j["storeTimestamp"] == h["store_timestamp"]
+
+
+# -- 3. DefaultMQPushConsumer -----------------------------------------------------------------------------------------
+def test_push_clustering_queues_move_when_a_member_joins_and_leaves(spark_cluster: SparkCluster) -> None:
+    """Clustering over two brokers: one member holds all 8 queues, two hold 4 each (disjoint), and the first has
+    all 8 again after the second left -- each within 15 s (NOTIFY_CONSUMER_IDS_CHANGED, not the 20 s timer)."""
+    spark_cluster.create_topic("JavaRebalance")
+    sc.two_members_share_the_queues(spark_cluster, "JavaRebalance", "JavaRebalanceGroup", 8, timeout=15)
+
+
+def test_push_broadcasting_delivers_every_message_to_every_member(spark_cluster: SparkCluster) -> None:
+    """Broadcasting: each of two members receives every message."""
+    from java_clients import JavaClient
+
+    topic = "JavaBroadcast"
+    spark_cluster.create_topic(topic)
+    args = ["--namesrv", spark_cluster.namesrv, "--group", "JavaBroadcastGroup", "--topic", topic,
+            "--model", "broadcasting", "--from", "first"]
+    members = [JavaClient.start(None, "push", *args, work_dir=spark_cluster.work) for _ in range(2)]
+    try:
+        for m in members:
+            sc.wait_queues(m, topic, 8)
+        sent = sc.run(spark_cluster, "produce", "--topic", topic, "--count", "10").events_of("sent")
+        got = [m.wait_count("received", 10, 60) for m in members]
+        time.sleep(1)  # nothing more arrives
+        got = [m.snapshot("received") for m in members]
+    finally:
+        for m in members:
+            m.stop()
+    for mine in got:
+        assert sorted(e["msgId"] for e in mine) == sorted(e["msgId"] for e in sent)
+
+
+def test_push_orderly_one_queue_is_never_consumed_by_two_members(spark_cluster: SparkCluster) -> None:
+    """Orderly: a single member locks its queues and gets each order key's messages in send order; with two
+    members consuming while messages arrive, no queue is ever in two members' listeners at once."""
+    from java_clients import JavaClient
+
+    topic, group = "JavaOrderly", "JavaOrderlyGroup"
+    spark_cluster.create_topic(topic, queues=2)
+    sc.orderly_consumer_locks_its_queues_and_keeps_order(spark_cluster, topic, group)
+    args = ["--namesrv", spark_cluster.namesrv, "--group", f"{group}2", "--topic", topic, "--orderly",
+            "--rebalance-ms", "1000", "--consume-sleep-ms", "20"]
+    one = JavaClient.start(None, "push", *args, work_dir=spark_cluster.work)
+    two = None
+    try:
+        sc.wait_queues(one, topic, 4)
+        # 8 s of sends: the second member joins while they flow, and takes its queues over once the first let
+        # go of their locks
+        producer = JavaClient.start(None, "produce", "--namesrv", spark_cluster.namesrv, "--topic", topic,
+                                    "--count", "120", "--send", "ordered", "--order-keys", "4", "--rate", "15",
+                                    work_dir=spark_cluster.work, stdin_stop=False)
+        one.wait_count("received", 5, 30)
+        two = JavaClient.start(None, "push", *args, work_dir=spark_cluster.work)
+        sc.wait_queues(two, topic, 2, 30)
+        sent = producer.wait_count("sent", 120, 60)
+        sc.until(lambda: len({e["msgId"] for c in (one, two) for e in c.snapshot("received")}) >= 120, 60,
+                 "every message consumed")
+    finally:
+        for c in (one, two):
+            if c is not None:
+                c.stop()
+    spans: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
+    for member, client in enumerate((one, two)):
+        assert client is not None
+        for e in client.snapshot("received"):
+            spans.setdefault((e["brokerName"], e["queueId"]), []).append((e["startMs"], e["receivedMs"], member))
+    assert len({m for s in spans.values() for _a, _b, m in s}) == 2, "the second member never consumed"
+    for queue, seen in spans.items():  # listener runs [start, end] of different members never overlap
+        overlaps = [(a, b) for a in seen for b in seen if a[2] < b[2] and a[0] < b[1] and b[0] < a[1]]
+        assert not overlaps, ("two members in one queue at once", queue, overlaps[:3])
+    for key in range(4):  # each key's messages were first delivered in send order
+        want = [e["msgId"] for e in sent if e["orderKey"] == key]
+        first: dict[str, int] = {}
+        for client in (one, two):
+            assert client is not None
+            for e in client.snapshot("received"):
+                first.setdefault(e["msgId"], e["startMs"])
+                first[e["msgId"]] = min(first[e["msgId"]], e["startMs"])
+        times = [first[m] for m in want]
+        assert times == sorted(times), key
+
+
+def test_push_reconsume_later_retries_then_dead_letters(spark_cluster: SparkCluster) -> None:
+    """RECONSUME_LATER every time: reconsume times 0, 1, 2, then the message is in %DLQ%<group>."""
+    spark_cluster.create_topic("JavaRetry")
+    sc.reconsume_later_then_dlq(spark_cluster, "JavaRetry", "JavaRetryGroup")
+
+
+def test_push_tag_and_sql_filters(spark_cluster: SparkCluster) -> None:
+    """A tag subscription and MessageSelector.bySql receive exactly their messages."""
+    spark_cluster.create_topic("JavaFilters")
+    sc.tag_and_sql_subscriptions(spark_cluster, "JavaFilters", "JavaTagGroup", "JavaSqlGroup")
