@@ -10,6 +10,8 @@ Without Java or the client jars the module skips, except under CI=true, where it
 from __future__ import annotations
 
 import base64
+import json
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -51,10 +53,11 @@ class SparkCluster:
         return self.root / "clients"
 
     def broker_args(self, name: str) -> list[str]:
-        """A broker's flags: sub-second registration and client expiry, 1 s delay levels, quick check-backs."""
+        """A broker's flags: sub-second registration, 1 s delay levels, quick check-backs.  Clients expire as in
+        production (120 s): a Java client heartbeats every 30 s."""
         return ["--data-dir", str(self.root / name), "--broker-name", name, "--cluster", self.cluster,
-                "--namesrv", self.namesrv, "--register-interval-s", str(INTERVAL_S), "--client-expiry-s", "6",
-                "--client-scan-interval-s", str(INTERVAL_S), "--offset-persist-interval-s", str(INTERVAL_S),
+                "--namesrv", self.namesrv, "--register-interval-s", str(INTERVAL_S),
+                "--offset-persist-interval-s", str(INTERVAL_S),
                 "--no-trace", "--message-delay-level", " ".join(["1s"] * 18),
                 "--transaction-check-first-s", "3", "--transaction-check-interval-s", "1"]
 
@@ -328,3 +331,81 @@ def test_push_tag_and_sql_filters(spark_cluster: SparkCluster) -> None:
     """A tag subscription and MessageSelector.bySql receive exactly their messages."""
     spark_cluster.create_topic("JavaFilters")
     sc.tag_and_sql_subscriptions(spark_cluster, "JavaFilters", "JavaTagGroup", "JavaSqlGroup")
+
+
+# -- 5. mqadmin -------------------------------------------------------------------------------------------------------
+def _admin(cluster: SparkCluster, command: str, *args: str) -> str:
+    """``mqadmin command`` against the cluster's name servers; its stdout (mqadmin exits 0 even when a command
+    failed: the stack trace on stderr is part of the assertion message)."""
+    from java_clients import mqadmin
+
+    out = mqadmin(cluster.namesrv, command, *args, work_dir=cluster.work)
+    assert "Exception" not in out.stderr, out.stderr[-3000:]
+    return out.stdout
+
+
+def _rows(text: str, first: str) -> list[list[str]]:
+    """The whitespace-split lines of a table whose rows start with ``first``."""
+    return [line.split() for line in text.splitlines() if line.startswith(first)]
+
+
+def test_mqadmin_commands_take_effect(spark_cluster: SparkCluster) -> None:
+    """Each mqadmin command does what it says on a 2-broker cluster: topics made, listed, routed, counted and
+    deleted; brokers listed with their figures; a group's progress, connection, offset reset and config; messages
+    found by offsetMsgId, by unique id and by key."""
+    from java_clients import JavaClient
+
+    c, topic, group = spark_cluster, "JavaAdmin", "JavaAdminGroup"
+    made = _admin(c, "updateTopic", "-c", c.cluster, "-t", topic, "-r", "3", "-w", "3")
+    assert made.count("success") == 2, made
+    wait_until(lambda: all(_routed_queues(ns, topic) == 6 for ns in c.namesrvs), 20, "the new topic's route")
+    route = _admin(c, "topicRoute", "-t", topic)
+    assert re.findall(r'"(read|write)QueueNums":(\d+)', route) == [("read", "3"), ("write", "3")] * 2, route
+    assert topic in _admin(c, "topicList").split()
+
+    sent = sc.run(c, "produce", "--topic", topic, "--count", "6", "--keys-prefix", "admin-key-").events_of("sent")
+    status = _rows(_admin(c, "topicStatus", "-t", topic), "broker-")
+    assert len(status) == 6 and sum(int(r[3]) for r in status) == 6, status  # #Max Offset per queue
+
+    clusters = _rows(_admin(c, "clusterList"), c.cluster)
+    assert {(r[1], r[3]) for r in clusters} == {(name, b.addr) for name, b in c.brokers.items()}, clusters
+    for name, broker in c.brokers.items():
+        figures = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in _admin(
+            c, "brokerStatus", "-b", broker.addr).splitlines() if ":" in line)}
+        assert int(figures["commitLogMaxOffset"]) > 0 and figures["brokerActive"] == "true", (name, figures)
+
+    consumer = JavaClient.start(None, "push", "--namesrv", c.namesrv, "--group", group, "--topic", topic,
+                                "--rebalance-ms", "1000", "--persist-offset-ms", "500", work_dir=c.work)
+    try:
+        consumer.wait_count("received", 6, 60)
+        client_id = consumer.wait_for(lambda evs: [e["clientId"] for e in evs if e["event"] == "started"])[0]
+        progress = sc.until(lambda: (rows := _rows(_admin(c, "consumerProgress", "-g", group), topic))
+                            and sum(int(r[4]) for r in rows) == 6 and rows, 30, "the group's offsets committed")
+        assert all(r[3] == r[4] and r[5] == "0" for r in progress), progress  # broker = consumer offset, no diff
+        connection = _admin(c, "consumerConnection", "-g", group)
+        assert client_id in connection and "JAVA" in connection and "CLUSTERING" in connection, connection
+
+        by_offset_id = _admin(c, "queryMsgById", "-t", topic, "-i", sent[0]["offsetMsgId"])
+        assert "Keys:                [admin-key-0]" in by_offset_id and sent[0]["msgId"] in by_offset_id
+        by_unique_id = _admin(c, "queryMsgById", "-t", topic, "-i", sent[1]["msgId"])
+        assert "[admin-key-1]" in by_unique_id and sent[1]["offsetMsgId"] in by_unique_id, by_unique_id
+        by_key = _admin(c, "queryMsgByKey", "-t", topic, "-k", "admin-key-2")
+        assert sent[2]["msgId"] in by_key and sent[3]["msgId"] not in by_key, by_key
+
+        # back to the start while the consumer is online: it is told, and consumes all 6 again
+        reset = _admin(c, "resetOffsetByTime", "-g", group, "-t", topic, "-s", "0")
+        assert len(_rows(reset, "broker-")) == 6, reset
+        again = consumer.wait_count("received", 12, 60)
+        assert sorted(e["msgId"] for e in again[6:]) == sorted(e["msgId"] for e in sent)
+    finally:
+        consumer.stop()
+
+    made = _admin(c, "updateSubGroup", "-c", c.cluster, "-g", "JavaAdminSubGroup", "-r", "3")
+    assert made.count("success") == 2, made
+    for name in BROKERS:
+        stored = json.loads((c.root / name / "config" / "subscription_groups.json").read_text())["groups"]
+        assert [(g["group_name"], g["retry_max_times"]) for g in stored] == [("JavaAdminSubGroup", 3)], stored
+
+    _admin(c, "deleteTopic", "-c", c.cluster, "-t", topic)
+    assert topic not in _admin(c, "topicList").split()
+    wait_until(lambda: all(_routed_queues(ns, topic) == 0 for ns in c.namesrvs), 20, "the route gone")
