@@ -8,8 +8,9 @@ own Java clients through the drivers (``java_clients.py``) and asserts on what t
 from __future__ import annotations
 
 import base64
+import json
+import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,8 +36,6 @@ class Target(Protocol):
 
 def need(what: str, ok: bool, why: str) -> None:
     """Skip without ``what`` -- but under CI=true fail: a missing JDK or jar must not pass unnoticed."""
-    import os
-
     if ok:
         return
     if os.environ.get("CI", "").lower() == "true":
@@ -131,6 +130,7 @@ def transactions_commit_rollback_and_check_back(target: Target, topic: str, grou
     result = run(target, "transaction", "--topic", topic, "--group", group, "--count", "3",
                  "--states", "commit,rollback,unknown", "--check-unknown-first", "1", "--check-answer", "commit",
                  "--wait-resolved", "--duration-s", "90", timeout=150)
+    (target.work / f"{topic}-transaction-events.json").write_text(json.dumps(result.events, indent=1))  # post-mortem
     assert result.returncode == 0, result.errors
     sent = result.events_of("sent")
     assert [e["localState"] for e in sent] == ["COMMIT_MESSAGE", "ROLLBACK_MESSAGE", "UNKNOW"]
@@ -212,15 +212,3 @@ def lite_pull_commit_is_where_the_next_one_starts(target: Target, topic: str, gr
                  str(10 - read_first), "--idle-ms", "5000", "--duration-s", "60")
     offsets = [e["queueOffset"] for e in first.events_of("received") + second.events_of("received")]
     assert sorted(offsets) == list(range(10))
-
-
-def until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``predicate`` every 0.2 s until truthy (returned); AssertionError naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}; last value {value!r:.300}")
-        time.sleep(0.2)

@@ -295,7 +295,7 @@ def test_push_orderly_one_queue_is_never_consumed_by_two_members(spark_cluster: 
         two = JavaClient.start(None, "push", *args, work_dir=spark_cluster.work)
         sc.wait_queues(two, topic, 2, 30)
         sent = producer.wait_count("sent", 120, 60)
-        sc.until(lambda: len({e["msgId"] for c in (one, two) for e in c.snapshot("received")}) >= 120, 60,
+        wait_until(lambda: len({e["msgId"] for c in (one, two) for e in c.snapshot("received")}) >= 120, 60,
                  "every message consumed")
     finally:
         for c in (one, two):
@@ -386,7 +386,7 @@ def test_mqadmin_commands_take_effect(spark_cluster: SparkCluster) -> None:
     try:
         consumer.wait_count("received", 6, 60)
         client_id = consumer.wait_for(lambda evs: [e["clientId"] for e in evs if e["event"] == "started"])[0]
-        progress = sc.until(lambda: (rows := _rows(_admin(c, "consumerProgress", "-g", group), topic))
+        progress = wait_until(lambda: (rows := _rows(_admin(c, "consumerProgress", "-g", group), topic))
                             and sum(int(r[4]) for r in rows) == 6 and rows, 30, "the group's offsets committed")
         assert all(r[3] == r[4] and r[5] == "0" for r in progress), progress  # broker = consumer offset, no diff
         connection, by_offset_id, by_unique_id, by_key = _admin_all(
@@ -401,7 +401,7 @@ def test_mqadmin_commands_take_effect(spark_cluster: SparkCluster) -> None:
         before = len(consumer.snapshot("received"))
         reset = _admin(c, "resetOffsetByTime", "-g", group, "-t", topic, "-s", "0")
         assert len(_rows(reset, "broker-")) == 6, reset
-        sc.until(lambda: {e["msgId"] for e in consumer.snapshot("received")[before:]} >= {e["msgId"] for e in sent},
+        wait_until(lambda: {e["msgId"] for e in consumer.snapshot("received")[before:]} >= {e["msgId"] for e in sent},
                  60, "every message consumed again")
     finally:
         consumer.stop()
@@ -445,7 +445,7 @@ def test_a_broker_killed_under_the_push_consumer_loses_and_skips_nothing(spark_c
         producer.wait_for(lambda evs: any(e["event"] == "exit" for e in evs), 120, "the producer's end")
         acked = {e["msgId"] for e in producer.snapshot("sent")}
         assert len(acked) >= 250, (len(acked), producer.snapshot("error")[:3])  # most sends went through
-        sc.until(lambda: acked <= {e["msgId"] for e in consumer.snapshot("received")}, 90,
+        wait_until(lambda: acked <= {e["msgId"] for e in consumer.snapshot("received")}, 90,
                  "every acknowledged message consumed")
     finally:
         for client in (producer, consumer):
