@@ -72,7 +72,7 @@ def http_options(tls: TlsSettings | None, limits: ConnectionLimits | None = None
     limits = limits or ConnectionLimits()
     http = guarded_http_protocol(limits)
     if remoting is not None:
-        http = sniffing_protocol(http, remoting)
+        http = sniffing_protocol(http, remoting, limits)
     options: dict[str, Any] = {"http": http, "timeout_keep_alive": limits.http_keep_alive_s,
                                "limit_concurrency": limits.http_max_concurrency}
     if tls is not None and tls.enabled:
@@ -87,30 +87,67 @@ _http_log = logging.getLogger("sparkmq.http")
 _REMOTING_FIRST_BYTE_MAX = 0x1F
 
 
-def sniffing_protocol(http_class: type[asyncio.Protocol], remoting: RemotingServer) -> type[asyncio.Protocol]:
+def sniffing_protocol(http_class: type[asyncio.Protocol], remoting: RemotingServer,
+                      limits: ConnectionLimits | None = None) -> type[asyncio.Protocol]:
     """A protocol for uvicorn that serves RocketMQ remoting and HTTP on one port, told apart by the first byte
     a client sends (docs/remoting.md, "One port"): a control byte starts a remoting frame (its length's high
     byte), anything else an HTTP request.  The connection then belongs to ``remoting``'s
     :class:`~sparkmq.platform.remoting.ServerConnection` or to ``http_class`` as if it had been accepted by
     it; nothing is sniffed again.  ``remoting`` must be started with ``start_shared()`` on the serving loop.
+
+    A connection that has not said which it is yet is neither's to limit, so ``limits`` apply here too: at
+    most ``max_connections_per_ip`` such silent connections per source address (more are closed at once), and
+    one that sends nothing within ``http_header_timeout_s`` is closed (a RocketMQ client sends its first
+    request as soon as it connects, an HTTP client its request head).
     """
+    limits = limits or ConnectionLimits()
+    silent = PerAddressCounter(limits.max_connections_per_ip)
+    refusals = RefusalLog(_http_log, "connections not yet identified")
+    first_byte_timeout_s = limits.http_header_timeout_s
 
     class SniffingProtocol(asyncio.Protocol):
-        __slots__ = ("_args", "_kwargs", "_transport", "_paused")
+        __slots__ = ("_args", "_kwargs", "_transport", "_paused", "_ip", "_timer")
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             self._args = args  # uvicorn's (config, server_state, app_state): the HTTP protocol's, made later
             self._kwargs = kwargs
             self._transport: asyncio.Transport | None = None
             self._paused = False
+            self._ip: str | None = None
+            self._timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            peer = transport.get_extra_info("peername")
+            ip = peer[0] if peer else "?"
+            if not silent.admit(ip):
+                refusals.refused_one(ip, f"{silent[ip]} silent connections open (max_connections_per_ip)")
+                transport.abort()  # type: ignore[attr-defined]
+                return
             self._transport = transport  # type: ignore[assignment]
+            self._ip = ip
+            self._timer = asyncio.get_running_loop().call_later(first_byte_timeout_s, self._silent_too_long)
+
+        def _identified(self) -> None:
+            """The connection spoke (or went): it no longer counts as silent."""
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if self._ip is not None:
+                silent.release(self._ip)
+                self._ip = None
+
+        def _silent_too_long(self) -> None:
+            self._timer = None
+            if self._transport is not None and not self._transport.is_closing():
+                _http_log.debug("closing a connection from %s: nothing sent within %.1f s", self._ip,
+                                first_byte_timeout_s)
+                self._transport.close()
 
         def data_received(self, data: bytes) -> None:
             transport = self._transport
             if transport is None or not data:
                 return
+            self._identified()
             protocol: asyncio.Protocol
             if data[0] <= _REMOTING_FIRST_BYTE_MAX:
                 protocol = remoting.adopt()
@@ -127,6 +164,7 @@ def sniffing_protocol(http_class: type[asyncio.Protocol], remoting: RemotingServ
             return None  # closed before a byte arrived: let the transport close
 
         def connection_lost(self, exc: Exception | None) -> None:
+            self._identified()
             self._transport = None
 
         def pause_writing(self) -> None:

@@ -135,34 +135,36 @@ def test_idle_flood_and_slow_head_do_not_slow_a_well_behaved_client(platform: tu
         _round_trip_rate(producer, consumer, 1.0)  # warm-up: routes, connections
         baseline = max(_round_trip_rate(producer, consumer, 2.0) for _ in range(2))
 
-        abusive += _open_idle(remoting, "127.0.0.2", IDLE)
-        abusive_http = _open_idle(http, "127.0.0.2", IDLE)
-        abusive += abusive_http
+        # One port serves HTTP and remoting: a connection that never sends a byte is neither yet, and counts
+        # against max_connections_per_ip as a silent connection, to either address the broker names.
+        assert remoting == http, (remoting, http)
+        abusive += _open_idle(http, "127.0.0.2", IDLE)
         slow = SlowHead(http)
         slow.start()
-        # Beyond the limit per address the broker refused: PER_IP remoting connections stay, the rest are closed.
-        wait_until(lambda: _open_count(abusive[:IDLE]) == PER_IP, 10,
-                   lambda: f"{PER_IP} of the idle remoting connections open (now {_open_count(abusive[:IDLE])})")
+        # Beyond the limit per address the broker refused: PER_IP silent connections stay, the rest are closed.
+        wait_until(lambda: _open_count(abusive) == PER_IP, 10,
+                   lambda: f"{PER_IP} of the silent connections open (now {_open_count(abusive)})")
         under_abuse = max(_round_trip_rate(producer, consumer, 2.0) for _ in range(2))
         print(f"round trips: {baseline:.0f} msgs/s alone, {under_abuse:.0f} msgs/s under abuse "
               f"({under_abuse / baseline:.2f})")
         assert under_abuse >= 0.8 * baseline, (baseline, under_abuse)
 
-        # The slow head and the silent HTTP connections are reaped after the head deadline.
+        # The slow head and the silent connections are reaped after the head deadline; the clients that spoke
+        # (the producer's and consumer's remoting connections, idle between rounds) are not.
         slow.join(HEADER_TIMEOUT_S + 10)
         assert slow.closed_after is not None and slow.closed_after < HEADER_TIMEOUT_S + 3, slow.closed_after
-        wait_until(lambda: _open_count(abusive_http) == 0, HEADER_TIMEOUT_S + 10, "the idle HTTP connections reaped")
-        assert _open_count(abusive[:IDLE]) == PER_IP  # remoting: idle for less than its idle timeout, kept
+        wait_until(lambda: _open_count(abusive) == 0, HEADER_TIMEOUT_S + 10, "the silent connections reaped")
+        time.sleep(HEADER_TIMEOUT_S + 1)
+        assert _round_trip_rate(producer, consumer, 1.0) > 0
     finally:
         for sock in abusive:
             with contextlib.suppress(OSError):
                 sock.close()
         consumer.shutdown()
         producer.shutdown()
-    # Logged once per address and port, not once per refused connection.
+    # Logged once per address, not once per refused connection.
     log = broker.log()
-    assert log.count("remoting: refusing connections from 127.0.0.2") == 1, log[-3000:]
-    assert log.count("http: refusing connections from 127.0.0.2") == 1, log[-3000:]
+    assert log.count("connections not yet identified: refusing connections from 127.0.0.2") == 1, log[-3000:]
 
 
 def _routed(admin: AdminClient) -> bool:
