@@ -381,6 +381,38 @@ def test_flow_control_thresholds() -> None:
     assert pq.flow_control_reason() is None and pq.offset_span() == 1
 
 
+def test_a_flow_controlled_pull_loop_is_woken_by_consumption_from_another_thread() -> None:
+    """The pull loop waits for room, not a fixed back-off: a poll that empties the queue wakes it at once.
+
+    (With ``pull_batch_size`` above ``flow_control_max_messages`` every pull leaves the queue over the limit: a
+    fixed 50 ms back-off per pull made ``pull_batch_size=1024`` drain three times slower than 256.)
+    """
+    pq = ProcessQueue(MessageQueue("t", "broker-a", 0), 0, max_messages=2)
+    msgs = [_received(o) for o in range(3)]
+    pq.on_pulled(msgs, 3)
+    assert pq.flow_control_reason() == "count"
+
+    async def wait() -> bool:
+        waiting = asyncio.get_running_loop().create_task(pq.wait_for_room(3600))  # a back-off never reached
+        await asyncio.sleep(0)
+        assert pq._room is not None                                   # registered before the consumer polls
+        await asyncio.to_thread(pq.remove, msgs[:1])                  # 2 left: at the limit, room again
+        return await asyncio.wait_for(waiting, 30)
+
+    assert asyncio.run(wait()) is True and pq.flow_control_reason() is None and pq._room is None
+    # Room already there: no wait at all; a drop wakes a waiter too (its loop must see the drop).
+    assert asyncio.run(pq.wait_for_room(3600)) is True
+    pq.on_pulled([_received(o) for o in range(3, 6)], 6)
+
+    async def dropped() -> bool:
+        waiting = asyncio.get_running_loop().create_task(pq.wait_for_room(3600))
+        await asyncio.sleep(0)
+        pq.drop()
+        return await asyncio.wait_for(waiting, 30)
+
+    assert asyncio.run(dropped()) is False and pq.dropped
+
+
 def test_dropped_flag_and_reset() -> None:
     pq = ProcessQueue(MessageQueue("t", "broker-a", 0), 5)
     pq.on_pulled([_received(5), _received(6)], 7)

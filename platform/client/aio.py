@@ -706,7 +706,7 @@ class AsyncConsumer(_AsyncClient):
         while not pq.dropped:
             if pq.flow_control_reason() is not None:
                 pq.flow_control_times += 1
-                await asyncio.sleep(cfg.flow_control_backoff_s)
+                await pq.wait_for_room(cfg.flow_control_backoff_s)  # consumption wakes it at once
                 continue
             route = self._routes.cached(mq.topic)
             addr = route.read_addr(mq.broker_name) if route is not None else None
