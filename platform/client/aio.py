@@ -537,7 +537,8 @@ class AsyncConsumer(_AsyncClient):
                 try:
                     await self._route(topic)
                 except SparkMQError as exc:
-                    log.warning("no route for %s yet (will retry): %s", topic, exc)
+                    # The group's retry topic exists only once a message was sent back: not worth a warning.
+                    (log.debug if topic == retry else log.warning)("no route for %s yet (will retry): %s", topic, exc)
             await self.send_heartbeats()
             self._state = "running"
             await self.rebalance()
