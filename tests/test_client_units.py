@@ -869,6 +869,33 @@ def test_no_writable_queue_is_waited_for_within_the_send_budget(cluster: FakeClu
     assert sum(1 for _, _, path in cluster.requests if path == "/routes/stuck") >= 2, "the route was asked again"
 
 
+def test_the_asyncio_producer_sends_on_a_cached_default_route_without_a_worker_thread(
+        cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A topic no name server knows yet gets a default route; until it is due to be asked for again
+    (``route_miss_retry_s``) the asyncio producer takes it from the cache, as the threaded one does, instead of a
+    worker-thread hop per send (that hop was every send's for the first second of a new topic)."""
+    from sparkmq.platform.client import aio
+
+    hops: list[object] = []
+    real_to_thread = asyncio.to_thread
+
+    async def counted(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        hops.append(fn)
+        return await real_to_thread(fn, *args, **kwargs)
+
+    monkeypatch.setattr(aio.asyncio, "to_thread", counted)
+
+    async def run() -> list[bool]:
+        producer = aio.AsyncProducer("pg", _config())
+        producer._routes = TopicRouteCache(NameServerClient([NS1, NS2], 3.0, transport=cluster.transport()),
+                                           miss_retry_s=3600)
+        routes = [await producer._route("brand-new", allow_default=True) for _ in range(20)]
+        return [r.is_default for r in routes]
+
+    assert asyncio.run(run()) == [True] * 20
+    assert len(hops) == 1                                         # the first one asked the name servers
+
+
 def test_producer_heartbeats_and_probes_isolated_brokers(cluster: FakeCluster) -> None:
     cfg = _config(heartbeat_interval_s=0.05, fault_detect_interval_s=0.05)
     with Producer("pg", cfg, transport=cluster.transport()) as producer:

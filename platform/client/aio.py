@@ -179,9 +179,12 @@ class _AsyncClient:
 
     # -- routes and requests -----------------------------------------------------------------
     async def _route(self, topic: str, *, allow_default: bool = False) -> TopicRouteInfo:
-        """The route of ``topic``: the cached one, else fetched in a worker thread (name servers are HTTP)."""
-        route = self._routes.cached(topic)
-        if route is not None and not route.is_default:
+        """The route of ``topic``: the cached one, else fetched in a worker thread (name servers are HTTP).
+
+        A new topic's default route is used from the cache too until it is due to be asked for again (every
+        ``route_miss_retry_s``), as the threaded producer does: not a worker-thread hop per send meanwhile."""
+        route = self._routes.usable(topic)
+        if route is not None:
             return route
         return await asyncio.to_thread(self._routes.get, topic, allow_default=allow_default)
 
