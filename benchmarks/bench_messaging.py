@@ -302,7 +302,10 @@ def bench_e2e_aio(platform: Platform, name: str, rate: int, seconds: float) -> N
             await producer.send(Message(topic, b"warm-up"))  # the topic exists before the consumer starts
             consumer = AsyncConsumer(f"bench-e2e-aio-{rate}", platform.config())
             consumer.subscribe(topic)
-            async with consumer:  # start() returns holding its queues
+            async with consumer:
+                deadline = time.monotonic() + 30
+                while len(consumer.assignment()) < 4 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)  # the new topic's route, then a rebalance, give it the queues
                 await asyncio.sleep(0.5)  # and their pulls are held at the broker
 
                 async def consume() -> None:
