@@ -896,6 +896,28 @@ def test_the_asyncio_producer_sends_on_a_cached_default_route_without_a_worker_t
     assert len(hops) == 1                                         # the first one asked the name servers
 
 
+def test_the_asyncio_consumers_rebalance_loop_ends_when_cancelled_as_a_notice_arrives() -> None:
+    """The shutdown cancels the rebalance loop; a membership notice setting its event in the same loop pass made
+    Python 3.11's ``asyncio.wait_for`` return instead of raising, and the loop (awaited by the shutdown) ran on:
+    ``async with consumer`` then never ended.  The loop now stops once the consumer is not running."""
+    from sparkmq.platform.client import AsyncConsumer
+
+    async def run() -> bool:
+        consumer = AsyncConsumer("cg", _config(rebalance_interval_s=3600))
+        consumer._state = "running"
+        loop_task = asyncio.get_running_loop().create_task(consumer._rebalance_loop())
+        await asyncio.sleep(0)              # waiting for the event
+        consumer._rebalance_due.set()       # a notice: the event's waiter finishes in the next pass ...
+        await asyncio.sleep(0)
+        consumer._state = "stopping"        # ... and the shutdown cancels the loop right then
+        loop_task.cancel()
+        done, _ = await asyncio.wait({loop_task}, timeout=3)
+        consumer._namesrv.close()
+        return loop_task in done
+
+    assert asyncio.run(run())
+
+
 def test_producer_heartbeats_and_probes_isolated_brokers(cluster: FakeCluster) -> None:
     cfg = _config(heartbeat_interval_s=0.05, fault_detect_interval_s=0.05)
     with Producer("pg", cfg, transport=cluster.transport()) as producer:

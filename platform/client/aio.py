@@ -800,6 +800,10 @@ class AsyncConsumer(_AsyncClient):
                 await asyncio.wait_for(self._rebalance_due.wait(), self.config.rebalance_interval_s)
             except TimeoutError:
                 pass
+            if self._state != "running":
+                # Cancelled by the shutdown just as a notice set the event: Python 3.11's wait_for then returns
+                # instead of raising, and this loop must not outlive the consumer (its shutdown awaits it).
+                return
             self._rebalance_due.clear()
             try:
                 await self.rebalance()
