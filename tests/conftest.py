@@ -147,6 +147,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     """
     if _exit_status is None or os.environ.get("SPARKMQ_TEST_NORMAL_EXIT"):
         return
+    if hasattr(config, "workerinput"):  # an xdist worker: its controller reads its last messages as it exits
+        return
     import atexit
     import faulthandler
     faulthandler.enable(all_threads=True)   # should an exit handler itself crash, say where

@@ -194,7 +194,8 @@ def test_delay_levels_deliver_no_earlier_than_due(http: httpx.Client) -> None:
     for m in got:
         assert m["store_timestamp"] >= sent[m["msg_id"]], m
         assert m["store_timestamp"] - sent[m["msg_id"]] < 1500
-        assert "DELAY" not in m["properties"] and "REAL_TOPIC" not in m["properties"]
+        # the delivered copy keeps its level as RocketMQ's does, not where it was parked
+        assert m["properties"]["DELAY"] in ("1", "2", "3") and "REAL_TOPIC" not in m["properties"]
 
 
 def test_bad_delays_are_refused_and_store_nothing(http: httpx.Client, server: ThreadServer) -> None:

@@ -225,6 +225,7 @@ def test_a_pull_far_behind_is_read_in_by_a_cold_read_thread_and_the_tail_on_the_
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_a_cold_reader_does_not_stall_the_hot_consumer(procs: ProcessHarness, tmp_path: Path) -> None:
     conf = tmp_path / "broker.toml"
     conf.write_text(f'[broker]\ndata_dir = "{tmp_path / "broker"}"\ntrace_enabled = false\n'

@@ -15,7 +15,6 @@ import base64
 import hashlib
 import hmac
 import json
-import os
 import re
 import shutil
 import sys
@@ -23,8 +22,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import java_scenarios as sc
 import pytest
-
 import remoting_capture as rc
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +32,7 @@ BROKER_CONF = {"messageDelayLevel": " ".join(["1s"] * 18), "transactionTimeOut":
                "transactionCheckInterval": 1000, "enablePropertyFilter": "true"}
 
 
-# -- the frame codec (no JVM) -------------------------------------------------------------------------------------------
+# -- the frame codec (no JVM) ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", [rc.SERIALIZE_JSON, rc.SERIALIZE_ROCKETMQ])
 def test_frame_round_trip(kind: int) -> None:
     """A frame encodes and decodes back to itself under both header encodings."""
@@ -69,26 +68,18 @@ def test_stored_record_decodes() -> None:
 
 
 # -- against Apache RocketMQ -------------------------------------------------------------------------------------------
-def _need(what: str, ok: bool, why: str) -> None:
-    if ok:
-        return
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"{what} is needed under CI: {why}")
-    pytest.skip(f"{what}: {why}")
-
-
 @pytest.fixture(scope="module")
 def rocketmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """RocketMQ 5.5.0 (name server + broker) behind a capture relay; yields the harness with ``.relay`` and
     ``.work``; everything stopped by pid afterwards."""
-    _need("java and javac", bool(shutil.which("java") and shutil.which("javac")), "install a JDK 17+")
+    sc.need("java and javac", bool(shutil.which("java") and shutil.which("javac")), "install a JDK 17+")
     from sparkmq.platform.common import jars
 
     try:
         for name in ("rocketmq-client", "rocketmq-server"):
             jars.fetch(name, say=lambda _m: None)
     except jars.MissingJarsError as exc:
-        _need("the RocketMQ jar sets", False, str(exc))
+        sc.need("the RocketMQ jar sets", False, str(exc))
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import peers
 
@@ -108,20 +99,7 @@ def rocketmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         rmq.stop()
 
 
-def run(rmq, mode: str, *args: str, timeout: float = 120.0):  # type: ignore[no-untyped-def]
-    """A driver run to its end against the relayed name server."""
-    from java_clients import run_driver
-
-    return run_driver(mode, "--namesrv", rmq.namesrv, *args, work_dir=rmq.work, timeout=timeout)
-
-
-def drain(rmq, topic: str, count: int, *extra: str, idle_ms: int = 5000) -> list[dict]:  # type: ignore[no-untyped-def]
-    """The messages of ``topic`` read with a lite pull consumer (assigned, from the beginning) until ``count``
-    came, none came for ``idle_ms`` (0: no idle stop), or 60 s passed."""
-    result = run(rmq, "litepull", "--topic", topic, "--group", f"reader-{time.monotonic_ns()}", "--seek-begin",
-                 "--count", str(count), "--idle-ms", str(idle_ms), "--duration-s", "60", *extra)
-    assert result.returncode == 0, result.errors
-    return result.events_of("received")
+run, drain = sc.run, sc.drain
 
 
 @pytest.mark.cluster
@@ -131,54 +109,14 @@ def test_every_send_is_accounted_for(rocketmq) -> None:  # type: ignore[no-untyp
     same tags, keys, properties and body, and the same offsetMsgId, queue and offset (a delayed message is stored
     again when it is due: its SendResult names the copy in SCHEDULE_TOPIC_XXXX, the consumer the one delivered a
     second or more later)."""
-    topic = "HarnessSends"
-    sent: list[dict] = []
-    for label, mode, extra in [("sync", "sync", []), ("async", "async", []), ("oneway", "oneway", []),
-                               ("batch", "batch", ["--batch-size", "4"]), ("ordered", "ordered", ["--order-keys", "2"]),
-                               ("delayed", "sync", ["--delay-level", "1"])]:
-        result = run(rocketmq, "produce", "--topic", topic, "--count", "8", "--send", mode, "--tags", "A,B",
-                     "--keys-prefix", f"{label}-", "--prop", "color=blue", "--body", f"{label}-{{i}}", *extra)
-        assert result.returncode == 0 and not result.errors, result.errors
-        events = result.events_of("sent")
-        assert len(events) == 8 and all(e["msgId"] for e in events)
-        sent += events
-    assert len({e["msgId"] for e in sent}) == len(sent)
-    got = {e["msgId"]: e for e in drain(rocketmq, topic, len(sent))}
-    assert set(got) == {e["msgId"] for e in sent}
-    for e in sent:
-        m = got[e["msgId"]]
-        assert m["tags"] == e["tags"] and m["keys"] == e["keys"] and m["properties"]["color"] == "blue"
-        assert base64.b64decode(m["body"]).decode() == e["keys"]
-        if e["keys"].startswith("delayed-"):
-            assert m["properties"]["DELAY"] == "1" and m["storeTimestamp"] - m["bornTimestamp"] >= 900
-        elif not e.get("oneway"):  # a one-way send has no SendResult
-            assert (m["offsetMsgId"], m["queueId"], m["queueOffset"]) == (e["offsetMsgId"], e["queueId"],
-                                                                          e["queueOffset"])
-    ordered = [e for e in sent if "orderKey" in e]
-    assert all(len({e["queueId"] for e in ordered if e["orderKey"] == k}) == 1 for k in (0, 1))
+    sc.every_send_is_accounted_for(rocketmq, "HarnessSends")
 
 
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_reconsume_later_then_dlq(rocketmq) -> None:  # type: ignore[no-untyped-def]
     """RECONSUME_LATER every time: deliveries with reconsume times 0, 1, 2, then the message is in %DLQ%<group>."""
-    from java_clients import JavaClient
-
-    topic, group = "HarnessRetry", "HarnessRetryGroup"
-    [sent] = run(rocketmq, "produce", "--topic", topic, "--count", "1").events_of("sent")
-    consumer = JavaClient.start(None, "push", "--namesrv", rocketmq.namesrv, "--group", group, "--topic", topic,
-                                "--later-all", "--max-reconsume-times", "2", "--poll-namesrv-ms", "1000",
-                                "--rebalance-ms", "1000", work_dir=rocketmq.work)
-    try:
-        deliveries = consumer.wait_count("received", 3, 120)
-        time.sleep(3)  # the third answer's send-back (to the DLQ) completes before the consumer shuts down
-    finally:
-        consumer.stop()
-    assert [d["reconsumeTimes"] for d in deliveries] == [0, 1, 2]
-    assert {d["msgId"] for d in deliveries} == {sent["msgId"]}
-    assert all(d["status"] == "RECONSUME_LATER" for d in deliveries)
-    dead = drain(rocketmq, f"%DLQ%{group}", 1)
-    assert [(d["msgId"], d["reconsumeTimes"]) for d in dead] == [(sent["msgId"], 3)], dead
+    sc.reconsume_later_then_dlq(rocketmq, "HarnessRetry", "HarnessRetryGroup")
 
 
 @pytest.mark.cluster
@@ -188,19 +126,7 @@ def test_transactions_commit_rollback_and_check_back(rocketmq) -> None:  # type:
     COMMIT) and then delivered; the rolled-back one never is.  (The broker checks a half message older than
     transactionTimeOut, 3 s here: with 1 s it also checked the settled ones, and in 3 of 7 runs the commit answered
     by a check-back was never delivered -- RocketMQ's behaviour at that setting, not a driver's.)"""
-    topic = "HarnessTx"
-    result = run(rocketmq, "transaction", "--topic", topic, "--group", "HarnessTxProducer", "--count", "3",
-                 "--states", "commit,rollback,unknown", "--check-unknown-first", "1", "--check-answer", "commit",
-                 "--wait-resolved", "--duration-s", "90", timeout=150)
-    (rocketmq.work / "transaction-events.json").write_text(json.dumps(result.events, indent=1))  # for a post-mortem
-    assert result.returncode == 0, result.errors
-    sent = result.events_of("sent")
-    assert [e["localState"] for e in sent] == ["COMMIT_MESSAGE", "ROLLBACK_MESSAGE", "UNKNOW"]
-    assert result.events_of("stopping")[0]["reason"] == "resolved"
-    checks = [c for c in result.events_of("check") if c["msgId"] == sent[2]["msgId"]]
-    assert [c["answer"] for c in checks[:2]] == ["UNKNOW", "COMMIT_MESSAGE"]
-    got = {e["msgId"] for e in drain(rocketmq, topic, 2, idle_ms=0)}  # the checked one may come a while later
-    assert got == {sent[0]["msgId"], sent[2]["msgId"]}, (sent, result.events_of("check"))
+    sc.transactions_commit_rollback_and_check_back(rocketmq, "HarnessTx", "HarnessTxProducer")
 
 
 @pytest.mark.cluster
@@ -208,93 +134,28 @@ def test_transactions_commit_rollback_and_check_back(rocketmq) -> None:  # type:
 def test_two_members_share_the_queues(rocketmq) -> None:  # type: ignore[no-untyped-def]
     """Clustering: one member holds all 4 queues; when a second joins each holds 2, disjoint; when it leaves the
     first has all 4 again."""
-    from java_clients import JavaClient
-
-    topic, group = "HarnessRebalance", "HarnessRebalanceGroup"
-    run(rocketmq, "produce", "--topic", topic, "--count", "1")
-    args = ["--namesrv", rocketmq.namesrv, "--group", group, "--topic", topic, "--rebalance-ms", "1000"]
-
-    def queues(client: JavaClient, n: int) -> object:
-        def last(events: list[dict]) -> object:
-            mine = [e for e in events if e["event"] == "assignment"]
-            qs = {q["queueId"] for q in mine[-1]["queues"] if q["topic"] == topic} if mine else set()
-            return qs if len(qs) == n else None
-        return client.wait_for(last, 60, f"{n} queues")
-
-    one = JavaClient.start(None, "push", *args, work_dir=rocketmq.work)
-    try:
-        assert queues(one, 4) == {0, 1, 2, 3}
-        two = JavaClient.start(None, "push", *args, work_dir=rocketmq.work)
-        try:
-            a, b = queues(one, 2), queues(two, 2)
-            assert not a & b  # type: ignore[operator]
-        finally:
-            two.stop()
-        assert queues(one, 4) == {0, 1, 2, 3}
-    finally:
-        one.stop()
+    sc.two_members_share_the_queues(rocketmq, "HarnessRebalance", "HarnessRebalanceGroup", 4)
 
 
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_orderly_consumer_locks_its_queues_and_keeps_order(rocketmq) -> None:  # type: ignore[no-untyped-def]
     """An orderly consumer reports its queues locked and gets each order key's messages in send order."""
-    from java_clients import JavaClient
-
-    topic = "HarnessOrderly"
-    sent = run(rocketmq, "produce", "--topic", topic, "--count", "12", "--send", "ordered",
-               "--order-keys", "3").events_of("sent")
-    consumer = JavaClient.start(None, "push", "--namesrv", rocketmq.namesrv, "--group", "HarnessOrderlyGroup",
-                                "--topic", topic, "--orderly", work_dir=rocketmq.work)
-    try:
-        got = consumer.wait_count("received", 12, 60)
-        locked = consumer.wait_for(lambda evs: [e for e in evs if e["event"] == "assignment" and e["queues"]
-                                                and all(q["locked"] for q in e["queues"])], 60, "locked queues")
-    finally:
-        consumer.stop()
-    assert locked
-    for key in range(3):
-        want = [e["msgId"] for e in sent if e["orderKey"] == key]
-        assert [e["msgId"] for e in got if e["msgId"] in want] == want
+    sc.orderly_consumer_locks_its_queues_and_keeps_order(rocketmq, "HarnessOrderly", "HarnessOrderlyGroup")
 
 
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_tag_and_sql_subscriptions(rocketmq) -> None:  # type: ignore[no-untyped-def]
     """A tag subscription and a MessageSelector.bySql subscription receive exactly their messages."""
-    from java_clients import JavaClient
-
-    topic = "HarnessFilters"
-    sent = run(rocketmq, "produce", "--topic", topic, "--count", "8", "--tags", "A,B", "--prop", "n={i}"
-               ).events_of("sent")
-    for group, selector, want in (("HarnessTagGroup", ["--tags", "B"], [e for e in sent if e["tags"] == "B"]),
-                                  ("HarnessSqlGroup", ["--sql", "n >= 4 AND TAGS = 'A'"],
-                                   [e for e in sent[4:] if e["tags"] == "A"])):
-        consumer = JavaClient.start(None, "push", "--namesrv", rocketmq.namesrv, "--group", group, "--topic", topic,
-                                    *selector, work_dir=rocketmq.work)
-        try:
-            consumer.wait_count("received", len(want), 60)
-            time.sleep(2)  # nothing else arrives
-            got = consumer.snapshot("received")
-        finally:
-            consumer.stop()
-        assert sorted(e["msgId"] for e in got) == sorted(e["msgId"] for e in want)
+    sc.tag_and_sql_subscriptions(rocketmq, "HarnessFilters", "HarnessTagGroup", "HarnessSqlGroup")
 
 
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_lite_pull_commit_is_where_the_next_one_starts(rocketmq) -> None:  # type: ignore[no-untyped-def]
     """A subscribed lite pull consumer commits after 5 of 10; the next member of its group reads the other 5."""
-    topic, group = "HarnessLite", "HarnessLiteGroup"
-    run(rocketmq, "produce", "--topic", topic, "--count", "10", "--send", "ordered", "--order-keys", "1")
-    first = run(rocketmq, "litepull", "--topic", topic, "--group", group, "--subscribe", "--pull-batch", "1",
-                "--commit", "sync", "--count", "5", "--duration-s", "60")
-    assert len(first.events_of("received")) >= 5
-    read_first = len(first.events_of("received"))
-    second = run(rocketmq, "litepull", "--topic", topic, "--group", group, "--subscribe", "--count",
-                 str(10 - read_first), "--idle-ms", "5000", "--duration-s", "60")
-    offsets = [e["queueOffset"] for e in first.events_of("received") + second.events_of("received")]
-    assert sorted(offsets) == list(range(10))
+    sc.lite_pull_commit_is_where_the_next_one_starts(rocketmq, "HarnessLite", "HarnessLiteGroup")
 
 
 @pytest.mark.cluster

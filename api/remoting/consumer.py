@@ -15,6 +15,7 @@ from ...platform.auth import Action, Need, Resource
 from ...platform.broker.client_manager import ConsumerData, Subscription
 from ...platform.common import protocol as p
 from ...platform.common.errors import ErrorCode
+from ...platform.common.filtering import compile_filter
 from ...platform.common.protocol import RequestCode, ResponseCode
 from ...platform.remoting import Frame, Reply, ServerConnection, error_reply
 from ._common import Handler, NeedsOf, encode_json, json_body, reply, sub_group, sub_topic
@@ -59,6 +60,14 @@ class _Consumers:
         for group in producer_groups:
             self.remoting.push_pending_checks(group)
         return reply(p.HeartbeatResponseHeader(), encode_json(p.HeartbeatResponseBody(versions)))
+
+    def check_client_config(self, conn: ServerConnection, frame: Frame) -> Reply:
+        """CHECK_CLIENT_CONFIG: whether the subscription's expression compiles here (a SQL92 push consumer asks
+        before it starts); FILTER_EXPRESSION_ILLEGAL (RocketMQ's 23 SUBSCRIPTION_PARSE_FAILED) when it does not."""
+        sub = json_body(frame, p.CheckClientRequestBody).subscriptionData
+        if sub is not None:
+            compile_filter(sub.subString, sub.expressionType)
+        return reply()
 
     def unregister(self, conn: ServerConnection, frame: Frame) -> Reply:
         """UNREGISTER_CLIENT: the client leaves the named producer and/or consumer group."""
@@ -153,6 +162,11 @@ def _lock_needs(frame: Frame) -> list[Need]:
     return sub_group(body.consumerGroup) + [n for q in body.mqSet for n in sub_topic(q.topic)]
 
 
+def _check_config_needs(frame: Frame) -> list[Need]:
+    group = json_body(frame, p.CheckClientRequestBody).group
+    return sub_group(group) if group else []
+
+
 def _group_needs(frame: Frame) -> list[Need]:
     return sub_group(frame.header_as(p.ConsumerGroupRequestHeader).consumerGroup)
 
@@ -163,6 +177,7 @@ def family(remoting: BrokerRemoting) -> tuple[dict[int, Handler], dict[int, Need
     handlers: dict[int, Handler] = {
         RequestCode.HEART_BEAT: consumers.heartbeat,
         RequestCode.UNREGISTER_CLIENT: consumers.unregister,
+        RequestCode.CHECK_CLIENT_CONFIG: consumers.check_client_config,
         RequestCode.GET_CONSUMER_LIST_BY_GROUP: consumers.consumer_list,
         RequestCode.SPARKMQ_GROUP_INFO: consumers.group_info,
         RequestCode.QUERY_CONSUMER_OFFSET: consumers.query_offset,
@@ -175,6 +190,7 @@ def family(remoting: BrokerRemoting) -> tuple[dict[int, Handler], dict[int, Need
     needs: dict[int, NeedsOf | str] = {
         RequestCode.HEART_BEAT: _heartbeat_needs,
         RequestCode.UNREGISTER_CLIENT: lambda f: sub_group(f.header_as(p.UnregisterClientRequestHeader).consumerGroup),
+        RequestCode.CHECK_CLIENT_CONFIG: _check_config_needs,
         RequestCode.GET_CONSUMER_LIST_BY_GROUP: _group_needs,
         RequestCode.SPARKMQ_GROUP_INFO: _group_needs,
         RequestCode.QUERY_CONSUMER_OFFSET: _offset_needs,

@@ -121,8 +121,10 @@ class _Sends:
         def answer(result: PackedSendResult, status: SendStatus | None = None) -> Reply:
             prefix = offset_msg_id_prefix(result.store_host)
             ids = ",".join(f"{prefix}{o:016X}" for o in memoryview(result.offsets).cast("q"))
+            # RocketMQ's broker answers the batch's own UNIQ_KEY as transactionId and no batchUniqId: the Java
+            # client takes a batchUniqId for an inner batch and then reports that one id instead of each message's
             return reply(p.SendMessageResponseHeader(ids, result.queue_id, result.first_queue_offset,
-                                                     batchUniqId=batch_id, storeTimestamp=result.store_timestamp),
+                                                     transactionId=batch_id, storeTimestamp=result.store_timestamp),
                          code=SEND_STATUS_CODES[status or result.status])
         return self._send_packed(conn, h.topic, packed, count, queue_id, None, _compressed(h.sysFlag),
                                  h.producerGroup, answer)

@@ -166,7 +166,9 @@ class ScheduleService(PeriodicService):
                     break
                 try:
                     parked = self.store.read_message(clog_offset)
-                    message, queue_id = restore_parked(parked, (PROPERTY_DELAY_LEVEL,))
+                    # DELAY stays, as on RocketMQ's delivered copy: a Java consumer's getDelayTimeLevel() reads the
+                    # level the producer set (redeliver puts it straight to the store: it is not parked again)
+                    message, queue_id = restore_parked(parked, ())
                     self._deliver(message, queue_id, parked)
                     self.delivered += 1
                 except SparkMQError as exc:

@@ -173,6 +173,8 @@ class RequestCode(enum.IntEnum):
     GET_CONSUMER_LIST_BY_GROUP = 38
     LOCK_BATCH_MQ = 41
     UNLOCK_BATCH_MQ = 42
+    #: A push consumer with a SQL92 subscription asks each broker whether it can filter so before it starts.
+    CHECK_CLIENT_CONFIG = 46
     UPDATE_AND_CREATE_SUBSCRIPTIONGROUP = 200
     GET_ALL_SUBSCRIPTIONGROUP_CONFIG = 201
     GET_TOPIC_STATS_INFO = 202
@@ -908,6 +910,14 @@ class SubscriptionDataBody(msgspec.Struct):
     expressionType: str = "TAG"
     classFilterMode: bool = False
     filterClassSource: str | None = None
+
+
+class CheckClientRequestBody(msgspec.Struct):
+    """CHECK_CLIENT_CONFIG's body (RocketMQ's CheckClientRequestBody): one subscription to vet."""
+
+    clientId: str = ""
+    group: str = ""
+    subscriptionData: SubscriptionDataBody | None = None
 
 
 class ConsumerDataBody(msgspec.Struct, omit_defaults=True):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...common.errors import ErrorCode, SparkMQError
@@ -13,7 +13,11 @@ from ..lake_index import DEFAULT_MAX_HITS, lake_row_to_stored
 from ..trace import MAX_POSTED_EVENTS, validate_event
 from .base import Processor
 
-__all__ = ["QueryProcessor"]
+__all__ = ["QueryProcessor", "STORE_SCAN_LIMIT"]
+
+#: Without the lake's key index, a query by key or unique id reads the topic's queues: at most this many messages.
+STORE_SCAN_LIMIT = 200_000
+SCAN_BATCH = 512
 
 log = logging.getLogger("sparkmq.broker")
 
@@ -60,11 +64,46 @@ class QueryProcessor(Processor):
         if not isinstance(key, str) or not key:
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "the key to query must be a non-empty string")
         hits = max(1, min(int(max_hits), DEFAULT_MAX_HITS * 2))
-        if unique:
-            found = [m for m in self.query_messages(msg_id=key, max_hits=hits) if m.topic == topic or not topic]
-        else:
-            found = self.query_messages(topic=topic, key=key, max_hits=hits)
+        try:
+            if unique:
+                found = [m for m in self.query_messages(msg_id=key, max_hits=hits) if m.topic == topic or not topic]
+            else:
+                found = self.query_messages(topic=topic, key=key, max_hits=hits)
+        except SparkMQError as exc:
+            if exc.code is not ErrorCode.LAKE_NOT_AVAILABLE or not topic:
+                raise
+            # no key index here: read the topic's queues instead (mqadmin's queryMsgByKey and queryMsgById work
+            # on a broker without a lake), as long as the topic is small enough to read whole
+            if unique:
+                found = self._scan_topic(topic, lambda m: m.properties.get("UNIQ_KEY") == key, begin_ms, end_ms, exc)
+            else:
+                found = self._scan_topic(topic, lambda m: key in m.keys, begin_ms, end_ms, exc)
+            found = sorted(found, key=lambda m: m.store_timestamp, reverse=True)[:hits]
         return [m for m in found if begin_ms <= m.store_timestamp <= end_ms]
+
+    def _scan_topic(self, topic: str, match: Callable[[StoredMessage], bool], begin_ms: int, end_ms: int,
+                    no_index: SparkMQError) -> list[StoredMessage]:
+        """The messages of ``topic`` stored in ``[begin_ms, end_ms]`` that ``match``, read from the store queue by
+        queue; ``no_index`` is raised when that would read more than STORE_SCAN_LIMIT messages."""
+        budget = STORE_SCAN_LIMIT
+        found: list[StoredMessage] = []
+        for queue_topic, queue_id in self.store.queues():
+            if queue_topic != topic:
+                continue
+            offset = self.store.offset_by_time(topic, queue_id, begin_ms)
+            end = self.store.max_offset(topic, queue_id)
+            while offset < end:
+                if budget <= 0:
+                    raise no_index
+                got = self.store.get_messages(topic, queue_id, offset, min(SCAN_BATCH, budget))
+                if got.next_offset <= offset:
+                    break
+                budget -= got.next_offset - offset
+                found.extend(m for m in got.messages if m.store_timestamp <= end_ms and match(m))
+                if got.messages and got.messages[-1].store_timestamp > end_ms:
+                    break
+                offset = got.next_offset
+        return found
 
     def message_at(self, commitlog_offset: int) -> StoredMessage:
         """The message stored at ``commitlog_offset`` here (RocketMQ's VIEW_MESSAGE_BY_ID); MESSAGE_NOT_FOUND."""

@@ -16,7 +16,8 @@ import sparkmq.jutil.StopSignal;
 
 /**
  * {@code litepull}: a DefaultLitePullConsumer, either assigned queues ({@code --assign all} or
- * {@code --assign 0,2}; then {@code --seek Q:OFFSET} (repeatable), {@code --seek-begin} or {@code --seek-end})
+ * {@code --assign 0,2}; then {@code --seek Q:OFFSET} (repeatable), {@code --seek-begin} or {@code --seek-end},
+ * done while the queues are paused, {@code --seek-settle-ms} after the assignment)
  * or subscribed ({@code --subscribe}, with {@code --tags}/{@code --sql}, the group's offsets).  Every polled
  * message is a {@code received} event.  {@code --commit sync|async|none} after each non-empty poll (with
  * {@code --auto-commit false}); at the end a {@code committed} event lists the group's committed offset of each
@@ -42,7 +43,9 @@ final class LitePull {
         consumer.setAutoCommit(args.has("auto-commit") ? args.flag("auto-commit") : commit.equals("none"));
         consumer.setPullBatchSize(args.intValue("pull-batch", 32));
         consumer.setPollTimeoutMillis(args.longValue("poll-ms", 1000));
-        consumer.setPullThreadNums(args.intValue("pull-threads", 4));
+        // RocketMQ's default (20): each queue's pull task holds a thread through its long poll (20 s), so with
+        // fewer threads than queues the queues past the first threads' wait that long
+        consumer.setPullThreadNums(args.intValue("pull-threads", 20));
         consumer.setConsumeFromWhere(args.get("from", "first").equals("last")
                 ? ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET : ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
         if (args.get("model", "clustering").equalsIgnoreCase("broadcasting")) {
@@ -55,6 +58,7 @@ final class LitePull {
         List<String> seeks = args.all("seek");
         boolean seekBegin = args.flag("seek-begin");
         boolean seekEnd = args.flag("seek-end");
+        long seekSettleMs = args.longValue("seek-settle-ms", 500);
         args.rejectUnknown();
         try {
             consumer.start();
@@ -72,6 +76,14 @@ final class LitePull {
                 }
             }
             consumer.assign(assigned);
+            if (seekBegin || seekEnd || !seeks.isEmpty()) {
+                // The client's seek cancels a queue's pull task by interrupting the thread that task last ran on
+                // (PullTaskImpl.tryInterrupt), which may by then run another queue's task -- and an interrupted
+                // task is never scheduled again: that queue would go silent.  Paused tasks only reschedule
+                // themselves, so pause, let the first pulls finish, seek, resume.
+                consumer.pause(assigned);
+                Thread.sleep(seekSettleMs);
+            }
             for (MessageQueue mq : assigned) {
                 if (seekBegin) {
                     consumer.seekToBegin(mq);
@@ -87,6 +99,7 @@ final class LitePull {
                     }
                 }
             }
+            consumer.resume(assigned);
         }
         Map<String, Object> started = JsonOut.event("started");
         started.put("mode", subscribe ? "litepull_subscribe" : "litepull_assign");
