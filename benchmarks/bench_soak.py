@@ -39,6 +39,7 @@ import argparse
 import array
 import asyncio
 import base64
+import bisect
 import csv
 import datetime as dt
 import itertools
@@ -121,15 +122,14 @@ def decode_body(body: bytes) -> tuple[int, float]:
 class Tracker:
     """Acknowledged and consumed sequence numbers of one door (or group), and the e2e latencies of its deliveries.
 
-    Sequence numbers are dense from 0, so two bitmaps (a byte each) hold the whole run's history; ``pending`` --
-    acknowledged, not yet consumed -- stays small while consumers keep up.
+    Sequence numbers are dense from 0, so a bitmap (a byte each) holds what was consumed in the whole run;
+    ``pending`` -- acknowledged, not yet consumed -- stays small while consumers keep up.
     """
 
     def __init__(self, name: str, clock: Callable[[], float]) -> None:
         self.name = name
         self._clock = clock  # seconds since the steady load began (negative during the ramp)
         self._lock = threading.Lock()
-        self._acked = bytearray()
         self._consumed = bytearray()
         self.pending: dict[int, float] = {}
         self.acked_total = 0
@@ -151,8 +151,6 @@ class Tracker:
         if now < self.accept_from:
             return
         with self._lock:
-            self._grow(self._acked, seq)
-            self._acked[seq] = 1
             self.acked_total += 1
             # A consumer may see a message before its producer sees the ack.
             if seq >= len(self._consumed) or not self._consumed[seq]:
@@ -160,8 +158,8 @@ class Tracker:
 
     def consumed(self, seq: int, latency_ms: float) -> None:
         """A consumer got ``seq`` (once more, if it had before: a duplicate, not timed again)."""
-        now = self._clock()
         with self._lock:
+            now = self._clock()  # read under the lock: latency_t stays sorted
             self._grow(self._consumed, seq)
             if self._consumed[seq]:
                 self.duplicates += 1
@@ -181,7 +179,8 @@ class Tracker:
     def latencies_since(self, t_s: float) -> list[float]:
         """The e2e latencies (ms) of first deliveries at or after clock ``t_s``."""
         with self._lock:
-            return [ms for t, ms in zip(self.latency_t, self.latency_ms, strict=True) if t >= t_s]
+            # Appended under the lock from one monotonic clock: the times are sorted.
+            return list(self.latency_ms[bisect.bisect_left(self.latency_t, t_s):])
 
 
 # -- the cluster --------------------------------------------------------------------------------------------------
