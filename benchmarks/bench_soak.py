@@ -673,40 +673,69 @@ def schedule(duration_s: float) -> list[tuple[float, str]]:
     return sorted(plan)
 
 
+class Disturbances:
+    """The churn group's joins and leaves and the kill and restart of broker-b's master, each applied on a thread
+    of its own so that sampling stays on time (a restart waits for the broker's ready line)."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.churn: PushConsumer | None = None
+        self._last: threading.Thread | None = None
+
+    def start(self, what: str) -> None:
+        """Note ``what`` now (its recovery window starts here) and apply it once the previous one is done."""
+        self.run.event(what)
+        previous = self._last
+        self._last = threading.Thread(target=self._apply, args=(what, previous), name=f"soak-{what}", daemon=True)
+        self._last.start()
+
+    def _apply(self, what: str, previous: threading.Thread | None) -> None:
+        if previous is not None:
+            previous.join()
+        run = self.run
+        if what == "churn-join":
+            if run.churn.accept_from == math.inf:
+                # Its first offsets are taken when queues are first assigned: expect what is acked after that.
+                run.churn.accept_from = run.clock() + 10.0
+            self.churn = push_consumer(run.cluster, CHURN_GROUP, TOPICS["remoting"],
+                                       lambda body: run.churn.consumed(*decode_body(body)), "CONSUME_FROM_LAST_OFFSET")
+            run.churn_joined = True
+        elif what == "churn-leave":
+            self.finish_churn()
+        elif what.startswith("kill-"):
+            run.cluster.kill(KILLED)
+        elif what.startswith("restart-"):
+            run.cluster.restart(KILLED)
+
+    def finish_churn(self) -> None:
+        """The churn group leaves (if it is there)."""
+        if self.churn is not None:
+            self.churn.shutdown()
+            self.churn, self.run.churn_joined = None, False
+
+    def wait(self) -> None:
+        """Wait for the last disturbance to be applied."""
+        if self._last is not None:
+            self._last.join()
+
+
 def soak(run: Run, duration_s: float) -> None:
     """Run the disturbances on schedule, sampling every 10 s, until the run and every recovery window are over."""
     plan = schedule(duration_s)
     end = max(duration_s, plan[-1][0] + RECOVERY_WINDOW_S + SAMPLE_INTERVAL_S)
-    churn: PushConsumer | None = None
+    disturbances = Disturbances(run)
     next_sample = SAMPLE_INTERVAL_S
     while run.clock() < end:
         now = run.clock()
         if plan and plan[0][0] <= now:
-            _, what = plan.pop(0)
-            if what == "churn-join":
-                churn = push_consumer(run.cluster, CHURN_GROUP, TOPICS["remoting"],
-                                      lambda body: run.churn.consumed(*decode_body(body)), "CONSUME_FROM_LAST_OFFSET")
-                if run.churn.accept_from == math.inf:
-                    # Its first offsets are taken when queues are first assigned: expect what is acked after that.
-                    run.churn.accept_from = now + 10.0
-                run.churn_joined = True
-            elif what == "churn-leave" and churn is not None:
-                churn.shutdown()
-                churn, run.churn_joined = None, False
-            elif what.startswith("kill-"):
-                run.cluster.kill(KILLED)
-            elif what.startswith("restart-"):
-                run.cluster.restart(KILLED)
-            run.event(what)
-            continue
-        if now >= next_sample:
+            disturbances.start(plan.pop(0)[1])
+        elif now >= next_sample:
             run.sample(next_sample - SAMPLE_INTERVAL_S)
             next_sample += SAMPLE_INTERVAL_S
-            continue
-        time.sleep(min(0.2, max(0.0, min(next_sample, plan[0][0] if plan else end) - now)))
-    if churn is not None:
-        churn.shutdown()
-        run.churn_joined = False
+        else:
+            time.sleep(min(0.2, max(0.0, min(next_sample, plan[0][0] if plan else end) - now)))
+    disturbances.wait()
+    disturbances.finish_churn()
 
 
 # -- report -------------------------------------------------------------------------------------------------------
