@@ -6,8 +6,9 @@ Every service is a real process on a free 127.0.0.1 port (tests/procs.py starts 
 or fail); each master runs its lake (a SparkSession and the dispatch job into Delta tables).  This process is
 the load: producers (four sending threads each) and a consumer on each door -- remoting (sparkmq's client), HTTP
 (the broker's endpoints) and gRPC (the official ``rocketmq`` client) -- at half of the rate each door reached flat
-out in a 15 s ramp at the start.  The lakes' Spark runs at niceness 10 (``--lake-nice``; the brokers' default,
-SCHED_IDLE, may never get a core on a shared machine) and the soak begins once each lake dispatched a batch.
+out in a 15 s ramp at the start (then 30 s at that rate, so the ramp's backlog clears before the clock starts).
+The lakes' Spark runs at niceness 10 (``--lake-nice``; the brokers' default, SCHED_IDLE, may never get a core on
+a shared machine) and the soak begins once each lake dispatched a batch.
 Every message carries its door's sequence number and its send time, so each acknowledged message is checked off
 when consumed and its end-to-end latency is known.  During the run:
 
@@ -83,6 +84,8 @@ OVERDUE_GRACE_S = 5.0
 RECOVERY_WINDOW_S = 60.0
 #: Each door's producer runs flat out this long at the start; the soak then runs at half the rate reached.
 RAMP_S = 15.0
+#: After the ramp, the load runs at the soak's rate this long before the clock (and every figure) starts.
+SETTLE_S = 30.0
 #: Sending threads per door (each sends synchronously, one message at a time).
 SENDERS_PER_DOOR = 4
 #: The killed master stays down this long.
@@ -840,6 +843,15 @@ def ramp(load: Load, doors: dict[str, Door]) -> dict[str, tuple[float, float]]:
     return rates
 
 
+def settle(run: Run) -> None:
+    """Run at the soak's rate for SETTLE_S before the clock starts: the flat-out ramp leaves sends, replication
+    and consumers backed up, and minute 0's e2e p99 would measure the ramp, not the soak."""
+    since = run.clock()
+    time.sleep(SETTLE_S)
+    latencies = [ms for t in run.trackers.values() for ms in t.latencies_since(since + SETTLE_S / 2)]
+    print(f"  settled: e2e p99 {percentile(latencies, 0.99):.0f} ms in the last {SETTLE_S / 2:.0f} s", file=sys.stderr)
+
+
 def drain(trackers: dict[str, Tracker], timeout: float) -> None:
     """Wait until every acknowledged message was consumed, or ``timeout``."""
     deadline = time.monotonic() + timeout
@@ -881,6 +893,7 @@ def main() -> None:
             wait_lake_running(cluster.url(name).removeprefix("http://"), LAKE_START_S)
         load = Load(list(doors.values())).start()
         rates = ramp(load, doors)
+        settle(run)
         run.started = time.monotonic()
         soak(run, duration_s)
         load.stop()
