@@ -129,16 +129,17 @@ class Tracker:
     ``pending`` -- acknowledged, not yet consumed -- stays small while consumers keep up.
     """
 
-    def __init__(self, name: str, clock: Callable[[], float]) -> None:
+    def __init__(self, name: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.name = name
-        self._clock = clock  # seconds since the steady load began (negative during the ramp)
+        # Never reset (the run's clock starts over after the ramp): pending and latency times stay comparable.
+        self._clock = clock
         self._lock = threading.Lock()
         self._consumed = bytearray()
         self.pending: dict[int, float] = {}
         self.acked_total = 0
         self.consumed_total = 0
         self.duplicates = 0
-        #: Acks before this moment (clock seconds) are not expected here: a group that joined later.
+        #: Acks before this moment (``clock`` seconds) are not expected here: a group that joined later.
         self.accept_from = -math.inf
         self.latency_t = array.array("d")
         self.latency_ms = array.array("d")
@@ -180,7 +181,7 @@ class Tracker:
             return sum(1 for at in self.pending.values() if at < limit)
 
     def latencies_since(self, t_s: float) -> list[float]:
-        """The e2e latencies (ms) of first deliveries at or after clock ``t_s``."""
+        """The e2e latencies (ms) of first deliveries at or after ``t_s`` (in the tracker's clock)."""
         with self._lock:
             # Appended under the lock from one monotonic clock: the times are sorted.
             return list(self.latency_ms[bisect.bisect_left(self.latency_t, t_s):])
@@ -602,8 +603,8 @@ class Run:
     churn: Tracker = field(init=False)
 
     def __post_init__(self) -> None:
-        self.trackers = {door: Tracker(door, self.clock) for door in DOORS}
-        self.churn = Tracker(CHURN_GROUP, self.clock)
+        self.trackers = {door: Tracker(door) for door in DOORS}
+        self.churn = Tracker(CHURN_GROUP)
         self.churn.accept_from = math.inf  # until it first joins, it expects nothing
 
     def clock(self) -> float:
@@ -641,7 +642,8 @@ class Run:
             return None
 
     def sample(self, since: float) -> None:
-        """Record one sample: the brokers' processes, lag, overdue messages, the e2e p99 since clock ``since``."""
+        """Record one sample: the brokers' processes, lag, overdue messages, the e2e p99 since ``since``
+        (monotonic seconds)."""
         row: dict[str, float | int | None] = {"t_s": round(self.clock(), 1)}
         for name, broker in self.cluster.brokers.items():
             if broker.proc is None or not self.cluster.alive(name):
@@ -699,7 +701,7 @@ class Disturbances:
         if what == "churn-join":
             if run.churn.accept_from == math.inf:
                 # Its first offsets are taken when queues are first assigned: expect what is acked after that.
-                run.churn.accept_from = run.clock() + 10.0
+                run.churn.accept_from = time.monotonic() + 10.0
             self.churn = push_consumer(run.cluster, CHURN_GROUP, TOPICS["remoting"],
                                        lambda body: run.churn.consumed(*decode_body(body)), "CONSUME_FROM_LAST_OFFSET")
             run.churn_joined = True
@@ -733,7 +735,7 @@ def soak(run: Run, duration_s: float) -> None:
         if plan and plan[0][0] <= now:
             disturbances.start(plan.pop(0)[1])
         elif now >= next_sample:
-            run.sample(next_sample - SAMPLE_INTERVAL_S)
+            run.sample(run.started + next_sample - SAMPLE_INTERVAL_S)
             next_sample += SAMPLE_INTERVAL_S
         else:
             time.sleep(min(0.2, max(0.0, min(next_sample, plan[0][0] if plan else end) - now)))
@@ -793,7 +795,8 @@ def report(run: Run, duration_s: float, echo: float, rates: dict[str, tuple[floa
          **{f"{name}_lost": n for name, n in lost.items()},
          acked=sum(t.acked_total for t in run.trackers.values()),
          duplicates=sum(t.duplicates for t in run.trackers.values()), echo_msgs_per_s=round(echo))
-    pairs = [(t, ms) for tracker in run.trackers.values()
+    # Tracker times are monotonic seconds; the minutes count from the steady load's start.
+    pairs = [(t - run.started, ms) for tracker in run.trackers.values()
              for t, ms in zip(tracker.latency_t, tracker.latency_ms, strict=True)]
     p99s = minute_p99s(pairs, duration_s)
     ratio = worst_over_median(p99s)
@@ -846,7 +849,7 @@ def ramp(load: Load, doors: dict[str, Door]) -> dict[str, tuple[float, float]]:
 def settle(run: Run) -> None:
     """Run at the soak's rate for SETTLE_S before the clock starts: the flat-out ramp leaves sends, replication
     and consumers backed up, and minute 0's e2e p99 would measure the ramp, not the soak."""
-    since = run.clock()
+    since = time.monotonic()
     time.sleep(SETTLE_S)
     latencies = [ms for t in run.trackers.values() for ms in t.latencies_since(since + SETTLE_S / 2)]
     print(f"  settled: e2e p99 {percentile(latencies, 0.99):.0f} ms in the last {SETTLE_S / 2:.0f} s", file=sys.stderr)
