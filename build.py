@@ -4,7 +4,7 @@
     python3 build.py run            # set up, then start the platform with a demo
     python3 build.py test           # set up, then run the whole test suite (pytest arguments may follow)
     python3 build.py setup          # venv in .venv, dependencies, the C extension
-    python3 build.py bench [GROUP] [--quick]
+    python3 build.py bench [GROUP] [--quick] [ARGS...]   # ARGS go to that group's script (bench soak --minutes 3)
     python3 build.py jars [SET...]  # fetch JVM jar sets of conf/jars.toml (setup fetches those it needs)
     python3 build.py clean          # remove build products (keeps .venv)
 
@@ -340,9 +340,11 @@ def cmd_bench(args: argparse.Namespace) -> None:
         if not scripts:
             fail(f"no benchmark group {args.group!r}; groups: "
                  + ", ".join(s.stem[6:] for s in sorted((ROOT / 'benchmarks').glob('bench_*.py'))))
+    if args.extra and not args.group:
+        fail(f"arguments {' '.join(args.extra)!r} belong to one benchmark group: name it (bench soak --minutes 3)")
     for script in scripts:
         say(f"benchmark {script.stem[6:]}{' (quick)' if args.quick else ''}")
-        extra = ["--quick"] if args.quick else []
+        extra = (["--quick"] if args.quick else []) + args.extra
         run([str(VENV_PY), str(script)] + extra, cwd=ROOT, env=venv_env())
 
 
@@ -382,9 +384,14 @@ def main(argv: list[str] | None = None) -> None:
     # Everything after `run` / `test` belongs to sparkmq dev / pytest, options included
     # (argparse's REMAINDER refuses one that starts with a dash: `test -m "not slow"`).
     passthrough = argv[1:] if argv[:1] in (["run"], ["test"]) and argv[1:2] not in (["-h"], ["--help"]) else None
-    args = parser.parse_args(argv[:1] if passthrough is not None else argv)
     if passthrough is not None:
+        args = parser.parse_args(argv[:1])
         args.extra = passthrough
+    elif argv[:1] == ["bench"]:
+        # Options build.py does not know (--minutes) go to the group's script.
+        args, args.extra = parser.parse_known_args(argv)
+    else:
+        args = parser.parse_args(argv)
     args.func(args)
 
 

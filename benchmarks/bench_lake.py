@@ -438,14 +438,17 @@ def bench_freshness(broker: BrokerProc, rate: int, seconds: float) -> None:
          reached=bool(p99 <= TARGET_FRESHNESS_P99_S * 1000 and lags.size >= sent and achieved >= 0.95 * rate))
 
 
-def python_echo() -> None:
-    """Print the machine's Python speed line (``machine.python_echo ...``) first, as every benchmark run does."""
+def python_echo() -> float:
+    """Print the machine's Python speed line (``machine.python_echo ...``) first, as every benchmark run does;
+    returns its ``msgs_per_s`` (NaN when it could not run), to report beside other figures."""
     if not PYTHON_ECHO.exists():
         line("machine.python_echo", error=repr(f"{PYTHON_ECHO} not found (set SPARKMQ_PYTHON_ECHO)"))
-        return
+        return float("nan")
     done = subprocess.run([sys.executable, str(PYTHON_ECHO)], capture_output=True, text=True, timeout=600)
     echoed = [x for x in done.stdout.splitlines() if x.startswith("machine.python_echo")]
     print(echoed[-1] if echoed else f"machine.python_echo error={done.stderr[-200:]!r}", flush=True)
+    figure = re.search(r"msgs_per_s=([\d.]+)", echoed[-1]) if echoed else None
+    return float(figure.group(1)) if figure else float("nan")
 
 
 def main() -> None:

@@ -2,7 +2,10 @@
 
     python benchmarks/bench_messaging.py [--quick] [--only NAME[,NAME]]
 
-One line of figures each (1 KiB bodies, ASYNC_FLUSH unless the name says otherwise):
+The first line is the machine's Python speed of the day (``machine.python_echo``, from
+``../shared/tools/python_echo.py`` next to the repository, or ``$SPARKMQ_PYTHON_ECHO``): the messaging targets
+hold at 140,000 msgs/s and scale with it.  Then one line of figures each (1 KiB bodies, ASYNC_FLUSH unless the
+name says otherwise):
 
 * ``messaging.produce_batch`` -- batches of 256, 4 in flight: msgs/s, client CPU µs per message, and
   ``vs_store``: the rate over an in-process batched append of the same messages into a fresh store,
@@ -13,6 +16,11 @@ One line of figures each (1 KiB bodies, ASYNC_FLUSH unless the name says otherwi
   client µs per message, vs_store;
 * ``messaging.e2e_latency`` / ``messaging.e2e_latency_20k`` -- publish -> listener at a steady
   2,000 / 20,000 msgs/s: p50 / p99 ms;
+* ``messaging.e2e_latency_aio`` -- the same at 2,000 msgs/s in one asyncio application (``AsyncProducer.send``
+  tasks paced by the application's loop, an ``AsyncConsumer`` iterated on that loop): p50 / p99 ms;
+* ``messaging.java_produce`` / ``messaging.java_consume`` -- RocketMQ's own Java client (rocketmq-client 5.5.0,
+  ``benchmarks/java/remoting``'s RemotingBench) against the same broker: ``DefaultMQProducer`` batches of 64 from
+  32 threads, and a ``DefaultLitePullConsumer`` draining 1,000,000 messages (counted): msgs/s;
 * ``messaging.produce_sync_flush`` -- SYNC_FLUSH broker, 64 sends in flight: msgs/s;
 * ``messaging.http_send_batch`` -- the HTTP path, batches of 256: msgs/s.
 """
@@ -34,6 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sparkmq.platform.client import (
+    AsyncConsumer,
     AsyncProducer,
     ClientConfig,
     ConsumeStatus,
@@ -45,6 +54,9 @@ from sparkmq.platform.client import (
 
 BODY = os.urandom(1024)
 BATCH = 256
+#: The machine's Python speed of the day, printed first by every benchmark run.
+PYTHON_ECHO = Path(os.environ.get("SPARKMQ_PYTHON_ECHO")
+                   or Path(__file__).resolve().parents[2] / "shared" / "tools" / "python_echo.py")
 
 
 def line(name: str, **figures: object) -> None:
@@ -53,7 +65,18 @@ def line(name: str, **figures: object) -> None:
     print(" ".join(parts), flush=True)
 
 
+def python_echo() -> None:
+    """Print the machine's Python speed line (``machine.python_echo ...``) first, as every benchmark run does."""
+    if not PYTHON_ECHO.exists():
+        line("machine.python_echo", error=repr(f"{PYTHON_ECHO} not found (set SPARKMQ_PYTHON_ECHO)"))
+        return
+    done = subprocess.run([sys.executable, str(PYTHON_ECHO)], capture_output=True, text=True, timeout=600)
+    echoed = [x for x in done.stdout.splitlines() if x.startswith("machine.python_echo")]
+    print(echoed[-1] if echoed else f"machine.python_echo error={done.stderr[-200:]!r}", flush=True)
+
+
 def pct(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank, no interpolation)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
@@ -264,6 +287,113 @@ def bench_e2e(platform: Platform, name: str, rate: int, seconds: float) -> None:
          sent=total)
 
 
+def bench_e2e_aio(platform: Platform, name: str, rate: int, seconds: float) -> None:
+    """Publish -> ``async for`` at a steady ``rate`` in ONE asyncio application: ``AsyncProducer.send`` tasks paced
+    by the application's own loop and an ``AsyncConsumer`` iterated on that same loop (as ``bench_e2e`` does for
+    the threaded clients: same topic shape, warm-up, ticks of 1 ms).  Latency: from the send's task being created
+    to the message being yielded by the consumer."""
+    topic = f"BenchE2EAio{rate}"
+    total = int(rate * seconds)
+    sent_at: dict[bytes, float] = {}
+    latencies: list[float] = []
+    failed = [0]
+
+    async def run() -> None:
+        async with AsyncProducer("bench-e2e-aio", platform.config()) as producer:
+            await producer.send(Message(topic, b"warm-up"))  # the topic exists before the consumer starts
+            consumer = AsyncConsumer(f"bench-e2e-aio-{rate}", platform.config())
+            consumer.subscribe(topic)
+            async with consumer:
+                deadline = time.monotonic() + 30
+                while len(consumer.assignment()) < 4 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)  # the new topic's route, then a rebalance, give it the queues
+                await asyncio.sleep(0.5)  # and their pulls are held at the broker
+
+                async def consume() -> None:
+                    async for m in consumer:
+                        t = sent_at.pop(bytes(m.body[:16]), None)
+                        if t is not None:
+                            latencies.append((time.perf_counter() - t) * 1000)
+                            if len(latencies) >= total:
+                                return
+
+                async def send(msg: Message) -> None:
+                    try:
+                        await producer.send(msg)
+                    except Exception:  # counted: a lost send shows as a missing delivery
+                        failed[0] += 1
+
+                receiver = asyncio.get_running_loop().create_task(consume())
+                sends: set[asyncio.Task[None]] = set()
+                per_tick = max(1, rate // 1000)
+                tick = per_tick / rate
+                started = time.perf_counter()
+                sent = 0
+                while sent < total:
+                    delay = started + (sent // per_tick) * tick - time.perf_counter()
+                    # Behind schedule, still one loop pass per tick: a catch-up burst must not starve the consumer
+                    # and the responses of the very same loop.
+                    await asyncio.sleep(max(0.0, delay))
+                    for _ in range(min(per_tick, total - sent)):
+                        key = f"{sent:016d}".encode()
+                        sent_at[key] = time.perf_counter()
+                        task = asyncio.get_running_loop().create_task(send(Message(topic, key + BODY[16:])))
+                        sends.add(task)
+                        task.add_done_callback(sends.discard)
+                        sent += 1
+                try:
+                    await asyncio.wait_for(receiver, 30)
+                except TimeoutError:
+                    pass
+                await asyncio.gather(*sends, return_exceptions=True)
+
+    asyncio.run(run())
+    if not latencies:
+        line(name, error="'nothing delivered'")
+        return
+    line(name, p50_ms=statistics.median(latencies), p99_ms=pct(latencies, 0.99), rate=rate,
+         delivered=len(latencies), sent=total, failed=failed[0])
+
+
+def java_remoting_bench(args: list[str], work: Path) -> dict[str, object]:
+    """Run RocketMQ's Java client (``benchmarks/java/remoting``'s RemotingBench, rocketmq-client 5.5.0, compiled
+    once into the jar cache) to its end, as ``bench_peers`` does; its ``result`` JSON line."""
+    import bench_peers  # noqa: PLC0415  # the JVM runner (and tests/ on sys.path): only the Java figures need it
+
+    return bench_peers.remoting(args, work)
+
+
+def bench_java_produce(platform: Platform, seconds: float, work: Path) -> None:
+    """``DefaultMQProducer`` batches of 64 x 1 KiB from 32 threads against sparkmq (name server and broker speak
+    RocketMQ remoting on their main ports), after a warm-up; msgs/s acknowledged SEND_OK in the window."""
+    warmup = max(1.0, seconds / 4)
+    r = java_remoting_bench(["produce-batch", "--namesrv", platform.namesrv, "--topic", "BenchJavaBatch",
+                             "--threads", "32", "--batch", "64", "--size", str(len(BODY)),
+                             "--seconds", str(seconds), "--warmup-s", str(warmup)], work)
+    line("messaging.java_produce", msgs_per_s=float(r["msgs_per_s"]), sent_ok=r["sent_ok"],  # type: ignore[arg-type]
+         failed=r["failed"], call_p50_ms=float(r["call_p50_ms"]), call_p99_ms=float(r["call_p99_ms"]),  # type: ignore[arg-type]
+         threads=32, batch=64)
+
+
+def bench_java_consume(platform: Platform, backlog: int, work: Path) -> None:
+    """A ``DefaultLitePullConsumer`` (pull batches of 32, as ``peers.rocketmq_consume``) drains a backlog of
+    ``backlog`` messages from the first offset; msgs/s from its first delivered batch, and what it consumed
+    counted (``received``, and ``distinct`` queue offsets: ``correct`` when both are the backlog)."""
+    topic = "BenchJavaDrain"
+    batch = [Message(topic, BODY) for _ in range(BATCH)]
+    with Producer("bench-java-fill", platform.config()) as producer:
+        filled = 0
+        while filled < backlog:
+            producer.send_batch(batch[:min(BATCH, backlog - filled)])
+            filled += min(BATCH, backlog - filled)
+    r = java_remoting_bench(["drain", "--namesrv", platform.namesrv, "--topic", topic, "--group", "BenchJavaDrainGroup",
+                             "--count", str(backlog), "--timeout-s", "600"], work)
+    received, distinct = int(r["received"]), int(r["distinct"])  # type: ignore[call-overload]
+    line("messaging.java_consume", msgs_per_s=float(r["msgs_per_s"]), received=received,  # type: ignore[arg-type]
+         distinct=distinct, backlog=backlog, correct=received == distinct == backlog,
+         startup_s=float(r["startup_s"]))  # type: ignore[arg-type]
+
+
 def bench_sync_flush(data_dir: str, seconds: float) -> None:
     """SYNC_FLUSH broker: per-message ``send_async`` with at most 64 sends in flight (the producer batches
     what is in flight; each batch is acknowledged after a group-commit sync covers it)."""
@@ -317,6 +447,7 @@ def main() -> None:
     def wanted(name: str) -> bool:
         return not only or name in only
 
+    python_echo()
     seconds = 2.0 if quick else 8.0
     # The store's own rate swings with the page cache and writeback (2-3x within a minute here): measure it
     # right before each ratio's benchmark and keep the higher of that and the run's first measurement, so a
@@ -327,12 +458,16 @@ def main() -> None:
         return max(first_store, store_rate(1.0 if quick else 2.0))
     with tempfile.TemporaryDirectory() as tmp:
         platform = Platform(tmp)
+        java_work = Path(tmp) / "java"  # the JVMs' logs and stderr
         benches: list[tuple[str, Callable[[], object]]] = [
             ("produce_batch", lambda: bench_produce_batch(platform, seconds, store())),
             ("produce_sync", lambda: bench_produce_sync(platform, 500 if quick else 5000)),
             ("consume_backlog", lambda: bench_consume_backlog(platform, 50_000 if quick else 1_000_000, store())),
             ("e2e_latency", lambda: bench_e2e(platform, "messaging.e2e_latency", 2000, 3 if quick else 30)),
             ("e2e_latency_20k", lambda: bench_e2e(platform, "messaging.e2e_latency_20k", 20_000, 2 if quick else 10)),
+            ("e2e_latency_aio", lambda: bench_e2e_aio(platform, "messaging.e2e_latency_aio", 2000, 3 if quick else 30)),
+            ("java_produce", lambda: bench_java_produce(platform, seconds, java_work)),
+            ("java_consume", lambda: bench_java_consume(platform, 100_000 if quick else 1_000_000, java_work)),
             ("produce_async", lambda: bench_produce_async(platform, seconds, store())),
             ("http_send_batch", lambda: bench_http_batch(platform, seconds)),
         ]

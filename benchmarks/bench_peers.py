@@ -211,7 +211,7 @@ class SparkmqDev:
         self.stop()
 
 
-# -- the figures, by setup ----------------------------------------------------------------------------------------------
+# -- the figures, by setup ---------------------------------------------------------------------------------------------
 def remoting_figures(namesrv: str, work: Path, sizes: Sizes, figures: list[str]) -> dict[str, Measure]:
     """The figures the single ASYNC_FLUSH setup serves, with the remoting Java client against ``namesrv``."""
     out: dict[str, Measure] = {}
@@ -366,7 +366,7 @@ def _routed(admin, topic: str) -> bool:  # type: ignore[no-untyped-def]
         return False
 
 
-# -- Kafka --------------------------------------------------------------------------------------------------------------
+# -- Kafka -------------------------------------------------------------------------------------------------------------
 def kafka_side(root: Path, sizes: Sizes, figures: list[str]) -> dict[str, Measure]:
     """ProducerPerformance (acks=all) and ConsumerPerformance against one KRaft node."""
     out: dict[str, Measure] = {}
@@ -507,7 +507,7 @@ def spark_sparkmq_side(root: Path, sizes: Sizes, figures: list[str]) -> dict[str
     return {"kafka_spark_source": Measure({"msgs_per_s": rows / elapsed, "rows": rows, "seconds": elapsed})}
 
 
-# -- rounds, lines, report ----------------------------------------------------------------------------------------------
+# -- rounds, lines, report ---------------------------------------------------------------------------------------------
 PEER_NAME = {"kafka": "kafka", "spark": "kafka"}  # the peer's label in a line's keys (default rocketmq)
 
 
@@ -593,8 +593,8 @@ def python_echo() -> float:
 def write_report(rows: dict[str, dict[str, object]], echo: float, sizes: Sizes, rounds: int) -> None:
     """The run's markdown table and bar chart under var/bench/ (dated, and as peers-latest.*)."""
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    file_stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    file_stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M")
     head = ["figure", "sparkmq", "peer", "ratio (sparkmq/peer)", "target", "status"]
     targets = _targets()
     lines = [f"# sparkmq vs Apache RocketMQ {peers.ROCKETMQ_VERSION} and Apache Kafka {peers.KAFKA_VERSION}",
@@ -628,7 +628,7 @@ def write_report(rows: dict[str, dict[str, object]], echo: float, sizes: Sizes, 
         fig, ax = plt.subplots(figsize=(10, 0.45 * len(labels) + 1.5))
         shown = [r if r == r else 0.0 for r in ratios]
         bars = ax.barh(labels, shown, color=["#4c72b0" if r == r else "#cccccc" for r in ratios])
-        for bar, r in zip(bars, ratios):
+        for bar, r in zip(bars, ratios, strict=True):
             ax.text(bar.get_width() + 0.02, bar.get_y() + bar.get_height() / 2,
                     f"{r:.2f}" if r == r else "not measured", va="center", fontsize=8)
         ax.axvline(1.0, color="black", linewidth=0.8)

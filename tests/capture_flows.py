@@ -13,6 +13,7 @@ frames go to ``<out>/<flow>.txt``; ``=== ...`` lines mark its steps.  Brokers ta
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import tempfile
@@ -41,8 +42,10 @@ ACL_BROKER = {"authenticationEnabled": "true",
                   "org.apache.rocketmq.auth.authentication.provider.DefaultAuthenticationProvider",
               "authenticationMetadataProvider":
                   "org.apache.rocketmq.auth.authentication.provider.LocalAuthenticationMetadataProvider",
-              "initAuthenticationUser": '{"username":"%s","password":"%s"}' % (ACL_USER, ACL_PASSWORD),
-              "innerClientAuthenticationCredentials": '{"accessKey":"%s","secretKey":"%s"}' % (ACL_USER, ACL_PASSWORD)}
+              "initAuthenticationUser": json.dumps({"username": ACL_USER, "password": ACL_PASSWORD},
+                                                   separators=(",", ":")),
+              "innerClientAuthenticationCredentials": json.dumps({"accessKey": ACL_USER, "secretKey": ACL_PASSWORD},
+                                                                  separators=(",", ":"))}
 
 
 @dataclass

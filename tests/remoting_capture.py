@@ -256,14 +256,16 @@ def decode_records(data: bytes) -> list[dict[str, object]]:
         p += 40
         sys_flag = int(rec["sysFlag"])  # type: ignore[arg-type]
         born_len = 16 if sys_flag & 0x10 else 4
-        rec["bornHost"] = f"{socket.inet_ntop(socket.AF_INET6 if born_len == 16 else socket.AF_INET, data[p:p + born_len])}" \
-                          f":{struct.unpack_from('>i', data, p + born_len)[0]}"
+        born_family = socket.AF_INET6 if born_len == 16 else socket.AF_INET
+        rec["bornHost"] = (f"{socket.inet_ntop(born_family, data[p:p + born_len])}"
+                           f":{struct.unpack_from('>i', data, p + born_len)[0]}")
         p += born_len + 4
         (rec["storeTimestamp"],) = struct.unpack_from(">q", data, p)
         p += 8
         store_len = 16 if sys_flag & 0x20 else 4
-        rec["storeHost"] = f"{socket.inet_ntop(socket.AF_INET6 if store_len == 16 else socket.AF_INET, data[p:p + store_len])}" \
-                           f":{struct.unpack_from('>i', data, p + store_len)[0]}"
+        store_family = socket.AF_INET6 if store_len == 16 else socket.AF_INET
+        rec["storeHost"] = (f"{socket.inet_ntop(store_family, data[p:p + store_len])}"
+                            f":{struct.unpack_from('>i', data, p + store_len)[0]}")
         p += store_len + 4
         rec["reconsumeTimes"], rec["preparedTransactionOffset"], body_len = struct.unpack_from(">iqi", data, p)
         p += 16

@@ -455,6 +455,27 @@ def test_pull_consumer_poll_commit_and_seek(env: Env) -> None:
         consumer.shutdown()
 
 
+def test_pull_batches_above_the_flow_control_limit_drain_without_waiting_out_the_back_off(env: Env) -> None:
+    """Every pull of 64 leaves a queue over ``flow_control_max_messages`` (8): each poll must wake its pull loop.
+
+    With the back-off at an hour, the old fixed sleep per flow-controlled pull would never get past the first
+    pull of each queue; the drain ending at all (well within ``_poll_until``'s 10 s) is the check.
+    """
+    with Producer("pg", env.client_config()) as producer:
+        for _ in range(4):
+            producer.send_batch([Message(TOPIC, f"f{i}".encode()) for i in range(100)])
+    consumer = PullConsumer("cg-flow", env.client_config(pull_batch_size=64, flow_control_max_messages=8,
+                                                         flow_control_backoff_s=3600.0),
+                            consume_from_where="FIRST_OFFSET")
+    consumer.subscribe(TOPIC)
+    consumer.start()
+    try:
+        polled = _poll_until(consumer, 400)
+        assert len(polled) == 400 and len({(m.queue_id, m.queue_offset) for m in polled}) == 400
+    finally:
+        consumer.shutdown()
+
+
 def test_pull_consumer_subscribe_with_auto_commit(env: Env) -> None:
     consumer = PullConsumer("cg-lite", env.client_config(), consume_from_where="FIRST_OFFSET")
     consumer.subscribe(TOPIC)

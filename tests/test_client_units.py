@@ -381,6 +381,38 @@ def test_flow_control_thresholds() -> None:
     assert pq.flow_control_reason() is None and pq.offset_span() == 1
 
 
+def test_a_flow_controlled_pull_loop_is_woken_by_consumption_from_another_thread() -> None:
+    """The pull loop waits for room, not a fixed back-off: a poll that empties the queue wakes it at once.
+
+    (With ``pull_batch_size`` above ``flow_control_max_messages`` every pull leaves the queue over the limit: a
+    fixed 50 ms back-off per pull made ``pull_batch_size=1024`` drain three times slower than 256.)
+    """
+    pq = ProcessQueue(MessageQueue("t", "broker-a", 0), 0, max_messages=2)
+    msgs = [_received(o) for o in range(3)]
+    pq.on_pulled(msgs, 3)
+    assert pq.flow_control_reason() == "count"
+
+    async def wait() -> bool:
+        waiting = asyncio.get_running_loop().create_task(pq.wait_for_room(3600))  # a back-off never reached
+        await asyncio.sleep(0)
+        assert pq._room is not None                                   # registered before the consumer polls
+        await asyncio.to_thread(pq.remove, msgs[:1])                  # 2 left: at the limit, room again
+        return await asyncio.wait_for(waiting, 30)
+
+    assert asyncio.run(wait()) is True and pq.flow_control_reason() is None and pq._room is None
+    # Room already there: no wait at all; a drop wakes a waiter too (its loop must see the drop).
+    assert asyncio.run(pq.wait_for_room(3600)) is True
+    pq.on_pulled([_received(o) for o in range(3, 6)], 6)
+
+    async def dropped() -> bool:
+        waiting = asyncio.get_running_loop().create_task(pq.wait_for_room(3600))
+        await asyncio.sleep(0)
+        pq.drop()
+        return await asyncio.wait_for(waiting, 30)
+
+    assert asyncio.run(dropped()) is False and pq.dropped
+
+
 def test_dropped_flag_and_reset() -> None:
     pq = ProcessQueue(MessageQueue("t", "broker-a", 0), 5)
     pq.on_pulled([_received(5), _received(6)], 7)
@@ -835,6 +867,55 @@ def test_no_writable_queue_is_waited_for_within_the_send_budget(cluster: FakeClu
     # 1 + 2 attempts, a pause after each but the last (no pause would only delay the error), within the budget.
     assert 0.3 <= elapsed < _config().send_timeout_s, elapsed
     assert sum(1 for _, _, path in cluster.requests if path == "/routes/stuck") >= 2, "the route was asked again"
+
+
+def test_the_asyncio_producer_sends_on_a_cached_default_route_without_a_worker_thread(
+        cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A topic no name server knows yet gets a default route; until it is due to be asked for again
+    (``route_miss_retry_s``) the asyncio producer takes it from the cache, as the threaded one does, instead of a
+    worker-thread hop per send (that hop was every send's for the first second of a new topic)."""
+    from sparkmq.platform.client import aio
+
+    hops: list[object] = []
+    real_to_thread = asyncio.to_thread
+
+    async def counted(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        hops.append(fn)
+        return await real_to_thread(fn, *args, **kwargs)
+
+    monkeypatch.setattr(aio.asyncio, "to_thread", counted)
+
+    async def run() -> list[bool]:
+        producer = aio.AsyncProducer("pg", _config())
+        producer._routes = TopicRouteCache(NameServerClient([NS1, NS2], 3.0, transport=cluster.transport()),
+                                           miss_retry_s=3600)
+        routes = [await producer._route("brand-new", allow_default=True) for _ in range(20)]
+        return [r.is_default for r in routes]
+
+    assert asyncio.run(run()) == [True] * 20
+    assert len(hops) == 1                                         # the first one asked the name servers
+
+
+def test_the_asyncio_consumers_rebalance_loop_ends_when_cancelled_as_a_notice_arrives() -> None:
+    """The shutdown cancels the rebalance loop; a membership notice setting its event in the same loop pass made
+    Python 3.11's ``asyncio.wait_for`` return instead of raising, and the loop (awaited by the shutdown) ran on:
+    ``async with consumer`` then never ended.  The loop now stops once the consumer is not running."""
+    from sparkmq.platform.client import AsyncConsumer
+
+    async def run() -> bool:
+        consumer = AsyncConsumer("cg", _config(rebalance_interval_s=3600))
+        consumer._state = "running"
+        loop_task = asyncio.get_running_loop().create_task(consumer._rebalance_loop())
+        await asyncio.sleep(0)              # waiting for the event
+        consumer._rebalance_due.set()       # a notice: the event's waiter finishes in the next pass ...
+        await asyncio.sleep(0)
+        consumer._state = "stopping"        # ... and the shutdown cancels the loop right then
+        loop_task.cancel()
+        done, _ = await asyncio.wait({loop_task}, timeout=3)
+        consumer._namesrv.close()
+        return loop_task in done
+
+    assert asyncio.run(run())
 
 
 def test_producer_heartbeats_and_probes_isolated_brokers(cluster: FakeCluster) -> None:

@@ -53,8 +53,8 @@ class _Consumers:
         data = json_body(frame, p.HeartbeatData)
         consumers = [consumer_data(c) for c in data.consumerDataSet]
         producer_groups = [g.groupName for g in data.producerDataSet]
-        # bound first: the group change this heartbeat may make is pushed to the new member too, as RocketMQ's
-        # broker does -- a Java consumer rebalances on that notice, else only at its next 20 s rebalance
+        # Bound first: a member joining is told of its own join (NOTIFY_CONSUMER_IDS_CHANGED), as RocketMQ's broker
+        # does; RocketMQ's clients rebalance on that notice, else only after their 20 s rebalance interval.
         self.remoting.bind(data.clientID, conn, frame)
         versions = self.broker.consumer_processor.heartbeat(data.clientID, producer_groups, consumers)
         for group in producer_groups:

@@ -179,9 +179,12 @@ class _AsyncClient:
 
     # -- routes and requests -----------------------------------------------------------------
     async def _route(self, topic: str, *, allow_default: bool = False) -> TopicRouteInfo:
-        """The route of ``topic``: the cached one, else fetched in a worker thread (name servers are HTTP)."""
-        route = self._routes.cached(topic)
-        if route is not None and not route.is_default:
+        """The route of ``topic``: the cached one, else fetched in a worker thread (name servers are HTTP).
+
+        A new topic's default route is used from the cache too until it is due to be asked for again (every
+        ``route_miss_retry_s``), as the threaded producer does: not a worker-thread hop per send meanwhile."""
+        route = self._routes.usable(topic)
+        if route is not None:
             return route
         return await asyncio.to_thread(self._routes.get, topic, allow_default=allow_default)
 
@@ -537,7 +540,8 @@ class AsyncConsumer(_AsyncClient):
                 try:
                     await self._route(topic)
                 except SparkMQError as exc:
-                    log.warning("no route for %s yet (will retry): %s", topic, exc)
+                    # The group's retry topic exists only once a message was sent back: not worth a warning.
+                    (log.debug if topic == retry else log.warning)("no route for %s yet (will retry): %s", topic, exc)
             await self.send_heartbeats()
             self._state = "running"
             await self.rebalance()
@@ -706,7 +710,7 @@ class AsyncConsumer(_AsyncClient):
         while not pq.dropped:
             if pq.flow_control_reason() is not None:
                 pq.flow_control_times += 1
-                await asyncio.sleep(cfg.flow_control_backoff_s)
+                await pq.wait_for_room(cfg.flow_control_backoff_s)  # consumption wakes it at once
                 continue
             route = self._routes.cached(mq.topic)
             addr = route.read_addr(mq.broker_name) if route is not None else None
@@ -796,6 +800,10 @@ class AsyncConsumer(_AsyncClient):
                 await asyncio.wait_for(self._rebalance_due.wait(), self.config.rebalance_interval_s)
             except TimeoutError:
                 pass
+            if self._state != "running":
+                # Cancelled by the shutdown just as a notice set the event: Python 3.11's wait_for then returns
+                # instead of raising, and this loop must not outlive the consumer (its shutdown awaits it).
+                return
             self._rebalance_due.clear()
             try:
                 await self.rebalance()

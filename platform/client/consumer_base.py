@@ -344,14 +344,18 @@ class ConsumerBase(ABC):
         assert self._async is not None
         flow_logged = 0.0
         while not pq.dropped:
-            reason = pq.flow_control_reason() or self._extra_flow_control(pq)
+            own = pq.flow_control_reason()
+            reason = own or self._extra_flow_control(pq)
             if reason is not None:
                 pq.flow_control_times += 1
                 if time.monotonic() - flow_logged > 10:
                     log.info("flow control on %s@%s (%s): %d messages, %d bytes, span %d", mq.topic, mq.key, reason,
                              pq.msg_count, pq.msg_bytes, pq.offset_span())
                     flow_logged = time.monotonic()
-                await asyncio.sleep(cfg.flow_control_backoff_s)
+                if own is not None:  # woken as soon as consumption makes room, not a whole back-off later
+                    await pq.wait_for_room(cfg.flow_control_backoff_s)
+                else:
+                    await asyncio.sleep(cfg.flow_control_backoff_s)
                 continue
             route = self._routes.cached(mq.topic)
             addr = route.read_addr(mq.broker_name) if route is not None else None

@@ -13,11 +13,17 @@ The counts feed flow control: a queue stops being pulled while it holds more tha
 in-flight offsets are more than ``max_span`` apart (one stuck message must not let the
 queue run ahead without bound, since the committed offset cannot pass it).
 
+A pull loop held back by flow control waits on :meth:`ProcessQueue.wait_for_room`: consumption that brings
+the queue back under its limits wakes it at once (from any thread), rather than after a fixed back-off.  With
+a pull batch close to ``max_messages`` every pull leaves the queue over the limit, so a fixed 50 ms back-off
+per pull used to bound the drain rate (``pull_batch_size=1024`` drained three times slower than 256).
+
 ``dropped`` is set when a rebalance takes the queue away: its pull loop stops and
 pending consumption of its messages is skipped (another member now owns them).
 """
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -63,6 +69,8 @@ class ProcessQueue:
         self.last_consume_time = time.monotonic()
         #: How many times a pull of this queue was held back by flow control (RocketMQ's queueFlowControlTimes).
         self.flow_control_times = 0
+        #: The pull loop waiting for room (its loop, that loop's thread, its future), or None.
+        self._room: tuple[asyncio.AbstractEventLoop, int, asyncio.Future[None]] | None = None
 
     # -- state ------------------------------------------------------------------------------
     @property
@@ -79,6 +87,9 @@ class ProcessQueue:
     def drop(self) -> None:
         """Mark the queue dropped: no more pulls, pending consumption skipped."""
         self._dropped = True
+        with self._lock:
+            room, self._room = self._room, None
+        _wake(room)  # a pull loop waiting for room sees the drop now
 
     @property
     def msg_count(self) -> int:
@@ -144,16 +155,23 @@ class ProcessQueue:
             self._msgs.clear()
             self._bytes = 0
             self._next_offset = next_offset
+            room, self._room = self._room, None
+        _wake(room)
 
     def remove(self, messages: Iterable[ReceivedMessage]) -> int:
         """Mark ``messages`` finished; returns the offset to commit now (see :meth:`commit_offset`)."""
+        room = None
         with self._lock:
             for msg in messages:
                 gone = self._msgs.pop(msg.queue_offset, None)
                 if gone is not None:
                     self._bytes -= len(gone.body)
             self.last_consume_time = time.monotonic()
-            return self._commit_offset_locked()
+            if self._room is not None and self._reason_locked() is None:
+                room, self._room = self._room, None
+            offset = self._commit_offset_locked()
+        _wake(room)  # outside the lock: the loop's wake-up write need not hold it
+        return offset
 
     def commit_offset(self) -> int:
         """The smallest in-flight offset, or the next pull's offset when nothing is in flight."""
@@ -167,14 +185,63 @@ class ProcessQueue:
     def flow_control_reason(self) -> str | None:
         """Why the queue must not be pulled now (``"count"``, ``"size"``, ``"span"``) or None."""
         with self._lock:
-            if len(self._msgs) > self.max_messages:
-                return "count"
-            if self._bytes > self.max_bytes:
-                return "size"
-            if self._span_locked() > self.max_span:
-                return "span"
-            return None
+            return self._reason_locked()
+
+    def _reason_locked(self) -> str | None:
+        if len(self._msgs) > self.max_messages:
+            return "count"
+        if self._bytes > self.max_bytes:
+            return "size"
+        if self._span_locked() > self.max_span:
+            return "span"
+        return None
+
+    async def wait_for_room(self, timeout_s: float) -> bool:
+        """On the pulling loop: wait until consumption brings the queue under its flow-control limits (or it is
+        dropped or reset), at most ``timeout_s``; True when there is room (at once if there already is), False when
+        there is none yet or the queue was dropped.
+
+        One waiter per queue (its pull loop); :meth:`remove` wakes it from whichever thread consumed.
+        """
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if self._dropped:
+                return False
+            if self._reason_locked() is None:
+                return True
+            self._room = (loop, threading.get_ident(), fut)
+        # A timer resolving the future, not asyncio.wait_for: that one swallows a cancellation arriving together
+        # with the wake-up (Python 3.11), and a pull loop cancelled at shutdown must stop.
+        timer = loop.call_later(timeout_s, _set_once, fut)
+        try:
+            await fut
+        finally:
+            timer.cancel()
+            with self._lock:
+                if self._room is not None and self._room[2] is fut:
+                    self._room = None
+        return self.flow_control_reason() is None
 
     def __repr__(self) -> str:
         return (f"ProcessQueue({self.mq.topic}@{self.mq.key}, next={self._next_offset}, "
                 f"in_flight={len(self._msgs)}, dropped={self._dropped})")
+
+
+def _set_once(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _wake(room: tuple[asyncio.AbstractEventLoop, int, asyncio.Future[None]] | None) -> None:
+    """Resolve a room waiter: in place on its own loop's thread, else through that loop."""
+    if room is None:
+        return
+    loop, thread, fut = room
+    if threading.get_ident() == thread:
+        _set_once(fut)
+        return
+    try:
+        loop.call_soon_threadsafe(_set_once, fut)
+    except RuntimeError:  # that loop is closed: its pull loop is gone with it
+        pass

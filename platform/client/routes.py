@@ -238,6 +238,14 @@ class TopicRouteCache:
         with self._lock:
             return self._routes.get(topic)
 
+    def usable(self, topic: str) -> TopicRouteInfo | None:
+        """The cached route of ``topic`` when :meth:`get` would answer with it without asking a name server (no
+        I/O): a real route, or a default one asked for less than ``miss_retry_s`` ago; else None."""
+        route = self.cached(topic)
+        if route is None or (route.is_default and self._clock() - route.fetched_at >= self._miss_retry_s):
+            return None
+        return route
+
     def get(self, topic: str, *, allow_default: bool = False) -> TopicRouteInfo:
         """The route of ``topic``, fetched when not cached.
 
@@ -246,9 +254,10 @@ class TopicRouteCache:
         ``miss_retry_s`` until the real one appears.  Raises TOPIC_NOT_EXIST (or the name servers'
         error) when there is no route.
         """
+        fresh = self.usable(topic)
+        if fresh is not None:
+            return fresh
         route = self.cached(topic)
-        if route is not None and not (route.is_default and self._clock() - route.fetched_at >= self._miss_retry_s):
-            return route
         try:
             return self.refresh(topic)
         except SparkMQError as exc:

@@ -261,11 +261,15 @@ def _decode_rocketmq_header(data: bytes | memoryview) -> tuple[int, int, int, in
     return code, language, version, opaque, flag, remark, ext
 
 
+#: Language name -> number, built once: ``Enum.__members__`` makes a new mapping proxy per call (every JSON frame).
+_LANGUAGE_NUMBERS: dict[str, int] = {name: int(member) for name, member in LanguageCode.__members__.items()}
+_OTHER_LANGUAGE = int(LanguageCode.OTHER)
+
+
 def _language_number(value: str | int) -> int:
     if isinstance(value, int):
         return value
-    member = LanguageCode.__members__.get(value)
-    return int(member) if member is not None else int(LanguageCode.OTHER)
+    return _LANGUAGE_NUMBERS.get(value, _OTHER_LANGUAGE)
 
 
 def _frame(kind: int, header: bytes | memoryview, body: bytes | memoryview) -> Frame:

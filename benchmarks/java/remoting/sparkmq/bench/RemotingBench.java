@@ -1,6 +1,8 @@
 package sparkmq.bench;
 
 import java.util.ArrayList;
+import java.util.BitSet;
+import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Random;
@@ -35,9 +37,10 @@ import sparkmq.jutil.Latencies;
  * </pre>
  *
  * Figures: {@code msgs_per_s} counts messages acknowledged SEND_OK (produce) or delivered (drain) over the
- * measured window; produce latencies are per send call (a batch is one call); e2e latency is from the producer's
- * {@code send} call to the listener's first line, both in this JVM ({@code System.nanoTime} carried in the body),
- * and {@code b2r} the same from the message's born timestamp (ms clock).
+ * measured window ({@code distinct}: the drain's messages counted once per queue offset); produce latencies are
+ * per send call (a batch is one call); e2e latency is from the producer's {@code send} call to the listener's first
+ * line, both in this JVM ({@code System.nanoTime} carried in the body), and {@code b2r} the same from the message's
+ * born timestamp (ms clock).
  */
 public final class RemotingBench {
     private RemotingBench() {
@@ -191,6 +194,9 @@ public final class RemotingBench {
         long got = 0;
         long bytes = 0;
         long first = 0;
+        // (broker, queue) -> the queue offsets seen: a message delivered twice counts once in "distinct"
+        Map<String, BitSet> seen = new HashMap<>();
+        long distinct = 0;
         long start = System.nanoTime();
         long deadline = start + (long) (timeout * 1e9);
         while (got < count && System.nanoTime() < deadline) {
@@ -201,6 +207,12 @@ public final class RemotingBench {
             got += batch.size();
             for (MessageExt m : batch) {
                 bytes += m.getBody().length;
+                BitSet offsets = seen.computeIfAbsent(m.getBrokerName() + "/" + m.getQueueId(), k -> new BitSet());
+                int offset = (int) m.getQueueOffset();
+                if (!offsets.get(offset)) {
+                    offsets.set(offset);
+                    distinct++;
+                }
             }
         }
         long end = System.nanoTime();
@@ -210,6 +222,7 @@ public final class RemotingBench {
         // from the first delivered batch (start-up and the first rebalance, ~1 s, are not the drain)
         r.put("msgs_per_s", got / ((end - (first == 0 ? start : first)) / 1e9));
         r.put("received", got);
+        r.put("distinct", distinct);
         r.put("mb", bytes / 1e6);
         r.put("startup_s", first == 0 ? Double.NaN : (first - start) / 1e9);
         r.put("seconds", (end - start) / 1e9);
