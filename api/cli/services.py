@@ -80,9 +80,10 @@ def run_demo(namesrv_addr: str, messages: int, credentials: Credentials | None =
 
     producer = Producer("demo-producer", config).start()
     try:
-        # Create the topic first so the consumer (from the last offset) is in place before the sends.
+        # Create the topic first.  The consumer starts from the first offset: on a busy machine its first
+        # route and assignment can come after the sends, and from the last offset it would then see none.
         producer.send(Message(DEMO_TOPIC, b"warm-up", tags="warmup"))
-        consumer = PushConsumer("demo-consumer", config)
+        consumer = PushConsumer("demo-consumer", config, consume_from_where="CONSUME_FROM_FIRST_OFFSET")
         consumer.subscribe(DEMO_TOPIC, "demo")
         consumer.register_listener(listener)
         consumer.start()
