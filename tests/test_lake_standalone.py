@@ -107,7 +107,7 @@ from sparkmq.pipelines import tables  # noqa: E402
 from sparkmq.platform.client import Message, SendResult  # noqa: E402
 from sparkmq.platform.common import jars  # noqa: E402
 
-pytestmark = [pytest.mark.spark, pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.spark, pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(720)]
 
 # A name server + broker-a + broker-b (real processes) for this module.
 cluster = lake_source.cluster
@@ -289,7 +289,7 @@ def test_lake_dispatch_and_a_subscriber_on_a_standalone_cluster(cluster: Cluster
             *(f"--conf={k}={v}" for k, v in conf.items())]
     driver = Driver(argv, tmp_path, "lake")
     try:
-        wait_until(lambda: driver.alive() and dispatched(lake) >= len(sent), timeout=120,
+        wait_until(lambda: driver.alive() and dispatched(lake) >= len(sent), timeout=300,
                    what=lambda: f"the first wave in the lake; the lake's log:\n{driver.log()}", interval=0.5)
         more = send_many(cluster, 1000, start=2000)         # while the job runs: later micro-batches
         sent += more
@@ -322,7 +322,7 @@ def test_lake_dispatch_and_a_subscriber_on_a_standalone_cluster(cluster: Cluster
     sub = Driver([sys.executable, str(Path(__file__).resolve()), "subscribe", json.dumps(spec)], tmp_path,
                  "subscriber")
     try:
-        first_line = wait_until(lambda: sub.alive() and sub.out().strip(), timeout=90, interval=0.5,
+        first_line = wait_until(lambda: sub.alive() and sub.out().strip(), timeout=180, interval=0.5,
                                 what=lambda: f"the subscriber's driver; its log:\n{sub.log()}").splitlines()[0]
         info = json.loads(first_line)
         assert info["master"] == standalone.master_url
