@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 
+from ..common.durable_file import replace_durably
 from ..common.errors import ErrorCode, SparkMQError
 from .model import AclTable, Policy, PolicyEntry, ResourcePattern, User
 
@@ -130,21 +131,8 @@ class AclStore:
     def _commit(self, stored: AclTable) -> None:
         """Persist ``stored`` (version + 1) atomically, then make it the table.  Caller holds the lock."""
         stored = replace(stored, version=self._stored.version + 1)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
         data = json.dumps(stored.to_dict(), indent=2, sort_keys=True).encode()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # secrets inside: owner only
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        replace_durably(self.path, data, mode=0o600)  # secrets inside: owner only
         self._stored = stored
         self._identity = self._file_identity()
         self._publish()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Mapping
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..common.durable_file import replace_durably
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.validation import validate_group
 
@@ -191,19 +191,8 @@ class SubscriptionGroupManager:
             return
         data = {"format": _FILE_FORMAT, "data_version": self._data_version,
                 "groups": [self._groups[g].to_dict() for g in sorted(self._groups)]}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
         try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(data, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-            dir_fd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            replace_durably(self.path, json.dumps(data, indent=1).encode())
         except OSError as exc:
             self._data_version -= 1
             raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"cannot write the subscription groups {self.path}: {exc}") \

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..common.durable_file import replace_durably
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.system_topics import (
     DLEDGER_NOOP_TOPIC,
@@ -330,19 +330,8 @@ class TopicConfigManager:
             return
         data = {"format": _FILE_FORMAT, "data_version": self._data_version,
                 "topics": [self._topics[t].to_dict() for t in sorted(self._topics)]}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
         try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(data, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-            dir_fd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            replace_durably(self.path, json.dumps(data, indent=1).encode())
         except OSError as exc:
             raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"cannot write the topic table {self.path}: {exc}") from None
 

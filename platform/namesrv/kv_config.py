@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from pathlib import Path
 
+from ..common.durable_file import replace_durably
 from ..common.errors import ErrorCode, SparkMQError
 
 __all__ = ["KVConfigStore", "kv_config_path", "MAX_KV_NAME_LENGTH", "MAX_KV_VALUE_LENGTH", "MAX_KV_ENTRIES"]
@@ -124,19 +124,8 @@ class KVConfigStore:
     def _commit(self, table: dict[str, dict[str, str]]) -> None:
         # Caller holds the lock.  Written before it is served: a change that could not be kept is refused.
         if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(self.path.name + ".tmp")
             try:
-                with open(tmp, "w", encoding="utf-8") as f:
-                    json.dump({"configTable": table}, f, indent=1, sort_keys=True)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, self.path)
-                dir_fd = os.open(self.path.parent, os.O_RDONLY)
-                try:
-                    os.fsync(dir_fd)
-                finally:
-                    os.close(dir_fd)
+                replace_durably(self.path, json.dumps({"configTable": table}, indent=1, sort_keys=True).encode())
             except OSError as exc:
                 raise SparkMQError(ErrorCode.INTERNAL_ERROR,
                                    f"cannot write the KV configs {self.path}: {exc}") from None

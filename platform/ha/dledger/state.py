@@ -19,6 +19,7 @@ from pathlib import Path
 
 import msgspec
 
+from ...common.durable_file import replace_durably
 from ...common.errors import ErrorCode, SparkMQError
 
 __all__ = ["STATE_FILE", "RaftState"]
@@ -72,21 +73,7 @@ class RaftState:
         if term == self.term and voted_for != self.voted_for and self.voted_for is not None:
             raise ValueError(f"already voted for {self.voted_for} in term {term}")
         data = msgspec.json.encode(_StateRecord(_FORMAT, _VERSION, term, voted_for))
-        tmp = self.path.with_name(STATE_FILE + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dir_fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        replace_durably(self.path, data)
         self.term, self.voted_for = term, voted_for
         self.saves += 1
 
