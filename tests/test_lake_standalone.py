@@ -293,7 +293,7 @@ def test_lake_dispatch_and_a_subscriber_on_a_standalone_cluster(cluster: Cluster
                    what=lambda: f"the first wave in the lake; the lake's log:\n{driver.log()}", interval=0.5)
         more = send_many(cluster, 1000, start=2000)         # while the job runs: later micro-batches
         sent += more
-        wait_until(lambda: driver.alive() and dispatched(lake) >= len(sent), timeout=60,
+        wait_until(lambda: driver.alive() and dispatched(lake) >= len(sent), timeout=180,
                    what="the second wave in the lake", interval=0.5)
         time.sleep(1.5)                                     # a trigger or two more: nothing may be added twice
         assert_lake_holds_each_message_once(lake, sent)

@@ -571,6 +571,7 @@ def _dirty_kib(path: Path) -> int:
     return total
 
 
+@pytest.mark.serial  # reads the kernel's dirty-page counts of a mapping: failed once beside another worker's heavy I/O
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux /proc/self/smaps")
 def test_flush_log_writes_back_replicated_pages(impl, tmp_path):
     with _open(impl, tmp_path / "m", segment_size=1 << 20) as master, \
