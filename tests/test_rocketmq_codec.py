@@ -322,6 +322,21 @@ _host = st.one_of(st.none(), st.binary(min_size=20, max_size=20), st.sampled_fro
     bytes(20), BORN, STORE, bytes(16) + b"\x01\0\0\0", ipaddress.IPv6Address("::1.2.3.4").packed + b"\xff" * 4]))
 
 
+def _mutated(draw, data: bytearray, extend_max: int, random_max: int) -> tuple[bytearray, str]:
+    """``data`` as drawn: mostly unchanged, else bytes flipped, cut short, extended, or replaced by random bytes."""
+    mutation = draw(st.sampled_from(["none"] * 4 + ["flip", "truncate", "extend", "random"]))
+    if mutation == "flip":
+        for _ in range(draw(st.integers(1, 3))):
+            data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
+    elif mutation == "truncate":
+        del data[draw(st.integers(0, len(data) - 1)):]
+    elif mutation == "extend":
+        data += draw(st.binary(min_size=1, max_size=extend_max))
+    elif mutation == "random":
+        data = bytearray(draw(st.binary(max_size=random_max)))
+    return data, mutation
+
+
 @st.composite
 def record_buffers(draw):
     """Stored records with random fields, perhaps damaged."""
@@ -333,16 +348,7 @@ def record_buffers(draw):
         st.integers(-(2**63), 2**63 - 1), st.integers(-(2**31), 2**31 - 1)), min_size=1, max_size=6))
     with tempfile.TemporaryDirectory() as d, _log(IMPLS["python"], d) as log:
         data = bytearray(_append_all(log, recs))
-    mutation = draw(st.sampled_from(["none"] * 4 + ["flip", "truncate", "extend", "random"]))
-    if mutation == "flip":
-        for _ in range(draw(st.integers(1, 3))):
-            data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
-    elif mutation == "truncate":
-        del data[draw(st.integers(0, len(data) - 1)):]
-    elif mutation == "extend":
-        data += draw(st.binary(min_size=1, max_size=200))
-    elif mutation == "random":
-        data = bytearray(draw(st.binary(max_size=400)))
+    data, mutation = _mutated(draw, data, extend_max=200, random_max=400)
     return bytes(data), recs, mutation
 
 
@@ -371,16 +377,7 @@ def batch_bodies(draw):
     msgs = draw(st.lists(st.tuples(st.integers(-(2**31), 2**31 - 1), st.binary(max_size=200),
                                    st.one_of(_good_props, st.binary(max_size=30))), min_size=1, max_size=6))
     data = bytearray(java_batch(msgs))
-    mutation = draw(st.sampled_from(["none"] * 4 + ["flip", "truncate", "extend", "random"]))
-    if mutation == "flip":
-        for _ in range(draw(st.integers(1, 3))):
-            data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
-    elif mutation == "truncate":
-        del data[draw(st.integers(0, len(data) - 1)):]
-    elif mutation == "extend":
-        data += draw(st.binary(min_size=1, max_size=40))
-    elif mutation == "random":
-        data = bytearray(draw(st.binary(max_size=200)))
+    data, mutation = _mutated(draw, data, extend_max=40, random_max=200)
     return bytes(data), msgs, mutation
 
 
