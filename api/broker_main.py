@@ -42,7 +42,7 @@ __all__ = ["main", "serve", "BrokerService", "bind_socket", "load_config", "load
 log = logging.getLogger("sparkmq.broker")
 
 #: How long uvicorn waits for requests in flight after SIGTERM (held pulls are released at once).
-_GRACEFUL_S = 10.0
+_GRACEFUL_S = 10
 
 
 def _announce(host: str, port: int, scheme: str = "http") -> None:

@@ -16,7 +16,7 @@ import signal
 import socket
 import threading
 from collections.abc import Callable, Coroutine, Iterator
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import uvicorn
 from fastapi import FastAPI
@@ -259,7 +259,8 @@ class Server(uvicorn.Server):
 
 
 async def serve_app(app: FastAPI, sock: socket.socket, on_ready: Callable[[str, int], None], *,
-                    handle_signals: bool = True, log_level: str = "warning", lifespan: str = "on",
+                    handle_signals: bool = True, log_level: str = "warning",
+                    lifespan: Literal["auto", "on", "off"] = "on",
                     server_ready: Callable[[Server], None] | None = None, tls: TlsSettings | None = None,
                     limits: ConnectionLimits | None = None, remoting: RemotingServer | None = None) -> bool:
     """Serve ``app`` on ``sock`` until stopped; returns whether it ever accepted connections.

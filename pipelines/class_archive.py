@@ -123,6 +123,7 @@ def _training_source() -> Any:
         InputPartition,
         WriterCommitMessage,
     )
+    from pyspark.sql.streaming.datasource import ReadLimit
 
     schema = pa.schema([("id", pa.int64()), ("body", pa.binary()), ("tags", pa.map_(pa.string(), pa.string()))])
 
@@ -143,7 +144,7 @@ def _training_source() -> Any:
         def initialOffset(self) -> dict:
             return {"n": 0}
 
-        def latestOffset(self) -> dict:
+        def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # Spark 4.2's form (with admission control)
             return {"n": 300}
 
         def partitions(self, start: dict, end: dict) -> list[InputPartition]:
@@ -234,7 +235,9 @@ def _dump(target: Path) -> None:
         spark = get_spark({"spark.master": "local[1]",
                            "spark.driver.extraJavaOptions": _DUMP_OPTION.format(path=target)},
                           app_name="sparkmq-class-training", log_level="ERROR", class_archive=False)
-        gateway = spark.sparkContext._gateway.proc
+        gateway = getattr(spark.sparkContext._gateway, "proc", None)  # the JVM process this session launched
+        if gateway is None:
+            raise RuntimeError("the class archive needs a local JVM launched by this process")
         _train(spark, work)
         stop_spark()
         # The JVM exits (and writes the archive) when its standard input closes.

@@ -176,6 +176,7 @@ def store_profile(df: DataFrame, store_ts: str) -> tuple[int, int | None, list[i
     ms = F.unix_millis(F.col(store_ts))
     row = df.agg(F.count(F.lit(1)).alias("n"), F.min(ms).alias("low"),
                  F.percentile_approx(ms, [0.01, 0.5], 1000).alias("p")).first()
+    assert row is not None  # an aggregate without grouping has exactly one row
     return int(row.n), row.low, list(row.p or [])
 
 

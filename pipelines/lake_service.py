@@ -186,25 +186,25 @@ class LakeService:
         specs = []
         limit: dict[str, Any] = {} if self.max_messages_per_trigger is None else {
             "max_messages_per_trigger": self.max_messages_per_trigger}
-        signed = {"credentials": self.credentials}
         if "dispatch" in self.job_names:
             specs.append(JobSpec(
                 "dispatch",
                 lambda: start_dispatch(spark, self.endpoints, self.lake_root, self.checkpoint_root / "dispatch",
-                                       self.trigger, job_name=self.job_name, **limit, **signed),
+                                       self.trigger, job_name=self.job_name, **limit,
+                                       credentials=self.credentials),
                 describe=_dispatch_figures))
         if "trace" in self.job_names:
             specs.append(JobSpec(
                 "trace",
                 lambda: start_trace_job(spark, self.endpoints, self.lake_root, self.checkpoint_root / "trace",
-                                        self.trigger, job_name=self.job_name, **signed),
+                                        self.trigger, job_name=self.job_name, credentials=self.credentials),
                 describe=_dispatch_figures))
         if "dlq" in self.job_names:
             # Dead letters are rare: their own slower trigger (the job's default) is enough.
             specs.append(JobSpec(
                 "dlq",
                 lambda: start_dlq_job(spark, self.endpoints, self.lake_root, self.checkpoint_root / "dlq", None,
-                                      job_name=self.job_name, **signed)))
+                                      job_name=self.job_name, credentials=self.credentials)))
         return specs
 
     # -- lifecycle --------------------------------------------------------------------
@@ -224,8 +224,8 @@ class LakeService:
             from .session import get_spark, lower_priority  # here: a broker without the lake never loads PySpark
 
             # The lake's tables are registered as sparkmq.<table> (the jobs add those they create).
-            self.spark = get_spark(self.spark_conf, lake_root=self.lake_root)
-            lower_priority(self.spark, self.nice)
+            self.spark = spark = get_spark(self.spark_conf, lake_root=self.lake_root)
+            lower_priority(spark, self.nice)
             if self._stopping.is_set():
                 return
             supervisor = Supervisor(self._jobs(), backoff_initial_s=self._backoff[0], backoff_max_s=self._backoff[1])
@@ -233,11 +233,11 @@ class LakeService:
                 self.supervisor = supervisor
             supervisor.start()
             if "reports" in self.job_names:
-                self._start_reports()
+                self._start_reports(spark)
             if "maintenance" in self.job_names:
                 from .maintenance import Maintainer
 
-                self.maintainer = Maintainer(self.spark, self.lake_root,
+                self.maintainer = Maintainer(spark, self.lake_root,
                                              interval_s=self.maintenance_interval_s).start()
             with self._lock:
                 self._state = "running"
@@ -247,13 +247,13 @@ class LakeService:
                 self._state = "failed"
                 self._error = f"{type(exc).__name__}: {exc}"
 
-    def _start_reports(self) -> None:
+    def _start_reports(self, spark: SparkSession) -> None:
         # Not a streaming query: a thread reporting each closed minute (see pipelines.reports).
         from .reports import Reporter, offsets_source
 
         brokers = list(self.endpoints) if isinstance(self.endpoints, Mapping) else None
         offsets = offsets_source(self.endpoints, credentials=self.credentials)
-        self.reporter = Reporter(self.lake_root, offsets, spark=self.spark,
+        self.reporter = Reporter(self.lake_root, offsets, spark=spark,
                                  job=self.job_name or "cluster", brokers=brokers, alerts=self.alerts)
         self._report_thread = threading.Thread(target=self.reporter.loop,
                                                args=(self._report_stop, self.report_interval_s),

@@ -103,6 +103,8 @@ def commits_since_compaction(spark: SparkSession, path: str, limit: int) -> int:
 def _checkpoint(spark: SparkSession, path: str) -> None:
     """A checkpoint of the table's latest version, by delta-spark (its ``DeltaLog``; no Python API exists)."""
     jvm = spark._jvm  # noqa: SLF001 -- the session's own gateway
+    if jvm is None:
+        raise RuntimeError("a Delta checkpoint needs a classic SparkSession (with a JVM)")
     jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path).checkpoint()  # noqa: SLF001
 
 

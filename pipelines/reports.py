@@ -177,7 +177,8 @@ class BrokerOffsets:
         ``credentials`` sign every request (name servers and brokers with ACL on: ``Get`` on the groups)."""
         if (namesrv is None) == (brokers is None):
             raise ValueError("give exactly one of namesrv and brokers")
-        keys = {"access_key": credentials.access_key, "secret_key": credentials.secret_key} if credentials else {}
+        keys: dict[str, Any] = {} if credentials is None else {
+            "access_key": credentials.access_key, "secret_key": credentials.secret_key}
         self._admin = AdminClient(ClientConfig(namesrv_addrs=namesrv, **keys)) if namesrv else None
         self._fixed = dict(brokers or {})
         self._timeout_s = timeout_s

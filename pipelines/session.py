@@ -284,8 +284,10 @@ def lower_priority(session: SparkSession, nice: int | str) -> int:
     if nice != IDLE and (not isinstance(nice, int) or nice <= 0):
         return 0
     proc = getattr(getattr(session.sparkContext, "_gateway", None), "proc", None)
-    tasks = Path(f"/proc/{proc.pid}/task") if proc is not None else None
-    if tasks is None or not tasks.is_dir():
+    if proc is None:
+        return 0
+    tasks = Path(f"/proc/{proc.pid}/task")
+    if not tasks.is_dir():
         return 0
     changed = 0
     for tid in tasks.iterdir():

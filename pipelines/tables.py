@@ -410,7 +410,9 @@ def _check_matches(spark: SparkSession, spec: TableSpec, path: str) -> None:
         raise SchemaMismatchError(f"the table at {path} does not have the schema of {spec.name!r} "
                                   f"(columns that differ: {', '.join(diff) or 'order only'}); "
                                   "migrate or move it away before using this lake root")
-    partitions = tuple(table.detail().first().partitionColumns)
+    detail = table.detail().first()
+    assert detail is not None  # DESCRIBE DETAIL has exactly one row
+    partitions = tuple(detail.partitionColumns)
     if partitions != spec.partition_by:
         raise SchemaMismatchError(f"the table at {path} is partitioned by {list(partitions)}, "
                                   f"but {spec.name!r} is partitioned by {list(spec.partition_by)}")

@@ -103,12 +103,18 @@ def _io_error(what: str, exc: OSError) -> StoreError:
 
 
 def _int(value: object) -> int:
-    return operator.index(value)  # TypeError for non-integers, as the C core
+    """Any object the caller passed: a TypeError for non-integers is the contract, as in the C core."""
+    return operator.index(value)  # type: ignore[arg-type]  # checked here, at run time
+
+
+def _buffer(value: object) -> bytes:
+    """A copy of any bytes-like object the caller passed: a TypeError for others, as in the C core."""
+    return bytes(memoryview(value))  # type: ignore[arg-type]  # checked here, at run time
 
 
 def _bounded(value: object, bits: int) -> int:
     """A signed integer of ``bits`` bits; OverflowError beyond, as the C core."""
-    number = operator.index(value)
+    number = _int(value)
     if not -(1 << (bits - 1)) <= number < (1 << (bits - 1)):
         raise OverflowError(f"{number} does not fit in a signed {bits}-bit integer")
     return number
@@ -590,7 +596,7 @@ def encode_rocketmq_records(records, /) -> bytes:
     mv = memoryview(records).cast("B")
     size = mv.nbytes
     pos = 0
-    out: list[bytes] = []
+    out: list[bytes | memoryview] = []
     while pos < size:
         total, tpos, ppos = _frame_record(mv, pos, size - pos)
         (_t, _m, _crc, queue_id, flag, queue_offset, clog_offset, sys_flag, born_ts, born_host, store_ts,
@@ -678,7 +684,7 @@ def _check_queue_id(queue_id: object) -> int:
 def _check_host(host: object, name: str, prefix: str = "") -> bytes:
     if host is None:
         return _ZERO_HOST
-    raw = bytes(memoryview(host))  # TypeError for non-bytes-like
+    raw = _buffer(host)
     if len(raw) != HOST_SIZE:
         raise _err(INVALID_ARGUMENT, f"{prefix}{name} must be {HOST_SIZE} bytes, got {len(raw)}")
     return raw
@@ -768,8 +774,8 @@ class _Encoded:
     def __init__(self, raw_topic: bytes, queue_id: int, body: object, properties: object, tag_hash: object,
                  flag: object, sys_flag: object, born_ts: object, born_host: object, reconsume: object,
                  prepared: object, segment_size: int, prefix: str = "") -> None:
-        self.body = bytes(memoryview(body))
-        props = bytes(memoryview(properties))
+        self.body = _buffer(body)
+        props = _buffer(properties)
         self.tag_hash = _bounded(tag_hash, 64)
         self.flag = _bounded(flag, 32)
         self.sys_flag = _bounded(sys_flag, 32)
@@ -1351,7 +1357,9 @@ class CommitLog:
                     raise TypeError(f"message {i} must be a tuple")
                 if len(item) != 9:
                     raise _err(INVALID_ARGUMENT, f"message {i}: expected 9 fields, got {len(item)}")
-                encoded.append(_Encoded(raw_topic, qid, *item, self._segment_size, prefix=f"message {i}: "))
+                body, properties, tag_hash, flag, sys_flag, born_ts, born_host, reconsume, prepared = item
+                encoded.append(_Encoded(raw_topic, qid, body, properties, tag_hash, flag, sys_flag, born_ts, born_host,
+                                        reconsume, prepared, self._segment_size, prefix=f"message {i}: "))
             first = self._queue(topic, qid)._max
             offsets = [self._write_one(topic, enc, first + i, store_ts, host) for i, enc in enumerate(encoded)]
             return first, store_ts, offsets

@@ -40,7 +40,8 @@ json_option = click.option("--json", "as_json", is_flag=True, help="print JSON")
 
 def _client_config(namesrv: str, credentials: Credentials | None) -> ClientConfig:
     # Services with ACL on want signed requests (--access-key / --secret-key or their environment variables).
-    keys = {"access_key": credentials.access_key, "secret_key": credentials.secret_key} if credentials else {}
+    keys: dict[str, Any] = {} if credentials is None else {
+        "access_key": credentials.access_key, "secret_key": credentials.secret_key}
     return ClientConfig(namesrv_addrs=namesrv, **keys)
 
 

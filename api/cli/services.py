@@ -15,6 +15,7 @@ import threading
 import time
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.table import Table
@@ -63,7 +64,8 @@ DEMO_TOPIC = "DemoTopic"
 def run_demo(namesrv_addr: str, messages: int, credentials: Credentials | None = None) -> tuple[int, int, float]:
     """Send ``messages`` through the platform and consume them back, signed with ``credentials`` when given (ACL
     on); returns (sent, received, seconds)."""
-    keys = {"access_key": credentials.access_key, "secret_key": credentials.secret_key} if credentials else {}
+    keys: dict[str, Any] = {} if credentials is None else {
+        "access_key": credentials.access_key, "secret_key": credentials.secret_key}
     config = ClientConfig(namesrv_addrs=namesrv_addr, rebalance_interval_s=1.0, **keys)
     wanted: set[str] = set()
     received: set[str] = set()

@@ -63,8 +63,10 @@ class Session:
         if self.super_user:
             return True
         policy = self.table.policies.get(self.access_key)
+        if policy is None:  # a user without a policy may do nothing
+            return False
         return any(e.decision is Decision.ALLOW and Action.CREATE in e.actions
-                   and e.resource.type in (None, ResourceType.TOPIC) for e in policy.entries if policy is not None)
+                   and e.resource.type in (None, ResourceType.TOPIC) for e in policy.entries)
 
     def view(self) -> dict[str, Any]:
         """What the page is told: never the secret."""

@@ -301,7 +301,7 @@ def pack_plain(messages: Sequence[definition.Message], namespace: str, max_body:
     name, resource_ns = first.topic.name, first.topic.resource_namespace
     if not name:
         return None
-    wire = []
+    wire: list[_Packable] = []
     append = wire.append
     # Why the guards before dict()/tuple(): converting an empty protobuf map or list costs as much as the rest.
     for msg in messages:

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio.to_thread
 import grpc
@@ -60,6 +60,12 @@ __all__ = ["MessagingService"]
 
 log = logging.getLogger("sparkmq.broker.grpc")
 
+_P = TypeVar("_P", bound=Proto)
+#: A unary handler's request: a message type, or ``bytes`` for a handler that parses the request itself.
+RequestType = type[Proto] | type[bytes]
+#: A unary handler's answer: a message, or bytes it serialized itself (SendMessage's packed path).
+Answer = Proto | bytes
+
 #: Stored-but-not-acknowledged send outcomes as v2 codes (the message is stored; the client decides).
 _SEND_STATUS_CODES = {SendStatus.FLUSH_DISK_TIMEOUT: Code.MASTER_PERSISTENCE_TIMEOUT,
                       SendStatus.FLUSH_SLAVE_TIMEOUT: Code.SLAVE_PERSISTENCE_TIMEOUT,
@@ -105,7 +111,7 @@ class MessagingService:
     # -- registration ------------------------------------------------------------------------
     def handler(self) -> grpc.GenericRpcHandler:
         """Every RPC as a generic handler (requests as bytes: parsed, and refused cleanly, here)."""
-        unary: dict[str, tuple[Callable[..., Awaitable[Proto]], type[Proto], type[Proto]]] = {
+        unary: dict[str, tuple[Callable[..., Awaitable[Answer]], RequestType, type[Proto]]] = {
             "QueryRoute": (self.query_route, service.QueryRouteRequest, service.QueryRouteResponse),
             "Heartbeat": (self.heartbeat, service.HeartbeatRequest, service.HeartbeatResponse),
             # Parsed here, not by _unary: plain batches are packed from the request's bytes (pack_request).
@@ -155,12 +161,12 @@ class MessagingService:
             # QueryRoute serves producers and consumers alike: Pub or Sub on the topic will do.
             guard.authorize(principal, needs_of(req, call), call.peer, f"grpc {rpc}", any_of=rpc == "QueryRoute")
 
-    def _guarded(self, rpc: str, fn: Callable[[Any, Call], Awaitable[Proto]]
-                 ) -> Callable[[Any, Call], Awaitable[Proto]]:
+    def _guarded(self, rpc: str, fn: Callable[[Any, Call], Awaitable[Answer]]
+                 ) -> Callable[[Any, Call], Awaitable[Answer]]:
         if not self._guard.enabled:
             return fn
 
-        async def guarded(req: Any, call: Call) -> Proto:
+        async def guarded(req: Any, call: Call) -> Answer:
             self._check(rpc, req, call)
             return await fn(req, call)
         return guarded
@@ -561,14 +567,18 @@ def _send_status(status: SendStatus) -> definition.Status:
     return status_ok() if code is None else _status_entry(code, f"stored, but {status}")
 
 
-def _serialize(message: Proto | bytes) -> bytes:
+def _serialize(message: Answer) -> bytes:
     # A handler may answer with bytes it serialized itself (SendMessage's packed path).
     return message if isinstance(message, bytes) else message.SerializeToString()
 
 
-def _parse(raw: bytes, kind: type[Proto]) -> Proto:
-    if kind is bytes:  # the handler parses the request itself
+def _request(raw: bytes, kind: RequestType) -> Proto | bytes:
+    if issubclass(kind, bytes):  # the handler parses the request itself
         return raw
+    return _parse(raw, kind)
+
+
+def _parse(raw: bytes, kind: type[_P]) -> _P:
     try:
         return kind.FromString(raw)
     except DecodeError as exc:
@@ -581,12 +591,12 @@ def _failed(exc: BaseException, what: str) -> definition.Status:
     return status_of(exc)
 
 
-def _unary(fn: Callable[[Any, Call], Awaitable[Proto]], request_type: type[Proto],
-           response_type: type[Proto]) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Proto]]:
+def _unary(fn: Callable[[Any, Call], Awaitable[Answer]], request_type: RequestType,
+           response_type: type[Proto]) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Answer]]:
     """A unary RPC: parse, call, and answer any error in the response's status."""
-    async def handle(raw: bytes, context: grpc.aio.ServicerContext) -> Proto:
+    async def handle(raw: bytes, context: grpc.aio.ServicerContext) -> Answer:
         try:
-            return await fn(_parse(raw, request_type), Call.of(context))
+            return await fn(_request(raw, request_type), Call.of(context))
         except Exception as exc:  # every failure is an answer; the server keeps serving
             return response_type(status=_failed(exc, request_type.__name__))
     return handle

@@ -16,6 +16,7 @@ Every broker serves remoting on its main port, told apart from HTTP by the first
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import importlib.util
 import logging
@@ -193,7 +194,7 @@ class BrokerRemoting:
                 return
             self._bound[client_id] = conn
         conn.attributes[CLIENT_ID] = client_id
-        conn.on_close(lambda c, cid=client_id: self._unbind(cid, c))
+        conn.on_close(functools.partial(self._unbind, client_id))
 
     def _unbind(self, client_id: str, conn: ServerConnection) -> None:
         with self._lock:

@@ -37,7 +37,9 @@ def consumer_data(data: p.ConsumerDataBody) -> ConsumerData:
     consume type, model or start it does not know)."""
     consume_type = p.CONSUME_TYPES_BY_NAME.get(data.consumeType, data.consumeType)
     where = "CONSUME_FROM_LAST_OFFSET" if data.consumeFromWhere in _LAST_OFFSET_ALIASES else data.consumeFromWhere
-    subs = tuple(Subscription(s.topic, s.subString, s.expressionType or "TAG") for s in data.subscriptionDataSet)
+    # The names are made enums (or INVALID_ARGUMENT) by ConsumerData and Subscription themselves.
+    subs = tuple(Subscription(s.topic, s.subString, s.expressionType or "TAG")  # type: ignore[arg-type]
+                 for s in data.subscriptionDataSet)
     return ConsumerData(data.groupName, consume_type, data.messageModel, where, subs,  # type: ignore[arg-type]
                         tuple(data.heldQueues))
 

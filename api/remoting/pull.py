@@ -111,12 +111,12 @@ class _Pulls:
         return reply(p.QueueOffsetsResponseHeader(answer["min_offset"], answer["max_offset"], answer.get("offset")))
 
 
-def _pull_needs(frame: Frame) -> list[tuple]:  # type: ignore[type-arg]
+def _pull_needs(frame: Frame) -> list[tuple]:
     h = frame.header_as(p.PullMessageRequestHeader)
     return sub_topic(h.topic) + (sub_group(h.consumerGroup) if h.consumerGroup else [])
 
 
-def _queue_needs(frame: Frame) -> list[tuple]:  # type: ignore[type-arg]
+def _queue_needs(frame: Frame) -> list[tuple]:
     return sub_topic(frame.header_as(p.QueueRequestHeader).topic)
 
 

@@ -73,7 +73,7 @@ class _Sends:
 
     def send_message_v2(self, conn: ServerConnection, frame: Frame) -> Reply | Deferred | Awaitable[Reply]:
         """SEND_MESSAGE_V2: one message, the one-letter header RocketMQ's clients send by default."""
-        return self._send(conn, frame, frame.header_as(p.SendMessageRequestHeaderV2))  # type: ignore[arg-type]
+        return self._send(conn, frame, frame.header_as(p.SendMessageRequestHeaderV2))
 
     def _send(self, conn: ServerConnection, frame: Frame,
               h: p.SendMessageRequestHeader) -> Reply | Deferred | Awaitable[Reply]:
@@ -109,7 +109,7 @@ class _Sends:
     # -- batches --------------------------------------------------------------------------------
     def send_batch_message(self, conn: ServerConnection, frame: Frame) -> Reply | Deferred | Awaitable[Reply]:
         """RocketMQ's batch: decoded into sparkmq's packed batch by the native core, appended as one."""
-        h: p.SendMessageRequestHeader = frame.header_as(p.SendMessageRequestHeaderV2)  # type: ignore[assignment]
+        h = frame.header_as(p.SendMessageRequestHeaderV2)
         born = check_int("bornTimestamp", h.bornTimestamp, 0, 2**63 - 1) or _now_ms()
         try:
             packed, count = decode_rocketmq_batch(frame.body, born)

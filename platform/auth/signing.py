@@ -369,10 +369,10 @@ def grpc_date_ms(date_time: str, now_s: float) -> int:
     match = _GRPC_DATE.match(date_time)
     if match is None:
         raise auth_failed("x-mq-date-time must look like 20250101T120000Z")
-    fields = tuple(int(g) for g in match.groups())
+    year, month, day, hour, minute, second = (int(g) for g in match.groups())
     try:
-        as_utc = calendar.timegm((*fields, 0, 0, 0))
-        as_local = time.mktime((*fields, 0, 0, -1))
+        as_utc = calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0))
+        as_local = time.mktime((year, month, day, hour, minute, second, 0, 0, -1))
     except (OverflowError, ValueError):
         raise auth_failed("x-mq-date-time is not a valid time") from None
     best = min((as_utc, as_local), key=lambda t: abs(t - now_s))

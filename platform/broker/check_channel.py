@@ -68,7 +68,7 @@ class CheckChannel:
             queue = self._pending.get(group)
             if not queue:
                 return []
-            out = []
+            out: list[CheckRequest] = []
             while queue and len(out) < max_count:
                 out.append(queue.popitem(last=False)[1])
             if not queue:

@@ -63,7 +63,7 @@ def _check_client_id(client_id: object) -> str:
 
 def _enum(kind: type[enum.StrEnum], value: object, what: str) -> Any:
     try:
-        return kind(value)
+        return kind(str(value))
     except ValueError:
         raise SparkMQError(ErrorCode.INVALID_ARGUMENT,
                            f"{what} must be one of {[m.value for m in kind]}, got {value!r}") from None

@@ -363,12 +363,12 @@ class BrokerConfig:
     @property
     def tls(self) -> TlsSettings:
         """The ``tls_*`` settings as one object (what listeners and outgoing connections take)."""
-        return self._tls  # type: ignore[attr-defined, no-any-return]  # set in __post_init__
+        return self._tls  # type: ignore[attr-defined]  # set in __post_init__
 
     @property
     def limits(self) -> ConnectionLimits:
         """The connection limits of this broker's ports."""
-        return self._limits  # type: ignore[attr-defined, no-any-return]  # set in __post_init__
+        return self._limits  # type: ignore[attr-defined]  # set in __post_init__
 
     @property
     def remoting_enabled(self) -> bool:
@@ -459,7 +459,7 @@ class BrokerConfig:
         The port derived from the HTTP port (HA + 1) becomes a free port too when it was 0: the neighbours of a
         port the OS picked may belong to anyone.
         """
-        derived = {} if self.port else {name: 0 for name in ("ha_port",) if getattr(self, name) is None}
+        derived: dict[str, Any] = {} if self.port else {n: 0 for n in ("ha_port",) if getattr(self, n) is None}
         return replace(self, port=port, **derived)
 
     def to_dict(self) -> dict[str, Any]:

@@ -32,7 +32,7 @@ _BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.
 class _ComponentCollector(Collector):
     """Gauges of a component (e.g. the lake's jobs), read when Prometheus scrapes."""
 
-    def __init__(self, prefix: str, rows: Callable[[], Iterable[tuple[str, Mapping[str, float]]]]) -> None:
+    def __init__(self, prefix: str, rows: Callable[[], Iterable[tuple[str, Mapping[str, float | None]]]]) -> None:
         self._prefix = prefix
         self._rows = rows
 
@@ -239,7 +239,8 @@ class BrokerMetrics:
             self.stats.got(messages)
         self.pull_latency.observe(seconds)
 
-    def add_component_gauges(self, prefix: str, rows: Callable[[], Iterable[tuple[str, Mapping[str, float]]]]) -> None:
+    def add_component_gauges(self, prefix: str,
+                             rows: Callable[[], Iterable[tuple[str, Mapping[str, float | None]]]]) -> None:
         """Expose a component's figures at scrape time: ``rows()`` yields (name, {figure: value}) and
         each figure becomes the gauge ``sparkmq_<prefix>_<figure>{name=...}`` (e.g. the lake's jobs)."""
         self.registry.register(_ComponentCollector(prefix, rows))

@@ -89,7 +89,7 @@ class ScheduleService(PeriodicService):
     thread_name = "sparkmq-schedule"
 
     def __init__(self, store: MessageStore, levels_ms: tuple[int, ...], progress_path: Path,
-                 deliver: Callable[[Message, int, StoredMessage], None], persist_interval_s: float = 1.0,
+                 deliver: Callable[[Message, int, StoredMessage], object], persist_interval_s: float = 1.0,
                  max_idle_wait_s: float = 0.1) -> None:
         """``deliver(message, queue_id, parked)`` re-puts a due message (the broker's put path,
         so metrics, long polling and traces see it like any send)."""

@@ -107,9 +107,9 @@ class SlaveSynchronizer:
                 continue  # the broker's own system topics exist on every broker already
             table.create_or_update(name, cfg["read_queue_nums"], cfg["write_queue_nums"], cfg["perm"],
                                    cfg.get("order", False), cfg.get("topic_sys_flag", 0))
-        for cfg in table.list():
-            if cfg.topic not in topics and not is_reserved_topic(cfg.topic):
-                table.delete(cfg.topic)
+        for existing in table.list():
+            if existing.topic not in topics and not is_reserved_topic(existing.topic):
+                table.delete(existing.topic)
 
     def _apply_offsets(self, offsets: dict[str, dict[str, dict[str, int]]]) -> None:
         store = self.broker.offsets

@@ -51,7 +51,7 @@ class TimerService(PeriodicService):
     thread_name = "sparkmq-timer"
 
     def __init__(self, store: MessageStore, progress_path: Path,
-                 deliver: Callable[[Message, int, StoredMessage], None],
+                 deliver: Callable[[Message, int, StoredMessage], object],
                  max_delay_s: float = DEFAULT_TIMER_MAX_DELAY_S, persist_interval_s: float = 1.0,
                  max_idle_wait_s: float = 0.2) -> None:
         """``deliver(message, queue_id, parked)`` re-puts a due message through the broker's put path."""

@@ -18,6 +18,7 @@ see :mod:`sparkmq.platform.namesrv.perm`: 6 = read+write, 4 = sends refused,
 """
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import threading
@@ -261,7 +262,7 @@ class TopicConfigManager:
         return self.ensure_system_topics([topic], queue_nums, perm)[0]
 
     def ensure_system_topics(self, topics: Iterable[str], queue_nums: int = 1,
-                             perm: int = PERM_READ_WRITE) -> list[TopicConfig]:
+                             perm: int = PERM_READ_WRITE) -> builtins.list[TopicConfig]:
         """:meth:`ensure_system_topic` for many at once: the missing ones are written with one table write and
         one notice (a heartbeat naming 1,000 new groups must not rewrite the table 1,000 times)."""
         topics = list(topics)

@@ -35,7 +35,7 @@ log = logging.getLogger("sparkmq.client")
 BatchSender = Callable[[Sequence[Message]], Sequence[SendResult]]
 
 
-class BatchedFuture(concurrent.futures.Future):  # type: ignore[type-arg]
+class BatchedFuture(concurrent.futures.Future[SendResult]):
     """A ``concurrent.futures.Future`` of one batched message, cheap enough to make per message.
 
     A plain Future builds its own Condition (most of the cost of ``send_async`` at 100,000s of messages
@@ -62,8 +62,8 @@ class BatchedFuture(concurrent.futures.Future):  # type: ignore[type-arg]
         self._exception: BaseException | None = None
         self._batch: Sequence[SendResult] | None = None
         self._index = 0
-        self._waiter_list: list | None = None  # type: ignore[type-arg]
-        self._done_callbacks: list | tuple = ()  # type: ignore[type-arg]
+        self._waiter_list: list | None = None
+        self._done_callbacks: list | tuple = ()
         if message is not None:
             # Queued and in flight, the future and its message are held by the accumulator, so the collector
             # could not free them anyway; out of its lists, they are not walked and promoted by every
@@ -75,7 +75,7 @@ class BatchedFuture(concurrent.futures.Future):  # type: ignore[type-arg]
             gc_untrack(message)
 
     @property
-    def _waiters(self) -> list:  # type: ignore[type-arg,override]
+    def _waiters(self) -> list:  # type: ignore[override]  # Future's plain attribute, made lazy here
         # concurrent.futures.wait/as_completed append their waiters here (under the condition).
         if self._waiter_list is None:
             gc_track(self)
@@ -166,7 +166,7 @@ def complete_batch(futures: Sequence[BatchedFuture], condition: threading.Condit
         condition.notify_all()
     for future in futures:
         if future._done_callbacks:
-            future._invoke_callbacks()
+            future._invoke_callbacks()  # type: ignore[attr-defined]  # Future's private helper, not in typeshed
 
 
 #: A queued message is its future (which holds it until sent).

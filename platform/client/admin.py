@@ -465,7 +465,7 @@ class AdminClient:
 
     # -- message features (issue 4) ------------------------------------------------------------------
     def reset_offsets(self, group: str, topic: str, timestamp: int | None = None,
-                      offsets: Mapping[MessageQueue | str, int] | None = None) -> dict[MessageQueue, int]:
+                      offsets: Mapping[MessageQueue, int] | Mapping[str, int] | None = None) -> dict[MessageQueue, int]:
         """Move ``group``'s offsets of ``topic``: to the first message stored at or after ``timestamp`` (epoch ms)
         on every queue, or to exact ``offsets`` (by :class:`MessageQueue` or ``"broker/queue_id"``).
 
@@ -539,7 +539,8 @@ class AdminClient:
         validate_group(group)
         if not msg_ids and not all:
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "give msg_ids or all=True")
-        total, results = 0, []
+        total = 0
+        results: list[dict[str, Any]] = []
         errors: list[SparkMQError] = []
         for addr in self.masters().values():
             try:

@@ -493,7 +493,8 @@ class AsyncConsumer(_AsyncClient):
         """
         validate_topic(topic)
         if isinstance(expression, MessageSelector):
-            expression, filter_type = expression.expression, expression.filter_type
+            filter_type = expression.filter_type
+            expression = expression.expression
         self._subscriptions[topic] = Subscription.parse(topic, expression, filter_type)
         if self._state == "running":
             self._background(self._resubscribe(), "subscribe")

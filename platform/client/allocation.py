@@ -108,9 +108,9 @@ class AllocateStrategy(ABC):
         for prev, cur in zip(queues, queues[1:], strict=False):
             if prev == cur:
                 raise _invalid(f"duplicate queue in all_queues: {cur.topic}@{cur.key}")
-        for prev, cur in zip(consumers, consumers[1:], strict=False):
-            if prev == cur:
-                raise _invalid(f"duplicate consumer id in all_consumer_ids: {cur!r}")
+        for prev_id, cur_id in zip(consumers, consumers[1:], strict=False):
+            if prev_id == cur_id:
+                raise _invalid(f"duplicate consumer id in all_consumer_ids: {cur_id!r}")
         if current_id not in consumers:
             # Like RocketMQ (log and return empty) rather than raising: this is a normal,
             # transient state -- the broker has not seen our first heartbeat yet, or has

@@ -582,7 +582,7 @@ class RemotingBrokerClient:
     def consumer_group(self, group: str) -> dict[str, Any]:
         """SPARKMQ_GROUP_INFO: the group's version, members, settings and subscriptions (``GET /consumers/{g}``)."""
         body = self.request(RequestCode.SPARKMQ_GROUP_INFO, {"consumerGroup": group}).body
-        return msgspec.to_builtins(_decode_group(body))  # type: ignore[no-any-return]
+        return msgspec.to_builtins(_decode_group(body))
 
     def queue_offsets(self, topic: str, queue_id: int, timestamp: int | None = None) -> dict[str, int]:
         """SPARKMQ_QUEUE_OFFSETS: a queue's ``min_offset``, ``max_offset`` and, for a timestamp, ``offset``."""

@@ -244,8 +244,8 @@ class ClientConfig:
         if not isinstance(self.tls, bool):
             raise ValueError(f"tls must be true or false, got {self.tls!r}")
         # Built (and the CA file checked) now, not at the first connection.
-        object.__setattr__(self, "_tls", TlsSettings(ca_file=self.tls_ca_file, connect=self.tls,
-                                                     check_hostname=self.tls_check_hostname))
+        object.__setattr__(self, "_tls", TlsSettings.of_files(ca_file=self.tls_ca_file, connect=self.tls,
+                                                              check_hostname=self.tls_check_hostname))
         if (self.access_key is None) != (self.secret_key is None):
             raise ValueError("access_key and secret_key go together: set both or neither")
         if self.access_key is not None:
@@ -254,7 +254,7 @@ class ClientConfig:
     @property
     def tls_settings(self) -> TlsSettings:
         """The TLS of every connection this client opens (plaintext unless :attr:`tls`)."""
-        return self._tls  # type: ignore[attr-defined, no-any-return]  # set in __post_init__
+        return self._tls  # type: ignore[attr-defined]  # set in __post_init__
 
     @property
     def pull_timeout_s(self) -> float:

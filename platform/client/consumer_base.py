@@ -103,8 +103,8 @@ class ConsumerBase(ABC):
             consume_timestamp_ms=config.consume_timestamp_ms, subscriptions=self._subscriptions,
             routes=self._routes, brokers=self._brokers, offset_store=self.offset_store,
             new_process_queue=self._new_process_queue, on_added=self._start_pulling, on_removed=self._stop_pulling)
-        self._rebalance.on_not_member = lambda topic: self._scheduler.trigger("heartbeat")
         self._scheduler = Scheduler(f"consumer-{group}")
+        self._rebalance.on_not_member = lambda topic: self._scheduler.trigger("heartbeat")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: LoopThread | None = None
         #: True while this consumer's work may run on the loop: callbacks and timers it scheduled check it
@@ -136,7 +136,8 @@ class ConsumerBase(ABC):
         if self._manual:
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "this consumer uses assign(); it cannot also subscribe")
         if isinstance(expression, MessageSelector):
-            expression, filter_type = expression.expression, expression.filter_type
+            filter_type = expression.filter_type
+            expression = expression.expression
         self._subscriptions[topic] = Subscription.parse(topic, expression, filter_type)
         if self._state == "running":
             self._scheduler.trigger("heartbeat")

@@ -116,7 +116,7 @@ class ProcessQueue:
     def head(self, n: int) -> list[ReceivedMessage]:
         """The ``n`` in-flight messages of smallest offset, ascending (an orderly consumer's next batch)."""
         with self._lock:
-            out = []
+            out: list[ReceivedMessage] = []
             for msg in self._msgs.values():
                 if len(out) >= n:
                     break

@@ -138,7 +138,7 @@ def check_batch(msgs: Sequence[Message], max_message_size: int, compress_thresho
             largest = len(body)
     if largest > max_message_size:
         raise SparkMQError(ErrorCode.MESSAGE_TOO_LARGE, f"a body is {largest} bytes, the limit is {max_message_size}")
-    return validate_topic(topic), largest > compress_threshold  # type: ignore[arg-type]  # a Message's topic
+    return validate_topic(topic), largest > compress_threshold
 
 
 def check_body(body: object, max_message_size: int) -> None:
@@ -583,17 +583,17 @@ class Producer:
             if arrow:  # an Arrow IPC batch is HTTP's: remoting has no request for it
                 rows = [SendRow(p.body, p.message.tags, tuple(p.message.keys), dict(p.message.properties))
                         for p in prepared]
-                answer = self._brokers.http(addr).send_batch(topic, params, arrow=to_ipc(send_rows_to_arrow(rows)),
-                                                             timeout=left)
+                reply = self._brokers.http(addr).send_batch(topic, params, arrow=to_ipc(send_rows_to_arrow(rows)),
+                                                            timeout=left)
             else:
-                answer = client.send_batch(topic, params, messages=[
+                reply = client.send_batch(topic, params, messages=[
                     {"body": encode_body(p.body), "body_encoding": "base64", "tags": p.message.tags,
                      "keys": list(p.message.keys), "properties": dict(p.message.properties), "msg_id": p.msg_id}
                     for p in prepared], timeout=left)
-            status = send_status(answer.get("status"))
-            results = [SendResult(status, str(r.get("msg_id", "")), str(r.get("offset_msg_id", "")), answer["topic"],
-                                  answer["broker_name"], int(answer["queue_id"]), int(r["queue_offset"]),
-                                  int(answer.get("store_timestamp") or 0)) for r in answer["results"]]
+            status = send_status(reply.get("status"))
+            results = [SendResult(status, str(r.get("msg_id", "")), str(r.get("offset_msg_id", "")), reply["topic"],
+                                  reply["broker_name"], int(reply["queue_id"]), int(r["queue_offset"]),
+                                  int(reply.get("store_timestamp") or 0)) for r in reply["results"]]
             for p, result in zip(prepared, results, strict=False):
                 self._trace_send(addr, p.message, result, born_ms, begin)
             return results

@@ -299,7 +299,7 @@ class PushConsumer(ConsumerBase):
             log.exception("listener of %s failed on %d messages of %s@%s; reconsuming later", self.group,
                           len(batch), pq.mq.topic, pq.mq.key)
             status, reason = ConsumeStatus.RECONSUME_LATER, f"{type(exc).__name__}: {exc}"
-        if status is not ConsumeStatus.CONSUME_SUCCESS and status != ConsumeStatus.CONSUME_SUCCESS.value:
+        if status != ConsumeStatus.CONSUME_SUCCESS:  # a StrEnum: its name (a str) is equal too
             if status is None:
                 log.warning("listener of %s returned None; treating it as RECONSUME_LATER", self.group)
             self._trace_consume(batch, ConsumeStatus.RECONSUME_LATER.value, began_ms, began, reason)

@@ -54,7 +54,7 @@ def _enum(cls: type[StrEnum], value: object, what: str) -> StrEnum:
     try:
         return cls(str(value).upper())
     except ValueError:
-        known = ", ".join(m.value for m in cls)  # type: ignore[attr-defined]
+        known = ", ".join(m.value for m in cls)
         raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"unknown {what} {value!r}; known: {known}") from None
 
 

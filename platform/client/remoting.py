@@ -17,7 +17,7 @@ import json
 import logging
 import socket
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -94,7 +94,7 @@ class SigningAuth(httpx.Auth):
     def __init__(self, credentials: Credentials) -> None:
         self._signer = Signer(credentials)
 
-    def auth_flow(self, request: httpx.Request) -> Iterator[httpx.Request]:
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
         """Add the ``authorization`` and ``x-sparkmq-date`` headers."""
         target = request.url.raw_path.decode("ascii")
         request.headers.update(self._signer.http_headers(request.method, target, request.content))
@@ -364,7 +364,7 @@ class BrokerClient:
                                                          f"{resp.headers.get('content-type')!r}, not Arrow")
         h = resp.headers
         table = from_ipc(resp.content) if resp.content else PULL_SCHEMA.empty_table()
-        if records and h.get(PULL_HEADERS["form"]) == "records":
+        if records and broker_name is not None and h.get(PULL_HEADERS["form"]) == "records":
             import pyarrow as pa
 
             from ..common.record_columns import decode_records  # numpy: bulk readers only

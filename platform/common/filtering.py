@@ -204,7 +204,12 @@ def _operand(value: Any) -> Node:
         return lambda props: props.get(name)
     if value is _NULL:
         return lambda props: None
-    return lambda props, v=value: v
+    return _constant(value)
+
+
+def _constant(value: Any) -> Node:
+    """A node yielding ``value`` whatever the properties."""
+    return lambda props: value
 
 
 def _compare(op: str, left: Any, right: Any) -> Node:
@@ -271,7 +276,7 @@ def _not(inner: Node) -> Node:
 def _as_condition(value: Any) -> Node:
     """A bare operand used as a condition: TRUE/FALSE literals, or a property holding 'true'/'false'."""
     if isinstance(value, bool):
-        return lambda props, v=value: v
+        return _constant(value)
     if isinstance(value, _Prop):
         name = str(value)
         return lambda props: {"true": True, "false": False}.get((props.get(name) or "").lower())

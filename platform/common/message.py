@@ -190,6 +190,6 @@ class SendResult:
 def send_status(value: object) -> SendStatus:
     """A send status from the wire; INTERNAL_ERROR when unknown."""
     try:
-        return SendStatus(value)
+        return SendStatus(str(value))
     except ValueError:
         raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"unknown send status {value!r}") from None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import msgspec
 
@@ -344,7 +344,7 @@ class PackedPull:
 def pull_status(value: object) -> PullStatus:
     """A pull status from the wire; INTERNAL_ERROR when this side does not know it (a newer server)."""
     try:
-        return PullStatus(value)
+        return PullStatus(str(value))
     except ValueError:
         raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"unknown pull status {value!r}") from None
 
@@ -452,13 +452,17 @@ SEND_V2_NAMES: dict[str, str] = {
     "maxReconsumeTimes": "l", "batch": "m"}
 
 
-def _v2_of(kind: type[msgspec.Struct]) -> type[msgspec.Struct]:
-    """``kind`` with its fields renamed to SEND_MESSAGE_V2's letters (one definition, two spellings)."""
-    return msgspec.defstruct(
+_Header = TypeVar("_Header", bound=msgspec.Struct)
+
+
+def _v2_of(kind: type[_Header]) -> type[_Header]:
+    """A subclass of ``kind`` with its fields renamed to SEND_MESSAGE_V2's letters (one definition, two
+    spellings; the fields are declared again because msgspec renames only a struct's own)."""
+    return cast("type[_Header]", msgspec.defstruct(
         kind.__name__ + "V2",
         [(f.name, f.type, f.default if f.default is not msgspec.NODEFAULT else msgspec.NODEFAULT)
          if f.required is False else (f.name, f.type) for f in msgspec.structs.fields(kind)],
-        bases=(ExtHeader,), rename=SEND_V2_NAMES, omit_defaults=True, module=__name__)
+        bases=(kind,), rename=SEND_V2_NAMES, omit_defaults=True, module=__name__))
 
 
 #: SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE's header: :class:`SendMessageRequestHeader` with one-letter names.
@@ -1191,8 +1195,9 @@ _PULL_CODES: dict[PullStatus, int] = {
     PullStatus.OFFSET_OVERFLOW: ResponseCode.PULL_OFFSET_MOVED, PullStatus.OFFSET_RESET: ResponseCode.PULL_OFFSET_MOVED}
 #: The response codes a pull answers with (every other one is an error).
 PULL_OUTCOME_CODES: frozenset[int] = frozenset(_PULL_CODES.values())
-_PULL_STATUS_OF_CODE = {ResponseCode.SUCCESS: PullStatus.FOUND, ResponseCode.PULL_NOT_FOUND: PullStatus.NO_NEW_MSG,
-                        ResponseCode.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MSG}
+_PULL_STATUS_OF_CODE: dict[int, PullStatus] = {
+    ResponseCode.SUCCESS: PullStatus.FOUND, ResponseCode.PULL_NOT_FOUND: PullStatus.NO_NEW_MSG,
+    ResponseCode.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MSG}
 
 
 def pull_response_code(status: PullStatus, offset: int) -> int:
@@ -1218,7 +1223,7 @@ def pull_status_of(code: int, remark: str | None) -> PullStatus:
     if code != ResponseCode.PULL_OFFSET_MOVED:
         raise SparkMQError(ErrorCode.INTERNAL_ERROR, f"response code {code} is not a pull's outcome")
     try:
-        return PullStatus(remark)
+        return PullStatus(remark or "")
     except ValueError:
         return PullStatus.OFFSET_OVERFLOW
 

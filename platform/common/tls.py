@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_HANDSHAKE_TIMEOUT_S", "TLS_RECORD_HANDSHAKE", "TlsSettings", "create_server",
+__all__ = ["DEFAULT_HANDSHAKE_TIMEOUT_S", "TLS_RECORD_HANDSHAKE", "Listener", "TlsSettings", "create_server",
            "start_stream_server"]
 
 log = logging.getLogger("sparkmq.tls")
@@ -76,6 +76,13 @@ class TlsSettings:
     check_hostname: bool = True
     #: Verify the server's certificate chain at all (off only for tests against self-signed servers).
     verify: bool = True
+
+    @classmethod
+    def of_files(cls, cert_file: str | Path | None = None, key_file: str | Path | None = None,
+                 ca_file: str | Path | None = None, **options: Any) -> TlsSettings:
+        """Settings from configured file names (a string or a path each; empty = unset), validated likewise."""
+        return cls(_path("tls_cert_file", cert_file), _path("tls_key_file", key_file), _path("tls_ca_file", ca_file),
+                   **options)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cert_file", _path("tls_cert_file", self.cert_file))
@@ -183,7 +190,7 @@ ProtocolFactory = Callable[[], asyncio.BaseProtocol]
 
 async def create_server(protocol_factory: ProtocolFactory, host: str, port: int, *, tls: TlsSettings | None,
                         backlog: int = 1024,
-                        handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S) -> asyncio.AbstractServer:
+                        handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S) -> Listener:
     """``loop.create_server`` for a binary port, as ``tls`` says: plaintext, TLS only (``required``), or both.
 
     With both (permissive), connections are accepted here, the first byte is peeked (not consumed), and the
@@ -201,7 +208,7 @@ async def create_server(protocol_factory: ProtocolFactory, host: str, port: int,
 
 async def start_stream_server(client_connected: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Any],
                               host: str, port: int, *, tls: TlsSettings | None, limit: int = 1 << 16,
-                              ) -> asyncio.AbstractServer:
+                              ) -> Listener:
     """``asyncio.start_server`` over :func:`create_server`: a stream server on a binary port, TLS as ``tls`` says."""
     loop = asyncio.get_running_loop()
 
@@ -264,7 +271,10 @@ class _SniffingServer(asyncio.AbstractServer):
     async def _start(self, conn: socket.socket) -> None:
         readable = self._loop.create_future()
         fd = conn.fileno()
-        self._loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+        def on_readable() -> None:
+            if not readable.done():
+                readable.set_result(None)
+        self._loop.add_reader(fd, on_readable)
         try:
             await asyncio.wait_for(readable, self._timeout_s)
             first = conn.recv(1, socket.MSG_PEEK)
@@ -289,7 +299,7 @@ class _SniffingServer(asyncio.AbstractServer):
 
     # -- AbstractServer -----------------------------------------------------------------------
     @property
-    def sockets(self) -> tuple[socket.socket, ...]:  # type: ignore[override]
+    def sockets(self) -> tuple[socket.socket, ...]:
         """The listening socket."""
         return (self._sock,) if self._sock is not None else ()
 
@@ -321,3 +331,7 @@ class _SniffingServer(asyncio.AbstractServer):
     async def serve_forever(self) -> None:
         """Wait until closed."""
         await self.wait_closed()
+
+
+#: What :func:`create_server` returns: the loop's server, or the permissive listener (both list their sockets).
+Listener = asyncio.Server | _SniffingServer

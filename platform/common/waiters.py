@@ -166,7 +166,7 @@ class OffsetWaiters(Generic[V]):
                 if not fut.done():
                     fut.set_result(value)
             else:
-                loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(value))
+                loop.call_soon_threadsafe(resolve, value)  # run on the loop thread: the branch above
 
         self._add(offset, resolve, lambda w: loop.call_later(self.timeout_s, self._expire, w))
         return fut

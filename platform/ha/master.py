@@ -28,7 +28,7 @@ from ..auth.store import AclStore
 from ..common.errors import SparkMQError
 from ..common.failure_log import FailureLog
 from ..common.message import SendStatus
-from ..common.tls import TlsSettings, start_stream_server
+from ..common.tls import Listener, TlsSettings, start_stream_server
 from ..common.waiters import OffsetWaiters, WaiterRegistry
 from ..store import AppendEvent, MessageStore
 from .acl_copy import encode_acl
@@ -109,7 +109,7 @@ class ReplicationMaster:
         self.sync = sync
         self.in_sync_max_gap_bytes = in_sync_max_gap_bytes
         self.flush_slave_timeout_s = flush_slave_timeout_s
-        self._server: asyncio.AbstractServer | None = None
+        self._server: Listener | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._slaves: dict[int, SlaveState] = {}  # by connection serial
         self._serial = itertools.count(1)
@@ -334,8 +334,10 @@ class ReplicationMaster:
                 await writer.drain()
                 continue
             start = slave.sent_offset
-            woken = await self._appends.wait(_LOG_KEY, HEARTBEAT_INTERVAL_S,
-                                             lambda s=start: store.log_offsets().max_offset > s)
+
+            def grown(s: int = start) -> bool:
+                return store.log_offsets().max_offset > s
+            woken = await self._appends.wait(_LOG_KEY, HEARTBEAT_INTERVAL_S, grown)
             if not woken and not reports.done():
                 writer.write(TRANSFER_HEADER.pack(slave.sent_offset, 0))  # heartbeat
                 await writer.drain()

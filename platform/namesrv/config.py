@@ -68,7 +68,7 @@ class NameServerConfig:
         for name in ("tls_cert_file", "tls_key_file"):
             if isinstance(getattr(self, name), Path):
                 object.__setattr__(self, name, str(getattr(self, name)))
-        object.__setattr__(self, "_tls", TlsSettings(self.tls_cert_file, self.tls_key_file))  # validates now
+        object.__setattr__(self, "_tls", TlsSettings.of_files(self.tls_cert_file, self.tls_key_file))  # validates now
         if isinstance(self.data_dir, Path):
             object.__setattr__(self, "data_dir", str(self.data_dir))
         check_service_acl_settings(self.data_dir, self.acl_enabled, self.acl_super_user_access_key,
@@ -77,4 +77,4 @@ class NameServerConfig:
     @property
     def tls(self) -> TlsSettings:
         """The TLS settings of the HTTP port."""
-        return self._tls  # type: ignore[attr-defined, no-any-return]  # set in __post_init__
+        return self._tls  # type: ignore[attr-defined]  # set in __post_init__

@@ -69,7 +69,7 @@ class BlockingConnection:
         sock = self._sock
         try:
             sock.settimeout(timeout)
-            if type(data) is bytes:
+            if isinstance(data, bytes):
                 sock.sendall(data)
             else:
                 for part in data:

@@ -419,7 +419,7 @@ class RemotingConnection(asyncio.Protocol):
         if wq is None:
             self._wq = wq = []
             self._loop.call_soon(self._flush)
-        if type(data) is bytes:
+        if isinstance(data, bytes):
             wq.append(data)
         else:
             wq.extend(data)
@@ -439,7 +439,7 @@ class RemotingConnection(asyncio.Protocol):
         if transport is None:
             return
         self._sent = True
-        if type(data) is bytes:
+        if isinstance(data, bytes):
             transport.write(data)
         else:
             transport.writelines(data)
@@ -498,11 +498,12 @@ class RemotingConnection(asyncio.Protocol):
 
     def _heartbeat(self) -> None:
         # A ping still unanswered a whole interval later means the server is gone or stuck.
-        if self._closed:
+        interval = self.heartbeat_interval_s
+        if self._closed or not interval:
             return
         ping = self._ping
         if ping is not None and not ping.answered:
-            self._shutdown(f"heartbeat unanswered for {self.heartbeat_interval_s:g}s", abort=True)
+            self._shutdown(f"heartbeat unanswered for {interval:g}s", abort=True)
             return
         self._ping = None
         if not self._sent:
@@ -510,7 +511,7 @@ class RemotingConnection(asyncio.Protocol):
             op = self._register(self._ping)
             self._queue_write(encode_frame(_PING, 0, op))
         self._sent = False
-        self._heartbeat_handle = self._loop.call_later(self.heartbeat_interval_s, self._heartbeat)
+        self._heartbeat_handle = self._loop.call_later(interval, self._heartbeat)
 
     def _on_request(self, frame: Frame) -> None:
         """A request from the server: PING is answered here, everything else goes to on_push."""

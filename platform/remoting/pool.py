@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import os
 import ssl
 import threading
@@ -89,7 +90,8 @@ class SyncRemotingClient:
             conn = self._conns.get(addr)
             if conn is None or conn._closed:
                 loop_thread = self.loop_thread
-                on_push = None if self.on_push is None else (lambda frame, _a=addr: self.on_push(_a, frame))
+                handler = self.on_push
+                on_push = None if handler is None else functools.partial(handler, addr)
                 conn = loop_thread.run(RemotingConnection.connect(
                     addr, timeout=self.connect_timeout_s, max_frame_bytes=self.max_frame_bytes,
                     heartbeat_interval_s=self.heartbeat_interval_s, on_push=on_push, ssl_context=self.ssl_context))
@@ -220,7 +222,8 @@ class AsyncRemotingClient:
         fut: asyncio.Future[RemotingConnection] = asyncio.get_running_loop().create_future()
         self._connecting[addr] = fut
         try:
-            on_push = None if self.on_push is None else (lambda frame, _a=addr: self.on_push(_a, frame))
+            handler = self.on_push
+            on_push = None if handler is None else functools.partial(handler, addr)
             conn = await RemotingConnection.connect(
                 addr, timeout=self.connect_timeout_s, max_frame_bytes=self.max_frame_bytes,
                 heartbeat_interval_s=self.heartbeat_interval_s, on_push=on_push, ssl_context=self.ssl_context)

@@ -12,7 +12,7 @@ import itertools
 import logging
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.limits import ConnectionLimits, PerAddressCounter, RefusalLog
@@ -26,7 +26,7 @@ from ..common.protocol import (
     ExtHeader,
     RequestCode,
 )
-from ..common.tls import TlsSettings, create_server
+from ..common.tls import Listener, TlsSettings, create_server
 from .codec import (
     Frame,
     FrameData,
@@ -153,18 +153,19 @@ class ServerConnection(asyncio.Protocol):
     # ---- asyncio protocol ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]  # uvloop transports are not asyncio.Transport subclasses
-        peer = transport.get_extra_info("peername")
+        # A stream server's transport has asyncio.Transport's methods (uvloop's are not its subclasses).
+        self._transport = stream = cast(asyncio.Transport, transport)
+        peer = stream.get_extra_info("peername")
         host = "?"
         if isinstance(peer, tuple) and len(peer) >= 2:
             host = peer[0]
             self.peer = f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
         if not self.server._admit(self, host):
             self._closed = True
-            transport.abort()
+            stream.abort()
             return
         high = self.server.write_high_water
-        transport.set_write_buffer_limits(high=high, low=high // 4)
+        stream.set_write_buffer_limits(high=high, low=high // 4)
         self.server._opened(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -362,7 +363,7 @@ class ServerConnection(asyncio.Protocol):
 
 
 def _extend(out: list[bytes | memoryview], data: FrameData) -> None:
-    if type(data) is bytes:
+    if isinstance(data, bytes):
         out.append(data)
     else:
         out.extend(data)
@@ -423,7 +424,7 @@ class RemotingServer:
         self._handler = handler
         self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set by start()
         self._loop_thread_id: int | None = None
-        self._server: asyncio.AbstractServer | None = None
+        self._server: Listener | None = None
         self._conns: set[ServerConnection] = set()
         #: Answers not yet given: handler tasks and Deferred futures.
         self._tasks: set[asyncio.Future[Any]] = set()

@@ -679,7 +679,7 @@ class MessageStore:
                             self._visible = log_.visible_offset
                             self._visible_rewind = True
                     except StoreError as exc:
-                        if lowered and exc.code != native_errors.IO_ERROR:  # refused: nothing changed
+                        if lowered and before is not None and exc.code != native_errors.IO_ERROR:  # refused: unchanged
                             write_checkpoint(self.paths.checkpoint, before.flushed_offset)
                         raise translate_store_error(exc) from None
                     try:

@@ -153,8 +153,8 @@ class AdminProcessor(Processor):
                 raise
         try:
             found = self.broker.query_processor.query_messages(msg_id=msg_id, max_hits=16)
-        except SparkMQError as exc:
-            if exc.code is not ErrorCode.LAKE_NOT_AVAILABLE:
+        except SparkMQError as err:
+            if err.code is not ErrorCode.LAKE_NOT_AVAILABLE:
                 raise
             raise SparkMQError(ErrorCode.MESSAGE_NOT_FOUND, f"{msg_id} is no offsetMsgId of {self.name}, and "
                                                             "without the lake's index a msgId cannot be looked up"

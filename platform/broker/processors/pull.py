@@ -191,7 +191,7 @@ class PullProcessor(Processor):
                                               self.name, decode=not records)
         result = as_pull(got)
         if result.status is PullStatus.OFFSET_TOO_SMALL:
-            from ..common.wire import stored_to_arrow  # only this rare path builds rows
+            from ...common.wire import stored_to_arrow  # only this rare path builds rows
 
             result = self.pull_once(topic, queue_id, offset, min(max_count, MAX_PULL_BATCH))
             return result, stored_to_arrow(result.messages, self.name)
@@ -286,7 +286,7 @@ class PullProcessor(Processor):
             return await loop.run_in_executor(self._cold_reads(), cold_pull_at, at, commit)
         return await self._long_poll(read, topic, queue_id, offset, wait_ms, group, commit_offset)
 
-    async def _long_poll(self, read, topic: str, queue_id: int, offset: int, wait_ms: int,  # type: ignore[no-untyped-def]
+    async def _long_poll(self, read, topic: str, queue_id: int, offset: int, wait_ms: int,
                          group: str | None, commit_offset: int | None):
         """Read at ``offset``; while nothing (matching) is new, hold until an append or a reset wakes the queue."""
         check_int("wait_ms", wait_ms, 0, MAX_LONG_POLL_MS)

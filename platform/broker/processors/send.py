@@ -532,11 +532,11 @@ class SendProcessor(Processor):
                 result = self._schedule().park(plan.message, plan.queue_id, plan.delay_level, **put_args)
         delay_ms = None if plan.dead_letter else self.levels_ms[plan.delay_level - 1]  # type: ignore[operator]
         self.tracer.sent_back(stored, group, dead_letter=plan.dead_letter, destination=topic,
-                              result=result, reconsume_times=plan.reconsume_times,  # type: ignore[arg-type]
+                              result=result, reconsume_times=plan.reconsume_times,
                               delay_ms=delay_ms, reason=reason)
         return {"status": "DLQ" if plan.dead_letter else "RETRY", "topic": topic,
                 "delay_level": plan.delay_level or 0, "reconsume_times": plan.reconsume_times,
-                "msg_id": result.msg_id, "offset_msg_id": result.offset_msg_id}  # type: ignore[attr-defined]
+                "msg_id": result.msg_id, "offset_msg_id": result.offset_msg_id}
 
 
 def _raise_error(outcome: SendStatus | SparkMQError) -> SendStatus:

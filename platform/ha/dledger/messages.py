@@ -82,7 +82,7 @@ class _Message(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fie
     term: _U63
 
 
-class VoteRequest(_Message, tag="vote"):
+class VoteRequest(_Message, tag="vote", frozen=True):
     """RequestVote: ``term`` is the term the candidate runs for; its log ends at ``last_offset`` in ``last_term``."""
 
     last_offset: _U63
@@ -93,13 +93,13 @@ class VoteRequest(_Message, tag="vote"):
     transfer: bool = False
 
 
-class VoteReply(_Message, tag="vote-reply"):
+class VoteReply(_Message, tag="vote-reply", frozen=True):
     """The answer to a (pre-)vote; ``term`` is the voter's current term."""
 
     granted: bool
 
 
-class AppendRequest(_Message, tag="append"):
+class AppendRequest(_Message, tag="append", frozen=True):
     """AppendEntries: ``entries`` follow the entry ending at ``prev_offset`` (of term ``prev_term``)."""
 
     prev_offset: _U63
@@ -109,36 +109,36 @@ class AppendRequest(_Message, tag="append"):
     entries: list[Entry] = []
 
 
-class AppendReply(_Message, tag="append-reply"):
+class AppendReply(_Message, tag="append-reply", frozen=True):
     """``success``: the log matches the leader's up to ``end``; otherwise retry at or below ``end``."""
 
     success: bool
     end: _U63
 
 
-class TimeoutNowRequest(_Message, tag="timeout-now"):
+class TimeoutNowRequest(_Message, tag="timeout-now", frozen=True):
     """From the leader to the target of a leadership transfer: campaign now, in the term after ``term``."""
 
 
-class TimeoutNowReply(_Message, tag="timeout-now-reply"):
+class TimeoutNowReply(_Message, tag="timeout-now-reply", frozen=True):
     """Whether the target starts an election."""
 
     accepted: bool
 
 
-class AclRequest(_Message, tag="acl"):
+class AclRequest(_Message, tag="acl", frozen=True):
     """From the leader of ``term``: its ACL table (``config/acl.json``'s JSON), for the follower to store."""
 
     table: bytes
 
 
-class AclReply(_Message, tag="acl-reply"):
+class AclReply(_Message, tag="acl-reply", frozen=True):
     """Whether the follower took the table (only from its current leader, over an authenticated connection)."""
 
     accepted: bool
 
 
-class Refusal(_Message, tag="refused"):
+class Refusal(_Message, tag="refused", frozen=True):
     """A request that was not served; the connection closes after it."""
 
     reason: str

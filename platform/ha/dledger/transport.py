@@ -30,11 +30,11 @@ import itertools
 import logging
 import struct
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
-from ...common.tls import TlsSettings, start_stream_server
+from ...common.tls import Listener, TlsSettings, start_stream_server
 from ..cluster_auth import MAC_BYTES, PROOF, ClusterAuth
 from .messages import (
     FRAME_HEADER,
@@ -99,7 +99,7 @@ class _PeerLink:
                 return self.writer
             host, port = self.transport.peers[self.peer_id]
             ctx = self.transport.tls.client_context_if_connecting()
-            tls = {} if ctx is None else {"ssl": ctx, "server_hostname": host}
+            tls: dict[str, Any] = {} if ctx is None else {"ssl": ctx, "server_hostname": host}
             reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, limit=_STREAM_LIMIT, **tls),
                                                     _CONNECT_TIMEOUT_S)
             auth = self.transport.auth
@@ -218,7 +218,7 @@ class RaftTransport:
         self.handler = handler
         self.max_frame_bytes = max_frame_bytes
         self._links = {peer: _PeerLink(self, peer) for peer in self.peers}
-        self._server: asyncio.AbstractServer | None = None
+        self._server: Listener | None = None
         self._inbound: set[asyncio.StreamWriter] = set()
         self._rpc_ids = itertools.count(1)
         #: Sends waiting for a connection to open.
