@@ -2835,6 +2835,10 @@ static void *syncer_main(void *arg)
         s->syncs++;
         if (flushed > s->synced)
             s->synced = flushed;
+        /* the sync covered everything appended before it started, requested meanwhile or not: a request it
+         * covered must not start another (waiters that asked during a sync would otherwise cost one more) */
+        if (flushed > s->covering)
+            s->covering = flushed;
         pthread_cond_broadcast(&s->done);
         for (size_t i = 0; i < s->nfds; i++) /* a full counter (EAGAIN) still wakes its reader */
             if (write(s->fds[i], &one, sizeof one) < 0 && errno != EAGAIN) {

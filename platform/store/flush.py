@@ -435,6 +435,10 @@ class FlushService:
             # a full flush covers the log too
             if flushed > self._log_flushed:
                 self._log_flushed = flushed
+            # the sync covered everything appended before it started, requested meanwhile or not: a waiter
+            # it covered must not start another sync (those that asked during it would cost one more each)
+            if flushed > self._covering:
+                self._covering = flushed
         self._hand_out(final=False)
         if full:
             try:
