@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import http.server
 import json
+import os
 import socket
 import threading
 import time
@@ -499,3 +500,29 @@ def test_deleted_topic_offsets_leave_the_table_and_stay_gone(tmp_path: Path) -> 
     assert [(r["group"], r["topic"], r["offset"]) for r in rows] == [("g1", "kept", 8)]
     again = ConsumerOffsetManager(path, "broker-a")
     assert again.load() == 1 and again.offsets_of("g1") == {"kept": {0: 8}} and again.offsets_of("g2") == {}
+
+
+def test_an_arrow_pull_below_the_retained_log_is_answered(tmp_path: Path) -> None:
+    """The bulk (Arrow) pull of an offset whose segment retention deleted goes through the row pull (the lake
+    tier's path): answered OFFSET_TOO_SMALL with the first retained offset, as the row pull is."""
+    store = {**SMALL_STORE, "file_reserved_hours": 1, "delete_when_hours": (), "background_services": False}
+    broker = Broker(BrokerConfig(data_dir=tmp_path, port=10911, store=store)).start()
+    try:
+        broker.admin_processor.create_or_update_topic("kept", 1, 1)
+        for i in range(48):
+            broker.send_processor.send("kept", OutgoingMessage(b"%d" % i + b"r" * 60_000), queue_id=0)
+        segments = broker.store.commit_log.segments()
+        assert len(segments) >= 3
+        old = time.time() - 2 * 3600
+        for _start, path in segments[:2]:
+            os.utime(path, (old, old))
+        assert broker.store.run_retention().segments == 2
+        first = broker.store.min_offset("kept", 0)
+        assert first > 0
+        rows = broker.pull_processor.pull_once("kept", 0, 0, 8)
+        result, batch = broker.pull_processor.pull_arrow_once("kept", 0, 0, 8)
+        assert (result.status, result.next_offset) == (rows.status, rows.next_offset)
+        assert result.status is PullStatus.OFFSET_TOO_SMALL and result.next_offset == first
+        assert batch.num_rows == len(result.messages) == 0
+    finally:
+        broker.shutdown()
