@@ -23,6 +23,16 @@ os.environ.setdefault("PYTHONUNBUFFERED", "1")
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 
+def need(what: str, ok: bool, why: str, *, module: bool = False) -> None:
+    """Skip without ``what`` -- but under CI=true fail: a missing dependency (a JDK, a jar, the browser) must
+    not pass unnoticed.  ``module``: called at a test module's top level (skips or fails the whole module)."""
+    if ok:
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{what} is needed under CI: {why}", pytrace=False)
+    pytest.skip(f"{what}: {why}", allow_module_level=module)
+
+
 @pytest.fixture(params=IMPL_NAMES)
 def impl(request: pytest.FixtureRequest):
     """Each storage implementation module in turn (``_commitlog`` and ``pycommitlog``)."""

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any, Protocol
 
-import pytest
 from java_clients import DriverResult, JavaClient, run_driver
+
+from conftest import need
 
 __all__ = ["Target", "drain", "lite_pull_commit_is_where_the_next_one_starts", "need",
            "orderly_consumer_locks_its_queues_and_keeps_order", "queue_set", "reconsume_later_then_dlq", "run",
@@ -32,15 +32,6 @@ class Target(Protocol):
     namesrv: str
     #: Where the drivers' logs go.
     work: Path
-
-
-def need(what: str, ok: bool, why: str) -> None:
-    """Skip without ``what`` -- but under CI=true fail: a missing JDK or jar must not pass unnoticed."""
-    if ok:
-        return
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"{what} is needed under CI: {why}")
-    pytest.skip(f"{what}: {why}")
 
 
 def run(target: Target, mode: str, *args: str, timeout: float = 120.0) -> DriverResult:

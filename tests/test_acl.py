@@ -312,9 +312,9 @@ def _grpc_meta(credentials: Credentials | None, *, age_s: float = 0, signed_date
 
 
 def test_grpc_refuses_bad_signatures_and_unpermitted_users_and_changes_nothing(acl: AclPlatform) -> None:
-    pb = pytest.importorskip("rocketmq.grpc_protocol.service_pb2")
-    definition = pytest.importorskip("rocketmq.grpc_protocol.definition_pb2")
-    stubs = pytest.importorskip("rocketmq.grpc_protocol.service_pb2_grpc")
+    from rocketmq.grpc_protocol import definition_pb2 as definition
+    from rocketmq.grpc_protocol import service_pb2 as pb
+    from rocketmq.grpc_protocol import service_pb2_grpc as stubs
 
     def request(topic: str) -> Any:
         msg = definition.Message(topic=definition.Resource(name=topic), body=b"grpc")
@@ -346,7 +346,7 @@ def test_grpc_refuses_bad_signatures_and_unpermitted_users_and_changes_nothing(a
 
 
 def test_the_official_client_with_credentials_works_and_without_is_refused(acl: AclPlatform) -> None:
-    rocketmq = pytest.importorskip("rocketmq")
+    import rocketmq
     config = rocketmq.ClientConfiguration(acl.grpc_addr, rocketmq.Credentials(ALICE.access_key, ALICE.secret_key),
                                           request_timeout=5)
     producer = rocketmq.Producer(config, ("orders-1",))

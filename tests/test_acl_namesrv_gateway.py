@@ -337,9 +337,9 @@ def test_a_signed_producer_and_pull_consumer_work_and_unsigned_clients_are_refus
 
 def test_grpc_route_lookups_reach_the_name_server_signed_by_the_broker(platform: Platform) -> None:
     """The official clients' QueryRoute: the broker checks the caller, then asks the name server as itself."""
-    pb = pytest.importorskip("rocketmq.grpc_protocol.service_pb2")
-    definition = pytest.importorskip("rocketmq.grpc_protocol.definition_pb2")
-    stubs = pytest.importorskip("rocketmq.grpc_protocol.service_pb2_grpc")
+    from rocketmq.grpc_protocol import definition_pb2 as definition
+    from rocketmq.grpc_protocol import service_pb2 as pb
+    from rocketmq.grpc_protocol import service_pb2_grpc as stubs
     with platform.http(platform.namesrv) as http:
         live = ok(http.get("/cluster"))["live_brokers"]
     grpc_addr = next(info["grpc_addr"] for info in live.values() if info.get("grpc_addr"))

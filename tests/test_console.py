@@ -51,7 +51,9 @@ from urllib.parse import urlsplit
 import httpx
 import pyarrow as pa
 import pytest
+from playwright import sync_api
 
+from conftest import need
 from lake_rows import append_rows
 from procs import (
     BROKER,
@@ -78,10 +80,8 @@ from sparkmq.platform.common.wire import ReceivedMessage
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.cluster, pytest.mark.timeout(600)]
 
 CHROMIUM = shutil.which("chromium")
-sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install -e .[test])")
-if CHROMIUM is None:
-    pytest.skip("no chromium on PATH: `python3 build.py setup` installs Debian's chromium when apt can be used "
-                "(as root or with passwordless sudo)", allow_module_level=True)
+need("chromium", CHROMIUM is not None, "none on PATH: `python3 build.py setup` installs Debian's chromium when apt "
+     "can be used (as root or with passwordless sudo)", module=True)
 
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = ROOT / "build" / "screenshots"

@@ -22,11 +22,9 @@ from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as Proto
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from rocketmq.grpc_protocol import definition_pb2, service_pb2  # a runtime dependency: imported, never skipped
 
 from procs import ProcessHarness, ServiceProcess, wait_until
-
-pytest.importorskip("rocketmq")
-from rocketmq.grpc_protocol import definition_pb2, service_pb2  # noqa: E402  (after the skip)
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.timeout(240)]
 

@@ -18,15 +18,8 @@ import grpc
 import httpx
 import pytest
 
-from procs import ProcessHarness, ServiceProcess, wait_until
-from sparkmq.platform.client.admin import AdminClient
-from sparkmq.platform.client.config import ClientConfig
-from sparkmq.platform.client.producer import Producer as SparkProducer
-from sparkmq.platform.common.message import Message as SparkMessage
-from sparkmq.platform.common.wire import ReceivedMessage, received_from_json
-
-rocketmq = pytest.importorskip("rocketmq")
-from rocketmq import (  # noqa: E402  (after the skip: the official client is a test dependency)
+# The official client is a runtime dependency (api/grpc uses its generated modules): imported, never skipped.
+from rocketmq import (
     ClientConfiguration,
     Credentials,
     FilterExpression,
@@ -36,7 +29,14 @@ from rocketmq import (  # noqa: E402  (after the skip: the official client is a 
     TransactionChecker,
     TransactionResolution,
 )
-from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc  # noqa: E402
+from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
+
+from procs import ProcessHarness, ServiceProcess, wait_until
+from sparkmq.platform.client.admin import AdminClient
+from sparkmq.platform.client.config import ClientConfig
+from sparkmq.platform.client.producer import Producer as SparkProducer
+from sparkmq.platform.common.message import Message as SparkMessage
+from sparkmq.platform.common.wire import ReceivedMessage, received_from_json
 
 pytestmark = pytest.mark.cluster
 
