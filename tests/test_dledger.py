@@ -47,8 +47,9 @@ pytestmark = pytest.mark.cluster
 TOPIC = "RaftTopic"
 QUEUES = 4
 MEMBERS = ("n0", "n1", "n2")
-#: Nemesis events per run in the suite (SPARKMQ_DLEDGER_EVENTS changes it).
+#: Nemesis events per run in the suite (SPARKMQ_DLEDGER_EVENTS changes it; at least 3: one of each kind).
 EVENTS = int(os.environ.get("SPARKMQ_DLEDGER_EVENTS", "10"))
+NEMESES = ("kill", "pause", "isolate")
 HEARTBEAT_MS = 300
 
 
@@ -232,6 +233,7 @@ def group(procs: ProcessHarness, tmp_path: Path) -> Any:
 
 def test_acknowledged_sends_survive_kills_pauses_and_partitions_of_the_leader(group: Group, procs: ProcessHarness,
                                                                              tmp_path: Path) -> None:
+    assert EVENTS >= len(NEMESES), f"SPARKMQ_DLEDGER_EVENTS={EVENTS}: the leader must meet every nemesis {NEMESES}"
     leader = group.wait_leader()
     create_topic(group, leader)
     received: dict[bytes, int] = {}
@@ -253,7 +255,7 @@ def test_acknowledged_sends_survive_kills_pauses_and_partitions_of_the_leader(gr
     try:
         wait_until(lambda: len(senders.acked_now()) >= 50, 30, "the first acknowledged sends")
         for event in range(EVENTS):
-            kind = ("kill", "pause", "isolate")[event % 3]
+            kind = NEMESES[event % len(NEMESES)]
             old = group.wait_leader()
             before = len(senders.acked_now())
             moment = time.monotonic()
@@ -309,7 +311,8 @@ def test_acknowledged_sends_survive_kills_pauses_and_partitions_of_the_leader(gr
           + ", ".join(f"{k} {d:.2f}s" for k, d in failovers)
           + f"; p50 {statistics.median(delays):.2f}s max {delays[-1]:.2f}s; acknowledged {len(acked)}, "
           f"failed {senders.failed}, not ok {senders.not_ok}")
-    assert len(failovers) == EVENTS >= 10 or EVENTS < 10
+    # Every event ended in a failover, and the leader met every kind of nemesis.
+    assert len(failovers) == EVENTS and {kind for kind, _ in failovers} == set(NEMESES), failovers
     # Scaled timings (leader lost after 0.9 s): a failover is a few seconds, never the 30 s of a route refresh.
     assert delays[-1] < 10, failovers
 
