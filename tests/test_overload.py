@@ -17,26 +17,26 @@ import itertools
 import json
 import logging
 import os
+import random
 import resource
 import socket
 import statistics
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
 from flood_child import STORED, body, seq_of
-from procs import NAMESRV, ProcessHarness, ServiceProcess, child_env, fast_client_config, wait_until
 
+from procs import BROKER, NAMESRV, ProcessHarness, ServiceProcess, child_env, fast_client_config, wait_until
 from sparkmq.platform.client import Producer
+from sparkmq.platform.client.broker_remoting import heartbeat_data, properties_text, pull_ext, send_ext
 from sparkmq.platform.common import protocol as p
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 from sparkmq.platform.common.message import Message, SendStatus
-from sparkmq.platform.common.protocol import RequestCode
+from sparkmq.platform.common.protocol import PULL_OUTCOME_CODES, RequestCode
 from sparkmq.platform.remoting import RemotingConnection
 from sparkmq.platform.remoting.codec import encode_frame
 
@@ -92,35 +92,50 @@ def _metric(url: str, name: str) -> dict[str, float]:
     return out
 
 
+def _remoting_connections(url: str) -> int:
+    """The broker's open remoting connections (its /health)."""
+    return int(httpx.get(f"{url}/health", timeout=10).json()["remoting"]["connections"])
+
+
 def _overload(url: str) -> dict[str, object]:
     return httpx.get(f"{url}/health", timeout=10).json()["overload"]
 
 
-async def _probe(addr: str, topic: str, seconds: float, size: int) -> tuple[list[float], list[float], set[int]]:
-    """One send at a time on a connection of its own for ``seconds``: the latency of each SYSTEM_BUSY answer and
-    of each accepted send (how long a producer waits for its answer from the overloaded broker), and the
-    acknowledged sequence numbers (from 10**9 on, apart from the flood's)."""
+async def _probe(addr: str, topic: str, seconds: float, size: int, *, connections: int = 3
+                 ) -> tuple[list[float], list[float], set[int]]:
+    """One send at a time on each of ``connections`` connections of their own for ``seconds``, a random pause
+    after each answer (so that the probes do not come back just as a sync frees room): the latency of each
+    SYSTEM_BUSY answer and of each accepted send (how long a producer waits for its answer from the overloaded
+    broker), and the acknowledged sequence numbers (from 10**9 on, apart from the flood's)."""
     busy: list[float] = []
     ok: list[float] = []
     acked: set[int] = set()
-    conn = await RemotingConnection.connect(addr)
+    seqs = itertools.count(10**9)
     end = time.monotonic() + seconds
-    for seq in itertools.count(10**9):
-        if time.monotonic() >= end:
-            break
-        ext = p.ext_fields(p.SendMessageRequestHeader("probe", topic, bornTimestamp=int(time.time() * 1000)))
-        began = time.monotonic()
-        try:
-            await conn.request(RequestCode.SEND_MESSAGE, ext, body(seq, size), timeout=30, ok=STORED)
-        except SparkMQError as exc:
-            if exc.code is not ErrorCode.SYSTEM_BUSY:
-                raise
-            busy.append(time.monotonic() - began)
-            await asyncio.sleep(0.01)
-            continue
-        ok.append(time.monotonic() - began)
-        acked.add(seq)
-    await conn.close()
+    rng = random.Random(30)
+
+    async def one(conn: RemotingConnection) -> None:
+        while time.monotonic() < end:
+            seq = next(seqs)
+            ext = p.ext_fields(p.SendMessageRequestHeader("probe", topic, bornTimestamp=int(time.time() * 1000)))
+            began = time.monotonic()
+            try:
+                await conn.request(RequestCode.SEND_MESSAGE, ext, body(seq, size), timeout=30, ok=STORED)
+            except SparkMQError as exc:
+                if exc.code is not ErrorCode.SYSTEM_BUSY:
+                    raise
+                busy.append(time.monotonic() - began)
+            else:
+                ok.append(time.monotonic() - began)
+                acked.add(seq)
+            await asyncio.sleep(rng.uniform(0.05, 0.25))
+
+    conns = [await RemotingConnection.connect(addr) for _ in range(connections)]
+    try:
+        await asyncio.gather(*(one(c) for c in conns))
+    finally:
+        for conn in conns:
+            await conn.close()
     return busy, ok, acked
 
 
@@ -279,3 +294,145 @@ def test_a_producer_faster_than_the_disk_gets_system_busy_at_once_and_nothing_ac
     missing = acked - seqs
     assert not missing, f"{len(missing)} acknowledged flood sends are missing, e.g. {sorted(missing)[:5]}"
     assert set(steady_ids) <= set(stored) and set(async_ids) <= set(stored)
+
+
+# -- 2,000 idle connections -------------------------------------------------------------------------------------
+
+IDLE_CONNECTIONS = 2000
+#: The head timeout of the broker under test: a connection that said nothing within it is closed, one that spoke
+#: (the idle ones here said one HEART_BEAT) is kept.
+HEAD_TIMEOUT_S = 2.0
+#: Allowed slowdown of sends and pulls with the idle connections open (issue 30: within 20 %).
+ALLOWED_SLOWDOWN = 1.20
+#: Samples of each phase (one send and one pull each), and the rounds of phases A B (A: without them).  Short
+#: phases, many rounds, and the median of the rounds' ratios: a burst of load from elsewhere on the machine spoils
+#: a few phases, not the figure.
+SAMPLES = 300
+ROUNDS = 12
+
+
+def _raise_open_files(wanted: int) -> None:
+    """Raise this process's soft limit of open files to ``wanted`` (the broker started after inherits it)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        if hard != resource.RLIM_INFINITY and hard < wanted:
+            pytest.skip(f"open files are limited to {hard}; the test needs {wanted}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
+def _open_idle(addr: str, n: int) -> list[socket.socket]:
+    """``n`` remoting connections that each sent one HEART_BEAT (a producer's) and read its answer, then idle."""
+    host, port = addr.rsplit(":", 1)
+    out = []
+    for i in range(n):
+        sock = socket.create_connection((host, int(port)), timeout=10)
+        body = heartbeat_data({"client_id": f"idle-{i}", "producer_groups": ["idle"]})  # the same ids each time
+        data = encode_frame(RequestCode.HEART_BEAT, 0, i + 1, None, body)
+        sock.sendall(data if isinstance(data, bytes) else b"".join(data))
+        out.append(sock)
+    for sock in out:  # each answer: 4-byte length, then that many bytes
+        head = _recv_exactly(sock, 4)
+        _recv_exactly(sock, int.from_bytes(head, "big"))
+    return out
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise AssertionError("the broker closed an idle connection that had spoken")
+        data += chunk
+    return data
+
+
+def _still_open(socks: list[socket.socket]) -> int:
+    """How many of ``socks`` the broker has not closed (nothing to read, no EOF)."""
+    open_ = 0
+    for sock in socks:
+        sock.setblocking(False)
+        try:
+            closed = sock.recv(1) == b""
+        except BlockingIOError:
+            closed = False
+        except OSError:
+            closed = True
+        open_ += not closed
+        sock.setblocking(True)
+    return open_
+
+
+async def _measure(addr: str, topic: str, samples: int, queue_id: int) -> tuple[list[float], list[float]]:
+    """``samples`` sends of 1 KiB each followed by a pull of it, one at a time on one connection: their latencies."""
+    conn = await RemotingConnection.connect(addr)
+    sends, pulls = [], []
+    body_ = b"b" * 1024
+    try:
+        for i in range(samples):
+            ext = send_ext("probe", topic, queue_id, properties_text({}, msg_id=f"IDLE{os.getpid()}{i:08d}"),
+                           born_timestamp=int(time.time() * 1000))
+            began = time.perf_counter()
+            answer = await conn.request(RequestCode.SEND_MESSAGE_V2, ext, body_, timeout=10)
+            sends.append(time.perf_counter() - began)
+            offset = int(answer.ext["queueOffset"])
+            began = time.perf_counter()
+            pulled = await conn.request(RequestCode.SPARKMQ_PULL_PACKED, pull_ext(None, topic, queue_id, offset, 1),
+                                        timeout=10, ok=PULL_OUTCOME_CODES)
+            pulls.append(time.perf_counter() - began)
+            assert pulled.code == 0 and pulled.ext["msgCount"] == "1", (pulled.code, pulled.ext)
+    finally:
+        await conn.close()
+    return sends, pulls
+
+
+@pytest.mark.serial
+def test_two_thousand_idle_connections_leave_send_and_pull_latency_within_20_percent(
+        procs: ProcessHarness, tmp_path: Path) -> None:
+    """2,000 idle remoting connections (each sent one HEART_BEAT; kept past the head timeout) do not slow sends and
+    pulls by more than 20 %: rounds of phases A B (A without them), the median over the rounds of each round's
+    ratio of p50 (and of p90) with them to without them."""
+    _raise_open_files(IDLE_CONNECTIONS + 1024)
+    namesrv = procs.start("namesrv", NAMESRV, "--scan-interval-s", "0.5")
+    broker = _start_broker(procs, tmp_path, namesrv, module=BROKER, env=child_env(), store={},
+                           max_connections_per_ip=IDLE_CONNECTIONS + 500, http_header_timeout_s=HEAD_TIMEOUT_S,
+                           trace_enabled=False)
+    topic = "IdleTopic"
+    asyncio.run(_measure(broker.addr, topic, 50, 0))  # creates the topic, warms up both paths
+    latency: dict[str, dict[str, list[float]]] = {"A": {"send": [], "pull": []}, "B": {"send": [], "pull": []}}
+    rounds: dict[str, dict[str, list[list[float]]]] = {"A": {"send": [], "pull": []}, "B": {"send": [], "pull": []}}
+    idle: list[socket.socket] = []
+    try:
+        for round_ in range(ROUNDS):
+            for phase in "AB":
+                if phase == "B":
+                    idle = _open_idle(broker.addr, IDLE_CONNECTIONS)
+                    if round_ == 0:  # they outlive the head timeout: having spoken, they are remoting's now
+                        time.sleep(HEAD_TIMEOUT_S + 1.0)
+                        assert _still_open(idle) == IDLE_CONNECTIONS
+                sends, pulls = asyncio.run(_measure(broker.addr, topic, SAMPLES, round_ % 4))
+                latency[phase]["send"] += sends
+                latency[phase]["pull"] += pulls
+                rounds[phase]["send"].append(sends)
+                rounds[phase]["pull"].append(pulls)
+                if phase == "B":
+                    assert _still_open(idle) == IDLE_CONNECTIONS, "idle connections were closed meanwhile"
+                    for sock in idle:
+                        sock.close()
+                    idle = []
+                    wait_until(lambda: _remoting_connections(broker.url) <= 2, 30, "the idle connections closed")
+    finally:
+        for sock in idle:
+            sock.close()
+    figures = {}
+    for kind in ("send", "pull"):
+        for q in (0.5, 0.9):
+            name = f"{kind} p{round(q * 100)}"
+            a_all, b_all = _quantile(latency["A"][kind], q), _quantile(latency["B"][kind], q)
+            ratios = [_quantile(b, q) / _quantile(a, q) for a, b in zip(rounds["A"][kind], rounds["B"][kind],
+                                                                         strict=True)]
+            figures[name] = (a_all, b_all, statistics.median(ratios))
+    print("idle connections, without -> with (pooled; median of the rounds' ratios): " + "; ".join(
+        f"{name} {a * 1e6:.0f} -> {b * 1e6:.0f} us ({(r - 1) * 100:+.1f} %)" for name, (a, b, r) in figures.items()))
+    for name, (a, b, ratio) in figures.items():
+        assert ratio <= ALLOWED_SLOWDOWN, (f"{name}: {(ratio - 1) * 100:+.1f} % with the idle connections "
+                                           f"(pooled {a * 1e6:.0f} -> {b * 1e6:.0f} us)")
