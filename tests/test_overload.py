@@ -157,6 +157,8 @@ def _read_all(url: str, topic: str, queues: int = 4) -> dict[str, bytes]:
 
 
 def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
     ordered = sorted(values)
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
@@ -250,9 +252,9 @@ def test_a_producer_faster_than_the_disk_gets_system_busy_at_once_and_nothing_ac
 
             # -- the broker answered busy at once, and counted it --------------------------------------------
             print(f"flood: {len(flood['acked'])} acknowledged, {len(flood['busy'])} busy {flood['reasons']}, "
-                  f"accepted p50 {_quantile(flood['ok'], 0.5) * 1000:.0f} ms max {max(flood['ok']) * 1000:.0f} ms")
+                  f"accepted p50 {_quantile(flood['ok'], 0.5) * 1000:.0f} ms max {max(flood['ok'], default=0) * 1000:.0f} ms")
             print(f"probe: {len(probe_busy)} busy, p50 {_quantile(probe_busy, 0.5) * 1000:.1f} ms p99 "
-                  f"{_quantile(probe_busy, 0.99) * 1000:.1f} ms max {max(probe_busy) * 1000:.0f} ms; "
+                  f"{_quantile(probe_busy, 0.99) * 1000:.1f} ms max {max(probe_busy, default=0) * 1000:.0f} ms; "
                   f"{len(probe_ok)} accepted, p50 {_quantile(probe_ok, 0.5) * 1000:.0f} ms max "
                   f"{max(probe_ok, default=0) * 1000:.0f} ms")
             assert not flood["other"], flood["other"][:5]
