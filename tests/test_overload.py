@@ -37,7 +37,7 @@ from sparkmq.platform.common import protocol as p
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 from sparkmq.platform.common.message import Message, SendStatus
 from sparkmq.platform.common.protocol import PULL_OUTCOME_CODES, RequestCode
-from sparkmq.platform.remoting import RemotingConnection
+from sparkmq.platform.remoting import Frame, RemotingConnection
 from sparkmq.platform.remoting.codec import encode_frame
 
 TESTS = Path(__file__).parent
@@ -252,7 +252,8 @@ def test_a_producer_faster_than_the_disk_gets_system_busy_at_once_and_nothing_ac
 
             # -- the broker answered busy at once, and counted it --------------------------------------------
             print(f"flood: {len(flood['acked'])} acknowledged, {len(flood['busy'])} busy {flood['reasons']}, "
-                  f"accepted p50 {_quantile(flood['ok'], 0.5) * 1000:.0f} ms max {max(flood['ok'], default=0) * 1000:.0f} ms")
+                  f"accepted p50 {_quantile(flood['ok'], 0.5) * 1000:.0f} ms "
+                  f"max {max(flood['ok'], default=0) * 1000:.0f} ms")
             print(f"probe: {len(probe_busy)} busy, p50 {_quantile(probe_busy, 0.5) * 1000:.1f} ms p99 "
                   f"{_quantile(probe_busy, 0.99) * 1000:.1f} ms max {max(probe_busy, default=0) * 1000:.0f} ms; "
                   f"{len(probe_ok)} accepted, p50 {_quantile(probe_ok, 0.5) * 1000:.0f} ms max "
@@ -438,3 +439,57 @@ def test_two_thousand_idle_connections_leave_send_and_pull_latency_within_20_per
     for name, (a, b, ratio) in figures.items():
         assert ratio <= ALLOWED_SLOWDOWN, (f"{name}: {(ratio - 1) * 100:+.1f} % with the idle connections "
                                            f"(pooled {a * 1e6:.0f} -> {b * 1e6:.0f} us)")
+
+
+# -- the queue wait and the held pulls ----------------------------------------------------------------------------
+
+def test_a_send_that_waited_past_its_limit_and_a_pull_past_the_held_limit_are_answered_busy_and_not_served(
+        procs: ProcessHarness, tmp_path: Path) -> None:
+    """``wait_time_ms_in_send_queue`` (1 ms here): of 2,000 sends written at once, those that waited behind the others
+    of their read are answered SYSTEM_BUSY and are not stored; ``max_held_pulls`` (2): a third long poll is answered
+    SYSTEM_BUSY at once while two are held.  Both counted on /metrics by reason."""
+    namesrv = procs.start("namesrv", NAMESRV, "--scan-interval-s", "0.5")
+    broker = _start_broker(procs, tmp_path, namesrv, module=BROKER, env=child_env(), store={},
+                           wait_time_ms_in_send_queue=1, max_held_pulls=2, trace_enabled=False)
+    topic = "WaitedTopic"
+
+    async def run() -> tuple[list[Frame], list[tuple[float, int | str]]]:
+        conn = await RemotingConnection.connect(broker.addr)
+        try:
+            await conn.request(RequestCode.SEND_MESSAGE_V2, send_ext("w", topic, 0, "", born_timestamp=1), b"first")
+            # 2,000 sends in one write: the broker reads them in a few reads and answers each in turn
+            sends = [conn.request(RequestCode.SEND_MESSAGE_V2, send_ext("w", topic, 1, "", born_timestamp=1),
+                                  b"m%d" % i, timeout=60, ok=frozenset({0, 2})) for i in range(2000)]
+            answers = await asyncio.gather(*sends)
+
+            async def pull() -> tuple[float, int | str]:
+                began = time.monotonic()
+                try:
+                    answer = await conn.request(RequestCode.SPARKMQ_PULL_PACKED,
+                                                pull_ext(None, topic, 0, 1, 32, wait_ms=3000), timeout=10,
+                                                ok=PULL_OUTCOME_CODES)
+                except SparkMQError as exc:
+                    return time.monotonic() - began, exc.code.name
+                return time.monotonic() - began, answer.code
+            pulls = []
+            for _ in range(3):  # held in this order: the third finds two held
+                pulls.append(asyncio.ensure_future(pull()))
+                await asyncio.sleep(0.2)
+            return answers, list(await asyncio.gather(*pulls))
+        finally:
+            await conn.close()
+
+    answers, pulls = asyncio.run(run())
+    busy = [a for a in answers if a.code == 2]
+    served = len(answers) - len(busy)
+    print(f"{served} sends served, {len(busy)} answered busy; pulls (seconds, outcome): {pulls}")
+    assert busy and served, "expected both: the first of each read served, the ones behind it refused"
+    assert all("[TIMEOUT_CLEAN_QUEUE]" in (a.remark or "") for a in busy)
+    stored = httpx.get(f"{broker.url}/topics/{topic}/queues/1/offsets", timeout=10).json()
+    assert stored["max_offset"] == served, (stored, served)  # a busy send was not stored
+    (held1, code1), (held2, code2), (refused, code3) = pulls
+    assert code1 == code2 == 19 and held1 > 2.0 and held2 > 2.0  # held, then nothing new
+    assert code3 == "SYSTEM_BUSY" and refused < 1.0
+    counted = _metric(broker.url, "sparkmq_system_busy_total")
+    assert counted.get('{reason="TIMEOUT_CLEAN_QUEUE"}') == len(busy), counted
+    assert counted.get('{reason="HELD_PULLS_FULL"}') == 1, counted

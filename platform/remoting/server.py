@@ -94,7 +94,7 @@ class ServerConnection(asyncio.Protocol):
         self._inflight_paused = False  # too many of its requests are being answered (backpressure)
         #: Body bytes of its requests read and not answered yet (held by their handlers).
         self.unanswered_bytes = 0
-        #: ``time.monotonic()`` when the read that completed the request being handled began: a handler's
+        #: ``time.monotonic()`` when the read that completed the request being handled was decoded: a handler's
         #: ``time.monotonic() - conn.received_at`` is how long its request waited in this server.
         self.received_at = 0.0
 
@@ -214,12 +214,12 @@ class ServerConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._active = True
-        self.received_at = time.monotonic()
         try:
             frames = self._decoder.feed(data)
         except ProtocolError as exc:
             self.server._protocol_error(self, exc)
             return
+        self.received_at = time.monotonic()  # decoded: from now on its requests wait for their turn
         server = self.server
         server.requests += len(frames)
         handler = server._handler
