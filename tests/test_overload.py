@@ -493,3 +493,53 @@ def test_a_send_that_waited_past_its_limit_and_a_pull_past_the_held_limit_are_an
     counted = _metric(broker.url, "sparkmq_system_busy_total")
     assert counted.get('{reason="TIMEOUT_CLEAN_QUEUE"}') == len(busy), counted
     assert counted.get('{reason="HELD_PULLS_FULL"}') == 1, counted
+
+
+# -- the rules themselves -----------------------------------------------------------------------------------------
+
+def test_the_overload_guard_refuses_while_the_disk_is_behind_and_after_a_stalled_append() -> None:
+    """OverloadGuard's rules without a broker: sends are taken while the oldest one waiting for its sync is younger
+    than the busy time, refused (PC_SYNCHRONIZED) once it is older, taken again as soon as a sync answers; refused
+    beyond max_pending_acks; refused for the busy time after an append that took longer; pulls beyond the held
+    limit refused.  Every refusal is counted by reason."""
+    from sparkmq.platform.broker.overload import OverloadGuard
+
+    heard: list[str] = []
+    guard = OverloadGuard(send_wait_s=0.2, pull_wait_s=5.0, busy_s=0.1, max_pending_acks=3, max_held_pulls=2,
+                          on_busy=heard.append)
+
+    def refused() -> str | None:
+        try:
+            guard.check_send()
+        except SparkMQError as exc:
+            assert exc.code is ErrorCode.SYSTEM_BUSY
+            return exc.message.partition("]")[0].lstrip("[")
+        return None
+
+    assert refused() is None
+    guard.ack_waiting()
+    assert refused() is None  # waiting, but not for long
+    time.sleep(0.15)
+    assert refused() == "PC_SYNCHRONIZED" and guard.page_cache_busy
+    guard.ack_done()  # a sync answered it
+    assert refused() is None and not guard.page_cache_busy
+    for _ in range(3):
+        guard.ack_waiting()
+    assert refused() == "PENDING_ACKS_FULL"
+    for _ in range(3):
+        guard.ack_done()
+    guard.stored(0.05)
+    assert refused() is None
+    guard.stored(0.15)  # the append stalled longer than the busy time
+    assert refused() == "PC_SYNCHRONIZED"
+    time.sleep(0.15)
+    assert refused() is None
+    guard.check_hold(1)
+    with pytest.raises(SparkMQError, match="HELD_PULLS_FULL"):
+        guard.check_hold(2)
+    with pytest.raises(SparkMQError, match="TIMEOUT_CLEAN_QUEUE"):
+        guard.check_waited(5.1, pull=True)
+    guard.check_waited(4.9, pull=True)
+    assert heard == ["PC_SYNCHRONIZED", "PENDING_ACKS_FULL", "PC_SYNCHRONIZED", "HELD_PULLS_FULL",
+                     "TIMEOUT_CLEAN_QUEUE"]
+    assert guard.status()["busy_answers"]["PC_SYNCHRONIZED"] == 2

@@ -14,7 +14,9 @@ Its clients back off and retry.  sparkmq's broker answers requests on one event 
   frame's decoding to its handling is its wait (:meth:`OverloadGuard.check_waited`);
 * the sends stored and waiting for their disk sync (SYNC_FLUSH): while the oldest of them has waited longer
   than the page-cache-busy time with no sync completing, the disk is behind and every new send is refused
-  before it is stored (:meth:`OverloadGuard.check_send`), so waiting sends and dirty pages stay bounded.
+  before it is stored (:meth:`OverloadGuard.check_send`), so waiting sends and dirty pages stay bounded;
+* an append that itself took longer than the page-cache-busy time (the loop's write into the page cache stalled
+  on the disk, ASYNC_FLUSH's slow disk): sends are refused for that long after it (:meth:`OverloadGuard.stored`).
 
 Memory is bounded by count, too: sends waiting for their sync (``max_pending_acks``), pulls held by long
 polling (``max_held_pulls``); and by bytes in the remoting server (``max_unanswered_bytes_per_connection``,
@@ -73,6 +75,9 @@ class OverloadGuard:
         #: last answered some (time.monotonic()).
         self._pending_acks = 0
         self._progress_at = 0.0
+        #: Until when (time.monotonic()) sends are refused after a store took longer than ``busy_s`` (the page
+        #: cache stalled on the disk while the loop appended: ASYNC_FLUSH's slow disk).
+        self._slow_append_until = 0.0
         #: SYSTEM_BUSY answers by reason.
         self.busy_answers: dict[str, int] = dict.fromkeys(BUSY_REASONS, 0)
 
@@ -98,6 +103,8 @@ class OverloadGuard:
         waited longer than ``busy_s`` without a sync answering any) or ``max_pending_acks`` sends wait."""
         pending = self._pending_acks
         if not pending:
+            if self._slow_append_until:
+                self._check_slow_append()
             return
         if pending >= self.max_pending_acks:
             raise self.busy("PENDING_ACKS_FULL", f"{pending} sends wait for their disk sync "
@@ -107,6 +114,22 @@ class OverloadGuard:
             raise self.busy("PC_SYNCHRONIZED", f"no disk sync answered the waiting sends for {stalled * 1000:.0f} ms "
                                                f"(os_page_cache_busy_timeout_ms is {self.busy_s * 1000:.0f} ms)")
 
+    def _check_slow_append(self) -> None:
+        left = self._slow_append_until - time.monotonic()
+        if left <= 0:
+            self._slow_append_until = 0.0
+            return
+        raise self.busy("PC_SYNCHRONIZED", f"a send took longer than os_page_cache_busy_timeout_ms "
+                                           f"({self.busy_s * 1000:.0f} ms) to store; sends resume in "
+                                           f"{left * 1000:.0f} ms")
+
+    def stored(self, seconds: float) -> None:
+        """A send was stored in ``seconds``: when that is longer than ``busy_s`` (the append stalled on the page
+        cache), further sends are refused for ``busy_s`` (RocketMQ refuses while the commit log's lock is held that
+        long; here the append runs on the loop, so what it can do is refuse after it)."""
+        if seconds > self.busy_s:
+            self._slow_append_until = time.monotonic() + self.busy_s
+
     def check_hold(self, held: int) -> None:
         """Before a pull is held by long polling: SYSTEM_BUSY when ``held`` pulls already are."""
         if held >= self.max_held_pulls:
@@ -115,7 +138,8 @@ class OverloadGuard:
     @property
     def page_cache_busy(self) -> bool:
         """Whether sends are refused now because the disk is behind (what :meth:`check_send` says)."""
-        return bool(self._pending_acks) and time.monotonic() - self._progress_at > self.busy_s
+        now = time.monotonic()
+        return (bool(self._pending_acks) and now - self._progress_at > self.busy_s) or now < self._slow_append_until
 
     # -- sends waiting for their sync -------------------------------------------------------------
     def ack_waiting(self) -> None:

@@ -225,6 +225,8 @@ class SendProcessor(Processor):
         except SparkMQError as exc:
             self.metrics.send_failed(exc.code.name)
             raise
+        if not wait or not self.send_may_block:  # the append alone (not a wait for its sync, nor a topic's creation)
+            self.broker.overload.stored(time.perf_counter() - started)
         self.ensure_topic(topic)
         # A parked message counts under its system topic now and under its own topic when delivered.
         self.metrics.sent(result.topic, 1, len(msg.body), time.perf_counter() - started)
@@ -256,6 +258,8 @@ class SendProcessor(Processor):
         except SparkMQError as exc:
             self.metrics.send_failed(exc.code.name)
             raise
+        if not wait or not self.send_may_block:  # the append alone (not a wait for its sync, nor a topic's creation)
+            self.broker.overload.stored(time.perf_counter() - started)
         self.ensure_topic(topic)
         self.metrics.sent(topic, count, len(data), time.perf_counter() - started)
         return PackedSendResult(self.send_status(stored.status, stored.end_offset if wait else None), topic,
