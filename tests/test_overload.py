@@ -8,6 +8,8 @@ broker that keeps its latency with thousands of idle connections.
   after the burst every acknowledged message is there and a sync send is as fast as before it.
 * 2,000 idle remoting connections (each said one HEART_BEAT, kept past ``http_header_timeout_s``) leave send and
   pull latency within 20 % of the figure without them.
+* A send that waited past ``wait_time_ms_in_send_queue`` and a pull past ``max_held_pulls`` are answered busy and
+  not served; the guard's rules on their own.
 """
 from __future__ import annotations
 
