@@ -77,6 +77,9 @@ _CODES: dict[ErrorCode, int] = {
     ErrorCode.FILTER_EXPRESSION_ILLEGAL: Code.ILLEGAL_FILTER_EXPRESSION,
     ErrorCode.TRANSACTION_NOT_FOUND: Code.INVALID_TRANSACTION_ID,
     ErrorCode.GROUP_NOT_EXIST: Code.CONSUMER_GROUP_NOT_FOUND,
+    # Overloaded (platform/broker/overload.py): RocketMQ's proxy answers its SYSTEM_BUSY so, and its v5 clients
+    # back off and retry it.
+    ErrorCode.SYSTEM_BUSY: Code.TOO_MANY_REQUESTS,
 }
 # The POP codes (helper-17's section of errors.py) when present.
 for _name, _code in (("INVALID_RECEIPT_HANDLE", Code.INVALID_RECEIPT_HANDLE),

@@ -70,6 +70,7 @@ class BrokerRemoting:
                                                 "tls": tls, "limits": limits}
         #: The server of the connections the main (HTTP) port hands over.
         self.server = RemotingServer(self.handle, **self._server_options)
+        self.server.on_busy = broker.metrics.busy
         #: The dedicated listener (``remoting_port``), when one is configured.
         self.dedicated: RemotingServer | None = None
         self._lock = threading.Lock()
@@ -119,6 +120,7 @@ class BrokerRemoting:
         """Also listen on a dedicated ``host:port`` (0 = a free port) on the running loop."""
         self._loop = asyncio.get_running_loop()
         server = RemotingServer(self.handle, **self._server_options)
+        server.on_busy = self.broker.metrics.busy
         await server.start(host, port)
         self.dedicated = server
         log.info("broker %s serves remoting on %s:%d too", self.broker.name, host, server.port)
@@ -144,9 +146,19 @@ class BrokerRemoting:
         handler = self._handlers.get(frame.code)
         if handler is None:
             return unsupported_reply(frame)
+        queue = _QUEUED.get(frame.code)
+        if queue is not None:  # a send or a pull that waited too long in this broker: SYSTEM_BUSY at once
+            self.broker.overload.check_waited(time.monotonic() - conn.received_at, pull=queue)
         if self._guard.enabled:
             self._authorize(conn, frame)
         return handler(conn, frame)
+
+    def queued(self, *, pull: bool) -> Callable[[], None]:
+        """For a request handed to a worker thread now: a check its worker runs first, answering SYSTEM_BUSY
+        when the request waited for the thread longer than ``wait_time_ms_in_send_queue`` (``_pull_``)."""
+        queued_at = time.monotonic()
+        guard = self.broker.overload
+        return lambda: guard.check_waited(time.monotonic() - queued_at, pull=pull)
 
     def _authorize(self, conn: ServerConnection, frame: Frame) -> None:
         """Verify the credentials in the frame's extFields (they are removed from it), then what the code needs:
@@ -236,6 +248,15 @@ class BrokerRemoting:
                 log.debug("no check-back for %s: %s", check.transaction_id, exc)
                 continue
             conns[hash(check.transaction_id) % len(conns)].push(RequestCode.CHECK_TRANSACTION_STATE, header, body)
+
+
+#: The requests RocketMQ queues for its send (False) and pull (True) thread pools: each is answered SYSTEM_BUSY
+#: when it waited in this broker longer than ``wait_time_ms_in_send_queue`` / ``wait_time_ms_in_pull_queue``.
+_QUEUED: dict[int, bool] = {
+    RequestCode.SEND_MESSAGE: False, RequestCode.SEND_MESSAGE_V2: False, RequestCode.SEND_BATCH_MESSAGE: False,
+    RequestCode.SPARKMQ_SEND_PACKED: False, RequestCode.CONSUMER_SEND_MSG_BACK: False,
+    RequestCode.PULL_MESSAGE: True, RequestCode.LITE_PULL_MESSAGE: True, RequestCode.SPARKMQ_PULL_PACKED: True,
+}
 
 
 def _code_name(code: int) -> str:

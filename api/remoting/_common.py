@@ -66,9 +66,16 @@ def properties_of(text: str | None) -> dict[str, str]:
         raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, f"properties are not valid Unicode: {exc.reason}") from None
 
 
-async def threaded(fn: Callable[[], T]) -> T:
-    """Run a call that may block (a disk sync, an fsync'ing admin change, a lake read) off the event loop."""
-    return await anyio.to_thread.run_sync(fn)
+async def threaded(fn: Callable[[], T], first: Callable[[], None] | None = None) -> T:
+    """Run a call that may block (a disk sync, an fsync'ing admin change, a lake read) off the event loop;
+    ``first()`` runs on the worker before it (``BrokerRemoting.queued``: SYSTEM_BUSY after too long a wait)."""
+    if first is None:
+        return await anyio.to_thread.run_sync(fn)
+
+    def run() -> T:
+        first()
+        return fn()
+    return await anyio.to_thread.run_sync(run)
 
 
 def peer_host(conn: ServerConnection) -> str | None:

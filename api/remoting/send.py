@@ -104,7 +104,7 @@ class _Sends:
                                                      answer["queue_offset"], transactionId=answer["transaction_id"],
                                                      storeTimestamp=answer["store_timestamp"]),
                          code=SEND_STATUS_CODES[answer["status"]])
-        return threaded(send)
+        return threaded(send, self.remoting.queued(pull=False))
 
     # -- batches --------------------------------------------------------------------------------
     def send_batch_message(self, conn: ServerConnection, frame: Frame) -> Reply | Deferred | Awaitable[Reply]:
@@ -167,7 +167,7 @@ class _Sends:
                 len(result.results), first.store_timestamp, store_host,
                 ",".join(str(r.queue_offset) for r in result.results)), offsets,
                 code=SEND_STATUS_CODES[result.status])
-        return threaded(send)
+        return threaded(send, self.remoting.queued(pull=False))
 
     # -- a consumer's failed message ------------------------------------------------------------
     def send_back(self, conn: ServerConnection, frame: Frame) -> Awaitable[Reply]:
@@ -185,7 +185,7 @@ class _Sends:
             return reply(p.SendBackResponseHeader(answer["status"], answer["topic"], answer["delay_level"],
                                                   answer["reconsume_times"], answer["msg_id"],
                                                   answer["offset_msg_id"]))
-        return threaded(send_back)
+        return threaded(send_back, self.remoting.queued(pull=False))
 
 
 def _now_ms() -> int:

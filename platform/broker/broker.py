@@ -41,6 +41,7 @@ from .locks import QueueLockManager
 from .long_polling import PullHoldService
 from .metrics import BrokerMetrics
 from .offsets import CONSUMER_OFFSETS_TABLE, ConsumerOffsetManager
+from .overload import OverloadGuard
 from .processors import (
     AdminProcessor,
     ConsumerProcessor,
@@ -84,6 +85,12 @@ class Broker:
         self.offsets = ConsumerOffsetManager(config.lake_table_path(CONSUMER_OFFSETS_TABLE), config.broker_name,
                                              config.offset_persist_interval_s, config.offset_reset_fence_s)
         self.holds = PullHoldService()
+        #: Fast failure under overload: SYSTEM_BUSY instead of queueing (platform/broker/overload.py).
+        self.overload = OverloadGuard(send_wait_s=config.wait_time_ms_in_send_queue / 1000.0,
+                                      pull_wait_s=config.wait_time_ms_in_pull_queue / 1000.0,
+                                      busy_s=config.os_page_cache_busy_timeout_ms / 1000.0,
+                                      max_pending_acks=config.max_pending_acks, max_held_pulls=config.max_held_pulls,
+                                      on_busy=lambda reason: self.metrics.busy(reason))
         self.metrics = BrokerMetrics(self._scrape_commitlog_max, self._scrape_queue_max, self._scrape_group_lag)
         self.registration = RegistrationService(config.namesrv_addrs, self.registration_payload,
                                                 self._unregister_payload, config.register_interval_s,
@@ -161,6 +168,10 @@ class Broker:
         # "degraded" while sends are refused (DISK_FULL), /metrics exports sparkmq_disk_*.
         self.store.set_retention_floor(self._retention_floor)
         self.add_component("disk", self.store.disk_status, lambda: self.store.writable)
+        # /health shows the overload state (busy answers are not a fault: the broker protects itself);
+        # /metrics exports sparkmq_overload_* gauges next to the sparkmq_system_busy_total counter.
+        self.add_component("overload", self._overload_status)
+        self.metrics.add_component_gauges("overload", self._overload_gauges)
         self.metrics.add_component_gauges("disk", self._disk_gauges)
         if self.replication_master is not None or self.replication_slave is not None or config.dledger_enabled:
             # /health shows the replication state; a slave cut off from its master is "degraded", and
@@ -558,6 +569,14 @@ class Broker:
                 "offsets": {"ok": persist_error is None, "pending": self.offsets.dirty_count(),
                             "last_error": None if persist_error is None else str(persist_error)},
                 "namesrv": namesrvs, "held_pulls": self.holds.held()}
+
+    def _overload_status(self) -> dict[str, Any]:
+        return {**self.overload.status(), "held_pulls": self.holds.held()}
+
+    def _overload_gauges(self) -> list[tuple[str, dict[str, float]]]:
+        guard = self.overload
+        return [(self.name, {"pending_acks": guard.pending_acks, "held_pulls": self.holds.held(),
+                             "page_cache_busy": float(guard.page_cache_busy)})]
 
     def metrics_text(self) -> bytes:
         """The Prometheus text exposition."""

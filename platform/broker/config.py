@@ -231,6 +231,23 @@ class BrokerConfig:
     http_header_timeout_s: float = ConnectionLimits.http_header_timeout_s
     http_keep_alive_s: float = ConnectionLimits.http_keep_alive_s
     http_max_concurrency: int = ConnectionLimits.http_max_concurrency
+    #: Overload (platform/broker/overload.py, RocketMQ's fast failure): a send that waited longer than this in
+    #: the broker before being handled is answered SYSTEM_BUSY at once (RocketMQ's waitTimeMillsInSendQueue).
+    wait_time_ms_in_send_queue: int = 200
+    #: The same for a pull (RocketMQ's waitTimeMillsInPullQueue).
+    wait_time_ms_in_pull_queue: int = 5000
+    #: While the oldest send waiting for its disk sync has waited this long with no sync answering any, the
+    #: disk counts as busy and new sends are answered SYSTEM_BUSY before they are stored (RocketMQ's
+    #: osPageCacheBusyTimeOutMills).
+    os_page_cache_busy_timeout_ms: int = 1000
+    #: Sends stored and waiting for their acknowledgement (disk sync) at most; beyond it SYSTEM_BUSY.
+    max_pending_acks: int = 100_000
+    #: Pulls held by long polling at most; a pull that would be held beyond it is answered SYSTEM_BUSY.
+    max_held_pulls: int = 20_000
+    #: Bytes of remoting requests read but not answered yet, per connection and per port: a request beyond
+    #: either is answered SYSTEM_BUSY at once (one request alone is always taken: max_request_bytes bounds it).
+    max_unanswered_bytes_per_connection: int = ConnectionLimits.max_unanswered_bytes_per_connection
+    max_unanswered_bytes: int = ConnectionLimits.max_unanswered_bytes
     #: Delay levels (space-separated, ``ms``/``s``/``m``/``h``/``d``); level L parks in schedule queue L-1.
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
     #: A timer message may be due at most this far ahead (RocketMQ: 3 days).
@@ -323,7 +340,13 @@ class BrokerConfig:
         object.__setattr__(self, "_tls", TlsSettings.from_prefixed(self))  # validates the files now
         object.__setattr__(self, "_limits", ConnectionLimits(  # validates the limits now
             self.max_connections_per_ip, self.max_inflight_per_connection, self.http_header_timeout_s,
-            self.http_keep_alive_s, self.http_max_concurrency))
+            self.http_keep_alive_s, self.http_max_concurrency, self.max_unanswered_bytes_per_connection,
+            self.max_unanswered_bytes))
+        _check_int("wait_time_ms_in_send_queue", self.wait_time_ms_in_send_queue, 1, 3_600_000)
+        _check_int("wait_time_ms_in_pull_queue", self.wait_time_ms_in_pull_queue, 1, 3_600_000)
+        _check_int("os_page_cache_busy_timeout_ms", self.os_page_cache_busy_timeout_ms, 1, 3_600_000)
+        _check_int("max_pending_acks", self.max_pending_acks, 1, 2**31 - 1)
+        _check_int("max_held_pulls", self.max_held_pulls, 1, 2**31 - 1)
         check_acl_settings(self.acl_super_user_access_key, self.acl_super_user_secret_key)
         _check_seconds("acl_clock_skew_s", self.acl_clock_skew_s)
         if self.cluster_secret is not None:

@@ -199,6 +199,8 @@ class BrokerMetrics:
         self.bytes_pulled = Counter("sparkmq_bytes_pulled", "Body bytes answered to pulls", ["topic", "group"],
                                     registry=r)
         self.send_errors = Counter("sparkmq_send_errors", "Sends refused, by error code", ["code"], registry=r)
+        self.system_busy = Counter("sparkmq_system_busy", "Requests answered SYSTEM_BUSY at once (overload), by "
+                                   "reason (platform/broker/overload.py)", ["reason"], registry=r)
         self.send_latency = Histogram("sparkmq_send_latency_seconds", "Time to store a send (one message or a batch)",
                                       buckets=_BUCKETS, registry=r)
         self.pull_latency = Histogram("sparkmq_pull_latency_seconds",
@@ -225,6 +227,10 @@ class BrokerMetrics:
     def send_failed(self, code: str) -> None:
         """Count a refused send."""
         self.send_errors.labels(code).inc()
+
+    def busy(self, reason: str) -> None:
+        """Count a request answered SYSTEM_BUSY for ``reason`` (one of ``overload.BUSY_REASONS``)."""
+        self.system_busy.labels(reason).inc()
 
     def pulled(self, topic: str, group: str | None, messages: int, body_bytes: int, seconds: float) -> None:
         """Count a pull's read (``group`` "" when the puller named none)."""

@@ -37,6 +37,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -49,7 +50,7 @@ from .fault import LatencyFaultTolerance, QueueSelector
 from .routes import TopicRouteInfo
 
 __all__ = ["RETRYABLE_CODES", "BROKER_FAULT_CODES", "RetryPolicy", "SendAttempts", "Attempt", "Failover",
-           "OrderedQueue"]
+           "OrderedQueue", "busy_backoff_s", "BUSY_BACKOFF_S", "BUSY_BACKOFF_MAX_S"]
 
 log = logging.getLogger("sparkmq.client")
 
@@ -57,7 +58,7 @@ log = logging.getLogger("sparkmq.client")
 RETRYABLE_CODES = frozenset({
     ErrorCode.SERVICE_NOT_AVAILABLE, ErrorCode.INTERNAL_ERROR, ErrorCode.TOPIC_NOT_EXIST, ErrorCode.NO_PERMISSION,
     ErrorCode.QUEUE_ID_ILLEGAL, ErrorCode.SLAVE_NOT_AVAILABLE, ErrorCode.DISK_FULL, ErrorCode.STORE_LOCKED,
-    ErrorCode.STORE_CORRUPT,
+    ErrorCode.STORE_CORRUPT, ErrorCode.SYSTEM_BUSY,
 })
 # Of those, the ones that say the broker itself is in trouble (isolate it); the others are about
 # this topic on that broker and should not keep other topics away from it.
@@ -70,6 +71,25 @@ BROKER_FAULT_CODES = frozenset({
 #: broker to try waits this long before the next attempt.
 REFRESH_GAP_S = 0.2
 FAILOVER_PAUSE_S = 0.2
+
+#: After a SYSTEM_BUSY answer (the broker is overloaded, platform/broker/overload.py) a send backs off this long
+#: before its next attempt, doubled after each further busy answer up to ``BUSY_BACKOFF_MAX_S`` (with jitter, so
+#: many producers do not come back at once).  Busy answers do not use up the send's ``retry_times``: its time
+#: budget (``send_timeout_s``) bounds them.
+BUSY_BACKOFF_S = 0.05
+BUSY_BACKOFF_MAX_S = 1.0
+
+
+def busy_backoff_s(busy_answers: int) -> float:
+    """How long to back off after the ``busy_answers``-th SYSTEM_BUSY answer in a row (1 = the first): exponential
+    from :data:`BUSY_BACKOFF_S` up to :data:`BUSY_BACKOFF_MAX_S`, times a random factor in [0.5, 1].
+
+    >>> 0.025 <= busy_backoff_s(1) <= 0.05 and 0.5 <= busy_backoff_s(30) <= 1.0
+    True
+    """
+    base = min(BUSY_BACKOFF_S * (2 ** min(max(busy_answers, 1) - 1, 16)), BUSY_BACKOFF_MAX_S)
+    return base * random.uniform(0.5, 1.0)
+
 
 #: ``ordered(route) -> queue``: the one queue of an ordered send (never retried elsewhere).
 OrderedQueue = Callable[[TopicRouteInfo], MessageQueue]
@@ -141,14 +161,18 @@ class SendAttempts:
         self.attempt = 0
         self.last_broker: str | None = None
         self.last_error: SparkMQError | None = None
+        #: SYSTEM_BUSY answers so far: they do not count against ``attempts`` (the budget bounds them).
+        self.busy_answers = 0
 
     def __iter__(self) -> Iterator[int]:
-        """The attempt numbers (from 0) while the budget lasts."""
-        for attempt in range(self.attempts):
+        """The attempt numbers (from 0) while the budget lasts (SYSTEM_BUSY answers use up no attempt)."""
+        tried = 0
+        while tried - self.busy_answers < self.attempts:
             if time.monotonic() >= self.deadline:
                 return
-            self.attempt = attempt
-            yield attempt
+            self.attempt = tried - self.busy_answers
+            yield tried
+            tried += 1
 
     def _pause_by(self) -> float:
         # A pause after the last attempt would only delay the error.
@@ -185,6 +209,15 @@ class SendAttempts:
         elapsed_ms = (time.monotonic() - step.started) * 1000
         broker = step.queue.broker_name
         failover = None
+        if exc.code is ErrorCode.SYSTEM_BUSY:
+            # Overloaded, not broken: back off (growing) within the budget and try again, possibly elsewhere.
+            self.busy_answers += 1
+            self.policy.fault.update(broker, elapsed_ms)
+            failover = Failover(False, min(time.monotonic() + busy_backoff_s(self.busy_answers), self.deadline))
+            log.debug("send to %s (%s) answered busy (%d in a row), backing off: %s", step.queue.key, step.addr,
+                      self.busy_answers, exc)
+            self.last_broker, self.last_error = broker, exc
+            return failover
         if exc.code in BROKER_FAULT_CODES:
             unreachable = isinstance(exc, RemotingError) and not exc.timed_out
             self.policy.fault.update(broker, elapsed_ms, isolation=True, reachable=not unreachable)

@@ -4,6 +4,8 @@
   closed at once (the others from that address, and every other address, are served as before).
 * Requests in flight per remoting connection: beyond the limit the server stops reading that connection
   until answers go out (backpressure, not errors: a well-behaved pipelining client only slows down).
+* Bytes of remoting requests read and not answered yet, per connection and per server: a request beyond
+  either is answered SYSTEM_BUSY at once (the client backs off and retries), so memory stays bounded.
 * Idle and slow connections: a remoting connection silent for its idle timeout is closed; an HTTP client
   must finish a request's head within ``http_header_timeout_s`` (a "slowloris" trickling header bytes is
   dropped) and an idle keep-alive connection is closed after ``http_keep_alive_s``.
@@ -42,9 +44,15 @@ class ConnectionLimits:
     http_keep_alive_s: float = 5.0
     #: Connections plus requests an HTTP port serves at once; beyond it uvicorn answers 503 at once.
     http_max_concurrency: int = 10_000
+    #: Bytes of requests one remoting connection may have read and not answered yet; a request beyond it is
+    #: answered SYSTEM_BUSY at once (a request alone, and one of at most 4 KiB, is always taken).
+    max_unanswered_bytes_per_connection: int = 64 << 20
+    #: The same for all connections of one remoting server together.
+    max_unanswered_bytes: int = 512 << 20
 
     def __post_init__(self) -> None:
-        for name in ("max_connections_per_ip", "max_inflight_per_connection", "http_max_concurrency"):
+        for name in ("max_connections_per_ip", "max_inflight_per_connection", "http_max_concurrency",
+                     "max_unanswered_bytes_per_connection", "max_unanswered_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, cast
 
@@ -59,6 +60,9 @@ _PING = int(RequestCode.SPARKMQ_PING)
 _MASK31 = 0x7FFFFFFF
 #: Stop reading a connection whose unsent replies exceed this, until they drain to a quarter of it.
 DEFAULT_WRITE_HIGH_WATER = 4 << 20
+#: A request with at most this many body bytes is always taken, whatever the unanswered-bytes limits say: its
+#: bytes are few, and control traffic (heartbeats, offset commits) must get through an overloaded server.
+SMALL_REQUEST_BYTES = 4096
 
 
 class ServerConnection(asyncio.Protocol):
@@ -88,6 +92,11 @@ class ServerConnection(asyncio.Protocol):
         self._idle_since = 0.0
         self._write_paused = False     # the peer does not read its replies (backpressure)
         self._inflight_paused = False  # too many of its requests are being answered (backpressure)
+        #: Body bytes of its requests read and not answered yet (held by their handlers).
+        self.unanswered_bytes = 0
+        #: ``time.monotonic()`` when the read that completed the request being handled was decoded: a handler's
+        #: ``time.monotonic() - conn.received_at`` is how long its request waited in this server.
+        self.received_at = 0.0
 
     # ---- public -------------------------------------------------------------------------
 
@@ -211,6 +220,7 @@ class ServerConnection(asyncio.Protocol):
         except ProtocolError as exc:
             self.server._protocol_error(self, exc)
             return
+        self.received_at = time.monotonic()  # decoded: from now on its requests wait for their turn
         server = self.server
         server.requests += len(frames)
         handler = server._handler
@@ -230,6 +240,13 @@ class ServerConnection(asyncio.Protocol):
             if server._stopping:
                 if not oneway:
                     _extend(out, _error_frame(frame.opaque, ErrorCode.SERVICE_NOT_AVAILABLE, "server is stopping"))
+                continue
+            size = len(frame.body)
+            if size > SMALL_REQUEST_BYTES and (self.unanswered_bytes or server.unanswered_bytes) \
+                    and self._over_bytes(size):
+                if not oneway:
+                    _extend(out, _error_frame(frame.opaque, ErrorCode.SYSTEM_BUSY, self._over_bytes(size)))
+                server._busy("UNANSWERED_BYTES_FULL")
                 continue
             try:
                 reply = handler(self, frame)
@@ -260,8 +277,24 @@ class ServerConnection(asyncio.Protocol):
 
     # ---- internals ----------------------------------------------------------------------
 
+    def _over_bytes(self, size: int) -> str:
+        """Why a request of ``size`` body bytes may not be taken now (its bytes would be held beyond a limit), or ""."""
+        limits = self.server.limits
+        if self.unanswered_bytes and self.unanswered_bytes + size > limits.max_unanswered_bytes_per_connection:
+            return (f"[UNANSWERED_BYTES_FULL]broker busy, start flow control for a while: {self.unanswered_bytes} "
+                    f"bytes of this connection's requests are not answered yet "
+                    f"(max_unanswered_bytes_per_connection is {limits.max_unanswered_bytes_per_connection})")
+        held = self.server.unanswered_bytes
+        if held and held + size > limits.max_unanswered_bytes:
+            return (f"[UNANSWERED_BYTES_FULL]broker busy, start flow control for a while: {held} bytes of requests "
+                    f"are not answered yet (max_unanswered_bytes is {limits.max_unanswered_bytes})")
+        return ""
+
     def _spawn(self, frame: Frame, awaitable: Any) -> None:
         self._inflight += 1
+        size = len(frame.body)
+        self.unanswered_bytes += size
+        self.server.unanswered_bytes += size
         if self._inflight >= self.server.limits.max_inflight_per_connection and not self._inflight_paused:
             # Read no more of its requests until answers go out (a long-poll flood, a runaway pipeline).
             self._inflight_paused = True
@@ -280,7 +313,7 @@ class ServerConnection(asyncio.Protocol):
         except Exception as exc:
             self._answered(frame, None, exc)
         except BaseException:  # cancelled (a stop past its grace): nothing to answer
-            self._done_one()
+            self._done_one(frame)
             raise
         else:
             self._answered(frame, reply, None)
@@ -288,7 +321,7 @@ class ServerConnection(asyncio.Protocol):
     def _answer_deferred(self, frame: Frame, finish: Callable[[asyncio.Future[Any]], Reply | None],
                          future: asyncio.Future[Any]) -> None:
         if future.cancelled():  # a stop past its grace: nothing to answer
-            self._done_one()
+            self._done_one(frame)
             return
         try:
             reply = finish(future)
@@ -299,7 +332,7 @@ class ServerConnection(asyncio.Protocol):
 
     def _answered(self, frame: Frame, reply: Any, error: Exception | None) -> None:
         """Queue the answer to a request answered later: its reply, or the error its handler raised."""
-        self._done_one()
+        self._done_one(frame)
         if frame.flag & FLAG_ONEWAY:
             if error is not None and not isinstance(error, SparkMQError):
                 self.server._handler_failed(frame, error)
@@ -317,8 +350,11 @@ class ServerConnection(asyncio.Protocol):
             data = _error_frame(frame.opaque, ErrorCode.INTERNAL_ERROR, _internal_message(error))
         self._queue_write(data)
 
-    def _done_one(self) -> None:
+    def _done_one(self, frame: Frame) -> None:
         self._inflight -= 1
+        size = len(frame.body)
+        self.unanswered_bytes -= size
+        self.server.unanswered_bytes -= size
         if self._inflight_paused and self._inflight < self.server.limits.max_inflight_per_connection // 2:
             self._inflight_paused = False
             self._update_reading()
@@ -400,7 +436,11 @@ class RemotingServer:
     ``on_connect(conn)`` is called for each accepted connection; :attr:`connection_count` and
     :meth:`stats` report on them.  A connection that sent nothing for ``idle_timeout_s`` (and has
     no request being answered) is closed; one whose unsent replies exceed ``write_high_water`` is
-    not read until they drain to a quarter of it (backpressure).  A protocol error closes only the
+    not read until they drain to a quarter of it (backpressure).  A request (of more than
+    :data:`SMALL_REQUEST_BYTES`) whose body would take the bytes
+    read and not answered beyond ``limits.max_unanswered_bytes_per_connection`` (that connection's) or
+    ``limits.max_unanswered_bytes`` (all together) is answered SYSTEM_BUSY at once; ``on_busy(reason)`` hears
+    of each.  A protocol error closes only the
     connection that made it.  With ``tls`` (certificates configured) the port speaks TLS, and plaintext
     too unless ``tls.required``.
     """
@@ -421,6 +461,11 @@ class RemotingServer:
         self.host: str | None = None
         self.port: int | None = None
         self.requests = 0
+        #: Body bytes of requests read and not answered yet, all connections together.
+        self.unanswered_bytes = 0
+        #: ``on_busy(reason)`` for each request this server answers SYSTEM_BUSY itself (the broker counts them).
+        self.on_busy: Callable[[str], None] | None = None
+        self._busy_answers = 0
         self._handler = handler
         self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set by start()
         self._loop_thread_id: int | None = None
@@ -454,6 +499,7 @@ class RemotingServer:
         return {"connections": len(self._conns), "accepted": self._accepted, "requests": self.requests,
                 "protocol_errors": self._protocol_errors, "idle_closed": self._idle_closed,
                 "handler_errors": self._handler_errors, "in_flight": len(self._tasks),
+                "unanswered_bytes": self.unanswered_bytes, "busy": self._busy_answers,
                 "refused": sum(self._refusals.refused.values())}
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> RemotingServer:
@@ -565,6 +611,11 @@ class RemotingServer:
     def _track(self, task: asyncio.Future[Any]) -> None:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _busy(self, reason: str) -> None:
+        self._busy_answers += 1
+        if self.on_busy is not None:
+            self.on_busy(reason)
 
     def _protocol_error(self, conn: ServerConnection, exc: ProtocolError) -> None:
         # The next frame boundary is lost: send nothing more, drop the connection.

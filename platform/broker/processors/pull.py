@@ -275,7 +275,10 @@ class PullProcessor(Processor):
             return self.pull_packed_once(topic, queue_id, at, max_count, wanted, group=group, commit_offset=commit,
                                          sql=sql, client_id=client_id)
 
-        def cold_pull_at(at: int, commit: int | None) -> PackedPull:
+        def cold_pull_at(at: int, commit: int | None, queued_at: float) -> PackedPull:
+            # A read that waited for a worker longer than wait_time_ms_in_pull_queue: SYSTEM_BUSY (RocketMQ's
+            # pull thread pool queue), the disk is behind the pulls; the consumer backs off.
+            self.broker.overload.check_waited(time.monotonic() - queued_at, pull=True)
             self._prefetch_if_cold(topic, queue_id, at, max_count)
             return pull_at(at, commit)
 
@@ -283,7 +286,7 @@ class PullProcessor(Processor):
             if not self.is_cold(topic, queue_id, at):
                 return pull_at(at, commit)
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._cold_reads(), cold_pull_at, at, commit)
+            return await loop.run_in_executor(self._cold_reads(), cold_pull_at, at, commit, time.monotonic())
         return await self._long_poll(read, topic, queue_id, offset, wait_ms, group, commit_offset)
 
     async def _long_poll(self, read, topic: str, queue_id: int, offset: int, wait_ms: int,
@@ -298,6 +301,7 @@ class PullProcessor(Processor):
                     or not self.running):
                 return result
             start = result.next_offset
+            self.broker.overload.check_hold(self.holds.held())  # SYSTEM_BUSY beyond max_held_pulls
             await self.holds.hold(topic, queue_id, remaining,
                                   lambda s=start: self.running and (self.store.max_offset(topic, queue_id) > s
                                                                     or self._reset_moves(group, topic, queue_id, s)))

@@ -139,7 +139,7 @@ class SendProcessor(Processor):
         on a SYNC_MASTER after a slave holds it (else FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE); in a DLedger
         group once the group committed it (else FLUSH_SLAVE_TIMEOUT, or SERVICE_NOT_AVAILABLE raised when this
         member lost the leadership first)."""
-        status = self.send_status(await self.store.wait_durable(end_offset, loop))
+        status = self.send_status(await self._durable(end_offset, loop))
         master = self._sync_master
         dledger = self.broker.dledger
         if status is SendStatus.SEND_OK and master is not None:
@@ -159,10 +159,20 @@ class SendProcessor(Processor):
             return None
         dledger = self.broker.dledger
         if dledger is None:
-            return self.store.wait_durable(end_offset, loop), lambda synced: self.send_status(synced.result())
+            return self._durable(end_offset, loop), lambda synced: self.send_status(synced.result())
         if self.store.config.flush_mode is FlushMode.SYNC_FLUSH:
             return None
         return dledger.wait_committed(end_offset, loop), lambda committed: _raise_error(committed.result())
+
+    def _durable(self, end_offset: int, loop: asyncio.AbstractEventLoop) -> asyncio.Future[Any]:
+        """The store's future of ``end_offset``'s disk sync, counted among the broker's pending acknowledgements
+        while it is not done (the overload guard refuses sends while they stall, platform/broker/overload.py)."""
+        future = self.store.wait_durable(end_offset, loop)
+        if not future.done():
+            guard = self.broker.overload
+            guard.ack_waiting()
+            future.add_done_callback(guard.ack_done)
+        return future
 
     def send(self, topic: str, message: OutgoingMessage, *, queue_id: int | None = None,
              sharding_key: str | None = None, compressed: bool = False, producer_group: str | None = None,
@@ -203,6 +213,7 @@ class SendProcessor(Processor):
         started = time.perf_counter()
         try:
             with self._operation():
+                self.broker.overload.check_send()
                 cfg, qid = self.prepare_send(topic, queue_id, sharding_key, producer_group, born_timestamp)
                 msg, sys_flag = self.to_message(topic, message, compressed)
                 extra: dict[str, Any] = {}
@@ -214,6 +225,8 @@ class SendProcessor(Processor):
         except SparkMQError as exc:
             self.metrics.send_failed(exc.code.name)
             raise
+        if not wait or not self.send_may_block:  # the append alone (not a wait for its sync, nor a topic's creation)
+            self.broker.overload.stored(time.perf_counter() - started)
         self.ensure_topic(topic)
         # A parked message counts under its system topic now and under its own topic when delivered.
         self.metrics.sent(result.topic, 1, len(msg.body), time.perf_counter() - started)
@@ -236,6 +249,7 @@ class SendProcessor(Processor):
         started = time.perf_counter()
         try:
             with self._operation():
+                self.broker.overload.check_send()
                 cfg, qid = self.prepare_send(topic, queue_id, sharding_key, producer_group, None)
                 stored = self.store.put_packed(topic, qid, data, count, born_host=born_host,
                                                sys_flag=COMPRESSED if compressed else 0,
@@ -244,6 +258,8 @@ class SendProcessor(Processor):
         except SparkMQError as exc:
             self.metrics.send_failed(exc.code.name)
             raise
+        if not wait or not self.send_may_block:  # the append alone (not a wait for its sync, nor a topic's creation)
+            self.broker.overload.stored(time.perf_counter() - started)
         self.ensure_topic(topic)
         self.metrics.sent(topic, count, len(data), time.perf_counter() - started)
         return PackedSendResult(self.send_status(stored.status, stored.end_offset if wait else None), topic,
@@ -265,6 +281,7 @@ class SendProcessor(Processor):
             with self._operation():
                 if not isinstance(messages, Sequence) or not messages:
                     raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, "the batch is empty")
+                self.broker.overload.check_send()
                 cfg, qid = self.prepare_send(topic, queue_id, sharding_key, producer_group, born_timestamp)
                 batch = []
                 for i, message in enumerate(messages):
