@@ -650,10 +650,11 @@ class Producer:
             if not retryable:
                 out.set_exception(error)
                 return
+            busy = isinstance(error, SparkMQError) and error.code is ErrorCode.SYSTEM_BUSY
 
             def retry() -> None:
                 try:
-                    if error.code is ErrorCode.SYSTEM_BUSY:  # type: ignore[union-attr]  # back off before retrying
+                    if busy:  # back off before retrying
                         time.sleep(busy_backoff_s(1))
                     out.set_result(self._send_batch(msgs, None, None, None, False, packed_as=(data, ids)))
                 except BaseException as exc:  # noqa: BLE001  # the batch's futures get it
