@@ -136,18 +136,10 @@ class Broker:
         self._components: dict[str, tuple[Callable[[], dict[str, Any]], Callable[[], bool]]] = {}
         #: The lake's index and messages tables (written by the dispatch job), read with delta-rs.
         self.lake_index = LakeIndex(config.data_dir / "lake")
-        # One processor per request family; protocol adapters call these.
-        self.send_processor = SendProcessor(self)
-        self.pull_processor = PullProcessor(self)
-        self.consumer_processor = ConsumerProcessor(self)
-        self.admin_processor = AdminProcessor(self)
-        self.transaction_processor = TransactionProcessor(self)
-        self.query_processor = QueryProcessor(self)
-        #: POP consumption (RocketMQ 5 receive / ack / invisible time); its state is rebuilt in start().
-        self.pop_processor = PopProcessor(self)
-        #: Trace events into RMQ_SYS_TRACE_TOPIC (buffered, written by its own thread), and their lookup.
+        #: Trace events into RMQ_SYS_TRACE_TOPIC (buffered, written by its own thread, stored by the send
+        #: processor built below), and their lookup.
         # A slave's log is its master's, byte for byte: it writes no trace messages of its own.
-        self.tracer = TraceRecorder(self.send_processor.put_trace, config.broker_name,
+        self.tracer = TraceRecorder(lambda message: self.send_processor.put_trace(message), config.broker_name,
                                     enabled=config.trace_enabled and config.role is not BrokerRole.SLAVE
                                     and not config.dledger_enabled)
         self.trace_lookup = TraceLookup(config.data_dir / "lake")
@@ -161,6 +153,24 @@ class Broker:
         self.timers: TimerService | None = None
         self.transactions: TransactionService | None = None
         self.checks = CheckChannel()
+        # One processor per request family, each given the components it uses; protocol adapters call these.
+        # The broker itself is passed as the narrow views processors read of it (BrokerState, Replication,
+        # StartedServices, BrokerInfo): its role, DLedger member and services change while it runs.
+        self.send_processor = SendProcessor(self, config, self.store, self.topics, self.clients, self.metrics,
+                                            self.tracer, self.overload, replication=self, services=self)
+        self.pull_processor = PullProcessor(self, config, self.store, self.topics, self.clients, self.offsets,
+                                            self.holds, self.metrics, self.tracer, self.lake_index, self.overload)
+        self.query_processor = QueryProcessor(self, self.store, self.tracer, self.lake_index, self.trace_lookup)
+        #: POP consumption (RocketMQ 5 receive / ack / invisible time); its state is rebuilt in start().
+        self.pop_processor = PopProcessor(self, config, self.store, self.topics, self.offsets, self.metrics,
+                                          self.tracer, puller=self.pull_processor, sender=self.send_processor)
+        self.consumer_processor = ConsumerProcessor(self, self.store, self.topics, self.clients, self.offsets,
+                                                    self.locks, self.holds, pop_lag=self.pop_processor)
+        self.admin_processor = AdminProcessor(self, self, config, self.store, self.topics, self.offsets, self.clients,
+                                              sender=self.send_processor, puller=self.pull_processor,
+                                              query=self.query_processor)
+        self.transaction_processor = TransactionProcessor(self, config, self.store, self.clients, self.checks,
+                                                          services=self, sender=self.send_processor)
         self.topics.add_listener(lambda _version: self.registration.trigger())
         self.clients.add_leave_listener(self.consumer_processor.on_clients_left)
         self.store.add_append_listener(self._on_append)
@@ -323,7 +333,7 @@ class Broker:
         self.shutdown()
 
     @contextlib.contextmanager
-    def _operation(self) -> Iterator[None]:
+    def operation(self) -> Iterator[None]:
         """Count a store operation in flight; SERVICE_NOT_AVAILABLE unless running."""
         with self._state_lock:
             if self._state != "running":

@@ -31,7 +31,7 @@ from ..common.system_topics import (
     PROPERTY_REAL_TOPIC,
     SCHEDULE_TOPIC,
 )
-from ..store import MessageStore
+from ..store import MessageStore, PutResult
 from .background import RETRY_LATER_CODES, RETRY_LATER_MS, PeriodicService
 
 __all__ = ["DEFAULT_DELAY_LEVELS", "parse_delay_levels", "ScheduleService", "restore_parked", "park_properties"]
@@ -139,7 +139,7 @@ class ScheduleService(PeriodicService):
                                f"delay level must be an integer in 1..{len(self.levels_ms)}, got {level!r}")
         return self.levels_ms[level - 1]
 
-    def park(self, msg: Message, queue_id: int, level: int, **put_args: object) -> object:
+    def park(self, msg: Message, queue_id: int, level: int, **put_args: object) -> PutResult:
         """Store ``msg`` in the schedule topic for ``level``; returns the store's PutResult."""
         due = int(time.time() * 1000) + self.level_delay_ms(level)
         props = park_properties(msg, queue_id, {PROPERTY_DELAY_LEVEL: str(level)})

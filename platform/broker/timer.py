@@ -32,7 +32,7 @@ from ..common.system_topics import (
     PROPERTY_TIMER_DELIVER_MS,
     TIMER_TOPIC,
 )
-from ..store import MessageStore
+from ..store import MessageStore, PutResult
 from .background import RETRY_LATER_CODES, RETRY_LATER_MS, PeriodicService
 from .progress import DoneTracker
 from .schedule import park_properties, restore_parked
@@ -112,7 +112,7 @@ class TimerService(PeriodicService):
                                f"the maximum is {self.max_delay_s:.0f} s")
         return due
 
-    def park(self, msg: Message, queue_id: int, due_ms: int, **put_args: object) -> object:
+    def park(self, msg: Message, queue_id: int, due_ms: int, **put_args: object) -> PutResult:
         """Store ``msg`` in the timer topic, due at ``due_ms``; returns the store's PutResult."""
         props = park_properties(msg, queue_id, {PROPERTY_TIMER_DELIVER_MS: str(due_ms)})
         parked = Message(TIMER_TOPIC, msg.body, tags=msg.tags, keys=msg.keys, properties=props, flag=msg.flag)

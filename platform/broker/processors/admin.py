@@ -4,7 +4,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ...common.errors import ErrorCode, SparkMQError
 from ...common.message import (
@@ -26,16 +26,18 @@ from ...common.system_topics import (
     retry_topic,
 )
 from ...common.validation import validate_group
+from ...store import MessageStore
 from ...store.message_store import iter_all
-from ..client_manager import MessageModel
-from ..topics import TopicConfig
-from .base import Processor, check_int
-from .send import OutgoingMessage
+from ..client_manager import ClientManager, MessageModel
+from ..config import BrokerConfig
+from ..offsets import ConsumerOffsetManager
+from ..topics import TopicConfig, TopicConfigManager
+from .base import BrokerState, Processor, check_int
+from .pull import PullProcessor
+from .query import QueryProcessor
+from .send import OutgoingMessage, SendProcessor
 
-if TYPE_CHECKING:
-    from ..broker import Broker
-
-__all__ = ["AdminProcessor"]
+__all__ = ["AdminProcessor", "BrokerInfo"]
 
 log = logging.getLogger("sparkmq.broker")
 
@@ -51,11 +53,46 @@ def _origin_topic(m: StoredMessage) -> str:
         or props.get(PROPERTY_REAL_TOPIC) or m.topic
 
 
+class BrokerInfo(Protocol):
+    """The broker's addresses and replication state, as ``GET /broker`` shows them (``Broker`` is one)."""
+
+    @property
+    def addr(self) -> str:
+        """The address clients and name servers are told."""
+        ...
+
+    @property
+    def remoting_addr(self) -> str | None:
+        """The remoting endpoint, once it listens."""
+        ...
+
+    @property
+    def ha_addr(self) -> str | None:
+        """A master's HA endpoint, once it listens."""
+        ...
+
+    def replication_status(self) -> dict[str, Any] | None:
+        """The replication state (master: its slaves; slave: its master), None when neither runs."""
+        ...
+
+
 class AdminProcessor(Processor):
     """Topics and admin: topic table changes and stats, dead letters and re-drive, broker info."""
 
-    def __init__(self, broker: Broker) -> None:
-        super().__init__(broker)
+    def __init__(self, state: BrokerState, info: BrokerInfo, config: BrokerConfig, store: MessageStore,
+                 topics: TopicConfigManager, offsets: ConsumerOffsetManager, clients: ClientManager,
+                 sender: SendProcessor, puller: PullProcessor, query: QueryProcessor) -> None:
+        super().__init__(state)
+        self.broker_info = info
+        self.config = config
+        self.store = store
+        self.topics = topics
+        self.offsets = offsets
+        self.clients = clients
+        #: Re-drive and re-send store copies as sends; dead letters are read as pulls, messages found as queries.
+        self.sender = sender
+        self.puller = puller
+        self.queries = query
         self._alert_rules: list[dict[str, Any]] = []
         self._alert_rules_error: str | None = None
 
@@ -67,7 +104,7 @@ class AdminProcessor(Processor):
             check_int("offset", offset, 0, 2**63 - 1, ErrorCode.OFFSET_ILLEGAL)
             check_int("max", max_count, 1, MAX_PULL_BATCH)
             return PullResult(PullStatus.NO_MATCHED_QUEUE, 0, 0, 0)
-        return self.broker.pull_processor.pull_once(topic, 0, offset, max_count)
+        return self.puller.pull_once(topic, 0, offset, max_count)
 
     def redrive(self, group: str, msg_ids: Sequence[str] = (), *, all_messages: bool = False,
                 topic: str | None = None, tags: str | None = None) -> dict[str, Any]:
@@ -109,9 +146,9 @@ class AdminProcessor(Processor):
         props.pop("KEYS", None)
         msg_id = props.pop("UNIQ_KEY", None) or None
         outgoing = OutgoingMessage(m.body, m.tags, m.keys, {**props, **(extra or {})}, msg_id)
-        return self.broker.send_processor.send(topic, outgoing, queue_id=queue_id,
-                                               compressed=bool(m.sys_flag & COMPRESSED),
-                                               born_timestamp=m.born_timestamp)
+        return self.sender.send(topic, outgoing, queue_id=queue_id,
+                                compressed=bool(m.sys_flag & COMPRESSED),
+                                born_timestamp=m.born_timestamp)
 
     def resend(self, msg_id: str, group: str) -> dict[str, Any]:
         """Store a copy of one message in ``%RETRY%<group>``, so that group, and only it, consumes it again
@@ -152,7 +189,7 @@ class AdminProcessor(Processor):
             if exc.code not in (ErrorCode.MESSAGE_ID_ILLEGAL, ErrorCode.MESSAGE_NOT_FOUND):
                 raise
         try:
-            found = self.broker.query_processor.query_messages(msg_id=msg_id, max_hits=16)
+            found = self.queries.query_messages(msg_id=msg_id, max_hits=16)
         except SparkMQError as err:
             if err.code is not ErrorCode.LAKE_NOT_AVAILABLE:
                 raise
@@ -177,7 +214,7 @@ class AdminProcessor(Processor):
         """
         deleted = self.topics.delete(topic)
         self.offsets.remove_topic(topic)
-        self.broker.send_processor.forget_topic(topic)
+        self.sender.forget_topic(topic)
         return deleted
 
     def get_topic(self, topic: str) -> TopicConfig:
@@ -227,10 +264,11 @@ class AdminProcessor(Processor):
             bounds = self.store.log_offsets()
             commitlog = {"min_offset": bounds.min_offset, "max_offset": bounds.max_offset,
                          "flushed_offset": bounds.flushed_offset}
+        broker = self.broker_info
         return {"cluster": self.config.cluster, "broker_name": self.name, "broker_id": self.config.broker_id,
-                "addr": self.broker.addr, "remoting_addr": self.broker.remoting_addr, "role": str(self.config.role),
+                "addr": broker.addr, "remoting_addr": broker.remoting_addr, "role": str(self.config.role),
                 "namesrv_addrs": list(self.config.namesrv_addrs),
-                "ha_addr": self.broker.ha_addr, "replication": self.broker.replication_status(),
+                "ha_addr": broker.ha_addr, "replication": broker.replication_status(),
                 "commitlog": commitlog, "topics": len(self.topics), "clients": self.clients.client_count()}
 
 

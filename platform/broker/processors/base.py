@@ -1,16 +1,19 @@
-"""What every processor shares: the broker's components, and the argument checks."""
+"""What every processor shares: the broker's state (a protocol), and the argument checks."""
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Protocol
 
 from ...common.errors import ErrorCode, SparkMQError
 from ...common.filtering import FILTER_TAG, MessageFilter, compile_filter
 
 if TYPE_CHECKING:
-    from ..broker import Broker
+    from ..schedule import ScheduleService
+    from ..timer import TimerService
+    from ..transaction import TransactionService
 
-__all__ = ["Processor", "check_int", "cached_filter", "looks_like_zlib"]
+__all__ = ["BrokerState", "StartedServices", "Processor", "check_int", "cached_filter", "looks_like_zlib"]
 
 
 def check_int(name: str, value: object, low: int, high: int, code: ErrorCode = ErrorCode.INVALID_ARGUMENT) -> int:
@@ -37,94 +40,72 @@ def cached_filter(expression: str | None, filter_type: str = FILTER_TAG) -> Mess
     return compile_filter(expression, filter_type)
 
 
+class BrokerState(Protocol):
+    """What a processor reads of the broker it serves: its name, lifecycle and role (``Broker`` is one)."""
+
+    @property
+    def name(self) -> str:
+        """The broker name."""
+        ...
+
+    @property
+    def running(self) -> bool:
+        """Whether sends and pulls are accepted."""
+        ...
+
+    @property
+    def is_master(self) -> bool:
+        """Whether this broker takes sends (a master, or the leader of its DLedger group)."""
+        ...
+
+    def operation(self) -> AbstractContextManager[None]:
+        """Count a store operation in flight (SERVICE_NOT_AVAILABLE unless running)."""
+        ...
+
+
 class Processor:
     """One request family's handling over the broker's components (RocketMQ's ``NettyRequestProcessor``).
 
     A processor takes typed arguments, validates them (a stable ``SparkMQError`` code, nothing
     changed on error) and returns typed results; protocol adapters only decode, call and encode.
-    The components it reads are the broker's, named here so processor code reads like broker code.
+    Each processor's constructor takes the components it uses (``Broker`` wires them); this base
+    keeps only the broker's state every processor reads.
     """
 
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-
-    # The broker's components (built once, in Broker.__init__).
-    @property
-    def config(self) -> Any:
-        return self.broker.config
+    def __init__(self, state: BrokerState) -> None:
+        self.broker_state = state
 
     @property
     def name(self) -> str:
-        return self.broker.name
+        return self.broker_state.name
 
     @property
     def running(self) -> bool:
-        return self.broker.running
+        return self.broker_state.running
 
-    @property
-    def store(self) -> Any:
-        return self.broker.store
-
-    @property
-    def topics(self) -> Any:
-        return self.broker.topics
-
-    @property
-    def clients(self) -> Any:
-        return self.broker.clients
-
-    @property
-    def locks(self) -> Any:
-        return self.broker.locks
-
-    @property
-    def offsets(self) -> Any:
-        return self.broker.offsets
-
-    @property
-    def holds(self) -> Any:
-        return self.broker.holds
-
-    @property
-    def metrics(self) -> Any:
-        return self.broker.metrics
-
-    @property
-    def tracer(self) -> Any:
-        return self.broker.tracer
-
-    @property
-    def checks(self) -> Any:
-        return self.broker.checks
-
-    @property
-    def lake_index(self) -> Any:
-        return self.broker.lake_index
-
-    @property
-    def trace_lookup(self) -> Any:
-        return self.broker.trace_lookup
-
-    @property
-    def levels_ms(self) -> Any:
-        return self.broker.levels_ms
-
-    # Services over the store, built when the broker starts (None on a slave).
-    @property
-    def schedule(self) -> Any:
-        return self.broker.schedule
-
-    @property
-    def timers(self) -> Any:
-        return self.broker.timers
-
-    @property
-    def transactions(self) -> Any:
-        return self.broker.transactions
-
-    def _operation(self) -> Any:
+    def _operation(self) -> AbstractContextManager[None]:
         """Count a store operation in flight (SERVICE_NOT_AVAILABLE unless running)."""
-        return self.broker._operation()
+        return self.broker_state.operation()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.broker.name})"
+        return f"{type(self).__name__}({self.name})"
+
+
+class StartedServices(Protocol):
+    """The services over the store a broker builds when it starts as a master (each None before, on a slave, and
+    on a DLedger follower): read at each use, never kept."""
+
+    @property
+    def schedule(self) -> ScheduleService | None:
+        """Delay levels."""
+        ...
+
+    @property
+    def timers(self) -> TimerService | None:
+        """Timer messages."""
+        ...
+
+    @property
+    def transactions(self) -> TransactionService | None:
+        """Half messages and their checks."""
+        ...

@@ -4,31 +4,54 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ...common.errors import ErrorCode, SparkMQError
-from ...common.protocol import MAX_LONG_POLL_MS, parse_held_queue
+from ...common.protocol import MAX_LONG_POLL_MS, PopLag, parse_held_queue
 from ...common.system_topics import (
     retry_topic,
 )
 from ...common.validation import validate_group
-from ..client_manager import ConsumerData, GroupInfo, MessageModel
-from ..locks import QueueRef
+from ...store import MessageStore
+from ..client_manager import ClientManager, ConsumerData, GroupInfo, MessageModel
+from ..locks import QueueLockManager, QueueRef
+from ..long_polling import PullHoldService
+from ..offsets import ConsumerOffsetManager
+from ..topics import TopicConfigManager
+from .base import BrokerState, Processor, cached_filter, check_int
 
-if TYPE_CHECKING:
-    from ..broker import Broker
-from .base import Processor, cached_filter, check_int
-
-__all__ = ["ConsumerProcessor"]
+__all__ = ["ConsumerProcessor", "PopLagSource"]
 
 log = logging.getLogger("sparkmq.broker")
+
+
+class PopLagSource(Protocol):
+    """What consumer lag reads of POP consumption (the POP processor is one)."""
+
+    def topics_of(self, group: str) -> set[str]:
+        """Topics ``group`` has POP-consumed here."""
+        ...
+
+    def lag(self, group: str, topic: str) -> PopLag:
+        """Per read queue and in total: deliveries in flight and messages not yet received."""
+        ...
 
 
 class ConsumerProcessor(Processor):
     """Consumer management: heartbeats, groups, queue locks, committed offsets, lag and offset reset."""
 
-    def __init__(self, broker: Broker) -> None:
-        super().__init__(broker)
+    def __init__(self, state: BrokerState, store: MessageStore, topics: TopicConfigManager, clients: ClientManager,
+                 offsets: ConsumerOffsetManager, locks: QueueLockManager, holds: PullHoldService,
+                 pop_lag: PopLagSource) -> None:
+        super().__init__(state)
+        self.store = store
+        self.topics = topics
+        self.clients = clients
+        self.offsets = offsets
+        self.locks = locks
+        self.holds = holds
+        #: The lag of topics a group consumes by POP (the POP processor's, not the pull offsets').
+        self.pop_lag = pop_lag
         self._reset_listeners: list[Callable[[str, str, dict[int, int]], None]] = []
 
     def add_reset_listener(self, listener: Callable[[str, str, dict[int, int]], None]) -> None:
@@ -131,7 +154,7 @@ class ConsumerProcessor(Processor):
         (in flight + not yet received, both also given) and the consumer offset is the settled frontier.
         """
         validate_group(group)
-        popped = self.broker.pop_processor.topics_of(group)
+        popped = self.pop_lag.topics_of(group)
         if topic is not None:
             configs = [self.topics.require(topic)]
         else:
@@ -140,7 +163,7 @@ class ConsumerProcessor(Processor):
         queues = []
         for cfg in configs:
             if cfg.topic in popped:
-                for q in self.broker.pop_processor.lag(group, cfg.topic).queues:
+                for q in self.pop_lag.lag(group, cfg.topic).queues:
                     queues.append({"topic": cfg.topic, "queue_id": q.queue_id, "broker_offset": q.broker_offset,
                                    "consumer_offset": q.consumer_offset, "lag": q.lag, "in_flight": q.in_flight,
                                    "not_received": q.not_received})

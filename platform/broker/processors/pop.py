@@ -28,7 +28,6 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import anyio.to_thread
 
@@ -50,8 +49,11 @@ from ...common.trace import TraceEvent
 from ...common.validation import validate_group
 from ...common.waiters import WaiterRegistry
 from ...namesrv.perm import is_readable
-from ...store import AppendEvent, FlushMode
+from ...store import AppendEvent, FlushMode, MessageStore
 from ..background import PeriodicService
+from ..config import BrokerConfig
+from ..metrics import BrokerMetrics
+from ..offsets import ConsumerOffsetManager
 from ..pop_state import (
     REVIVE_TOPIC,
     Key,
@@ -67,11 +69,11 @@ from ..pop_state import (
     encode_handle,
     encode_record,
 )
-from ..topics import TopicConfig
-from .base import Processor, check_int
-
-if TYPE_CHECKING:
-    from ..broker import Broker
+from ..topics import TopicConfig, TopicConfigManager
+from ..trace import TraceRecorder
+from .base import BrokerState, Processor, check_int
+from .pull import PullProcessor
+from .send import SendProcessor
 
 __all__ = ["PopProcessor"]
 
@@ -150,12 +152,22 @@ class PopProcessor(Processor):
             broker.pop_processor.ack("g1", "Orders", p.receipt_handle)
     """
 
-    def __init__(self, broker: Broker) -> None:
-        super().__init__(broker)
+    def __init__(self, state: BrokerState, config: BrokerConfig, store: MessageStore, topics: TopicConfigManager,
+                 offsets: ConsumerOffsetManager, metrics: BrokerMetrics, tracer: TraceRecorder,
+                 puller: PullProcessor, sender: SendProcessor) -> None:
+        super().__init__(state)
+        self.config = config
+        self.store = store
+        self.topics = topics
+        self.offsets = offsets
+        self.tracer = tracer
+        #: Receives read as pulls do (filters, the store); a delivery past its last attempt is sent back to the DLQ.
+        self.puller = puller
+        self.sender = sender
         self._lock = threading.RLock()
         # Delivery tokens: a fast generator seeded from the OS (one os.urandom per token costs ~10 us).
         self._random = random.Random(secrets.randbits(128))
-        self._state = PopState(broker.config.progress_path("pop_state"))
+        self._state = PopState(config.progress_path("pop_state"))
         #: Held receives by topic, woken by appends, ended invisible times and settled FIFO messages.
         self._arrivals: WaiterRegistry[str] = WaiterRegistry()
         #: (invisible_until, key, offset, token) of every delivery; stale entries are skipped when due.
@@ -166,13 +178,13 @@ class PopProcessor(Processor):
         self._dirty = False
         self._rotation: dict[tuple[str, str], int] = {}
         self._counts: dict[tuple[str, str], _Counts] = {}
-        broker.store.add_append_listener(self._on_append)
-        broker.metrics.add_component_gauges("pop", self._gauges)
+        store.add_append_listener(self._on_append)
+        metrics.add_component_gauges("pop", self._gauges)
 
     # ================================================================== lifecycle
     def start(self) -> None:
         """Rebuild the state (snapshot + revive records after it) and start the reviver; a no-op off a master."""
-        if not self.broker.is_master:
+        if not self.broker_state.is_master:
             return  # a slave's log carries its master's records; it serves no POP
         self.topics.ensure_system_topic(REVIVE_TOPIC, 1)
         with self._lock:
@@ -268,7 +280,7 @@ class PopProcessor(Processor):
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"fifo must be a bool, got {request.fifo!r}")
         if request.client_id is not None and (not isinstance(request.client_id, str) or len(request.client_id) > 255):
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "client_id must be a string of at most 255 characters")
-        tags, sql = self.broker.pull_processor.pull_filter(str(request.filter_type), None, request.expression)
+        tags, sql = self.puller.pull_filter(str(request.filter_type), None, request.expression)
         return _Plan(request.group, request.topic, queues, request.max_messages, request.invisible_ms,
                      request.fifo or cfg.order, tags, sql, request.client_id, max_attempts)
 
@@ -336,8 +348,7 @@ class PopProcessor(Processor):
         room -= len(messages)
         if room > 0 and not (plan.fifo and leases):
             # No group here: the pull would trace one event per message; a range record is traced below.
-            result = self.broker.pull_processor.pull_once(plan.topic, queue_id, cursor, room, plan.tags,
-                                                          sql=plan.sql)
+            result = self.puller.pull_once(plan.topic, queue_id, cursor, room, plan.tags, sql=plan.sql)
             if result.status in (PullStatus.FOUND, PullStatus.NO_MATCHED_MSG, PullStatus.OFFSET_TOO_SMALL):
                 end_offset = max(cursor, result.next_offset)
             for message in result.messages:
@@ -488,8 +499,8 @@ class PopProcessor(Processor):
                     raise
                 settled[lease.offset] = lease  # removed by retention: nothing left to dead-letter
                 continue
-            self.broker.send_processor.send_back(group, message.offset_msg_id, delay_level=-1,
-                                                 reason=f"POP: {reason} (attempt {lease.attempt})")
+            self.sender.send_back(group, message.offset_msg_id, delay_level=-1,
+                                  reason=f"POP: {reason} (attempt {lease.attempt})")
             settled[lease.offset] = lease
         end = self._write(SettleRecord(group, topic, queue_id, list(settled)))
         self._commit((group, topic, queue_id), self._state.queues[(group, topic, queue_id)])
@@ -582,7 +593,7 @@ class PopProcessor(Processor):
 
     def _require_serving(self) -> None:
         if not self._active or not self.running:
-            why = "it is not a master" if self.running and not self.broker.is_master else "it is not running"
+            why = "it is not a master" if self.running and not self.broker_state.is_master else "it is not running"
             raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"broker {self.name} serves no POP: {why}")
 
     def _topic(self, group: str, topic: str) -> TopicConfig:

@@ -6,7 +6,6 @@ import concurrent.futures
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
 
 import anyio.to_thread
 import pyarrow as pa
@@ -16,13 +15,18 @@ from ...common.filtering import FILTER_SQL92, FILTER_TAG, SqlFilter, compile_fil
 from ...common.protocol import MAX_BULK_PULL_BATCH, MAX_LONG_POLL_MS, MAX_PULL_BATCH, PackedPull, PullResult, PullStatus
 from ...common.validation import validate_group
 from ...namesrv.perm import is_readable
-from ...store import GetResult, PackedGetResult
+from ...store import GetResult, MessageStore, PackedGetResult
 from ...store.message_store import records_of
-from ..topics import TopicConfig
-from .base import Processor, cached_filter, check_int
-
-if TYPE_CHECKING:
-    from ..broker import Broker
+from ..client_manager import ClientManager
+from ..config import BrokerConfig
+from ..lake_index import LakeIndex
+from ..long_polling import PullHoldService
+from ..metrics import BrokerMetrics
+from ..offsets import ConsumerOffsetManager
+from ..overload import OverloadGuard
+from ..topics import TopicConfig, TopicConfigManager
+from ..trace import TraceRecorder
+from .base import BrokerState, Processor, cached_filter, check_int
 
 __all__ = ["PullProcessor"]
 
@@ -68,8 +72,20 @@ class PullProcessor(Processor):
     event loop, or the GIL, for the consumers at the tail.
     """
 
-    def __init__(self, broker: Broker) -> None:
-        super().__init__(broker)
+    def __init__(self, state: BrokerState, config: BrokerConfig, store: MessageStore, topics: TopicConfigManager,
+                 clients: ClientManager, offsets: ConsumerOffsetManager, holds: PullHoldService,
+                 metrics: BrokerMetrics, tracer: TraceRecorder, lake_index: LakeIndex, overload: OverloadGuard) -> None:
+        super().__init__(state)
+        self.config = config
+        self.store = store
+        self.topics = topics
+        self.clients = clients
+        self.offsets = offsets
+        self.holds = holds
+        self.metrics = metrics
+        self.tracer = tracer
+        self.lake_index = lake_index
+        self.overload = overload
         self._cold_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._cold_pool_lock = threading.Lock()
 
@@ -278,7 +294,7 @@ class PullProcessor(Processor):
         def cold_pull_at(at: int, commit: int | None, queued_at: float) -> PackedPull:
             # A read that waited for a worker longer than wait_time_ms_in_pull_queue: SYSTEM_BUSY (RocketMQ's
             # pull thread pool queue), the disk is behind the pulls; the consumer backs off.
-            self.broker.overload.check_waited(time.monotonic() - queued_at, pull=True)
+            self.overload.check_waited(time.monotonic() - queued_at, pull=True)
             self._prefetch_if_cold(topic, queue_id, at, max_count)
             return pull_at(at, commit)
 
@@ -301,10 +317,13 @@ class PullProcessor(Processor):
                     or not self.running):
                 return result
             start = result.next_offset
-            self.broker.overload.check_hold(self.holds.held())  # SYSTEM_BUSY beyond max_held_pulls
-            await self.holds.hold(topic, queue_id, remaining,
-                                  lambda s=start: self.running and (self.store.max_offset(topic, queue_id) > s
-                                                                    or self._reset_moves(group, topic, queue_id, s)))
+            self.overload.check_hold(self.holds.held())  # SYSTEM_BUSY beyond max_held_pulls
+
+            def ready(s: int = start) -> bool:
+                return self.running and (self.store.max_offset(topic, queue_id) > s
+                                         or self._reset_moves(group, topic, queue_id, s))
+
+            await self.holds.hold(topic, queue_id, remaining, ready)
             if not self.running:
                 return result
             again = await read(start, None)

@@ -9,9 +9,10 @@ from ...common.errors import ErrorCode, SparkMQError
 from ...common.message import (
     StoredMessage,
 )
-from ..lake_index import DEFAULT_MAX_HITS, lake_row_to_stored
-from ..trace import MAX_POSTED_EVENTS, validate_event
-from .base import Processor
+from ...store import MessageStore
+from ..lake_index import DEFAULT_MAX_HITS, LakeIndex, lake_row_to_stored
+from ..trace import MAX_POSTED_EVENTS, TraceLookup, TraceRecorder, validate_event
+from .base import BrokerState, Processor
 
 __all__ = ["QueryProcessor", "STORE_SCAN_LIMIT"]
 
@@ -24,6 +25,14 @@ log = logging.getLogger("sparkmq.broker")
 
 class QueryProcessor(Processor):
     """Query and trace: messages by key, id or time, message view, client trace events, a message's path."""
+
+    def __init__(self, state: BrokerState, store: MessageStore, tracer: TraceRecorder, lake_index: LakeIndex,
+                 trace_lookup: TraceLookup) -> None:
+        super().__init__(state)
+        self.store = store
+        self.tracer = tracer
+        self.lake_index = lake_index
+        self.trace_lookup = trace_lookup
 
     def query_messages(self, *, topic: str | None = None, key: str | None = None, msg_id: str | None = None,
                        begin_ms: int | None = None, end_ms: int | None = None,

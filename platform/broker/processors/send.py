@@ -9,7 +9,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...common.errors import ErrorCode, SparkMQError
 from ...common.message import (
@@ -32,19 +32,23 @@ from ...common.system_topics import (
 )
 from ...common.validation import validate_group, validate_topic
 from ...namesrv.perm import is_writeable
-from ...store import AppendNote, FlushMode, PutResult, PutStatus
-from ..client_manager import MessageModel
+from ...store import AppendNote, FlushMode, MessageStore, PutResult, PutStatus
+from ..client_manager import ClientManager, MessageModel
+from ..config import BrokerConfig
+from ..metrics import BrokerMetrics
+from ..overload import OverloadGuard
 from ..retry import DEFAULT_MAX_RECONSUME_TIMES, plan_send_back
 from ..schedule import ScheduleService
 from ..timer import TimerService
-from ..topics import TopicConfig
+from ..topics import TopicConfig, TopicConfigManager
+from ..trace import TraceRecorder
+from .base import BrokerState, Processor, StartedServices, check_int, looks_like_zlib
 
 if TYPE_CHECKING:
     from ...ha import ReplicationMaster
-    from ..broker import Broker
-from .base import Processor, check_int, looks_like_zlib
+    from ...ha.dledger import DLedgerMember
 
-__all__ = ["SendProcessor", "OutgoingMessage", "BatchSendResult", "PackedSendResult", "DELAY_PROPERTIES"]
+__all__ = ["SendProcessor", "Replication", "OutgoingMessage", "BatchSendResult", "PackedSendResult", "DELAY_PROPERTIES"]
 
 log = logging.getLogger("sparkmq.broker")
 
@@ -109,13 +113,45 @@ class PackedSendResult:
     offsets: bytes
 
 
+class Replication(Protocol):
+    """What a send waits for besides the disk (``Broker`` is one): read at each send, as both change with the role."""
+
+    @property
+    def dledger(self) -> DLedgerMember | None:
+        """This broker's DLedger member (built at start), None outside a DLedger group."""
+        ...
+
+    @property
+    def replication_master(self) -> ReplicationMaster | None:
+        """The master side of master/slave replication, None on a slave and in a DLedger group."""
+        ...
+
+
 class SendProcessor(Processor):
     """Sends: single and batch, delay and timer parking, redelivery of due messages, send-back to retry or DLQ."""
 
-    def __init__(self, broker: Broker) -> None:
-        super().__init__(broker)
+    def __init__(self, state: BrokerState, config: BrokerConfig, store: MessageStore, topics: TopicConfigManager,
+                 clients: ClientManager, metrics: BrokerMetrics, tracer: TraceRecorder, overload: OverloadGuard,
+                 replication: Replication, services: StartedServices) -> None:
+        super().__init__(state)
+        self.config = config
+        self.store = store
+        self.topics = topics
+        self.clients = clients
+        self.metrics = metrics
+        self.tracer = tracer
+        self.overload = overload
+        self.replication = replication
+        self.services = services
+        #: The delay levels' delays (level n waits ``levels_ms[n - 1]`` ms).
+        self.levels_ms = config.delay_levels_ms
         #: The round-robin position of each topic's queue choice (sends that name no queue or key).
         self._round_robin: dict[str, Iterator[int]] = {}
+
+    @property
+    def max_message_size(self) -> int:
+        """The largest body a send may carry (the store's limit): what adapters check before decoding a batch."""
+        return self.store.config.max_message_size
 
     def forget_topic(self, topic: str) -> None:
         """Drop what this processor keeps about a deleted topic."""
@@ -126,11 +162,11 @@ class SendProcessor(Processor):
         """Whether a send waits for a disk sync (SYNC_FLUSH), a slave (SYNC_MASTER) or a DLedger commit, so
         callers should run it off the event loop (or use the ``wait=False`` forms and :meth:`acknowledge`)."""
         return (self.store.config.flush_mode is FlushMode.SYNC_FLUSH or self._sync_master is not None
-                or self.broker.dledger is not None)
+                or self.replication.dledger is not None)
 
     @property
     def _sync_master(self) -> ReplicationMaster | None:
-        master = self.broker.replication_master
+        master = self.replication.replication_master
         return master if master is not None and master.sync else None
 
     async def acknowledge(self, end_offset: int, loop: asyncio.AbstractEventLoop) -> SendStatus:
@@ -141,7 +177,7 @@ class SendProcessor(Processor):
         member lost the leadership first)."""
         status = self.send_status(await self._durable(end_offset, loop))
         master = self._sync_master
-        dledger = self.broker.dledger
+        dledger = self.replication.dledger
         if status is SendStatus.SEND_OK and master is not None:
             status = await master.wait_replicated(end_offset, loop)
         elif status is SendStatus.SEND_OK and dledger is not None:
@@ -157,7 +193,7 @@ class SendProcessor(Processor):
         await :meth:`acknowledge` then."""
         if self._sync_master is not None:
             return None
-        dledger = self.broker.dledger
+        dledger = self.replication.dledger
         if dledger is None:
             return self._durable(end_offset, loop), lambda synced: self.send_status(synced.result())
         if self.store.config.flush_mode is FlushMode.SYNC_FLUSH:
@@ -169,7 +205,7 @@ class SendProcessor(Processor):
         while it is not done (the overload guard refuses sends while they stall, platform/broker/overload.py)."""
         future = self.store.wait_durable(end_offset, loop)
         if not future.done():
-            guard = self.broker.overload
+            guard = self.overload
             guard.ack_waiting()
             future.add_done_callback(guard.ack_done)
         return future
@@ -213,7 +249,7 @@ class SendProcessor(Processor):
         started = time.perf_counter()
         try:
             with self._operation():
-                self.broker.overload.check_send()
+                self.overload.check_send()
                 cfg, qid = self.prepare_send(topic, queue_id, sharding_key, producer_group, born_timestamp)
                 msg, sys_flag = self.to_message(topic, message, compressed)
                 extra: dict[str, Any] = {}
@@ -226,7 +262,7 @@ class SendProcessor(Processor):
             self.metrics.send_failed(exc.code.name)
             raise
         if not wait or not self.send_may_block:  # the append alone (not a wait for its sync, nor a topic's creation)
-            self.broker.overload.stored(time.perf_counter() - started)
+            self.overload.stored(time.perf_counter() - started)
         self.ensure_topic(topic)
         # A parked message counts under its system topic now and under its own topic when delivered.
         self.metrics.sent(result.topic, 1, len(msg.body), time.perf_counter() - started)
@@ -249,7 +285,7 @@ class SendProcessor(Processor):
         started = time.perf_counter()
         try:
             with self._operation():
-                self.broker.overload.check_send()
+                self.overload.check_send()
                 cfg, qid = self.prepare_send(topic, queue_id, sharding_key, producer_group, None)
                 stored = self.store.put_packed(topic, qid, data, count, born_host=born_host,
                                                sys_flag=COMPRESSED if compressed else 0,
@@ -259,7 +295,7 @@ class SendProcessor(Processor):
             self.metrics.send_failed(exc.code.name)
             raise
         if not wait or not self.send_may_block:  # the append alone (not a wait for its sync, nor a topic's creation)
-            self.broker.overload.stored(time.perf_counter() - started)
+            self.overload.stored(time.perf_counter() - started)
         self.ensure_topic(topic)
         self.metrics.sent(topic, count, len(data), time.perf_counter() - started)
         return PackedSendResult(self.send_status(stored.status, stored.end_offset if wait else None), topic,
@@ -281,7 +317,7 @@ class SendProcessor(Processor):
             with self._operation():
                 if not isinstance(messages, Sequence) or not messages:
                     raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, "the batch is empty")
-                self.broker.overload.check_send()
+                self.overload.check_send()
                 cfg, qid = self.prepare_send(topic, queue_id, sharding_key, producer_group, born_timestamp)
                 batch = []
                 for i, message in enumerate(messages):
@@ -355,14 +391,16 @@ class SendProcessor(Processor):
         return ("timer", due) if due > now else None
 
     def _timers(self) -> TimerService:
-        if self.timers is None:
+        timers = self.services.timers
+        if timers is None:
             raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"broker {self.name} runs no timer service")
-        return self.timers
+        return timers
 
     def _schedule(self) -> ScheduleService:
-        if self.schedule is None:
+        schedule = self.services.schedule
+        if schedule is None:
             raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"broker {self.name} runs no schedule service")
-        return self.schedule
+        return schedule
 
     def _put_or_park(self, msg: Message, qid: int, delay: tuple[str, int] | None, **put_args: Any) -> PutResult:
         if delay is None:
@@ -372,7 +410,7 @@ class SendProcessor(Processor):
             result = self._schedule().park(msg, qid, value, **put_args)
         else:
             result = self._timers().park(msg, qid, value, **put_args)
-        return result  # type: ignore[return-value]
+        return result
 
     def redeliver(self, message: Message, queue_id: int, parked: StoredMessage) -> PutResult:
         """Put a due (or committed) message to its real topic through the normal put path.
@@ -410,8 +448,8 @@ class SendProcessor(Processor):
     def prepare_send(self, topic: str, queue_id: int | None, sharding_key: str | None,
                       producer_group: str | None, born_timestamp: int | None) -> tuple[TopicConfig, int]:
         validate_topic(topic)
-        if not self.broker.is_master:
-            dledger = self.broker.dledger
+        if not self.broker_state.is_master:
+            dledger = self.replication.dledger
             raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, dledger.refusal() if dledger is not None
                                else f"broker {self.name} is a slave; send to its master")
         if producer_group is not None:
@@ -499,7 +537,7 @@ class SendProcessor(Processor):
         master = self._sync_master
         if master is not None and end_offset is not None:
             return master.await_replicated(end_offset)
-        dledger = self.broker.dledger
+        dledger = self.replication.dledger
         if dledger is not None and end_offset is not None:
             return _raise_error(dledger.await_committed(end_offset))
         return SendStatus.SEND_OK

@@ -15,10 +15,13 @@ from ...common.system_topics import (
     TRANS_HALF_TOPIC,
 )
 from ...common.validation import validate_group
-from ...store import AppendNote
+from ...store import AppendNote, MessageStore
+from ..check_channel import CheckChannel
+from ..client_manager import ClientManager
+from ..config import BrokerConfig
 from ..transaction import COMMIT, ROLLBACK, CheckRequest, TransactionService
-from .base import Processor, check_int
-from .send import DELAY_PROPERTIES, OutgoingMessage
+from .base import BrokerState, Processor, StartedServices, check_int
+from .send import DELAY_PROPERTIES, OutgoingMessage, SendProcessor
 
 __all__ = ["TransactionProcessor"]
 
@@ -28,10 +31,22 @@ log = logging.getLogger("sparkmq.broker")
 class TransactionProcessor(Processor):
     """Transactions: half messages, commit and rollback, check-backs to live producers."""
 
+    def __init__(self, state: BrokerState, config: BrokerConfig, store: MessageStore, clients: ClientManager,
+                 checks: CheckChannel, services: StartedServices, sender: SendProcessor) -> None:
+        super().__init__(state)
+        self.config = config
+        self.store = store
+        self.clients = clients
+        self.checks = checks
+        self.services = services
+        #: Half messages are validated and built as sends are.
+        self.sender = sender
+
     def _tx(self) -> TransactionService:
-        if self.transactions is None:
+        transactions = self.services.transactions
+        if transactions is None:
             raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"broker {self.name} runs no transaction service")
-        return self.transactions
+        return transactions
 
     def send_half(self, topic: str, message: OutgoingMessage, producer_group: str, *, queue_id: int | None = None,
                   sharding_key: str | None = None, born_timestamp: int | None = None,
@@ -40,7 +55,7 @@ class TransactionProcessor(Processor):
         if producer_group is None:
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "a half message needs its producer_group")
         with self._operation():
-            sending = self.broker.send_processor
+            sending = self.sender
             cfg, qid = sending.prepare_send(topic, queue_id, sharding_key, producer_group, born_timestamp)
             msg, _sys_flag = sending.to_message(topic, message, False)
             if any(name in msg.properties for name in DELAY_PROPERTIES):
@@ -50,7 +65,7 @@ class TransactionProcessor(Processor):
             result = self._tx().prepare(msg, qid, producer_group, born_host=born_host, born_timestamp=born_timestamp,
                                         note=note)
         sending.ensure_topic(topic)
-        return {"status": str(self.broker.send_processor.send_status(result.status)), "transaction_id": result.msg_id,
+        return {"status": str(self.sender.send_status(result.status)), "transaction_id": result.msg_id,
                 "msg_id": result.msg_id, "offset_msg_id": result.offset_msg_id, "topic": topic,
                 "broker_name": self.name, "queue_id": qid, "queue_offset": result.queue_offset,
                 "store_timestamp": result.store_timestamp}
@@ -71,7 +86,7 @@ class TransactionProcessor(Processor):
             self.checks.discard(transaction_id, producer_group)
         send_result = None
         if put is not None:
-            status = self.broker.send_processor.send_status(put.status)
+            status = self.sender.send_status(put.status)
             send_result = SendResult(status, put.msg_id, put.offset_msg_id, put.topic, self.name, put.queue_id,
                                      put.queue_offset, put.store_timestamp, put.commitlog_offset).to_dict()
         log.debug("transaction %s of %s: %s (from check: %s)", transaction_id, producer_group, action, from_check)
