@@ -34,7 +34,7 @@ class GrpcServer:
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
-        self.clients = ClientRegistry(broker, max_body_size=broker.store.config.max_message_size)
+        self.clients = ClientRegistry(broker, max_body_size=broker.send_processor.max_message_size)
         self.routes = RouteResolver(broker.config.namesrv_addrs, tls=broker.config.tls,
                                     credentials=broker.config.namesrv_credentials)
         self.renewals = Renewals(broker)

@@ -258,7 +258,7 @@ class MessagingService:
     async def send_message_bytes(self, raw: bytes, call: Call) -> service.SendMessageResponse | bytes:
         """SendMessage from its serialized request: a batch of plain NORMAL messages is packed and answered in
         C (the answer then is the serialized response); anything else is parsed and taken by :meth:`send_message`."""
-        packed = pack_request(raw, call.namespace, self.broker.store.config.max_message_size, self._ids)
+        packed = pack_request(raw, call.namespace, self.broker.send_processor.max_message_size, self._ids)
         if packed is not None:
             return await self._send_packed(packed, call, serialized=True)
         return await self.send_message(_parse(raw, service.SendMessageRequest), call)
@@ -267,7 +267,7 @@ class MessagingService:
         """Store every message (all are checked first: one bad message stores none); one entry per message."""
         if not req.messages:
             raise ProtocolError(Code.BAD_REQUEST, "SendMessage carries no messages")
-        max_body = self.broker.store.config.max_message_size
+        max_body = self.broker.send_processor.max_message_size
         # Batches take the packed path; one message keeps the per-message one (its trace is a per-message
         # ``store`` record, not a ``store_batch``; packing saves it little: p99 within noise).
         packed = pack_plain(req.messages, call.namespace, max_body, self._ids) if len(req.messages) > 1 else None
