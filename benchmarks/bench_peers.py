@@ -31,16 +31,15 @@ as sparkmq's ASYNC_FLUSH):
   the ``noop`` sink, over Spark's Kafka source (1,000,000 records) vs the ``sparkmq`` source (1,000,000
   messages): rows (the query's numInputRows) per second.
 
-The sparkmq side of a Java remoting figure needs sparkmq to answer RocketMQ's remoting protocol (issue 27): each
-run checks whether ``sparkmq dev``'s name server answers a GET_BROKER_CLUSTER_INFO frame, and until it does those
-figures print ``ratio=nan status=sparkmq_not_speaking_remoting`` with the peer's measured side.
+The sparkmq side runs as RocketMQ does here: a name server process and broker processes (``SparkmqCluster``), the
+Java clients speaking RocketMQ's remoting protocol (or gRPC) to them exactly as to RocketMQ.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
-import os
 import re
 import shutil
 import statistics
@@ -74,7 +73,6 @@ REMOTING_BENCH = JavaProgram("bench-remoting", (JAVA_DIR / "sparkmq" / "jutil", 
                              ("rocketmq-client",))
 GRPC_BENCH = JavaProgram("bench-grpc", (JAVA_DIR / "sparkmq" / "jutil", BENCH_JAVA / "grpc"),
                          ("rocketmq-grpc-client",))
-NOT_REMOTING = "sparkmq_not_speaking_remoting"
 
 
 @dataclass(frozen=True)
@@ -141,74 +139,114 @@ def values(result: dict[str, object], *keys: str) -> dict[str, float]:
     return {k: float(result[k]) for k in keys if isinstance(result.get(k), (int, float))}  # type: ignore[arg-type]
 
 
-class SparkmqDev:
-    """``sparkmq dev`` without the lake or the demo, on free ports under ``data_dir``; stopped by pid."""
+class SparkmqCluster:
+    """sparkmq deployed as RocketMQ is here: a name server process and broker processes (``python -m
+    sparkmq.api.namesrv_main`` / ``broker_main``), on free loopback ports under ``root``, each stopped by its pid.
 
-    def __init__(self, data_dir: Path, *, ha: str | None = None, sync_flush: bool = False) -> None:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        args = [sys.executable, "-m", "sparkmq.api.cli", "dev", "--no-demo", "--no-lake", "--namesrv-port", "0",
-                "--broker-port", "0", "--console-port", "-1"]
-        if sync_flush:
-            conf = data_dir / "sync.toml"
-            conf.write_text(f'[broker]\ndata_dir = "{data_dir}"\n[store]\nflush_mode = "SYNC_FLUSH"\n')
-            args += ["--config", str(conf)]
-        else:
-            args += ["--data-dir", str(data_dir)]
-        if ha:
-            args += ["--ha", ha]
-        self.log = (data_dir / "sparkmq-dev.log").open("w")
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.log, text=True,
-                                     env=dict(os.environ, COLUMNS="400"), stdin=subprocess.DEVNULL)
-        self.banner = ""
-        deadline = time.monotonic() + 120
-        while "name server on" not in self.banner and time.monotonic() < deadline:
-            text = self.proc.stdout.readline()  # type: ignore[union-attr]
-            if not text:
-                break
-            self.banner += text
-        match = re.search(r"name server on http://(\S+?),", self.banner)
-        if match is None:
+    ``shape``: ``single`` (one master), ``sync_master`` (a SYNC_MASTER and its SLAVE, two processes, as RocketMQ's
+    two broker JVMs) or ``dledger`` (three DLedger members, three processes).  Every broker runs as RocketMQ's
+    broker does by default: ``flush`` (ASYNC_FLUSH unless SYNC_FLUSH is compared), no broker-side trace topic
+    (RocketMQ's ``traceTopicEnable`` is false by default; sparkmq's is on, so ``--no-trace``), no lake, 1 GiB
+    commit-log segments (RocketMQ's ``mappedFileSizeCommitLog``), registration every ``REGISTER_S``.
+    ``grpc`` also serves the RocketMQ 5 gRPC endpoint (``grpc_addr``)."""
+
+    REGISTER_S = "5"
+
+    def __init__(self, root: Path, *, shape: str = "single", flush: str = "ASYNC_FLUSH", grpc: bool = False) -> None:
+        from procs import BROKER, NAMESRV, ProcessHarness, write_conf
+
+        root.mkdir(parents=True, exist_ok=True)
+        self.root = root
+        self.procs = ProcessHarness(root)
+        self.grpc_addr: str | None = None
+        try:
+            self.namesrv_proc = self.procs.start("namesrv", NAMESRV)
+            self.namesrv = self.namesrv_proc.addr  # HTTP and RocketMQ remoting on one port
+            common = ["--namesrv", self.namesrv, "--register-interval-s", self.REGISTER_S, "--no-trace",
+                      "--no-lake", "--flush-mode", flush, "--segment-size", str(1 << 30), "--log-level", "warning"]
+            if shape == "single":
+                extra = []
+                if grpc:
+                    self.grpc_addr = f"127.0.0.1:{peers.free_port()}"
+                    extra = ["--grpc-port", self.grpc_addr.rsplit(":", 1)[1]]
+                self.brokers = [self.procs.start("broker", BROKER, "--data-dir", str(root / "broker-a"), *common,
+                                                 *extra)]
+                expect = {"broker-a": {0}}
+            elif shape == "sync_master":
+                master = self.procs.start("broker", BROKER, "--data-dir", str(root / "master"), *common,
+                                          "--role", "SYNC_MASTER", "--ha-port", "0")
+                slave = self.procs.start("broker", BROKER, "--data-dir", str(root / "slave"), *common,
+                                         "--role", "SLAVE", "--broker-id", "1")
+                self.brokers = [master, slave]
+                expect = {"broker-a": {0, 1}}
+            elif shape == "dledger":
+                raft = {m: peers.free_port() for m in ("n0", "n1", "n2")}
+                group = ";".join(f"{m}-127.0.0.1:{p}" for m, p in raft.items())
+                specs = []
+                for member in raft:
+                    conf = write_conf(root / f"{member}.toml", root / member, dledger_enabled=True,
+                                      dledger_self_id=member, dledger_peers=group)
+                    specs.append(("broker", BROKER, ["--config", str(conf), *common]))
+                self.brokers = self.procs.start_many(specs)
+                expect = {"broker-a": {0}}
+            else:
+                raise ValueError(shape)
+            self.wait_brokers(expect, members=len(self.brokers))
+            if shape == "sync_master":
+                deadline = time.monotonic() + 60
+                while _http_json(f"{self.brokers[0].url}/broker/ha").get("in_sync_slaves") != 1:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("sparkmq: the slave never got in sync")
+                    time.sleep(0.3)
+        except BaseException:
             self.stop()
-            raise RuntimeError(f"sparkmq dev did not start: {self.banner!r}")
-        self.namesrv_http = match.group(1)
-        grpc_match = re.search(r"RocketMQ 5 gRPC on (\S+?)[,\s]", self.banner + " ")
-        self.grpc_addr = grpc_match.group(1) if grpc_match else None
+            raise
 
-    def remoting_namesrv(self) -> str | None:
-        """The address where a name server answers RocketMQ's remoting protocol (GET_BROKER_CLUSTER_INFO), among
-        the addresses the banner names (the name server's first), or None."""
-        for addr in dict.fromkeys([self.namesrv_http, *re.findall(r"\d+\.\d+\.\d+\.\d+:\d+", self.banner)]):
+    def wait_brokers(self, expect: dict[str, set[int]], members: int, timeout: float = 90.0) -> None:
+        """Until the name server lists, over remoting, each broker name with the expected ids (and, for a DLedger
+        group, every member)."""
+        deadline = time.monotonic() + timeout
+        while True:
             try:
-                frame = remoting_capture.request(addr, 106, timeout=3)
+                info = peers.cluster_info(self.namesrv)
             except (OSError, remoting_capture.FrameError, ValueError):
-                continue
-            if frame.is_response and frame.code == 0 and b"brokerAddrTable" in frame.body:
-                return addr
-        return None
+                info = {}
+            if all(ids <= set(info.get(n, {})) and len(info.get(n, {})) >= members for n, ids in expect.items()):
+                return
+            if time.monotonic() > deadline:
+                logs = "\n".join(f"--- {b.kind} {b.addr}:\n{b.log()[-1500:]}" for b in self.brokers)
+                raise RuntimeError(f"sparkmq: brokers {expect} not registered after {timeout} s: {info}\n{logs}")
+            time.sleep(0.3)
 
     def config(self, **overrides: object):  # type: ignore[no-untyped-def]
         """A client configuration for sparkmq's Python clients."""
         from sparkmq.platform.client import ClientConfig
 
-        return ClientConfig(namesrv_addrs=self.namesrv_http, rebalance_interval_s=1.0, trace_enabled=False,
+        return ClientConfig(namesrv_addrs=self.namesrv, rebalance_interval_s=1.0, trace_enabled=False,
                             **overrides)  # type: ignore[arg-type]
 
-    def stop(self) -> None:
-        """SIGTERM by pid, SIGKILL after 60 s."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(30)
-        self.log.close()
+    def broker_pids(self) -> list[int]:
+        """The broker processes' pids (to profile them)."""
+        return [b.proc.pid for b in self.brokers]
 
-    def __enter__(self) -> SparkmqDev:
+    def stop(self) -> None:
+        """Stop every process started here, newest first, by pid."""
+        self.procs.stop_all()
+
+    def __enter__(self) -> SparkmqCluster:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _http_json(url: str) -> dict[str, object]:
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=5).json()  # type: ignore[no-any-return]
+    except (httpx.HTTPError, ValueError):
+        return {}
 
 
 # -- the figures, by setup ---------------------------------------------------------------------------------------------
@@ -320,14 +358,14 @@ def rocketmq_side(setup: str, root: Path, sizes: Sizes, figures: list[str]) -> d
 
 
 def sparkmq_side(setup: str, root: Path, sizes: Sizes, figures: list[str]) -> dict[str, Measure]:
-    """sparkmq in the same shape (``sparkmq dev``: a name server and a broker; ``--ha sync`` a SYNC_MASTER with a
-    slave; ``--ha dledger`` a group of three), the same Java driver against it."""
+    """sparkmq in the same shape (a name server process and a broker process; a SYNC_MASTER and its slave; a
+    DLedger group of three), the same Java driver against it."""
     work = root / "clients"
-    ha = {"sync_master": "sync", "dledger": "dledger"}.get(setup)
-    with SparkmqDev(root / "sparkmq", ha=ha, sync_flush=setup == "sync_flush") as dev:
+    shape = setup if setup in ("sync_master", "dledger") else "single"
+    flush = "SYNC_FLUSH" if setup == "sync_flush" else "ASYNC_FLUSH"
+    with SparkmqCluster(root / "sparkmq", shape=shape, flush=flush, grpc=setup == "grpc") as dev:
         if setup == "grpc":
-            if dev.grpc_addr is None:
-                return {f: Measure.unavailable("sparkmq_no_grpc_endpoint") for f in figures}
+            assert dev.grpc_addr is not None
 
             def create(topic: str) -> None:
                 from sparkmq.platform.client import AdminClient
@@ -348,9 +386,7 @@ def sparkmq_side(setup: str, root: Path, sizes: Sizes, figures: list[str]) -> di
                     for _ in range(0, n, 256):
                         producer.send_batch(batch)
             return grpc_figures(dev.grpc_addr, create, fill, work, sizes, figures)
-        namesrv = dev.remoting_namesrv()
-        if namesrv is None:
-            return {f: Measure.unavailable(NOT_REMOTING) for f in figures}
+        namesrv = dev.namesrv
         if setup == "single":
             return remoting_figures(namesrv, work, sizes, figures)
         if setup == "sync_flush":
@@ -407,7 +443,7 @@ def sparkmq_kafka_side(root: Path, sizes: Sizes, figures: list[str]) -> dict[str
     from sparkmq.platform.client import Message, Producer, PullConsumer
 
     out: dict[str, Measure] = {}
-    with SparkmqDev(root / "sparkmq") as dev:
+    with SparkmqCluster(root / "sparkmq") as dev:
         topic = "PeerKafka"
         with Producer("bench-peers-kafka", dev.config()) as producer:
             producer.send(Message(topic, BODY))  # route, connection, topic auto-created with 4 queues
@@ -491,7 +527,7 @@ def spark_sparkmq_side(root: Path, sizes: Sizes, figures: list[str]) -> dict[str
 
     spark = _spark()
     register(spark)
-    with SparkmqDev(root / "sparkmq") as dev:
+    with SparkmqCluster(root / "sparkmq") as dev:
         with Producer("bench-peers-spark", dev.config()) as producer:
             for topic, n in (("SparkWarm", 10_000), ("SparkRead", sizes.spark)):
                 batch = [Message(topic, BODY) for _ in range(256)]
@@ -499,7 +535,7 @@ def spark_sparkmq_side(root: Path, sizes: Sizes, figures: list[str]) -> dict[str
                     producer.send_batch(batch)
 
         def read(topic: str) -> tuple[int, float]:
-            df = (spark.readStream.format("sparkmq").option("namesrv", dev.namesrv_http)
+            df = (spark.readStream.format("sparkmq").option("namesrv", dev.namesrv)
                   .option("subscribe", topic).option("startingOffsets", "earliest").load())
             return _stream_rows(df, root, topic)
         read("SparkWarm")
@@ -511,19 +547,15 @@ def spark_sparkmq_side(root: Path, sizes: Sizes, figures: list[str]) -> dict[str
 PEER_NAME = {"kafka": "kafka", "spark": "kafka"}  # the peer's label in a line's keys (default rocketmq)
 
 
-def run_setup(setup: str, figures: list[str], rounds: int, sizes: Sizes, root: Path,
-              remoting_ok: bool) -> dict[str, tuple[list[Measure], list[Measure]]]:
+def run_setup(setup: str, figures: list[str], rounds: int, sizes: Sizes,
+              root: Path) -> dict[str, tuple[list[Measure], list[Measure]]]:
     """A B A B: each round runs the sparkmq side, then the peer's; returns (sparkmq rounds, peer rounds) per figure."""
     if setup == "kafka":
         sides = (sparkmq_kafka_side, lambda r, s, f: kafka_side(r, s, f))
     elif setup == "spark":
         sides = (spark_sparkmq_side, spark_kafka_side)
     else:
-        def ours(r: Path, s: Sizes, f: list[str]) -> dict[str, Measure]:
-            if setup != "grpc" and not remoting_ok:
-                return {x: Measure.unavailable(NOT_REMOTING) for x in f}
-            return sparkmq_side(setup, r, s, f)
-        sides = (ours, lambda r, s, f: rocketmq_side(setup, r, s, f))
+        sides = (lambda r, s, f: sparkmq_side(setup, r, s, f), lambda r, s, f: rocketmq_side(setup, r, s, f))
     got: dict[str, tuple[list[Measure], list[Measure]]] = {f: ([], []) for f in figures}
     for n in range(rounds):
         for i, side in enumerate(sides):
@@ -663,23 +695,18 @@ def main() -> None:
     sizes = Sizes.of(args.quick)
     rounds = args.rounds or (1 if args.quick else 3)
     only = {n.strip().removeprefix("peers.") for n in args.only.split(",") if n.strip()}
-    for name in SETS:
-        jars.fetch(name)
-    echo = python_echo()
+    echo = python_echo()  # the run's first line
+    with contextlib.redirect_stdout(sys.stderr):  # the jar cache's notes are not figures
+        for name in SETS:
+            jars.fetch(name)
     rows: dict[str, dict[str, object]] = {}
     root = Path(tempfile.mkdtemp(prefix="sparkmq-peers-"))  # kept when a side failed: its logs are there
     try:
-        remoting_ok = False
-        remoting_setups = [s for s in SETUPS if s not in ("grpc", "kafka", "spark")]
-        if any(not only or s in only or set(SETUPS[s]) & only for s in remoting_setups):
-            with SparkmqDev(root / "probe") as dev:  # does sparkmq speak RocketMQ's remoting yet?
-                remoting_ok = dev.remoting_namesrv() is not None
-            shutil.rmtree(root / "probe", ignore_errors=True)
         for setup, figures in SETUPS.items():
             wanted = [f for f in figures if not only or f in only or setup in only]
             if not wanted:
                 continue
-            got = run_setup(setup, wanted, rounds, sizes, root, remoting_ok)
+            got = run_setup(setup, wanted, rounds, sizes, root)
             for figure in wanted:
                 rows[figure] = report_line(figure, *got[figure], echo)
     finally:
