@@ -42,6 +42,7 @@ import datetime as dt
 import json
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -151,6 +152,8 @@ class SparkmqCluster:
     ``grpc`` also serves the RocketMQ 5 gRPC endpoint (``grpc_addr``)."""
 
     REGISTER_S = "5"
+    #: Where ``py-spy record`` writes each broker's collapsed stacks (``--profile``); None: no profiling.
+    profile_dir: Path | None = None
 
     def __init__(self, root: Path, *, shape: str = "single", flush: str = "ASYNC_FLUSH", grpc: bool = False) -> None:
         from procs import BROKER, NAMESRV, ProcessHarness, write_conf
@@ -159,6 +162,8 @@ class SparkmqCluster:
         self.root = root
         self.procs = ProcessHarness(root)
         self.grpc_addr: str | None = None
+        self.shape = shape
+        self.profilers: list[subprocess.Popen[bytes]] = []
         try:
             self.namesrv_proc = self.procs.start("namesrv", NAMESRV)
             self.namesrv = self.namesrv_proc.addr  # HTTP and RocketMQ remoting on one port
@@ -198,9 +203,22 @@ class SparkmqCluster:
                     if time.monotonic() > deadline:
                         raise RuntimeError("sparkmq: the slave never got in sync")
                     time.sleep(0.3)
+            if self.profile_dir is not None:
+                self._profile(self.profile_dir)
         except BaseException:
             self.stop()
             raise
+
+    def _profile(self, out: Path) -> None:
+        """``py-spy record`` on each broker until :meth:`stop` (collapsed stacks, one file per broker)."""
+        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        out.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%H%M%S")
+        for i, pid in enumerate(self.broker_pids()):
+            self.profilers.append(subprocess.Popen(
+                [spy, "record", "--pid", str(pid), "--rate", "200", "--format", "raw", "--nonblocking",
+                 "-o", str(out / f"sparkmq-{self.shape}-{stamp}-broker{i}.txt")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL))
 
     def wait_brokers(self, expect: dict[str, set[int]], members: int, timeout: float = 90.0) -> None:
         """Until the name server lists, over remoting, each broker name with the expected ids (and, for a DLedger
@@ -230,7 +248,16 @@ class SparkmqCluster:
         return [b.proc.pid for b in self.brokers]
 
     def stop(self) -> None:
-        """Stop every process started here, newest first, by pid."""
+        """Stop every process started here (the profilers first: SIGINT writes their output), each by its pid."""
+        for spy in self.profilers:
+            if spy.poll() is None:
+                spy.send_signal(signal.SIGINT)
+            try:
+                spy.wait(30)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+                spy.wait(10)
+        self.profilers.clear()
         self.procs.stop_all()
 
     def __enter__(self) -> SparkmqCluster:
@@ -691,7 +718,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes and one round (CI smoke run)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per figure (default 3, quick 1)")
     parser.add_argument("--only", default="", help="comma list of figure names (without 'peers.') or setups")
+    parser.add_argument("--profile", action="store_true",
+                        help="py-spy record every sparkmq broker while it serves (collapsed stacks under var/bench)")
     args = parser.parse_args()
+    if args.profile:
+        SparkmqCluster.profile_dir = OUT_DIR / "profiles"
     sizes = Sizes.of(args.quick)
     rounds = args.rounds or (1 if args.quick else 3)
     only = {n.strip().removeprefix("peers.") for n in args.only.split(",") if n.strip()}
