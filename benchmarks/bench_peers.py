@@ -38,8 +38,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import json
+import os
 import re
 import shutil
 import signal
@@ -66,6 +68,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH_JAVA = ROOT / "benchmarks" / "java"
 ECHO = ROOT.parent / "shared" / "tools" / "python_echo.py"
 OUT_DIR = ROOT / "var" / "bench"
+TARGETS = ROOT.parent / "shared" / "targets.txt"
 #: The jar sets this benchmark runs (fetched once into the jar cache).
 SETS = ("rocketmq-client", "rocketmq-server", "rocketmq-grpc-client", "kafka", "spark-kafka")
 #: The Java benchmark drivers: remoting (rocketmq-client) and gRPC (rocketmq-client-java), each with tests/java's
@@ -92,7 +95,7 @@ class Sizes:
     def of(cls, quick: bool) -> Sizes:
         if quick:
             return cls(seconds=5, warmup_s=2, drain=100_000, e2e_s=8, pop=20_000, kafka=100_000, spark=100_000)
-        return cls(seconds=20, warmup_s=5, drain=1_000_000, e2e_s=30, pop=200_000, kafka=1_000_000, spark=1_000_000)
+        return cls(seconds=20, warmup_s=5, drain=1_000_000, e2e_s=30, pop=100_000, kafka=1_000_000, spark=1_000_000)
 
 
 @dataclass
@@ -605,34 +608,54 @@ def median_of(measures: list[Measure], key: str) -> float:
     return statistics.median(vals) if vals else float("nan")
 
 
-def report_line(figure: str, ours: list[Measure], theirs: list[Measure], echo: float) -> dict[str, object]:
-    """Print the figure's line; return its fields for the table."""
-    peer = PEER_NAME.get(next((s for s, fs in SETUPS.items() if figure in fs), ""), "rocketmq")
-    status = next((m.status for m in ours if m.status != "ok"), "ok")
+def ratio(ours: float, theirs: float) -> float:
+    """``ours / theirs``; NaN when either side is missing (NaN) or the peer's is 0."""
+    if ours != ours or theirs != theirs or theirs == 0:
+        return float("nan")
+    return ours / theirs
+
+
+def peer_of(figure: str) -> str:
+    """The peer's label in a figure's keys: ``kafka`` for the Kafka setups, else ``rocketmq``."""
+    return PEER_NAME.get(next((s for s, fs in SETUPS.items() if figure in fs), ""), "rocketmq")
+
+
+def figure_fields(figure: str, ours: list[Measure], theirs: list[Measure], echo: float) -> dict[str, object]:
+    """A figure's fields from both sides' rounds: medians, ``ratio`` (e2e: ``p99_ratio`` and ``p50_ratio``), each
+    round's value, a status (``ok``, else the first failed side's: ``sparkmq_<why>`` or ``peer_<why>``)."""
+    peer = peer_of(figure)
+    key = "p99_ms" if figure == "rocketmq_e2e" else "msgs_per_s"
     fields: dict[str, object] = {}
     if figure == "rocketmq_e2e":
         for q in ("p50_ms", "p99_ms"):
             fields[f"sparkmq_{q}"] = median_of(ours, q)
             fields[f"{peer}_{q}"] = median_of(theirs, q)
-        fields["p99_ratio"] = fields["sparkmq_p99_ms"] / fields[f"{peer}_p99_ms"]  # type: ignore[operator]
-        fields["p50_ratio"] = fields["sparkmq_p50_ms"] / fields[f"{peer}_p50_ms"]  # type: ignore[operator]
-        per_round = [m.values.get("p99_ms", float("nan")) for m in theirs]
+        fields["p99_ratio"] = ratio(fields["sparkmq_p99_ms"], fields[f"{peer}_p99_ms"])  # type: ignore[arg-type]
+        fields["p50_ratio"] = ratio(fields["sparkmq_p50_ms"], fields[f"{peer}_p50_ms"])  # type: ignore[arg-type]
     else:
-        ours_v, theirs_v = median_of(ours, "msgs_per_s"), median_of(theirs, "msgs_per_s")
-        fields["ratio"] = ours_v / theirs_v if theirs_v == theirs_v and theirs_v else float("nan")
+        ours_v, theirs_v = median_of(ours, key), median_of(theirs, key)
+        fields["ratio"] = ratio(ours_v, theirs_v)
         fields["sparkmq_msgs_per_s"] = ours_v
         fields[f"{peer}_msgs_per_s"] = theirs_v
-        per_round = [m.values.get("msgs_per_s", float("nan")) for m in theirs]
         for extra in ("p50_ms", "p99_ms", "call_p99_ms"):
             if any(extra in m.values for m in theirs):
                 fields[f"{peer}_{extra}"] = median_of(theirs, extra)
-    fields["status"] = status
-    fields[f"{peer}_rounds"] = "/".join(f"{v:.4g}" for v in per_round)
-    fields["sparkmq_rounds"] = "/".join(
-        f"{m.values.get('p99_ms' if figure == 'rocketmq_e2e' else 'msgs_per_s', float('nan')):.4g}"
-        if m.status == "ok" else m.status for m in ours)
-    fields["rounds"] = len(theirs)
+    failed = [f"sparkmq_{m.status}" for m in ours if m.status != "ok"] + \
+             [f"peer_{m.status}" for m in theirs if m.status != "ok"]
+    fields["status"] = failed[0] if failed else "ok"
+
+    def rounds_of(measures: list[Measure]) -> str:
+        return "/".join(f"{m.values.get(key, float('nan')):.4g}" if m.status == "ok" else m.status for m in measures)
+    fields[f"{peer}_rounds"] = rounds_of(theirs)
+    fields["sparkmq_rounds"] = rounds_of(ours)
+    fields["rounds"] = max(len(ours), len(theirs))
     fields["echo_msgs_per_s"] = echo
+    return fields
+
+
+def report_line(figure: str, ours: list[Measure], theirs: list[Measure], echo: float) -> dict[str, object]:
+    """Print the figure's line; return its fields for the table."""
+    fields = figure_fields(figure, ours, theirs, echo)
     line(f"peers.{figure}", **fields)
     return fields
 
@@ -649,68 +672,86 @@ def python_echo() -> float:
     return float(match.group(1)) if match else float("nan")
 
 
-def write_report(rows: dict[str, dict[str, object]], echo: float, sizes: Sizes, rounds: int) -> None:
-    """The run's markdown table and bar chart under var/bench/ (dated, and as peers-latest.*)."""
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    file_stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M")
+def render_table(rows: dict[str, dict[str, object]], *, stamp: str, echo: float, sizes: Sizes, rounds: int,
+                 targets: dict[str, str], load: str = "") -> tuple[str, list[str], list[float]]:
+    """The run's markdown table (with its heading line) and the chart's labels and ratios (e2e: its p99 ratio)."""
     head = ["figure", "sparkmq", "peer", "ratio (sparkmq/peer)", "target", "status"]
-    targets = _targets()
     lines = [f"# sparkmq vs Apache RocketMQ {peers.ROCKETMQ_VERSION} and Apache Kafka {peers.KAFKA_VERSION}",
              "", f"{stamp}; python_echo {echo:,.0f} msgs/s; medians of {rounds} rounds (A B A B); "
-             f"sizes {sizes}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+             f"sizes {sizes}" + (f"; load average {load}" if load else ""), "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     labels, ratios = [], []
     for figure, f in rows.items():
+        peer = peer_of(figure)
         if figure == "rocketmq_e2e":
             ours = f"p50 {f['sparkmq_p50_ms']:.3g} / p99 {f['sparkmq_p99_ms']:.3g} ms"
-            theirs = f"p50 {f['rocketmq_p50_ms']:.3g} / p99 {f['rocketmq_p99_ms']:.3g} ms"
-            ratio = float(f["p99_ratio"])  # type: ignore[arg-type]
+            theirs = f"p50 {f[f'{peer}_p50_ms']:.3g} / p99 {f[f'{peer}_p99_ms']:.3g} ms"
+            value = float(f["p99_ratio"])  # type: ignore[arg-type]
         else:
-            peer_key = next(k for k in f if k.endswith("_msgs_per_s") and not k.startswith(("sparkmq", "echo")))
             ours = f"{float(f['sparkmq_msgs_per_s']):,.0f} msgs/s"  # type: ignore[arg-type]
-            theirs = f"{float(f[peer_key]):,.0f} msgs/s"  # type: ignore[arg-type]
-            ratio = float(f["ratio"])  # type: ignore[arg-type]
-        lines.append(f"| peers.{figure} | {ours} | {theirs} | {ratio:.3g} | {targets.get(figure, '')} | "
+            theirs = f"{float(f[f'{peer}_msgs_per_s']):,.0f} msgs/s"  # type: ignore[arg-type]
+            value = float(f["ratio"])  # type: ignore[arg-type]
+        lines.append(f"| peers.{figure} | {ours} | {theirs} | {value:.3g} | {targets.get(figure, '')} | "
                      f"{f['status']} |")
         labels.append(figure)
-        ratios.append(ratio)
-    text = "\n".join(lines) + "\n"
+        ratios.append(value)
+    return "\n".join(lines) + "\n", labels, ratios
+
+
+def write_chart(labels: list[str], ratios: list[float], title: str, paths: list[Path]) -> None:
+    """A horizontal bar per figure (its ratio; grey and "not measured" for NaN), a line at 1.0."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(labels) + 1.5))
+    shown = [r if r == r else 0.0 for r in ratios]
+    bars = ax.barh(labels, shown, color=["#4c72b0" if r == r else "#cccccc" for r in ratios])
+    for bar, r in zip(bars, ratios, strict=True):
+        ax.text(bar.get_width() + 0.02, bar.get_y() + bar.get_height() / 2,
+                f"{r:.2f}" if r == r else "not measured", va="center", fontsize=8)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xlabel("sparkmq / peer (e2e: p99 ratio, lower is better)")
+    ax.set_title(title)
+    ax.invert_yaxis()
+    fig.tight_layout()
+    for path in paths:
+        fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(rows: dict[str, dict[str, object]], echo: float, sizes: Sizes, rounds: int, load: str = "") -> None:
+    """The run's markdown table and bar chart under var/bench/ (dated, and as peers-latest.*)."""
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.UTC)
+    stamp, file_stamp = now.strftime("%Y-%m-%d %H:%M UTC"), now.strftime("%Y%m%d-%H%M")
+    text, labels, ratios = render_table(rows, stamp=stamp, echo=echo, sizes=sizes, rounds=rounds,
+                                        targets=parse_targets(TARGETS.read_text() if TARGETS.exists() else ""),
+                                        load=load)
     (OUT_DIR / f"peers-{file_stamp}.md").write_text(text)
     (OUT_DIR / "peers-latest.md").write_text(text)
     print(text, flush=True)
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(10, 0.45 * len(labels) + 1.5))
-        shown = [r if r == r else 0.0 for r in ratios]
-        bars = ax.barh(labels, shown, color=["#4c72b0" if r == r else "#cccccc" for r in ratios])
-        for bar, r in zip(bars, ratios, strict=True):
-            ax.text(bar.get_width() + 0.02, bar.get_y() + bar.get_height() / 2,
-                    f"{r:.2f}" if r == r else "not measured", va="center", fontsize=8)
-        ax.axvline(1.0, color="black", linewidth=0.8)
-        ax.set_xlabel("sparkmq / peer (e2e: p99 ratio, lower is better)")
-        ax.set_title(f"sparkmq vs RocketMQ {peers.ROCKETMQ_VERSION} / Kafka {peers.KAFKA_VERSION}, {stamp}")
-        ax.invert_yaxis()
-        fig.tight_layout()
-        for name in (f"peers-{file_stamp}.png", "peers-latest.png"):
-            fig.savefig(OUT_DIR / name, dpi=110)
-        plt.close(fig)
+        write_chart(labels, ratios, f"sparkmq vs RocketMQ {peers.ROCKETMQ_VERSION} / Kafka {peers.KAFKA_VERSION}, "
+                    f"{stamp}", [OUT_DIR / f"peers-{file_stamp}.png", OUT_DIR / "peers-latest.png"])
     except Exception as exc:  # the table stands without the chart
         print(f"# chart not written: {exc!r}", file=sys.stderr)
 
 
-def _targets() -> dict[str, str]:
-    path = ROOT.parent / "shared" / "targets.txt"
+def parse_targets(text: str) -> dict[str, str]:
+    """The ``peers.*`` lines of targets.txt: figure (without ``peers.``) -> its target (``ratio >= 1.5``)."""
     out = {}
-    if path.exists():
-        for text in path.read_text().splitlines():
-            parts = text.split()
-            if len(parts) >= 4 and parts[0].startswith("peers."):
-                out[parts[0].removeprefix("peers.")] = " ".join(parts[1:])
+    for text_line in text.splitlines():
+        parts = text_line.split()
+        if len(parts) >= 4 and parts[0].startswith("peers."):
+            out[parts[0].removeprefix("peers.")] = " ".join(parts[1:])
     return out
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages now (the machine is shared)."""
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def main() -> None:
@@ -718,12 +759,20 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes and one round (CI smoke run)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per figure (default 3, quick 1)")
     parser.add_argument("--only", default="", help="comma list of figure names (without 'peers.') or setups")
+    for size in ("seconds", "warmup_s", "drain", "e2e_s", "pop", "kafka", "spark"):
+        parser.add_argument(f"--{size.replace('_', '-')}", type=float, default=None,
+                            help=f"override the {size} size (default: {getattr(Sizes.of(False), size):g}, "
+                                 f"quick {getattr(Sizes.of(True), size):g})")
     parser.add_argument("--profile", action="store_true",
                         help="py-spy record every sparkmq broker while it serves (collapsed stacks under var/bench)")
     args = parser.parse_args()
     if args.profile:
         SparkmqCluster.profile_dir = OUT_DIR / "profiles"
     sizes = Sizes.of(args.quick)
+    overrides = {k: getattr(args, k) for k in ("seconds", "warmup_s", "drain", "e2e_s", "pop", "kafka", "spark")
+                 if getattr(args, k) is not None}
+    sizes = dataclasses.replace(sizes, **{k: v if k in ("seconds", "warmup_s", "e2e_s") else int(v)
+                                          for k, v in overrides.items()})
     rounds = args.rounds or (1 if args.quick else 3)
     only = {n.strip().removeprefix("peers.") for n in args.only.split(",") if n.strip()}
     echo = python_echo()  # the run's first line
@@ -731,12 +780,15 @@ def main() -> None:
         for name in SETS:
             jars.fetch(name)
     rows: dict[str, dict[str, object]] = {}
+    loads: list[str] = []
     root = Path(tempfile.mkdtemp(prefix="sparkmq-peers-"))  # kept when a side failed: its logs are there
     try:
         for setup, figures in SETUPS.items():
             wanted = [f for f in figures if not only or f in only or setup in only]
             if not wanted:
                 continue
+            loads.append(load_average())
+            print(f"machine.load setup={setup} loadavg={loads[-1]}", flush=True)
             got = run_setup(setup, wanted, rounds, sizes, root)
             for figure in wanted:
                 rows[figure] = report_line(figure, *got[figure], echo)
@@ -746,7 +798,9 @@ def main() -> None:
         else:
             print(f"# logs of failed sides kept under {root}", file=sys.stderr)
     if rows:
-        write_report(rows, echo, sizes, rounds)
+        loads.append(load_average())
+        print(f"machine.load setup=end loadavg={loads[-1]}", flush=True)
+        write_report(rows, echo, sizes, rounds, load=", ".join(loads))
 
 
 if __name__ == "__main__":
