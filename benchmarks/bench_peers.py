@@ -215,6 +215,8 @@ class SparkmqCluster:
     def _profile(self, out: Path) -> None:
         """``py-spy record`` on each broker until :meth:`stop` (collapsed stacks, one file per broker)."""
         spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        if not Path(spy).exists():
+            raise RuntimeError("--profile needs py-spy: .venv/bin/python -m pip install py-spy")
         out.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%H%M%S")
         for i, pid in enumerate(self.broker_pids()):
