@@ -31,18 +31,20 @@ as sparkmq's ASYNC_FLUSH):
   the ``noop`` sink, over Spark's Kafka source (1,000,000 records) vs the ``sparkmq`` source (1,000,000
   messages): rows (the query's numInputRows) per second.
 
-The sparkmq side of a Java remoting figure needs sparkmq to answer RocketMQ's remoting protocol (issue 27): each
-run checks whether ``sparkmq dev``'s name server answers a GET_BROKER_CLUSTER_INFO frame, and until it does those
-figures print ``ratio=nan status=sparkmq_not_speaking_remoting`` with the peer's measured side.
+The sparkmq side runs as RocketMQ does here: a name server process and broker processes (``SparkmqCluster``), the
+Java clients speaking RocketMQ's remoting protocol (or gRPC) to them exactly as to RocketMQ.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import datetime as dt
 import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -66,6 +68,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH_JAVA = ROOT / "benchmarks" / "java"
 ECHO = ROOT.parent / "shared" / "tools" / "python_echo.py"
 OUT_DIR = ROOT / "var" / "bench"
+TARGETS = ROOT.parent / "shared" / "targets.txt"
 #: The jar sets this benchmark runs (fetched once into the jar cache).
 SETS = ("rocketmq-client", "rocketmq-server", "rocketmq-grpc-client", "kafka", "spark-kafka")
 #: The Java benchmark drivers: remoting (rocketmq-client) and gRPC (rocketmq-client-java), each with tests/java's
@@ -74,7 +77,6 @@ REMOTING_BENCH = JavaProgram("bench-remoting", (JAVA_DIR / "sparkmq" / "jutil", 
                              ("rocketmq-client",))
 GRPC_BENCH = JavaProgram("bench-grpc", (JAVA_DIR / "sparkmq" / "jutil", BENCH_JAVA / "grpc"),
                          ("rocketmq-grpc-client",))
-NOT_REMOTING = "sparkmq_not_speaking_remoting"
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,7 @@ class Sizes:
     def of(cls, quick: bool) -> Sizes:
         if quick:
             return cls(seconds=5, warmup_s=2, drain=100_000, e2e_s=8, pop=20_000, kafka=100_000, spark=100_000)
-        return cls(seconds=20, warmup_s=5, drain=1_000_000, e2e_s=30, pop=200_000, kafka=1_000_000, spark=1_000_000)
+        return cls(seconds=20, warmup_s=5, drain=1_000_000, e2e_s=30, pop=100_000, kafka=1_000_000, spark=1_000_000)
 
 
 @dataclass
@@ -141,74 +143,142 @@ def values(result: dict[str, object], *keys: str) -> dict[str, float]:
     return {k: float(result[k]) for k in keys if isinstance(result.get(k), (int, float))}  # type: ignore[arg-type]
 
 
-class SparkmqDev:
-    """``sparkmq dev`` without the lake or the demo, on free ports under ``data_dir``; stopped by pid."""
+class SparkmqCluster:
+    """sparkmq deployed as RocketMQ is here: a name server process and broker processes (``python -m
+    sparkmq.api.namesrv_main`` / ``broker_main``), on free loopback ports under ``root``, each stopped by its pid.
 
-    def __init__(self, data_dir: Path, *, ha: str | None = None, sync_flush: bool = False) -> None:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        args = [sys.executable, "-m", "sparkmq.api.cli", "dev", "--no-demo", "--no-lake", "--namesrv-port", "0",
-                "--broker-port", "0", "--console-port", "-1"]
-        if sync_flush:
-            conf = data_dir / "sync.toml"
-            conf.write_text(f'[broker]\ndata_dir = "{data_dir}"\n[store]\nflush_mode = "SYNC_FLUSH"\n')
-            args += ["--config", str(conf)]
-        else:
-            args += ["--data-dir", str(data_dir)]
-        if ha:
-            args += ["--ha", ha]
-        self.log = (data_dir / "sparkmq-dev.log").open("w")
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.log, text=True,
-                                     env=dict(os.environ, COLUMNS="400"), stdin=subprocess.DEVNULL)
-        self.banner = ""
-        deadline = time.monotonic() + 120
-        while "name server on" not in self.banner and time.monotonic() < deadline:
-            text = self.proc.stdout.readline()  # type: ignore[union-attr]
-            if not text:
-                break
-            self.banner += text
-        match = re.search(r"name server on http://(\S+?),", self.banner)
-        if match is None:
+    ``shape``: ``single`` (one master), ``sync_master`` (a SYNC_MASTER and its SLAVE, two processes, as RocketMQ's
+    two broker JVMs) or ``dledger`` (three DLedger members, three processes).  Every broker runs as RocketMQ's
+    broker does by default: ``flush`` (ASYNC_FLUSH unless SYNC_FLUSH is compared), no broker-side trace topic
+    (RocketMQ's ``traceTopicEnable`` is false by default; sparkmq's is on, so ``--no-trace``), no lake, 1 GiB
+    commit-log segments (RocketMQ's ``mappedFileSizeCommitLog``), registration every ``REGISTER_S``.
+    ``grpc`` also serves the RocketMQ 5 gRPC endpoint (``grpc_addr``)."""
+
+    REGISTER_S = "5"
+    #: Where ``py-spy record`` writes each broker's collapsed stacks (``--profile``); None: no profiling.
+    profile_dir: Path | None = None
+
+    def __init__(self, root: Path, *, shape: str = "single", flush: str = "ASYNC_FLUSH", grpc: bool = False) -> None:
+        from procs import BROKER, NAMESRV, ProcessHarness, write_conf
+
+        root.mkdir(parents=True, exist_ok=True)
+        self.root = root
+        self.procs = ProcessHarness(root)
+        self.grpc_addr: str | None = None
+        self.shape = shape
+        self.profilers: list[subprocess.Popen[bytes]] = []
+        try:
+            self.namesrv_proc = self.procs.start("namesrv", NAMESRV)
+            self.namesrv = self.namesrv_proc.addr  # HTTP and RocketMQ remoting on one port
+            common = ["--namesrv", self.namesrv, "--register-interval-s", self.REGISTER_S, "--no-trace",
+                      "--no-lake", "--flush-mode", flush, "--segment-size", str(1 << 30), "--log-level", "warning"]
+            if shape == "single":
+                extra = []
+                if grpc:
+                    self.grpc_addr = f"127.0.0.1:{peers.free_port()}"
+                    extra = ["--grpc-port", self.grpc_addr.rsplit(":", 1)[1]]
+                self.brokers = [self.procs.start("broker", BROKER, "--data-dir", str(root / "broker-a"), *common,
+                                                 *extra)]
+                expect = {"broker-a": {0}}
+            elif shape == "sync_master":
+                master = self.procs.start("broker", BROKER, "--data-dir", str(root / "master"), *common,
+                                          "--role", "SYNC_MASTER", "--ha-port", "0")
+                slave = self.procs.start("broker", BROKER, "--data-dir", str(root / "slave"), *common,
+                                         "--role", "SLAVE", "--broker-id", "1")
+                self.brokers = [master, slave]
+                expect = {"broker-a": {0, 1}}
+            elif shape == "dledger":
+                raft = {m: peers.free_port() for m in ("n0", "n1", "n2")}
+                group = ";".join(f"{m}-127.0.0.1:{p}" for m, p in raft.items())
+                specs = []
+                for member in raft:
+                    conf = write_conf(root / f"{member}.toml", root / member, dledger_enabled=True,
+                                      dledger_self_id=member, dledger_peers=group)
+                    specs.append(("broker", BROKER, ["--config", str(conf), *common]))
+                self.brokers = self.procs.start_many(specs)
+                expect = {"broker-a": {0}}
+            else:
+                raise ValueError(shape)
+            self.wait_brokers(expect, members=len(self.brokers))
+            if shape == "sync_master":
+                deadline = time.monotonic() + 60
+                while _http_json(f"{self.brokers[0].url}/broker/ha").get("in_sync_slaves") != 1:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("sparkmq: the slave never got in sync")
+                    time.sleep(0.3)
+            if self.profile_dir is not None:
+                self._profile(self.profile_dir)
+        except BaseException:
             self.stop()
-            raise RuntimeError(f"sparkmq dev did not start: {self.banner!r}")
-        self.namesrv_http = match.group(1)
-        grpc_match = re.search(r"RocketMQ 5 gRPC on (\S+?)[,\s]", self.banner + " ")
-        self.grpc_addr = grpc_match.group(1) if grpc_match else None
+            raise
 
-    def remoting_namesrv(self) -> str | None:
-        """The address where a name server answers RocketMQ's remoting protocol (GET_BROKER_CLUSTER_INFO), among
-        the addresses the banner names (the name server's first), or None."""
-        for addr in dict.fromkeys([self.namesrv_http, *re.findall(r"\d+\.\d+\.\d+\.\d+:\d+", self.banner)]):
+    def _profile(self, out: Path) -> None:
+        """``py-spy record`` on each broker until :meth:`stop` (collapsed stacks, one file per broker)."""
+        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        if not Path(spy).exists():
+            raise RuntimeError("--profile needs py-spy: .venv/bin/python -m pip install py-spy")
+        out.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%H%M%S")
+        for i, pid in enumerate(self.broker_pids()):
+            self.profilers.append(subprocess.Popen(
+                [spy, "record", "--pid", str(pid), "--rate", "200", "--format", "raw", "--nonblocking",
+                 "-o", str(out / f"sparkmq-{self.shape}-{stamp}-broker{i}.txt")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL))
+
+    def wait_brokers(self, expect: dict[str, set[int]], members: int, timeout: float = 90.0) -> None:
+        """Until the name server lists, over remoting, each broker name with the expected ids (and, for a DLedger
+        group, every member)."""
+        deadline = time.monotonic() + timeout
+        while True:
             try:
-                frame = remoting_capture.request(addr, 106, timeout=3)
+                info = peers.cluster_info(self.namesrv)
             except (OSError, remoting_capture.FrameError, ValueError):
-                continue
-            if frame.is_response and frame.code == 0 and b"brokerAddrTable" in frame.body:
-                return addr
-        return None
+                info = {}
+            if all(ids <= set(info.get(n, {})) and len(info.get(n, {})) >= members for n, ids in expect.items()):
+                return
+            if time.monotonic() > deadline:
+                logs = "\n".join(f"--- {b.kind} {b.addr}:\n{b.log()[-1500:]}" for b in self.brokers)
+                raise RuntimeError(f"sparkmq: brokers {expect} not registered after {timeout} s: {info}\n{logs}")
+            time.sleep(0.3)
 
     def config(self, **overrides: object):  # type: ignore[no-untyped-def]
         """A client configuration for sparkmq's Python clients."""
         from sparkmq.platform.client import ClientConfig
 
-        return ClientConfig(namesrv_addrs=self.namesrv_http, rebalance_interval_s=1.0, trace_enabled=False,
+        return ClientConfig(namesrv_addrs=self.namesrv, rebalance_interval_s=1.0, trace_enabled=False,
                             **overrides)  # type: ignore[arg-type]
 
-    def stop(self) -> None:
-        """SIGTERM by pid, SIGKILL after 60 s."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(30)
-        self.log.close()
+    def broker_pids(self) -> list[int]:
+        """The broker processes' pids (to profile them)."""
+        return [b.proc.pid for b in self.brokers]
 
-    def __enter__(self) -> SparkmqDev:
+    def stop(self) -> None:
+        """Stop every process started here (the profilers first: SIGINT writes their output), each by its pid."""
+        for spy in self.profilers:
+            if spy.poll() is None:
+                spy.send_signal(signal.SIGINT)
+            try:
+                spy.wait(30)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+                spy.wait(10)
+        self.profilers.clear()
+        self.procs.stop_all()
+
+    def __enter__(self) -> SparkmqCluster:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _http_json(url: str) -> dict[str, object]:
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=5).json()  # type: ignore[no-any-return]
+    except (httpx.HTTPError, ValueError):
+        return {}
 
 
 # -- the figures, by setup ---------------------------------------------------------------------------------------------
@@ -300,7 +370,9 @@ def rocketmq_side(setup: str, root: Path, sizes: Sizes, figures: list[str]) -> d
             return batch_figure("rocketmq_sync_master", rmq.namesrv, work, sizes)
         if setup == "dledger":
             rmq.broker_heap = "1g"  # three brokers on this machine
-            rmq.start_dledger("broker-d")
+            # enableBatchPush: the leader pushes entries to its followers in batches (RocketMQ's faster DLedger
+            # replication; off by default): the peer at its best.
+            rmq.start_dledger("broker-d", extra={"enableBatchPush": "true"})
             return batch_figure("rocketmq_dledger", rmq.namesrv, work, sizes)
         if setup == "grpc":
             endpoint = rmq.start_proxy_local("broker-p")
@@ -320,14 +392,14 @@ def rocketmq_side(setup: str, root: Path, sizes: Sizes, figures: list[str]) -> d
 
 
 def sparkmq_side(setup: str, root: Path, sizes: Sizes, figures: list[str]) -> dict[str, Measure]:
-    """sparkmq in the same shape (``sparkmq dev``: a name server and a broker; ``--ha sync`` a SYNC_MASTER with a
-    slave; ``--ha dledger`` a group of three), the same Java driver against it."""
+    """sparkmq in the same shape (a name server process and a broker process; a SYNC_MASTER and its slave; a
+    DLedger group of three), the same Java driver against it."""
     work = root / "clients"
-    ha = {"sync_master": "sync", "dledger": "dledger"}.get(setup)
-    with SparkmqDev(root / "sparkmq", ha=ha, sync_flush=setup == "sync_flush") as dev:
+    shape = setup if setup in ("sync_master", "dledger") else "single"
+    flush = "SYNC_FLUSH" if setup == "sync_flush" else "ASYNC_FLUSH"
+    with SparkmqCluster(root / "sparkmq", shape=shape, flush=flush, grpc=setup == "grpc") as dev:
         if setup == "grpc":
-            if dev.grpc_addr is None:
-                return {f: Measure.unavailable("sparkmq_no_grpc_endpoint") for f in figures}
+            assert dev.grpc_addr is not None
 
             def create(topic: str) -> None:
                 from sparkmq.platform.client import AdminClient
@@ -348,9 +420,7 @@ def sparkmq_side(setup: str, root: Path, sizes: Sizes, figures: list[str]) -> di
                     for _ in range(0, n, 256):
                         producer.send_batch(batch)
             return grpc_figures(dev.grpc_addr, create, fill, work, sizes, figures)
-        namesrv = dev.remoting_namesrv()
-        if namesrv is None:
-            return {f: Measure.unavailable(NOT_REMOTING) for f in figures}
+        namesrv = dev.namesrv
         if setup == "single":
             return remoting_figures(namesrv, work, sizes, figures)
         if setup == "sync_flush":
@@ -407,7 +477,7 @@ def sparkmq_kafka_side(root: Path, sizes: Sizes, figures: list[str]) -> dict[str
     from sparkmq.platform.client import Message, Producer, PullConsumer
 
     out: dict[str, Measure] = {}
-    with SparkmqDev(root / "sparkmq") as dev:
+    with SparkmqCluster(root / "sparkmq") as dev:
         topic = "PeerKafka"
         with Producer("bench-peers-kafka", dev.config()) as producer:
             producer.send(Message(topic, BODY))  # route, connection, topic auto-created with 4 queues
@@ -491,7 +561,7 @@ def spark_sparkmq_side(root: Path, sizes: Sizes, figures: list[str]) -> dict[str
 
     spark = _spark()
     register(spark)
-    with SparkmqDev(root / "sparkmq") as dev:
+    with SparkmqCluster(root / "sparkmq") as dev:
         with Producer("bench-peers-spark", dev.config()) as producer:
             for topic, n in (("SparkWarm", 10_000), ("SparkRead", sizes.spark)):
                 batch = [Message(topic, BODY) for _ in range(256)]
@@ -499,7 +569,7 @@ def spark_sparkmq_side(root: Path, sizes: Sizes, figures: list[str]) -> dict[str
                     producer.send_batch(batch)
 
         def read(topic: str) -> tuple[int, float]:
-            df = (spark.readStream.format("sparkmq").option("namesrv", dev.namesrv_http)
+            df = (spark.readStream.format("sparkmq").option("namesrv", dev.namesrv)
                   .option("subscribe", topic).option("startingOffsets", "earliest").load())
             return _stream_rows(df, root, topic)
         read("SparkWarm")
@@ -511,19 +581,15 @@ def spark_sparkmq_side(root: Path, sizes: Sizes, figures: list[str]) -> dict[str
 PEER_NAME = {"kafka": "kafka", "spark": "kafka"}  # the peer's label in a line's keys (default rocketmq)
 
 
-def run_setup(setup: str, figures: list[str], rounds: int, sizes: Sizes, root: Path,
-              remoting_ok: bool) -> dict[str, tuple[list[Measure], list[Measure]]]:
+def run_setup(setup: str, figures: list[str], rounds: int, sizes: Sizes,
+              root: Path) -> dict[str, tuple[list[Measure], list[Measure]]]:
     """A B A B: each round runs the sparkmq side, then the peer's; returns (sparkmq rounds, peer rounds) per figure."""
     if setup == "kafka":
         sides = (sparkmq_kafka_side, lambda r, s, f: kafka_side(r, s, f))
     elif setup == "spark":
         sides = (spark_sparkmq_side, spark_kafka_side)
     else:
-        def ours(r: Path, s: Sizes, f: list[str]) -> dict[str, Measure]:
-            if setup != "grpc" and not remoting_ok:
-                return {x: Measure.unavailable(NOT_REMOTING) for x in f}
-            return sparkmq_side(setup, r, s, f)
-        sides = (ours, lambda r, s, f: rocketmq_side(setup, r, s, f))
+        sides = (lambda r, s, f: sparkmq_side(setup, r, s, f), lambda r, s, f: rocketmq_side(setup, r, s, f))
     got: dict[str, tuple[list[Measure], list[Measure]]] = {f: ([], []) for f in figures}
     for n in range(rounds):
         for i, side in enumerate(sides):
@@ -546,34 +612,54 @@ def median_of(measures: list[Measure], key: str) -> float:
     return statistics.median(vals) if vals else float("nan")
 
 
-def report_line(figure: str, ours: list[Measure], theirs: list[Measure], echo: float) -> dict[str, object]:
-    """Print the figure's line; return its fields for the table."""
-    peer = PEER_NAME.get(next((s for s, fs in SETUPS.items() if figure in fs), ""), "rocketmq")
-    status = next((m.status for m in ours if m.status != "ok"), "ok")
+def ratio(ours: float, theirs: float) -> float:
+    """``ours / theirs``; NaN when either side is missing (NaN) or the peer's is 0."""
+    if ours != ours or theirs != theirs or theirs == 0:
+        return float("nan")
+    return ours / theirs
+
+
+def peer_of(figure: str) -> str:
+    """The peer's label in a figure's keys: ``kafka`` for the Kafka setups, else ``rocketmq``."""
+    return PEER_NAME.get(next((s for s, fs in SETUPS.items() if figure in fs), ""), "rocketmq")
+
+
+def figure_fields(figure: str, ours: list[Measure], theirs: list[Measure], echo: float) -> dict[str, object]:
+    """A figure's fields from both sides' rounds: medians, ``ratio`` (e2e: ``p99_ratio`` and ``p50_ratio``), each
+    round's value, a status (``ok``, else the first failed side's: ``sparkmq_<why>`` or ``peer_<why>``)."""
+    peer = peer_of(figure)
+    key = "p99_ms" if figure == "rocketmq_e2e" else "msgs_per_s"
     fields: dict[str, object] = {}
     if figure == "rocketmq_e2e":
         for q in ("p50_ms", "p99_ms"):
             fields[f"sparkmq_{q}"] = median_of(ours, q)
             fields[f"{peer}_{q}"] = median_of(theirs, q)
-        fields["p99_ratio"] = fields["sparkmq_p99_ms"] / fields[f"{peer}_p99_ms"]  # type: ignore[operator]
-        fields["p50_ratio"] = fields["sparkmq_p50_ms"] / fields[f"{peer}_p50_ms"]  # type: ignore[operator]
-        per_round = [m.values.get("p99_ms", float("nan")) for m in theirs]
+        fields["p99_ratio"] = ratio(fields["sparkmq_p99_ms"], fields[f"{peer}_p99_ms"])  # type: ignore[arg-type]
+        fields["p50_ratio"] = ratio(fields["sparkmq_p50_ms"], fields[f"{peer}_p50_ms"])  # type: ignore[arg-type]
     else:
-        ours_v, theirs_v = median_of(ours, "msgs_per_s"), median_of(theirs, "msgs_per_s")
-        fields["ratio"] = ours_v / theirs_v if theirs_v == theirs_v and theirs_v else float("nan")
+        ours_v, theirs_v = median_of(ours, key), median_of(theirs, key)
+        fields["ratio"] = ratio(ours_v, theirs_v)
         fields["sparkmq_msgs_per_s"] = ours_v
         fields[f"{peer}_msgs_per_s"] = theirs_v
-        per_round = [m.values.get("msgs_per_s", float("nan")) for m in theirs]
         for extra in ("p50_ms", "p99_ms", "call_p99_ms"):
             if any(extra in m.values for m in theirs):
                 fields[f"{peer}_{extra}"] = median_of(theirs, extra)
-    fields["status"] = status
-    fields[f"{peer}_rounds"] = "/".join(f"{v:.4g}" for v in per_round)
-    fields["sparkmq_rounds"] = "/".join(
-        f"{m.values.get('p99_ms' if figure == 'rocketmq_e2e' else 'msgs_per_s', float('nan')):.4g}"
-        if m.status == "ok" else m.status for m in ours)
-    fields["rounds"] = len(theirs)
+    failed = [f"sparkmq_{m.status}" for m in ours if m.status != "ok"] + \
+             [f"peer_{m.status}" for m in theirs if m.status != "ok"]
+    fields["status"] = failed[0] if failed else "ok"
+
+    def rounds_of(measures: list[Measure]) -> str:
+        return "/".join(f"{m.values.get(key, float('nan')):.4g}" if m.status == "ok" else m.status for m in measures)
+    fields[f"{peer}_rounds"] = rounds_of(theirs)
+    fields["sparkmq_rounds"] = rounds_of(ours)
+    fields["rounds"] = max(len(ours), len(theirs))
     fields["echo_msgs_per_s"] = echo
+    return fields
+
+
+def report_line(figure: str, ours: list[Measure], theirs: list[Measure], echo: float) -> dict[str, object]:
+    """Print the figure's line; return its fields for the table."""
+    fields = figure_fields(figure, ours, theirs, echo)
     line(f"peers.{figure}", **fields)
     return fields
 
@@ -590,68 +676,89 @@ def python_echo() -> float:
     return float(match.group(1)) if match else float("nan")
 
 
-def write_report(rows: dict[str, dict[str, object]], echo: float, sizes: Sizes, rounds: int) -> None:
-    """The run's markdown table and bar chart under var/bench/ (dated, and as peers-latest.*)."""
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    file_stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M")
+def render_table(rows: dict[str, dict[str, object]], *, stamp: str, echo: float, sizes: Sizes, rounds: int,
+                 targets: dict[str, str], load: str = "") -> tuple[str, list[str], list[float]]:
+    """The run's markdown table (with its heading line) and the chart's labels and ratios (e2e: its p99 ratio)."""
     head = ["figure", "sparkmq", "peer", "ratio (sparkmq/peer)", "target", "status"]
-    targets = _targets()
     lines = [f"# sparkmq vs Apache RocketMQ {peers.ROCKETMQ_VERSION} and Apache Kafka {peers.KAFKA_VERSION}",
              "", f"{stamp}; python_echo {echo:,.0f} msgs/s; medians of {rounds} rounds (A B A B); "
-             f"sizes {sizes}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+             f"sizes {sizes}" + (f"; load average {load}" if load else ""), "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     labels, ratios = [], []
     for figure, f in rows.items():
+        peer = peer_of(figure)
         if figure == "rocketmq_e2e":
             ours = f"p50 {f['sparkmq_p50_ms']:.3g} / p99 {f['sparkmq_p99_ms']:.3g} ms"
-            theirs = f"p50 {f['rocketmq_p50_ms']:.3g} / p99 {f['rocketmq_p99_ms']:.3g} ms"
-            ratio = float(f["p99_ratio"])  # type: ignore[arg-type]
+            theirs = f"p50 {f[f'{peer}_p50_ms']:.3g} / p99 {f[f'{peer}_p99_ms']:.3g} ms"
+            value = float(f["p99_ratio"])  # type: ignore[arg-type]
         else:
-            peer_key = next(k for k in f if k.endswith("_msgs_per_s") and not k.startswith(("sparkmq", "echo")))
             ours = f"{float(f['sparkmq_msgs_per_s']):,.0f} msgs/s"  # type: ignore[arg-type]
-            theirs = f"{float(f[peer_key]):,.0f} msgs/s"  # type: ignore[arg-type]
-            ratio = float(f["ratio"])  # type: ignore[arg-type]
-        lines.append(f"| peers.{figure} | {ours} | {theirs} | {ratio:.3g} | {targets.get(figure, '')} | "
+            theirs = f"{float(f[f'{peer}_msgs_per_s']):,.0f} msgs/s"  # type: ignore[arg-type]
+            value = float(f["ratio"])  # type: ignore[arg-type]
+        lines.append(f"| peers.{figure} | {ours} | {theirs} | {value:.3g} | {targets.get(figure, '')} | "
                      f"{f['status']} |")
         labels.append(figure)
-        ratios.append(ratio)
-    text = "\n".join(lines) + "\n"
+        ratios.append(value)
+    return "\n".join(lines) + "\n", labels, ratios
+
+
+def write_chart(labels: list[str], ratios: list[float], title: str, paths: list[Path]) -> None:
+    """A horizontal bar per figure (its ratio; grey and "not measured" for NaN), a line at 1.0."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(labels) + 1.5))
+    shown = [r if r == r else 0.0 for r in ratios]
+    bars = ax.barh(labels, shown, color=["#4c72b0" if r == r else "#cccccc" for r in ratios])
+    for bar, r in zip(bars, ratios, strict=True):
+        ax.text(bar.get_width() + 0.02, bar.get_y() + bar.get_height() / 2,
+                f"{r:.2f}" if r == r else "not measured", va="center", fontsize=8)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xlabel("sparkmq / peer (e2e: p99 ratio, lower is better)")
+    ax.set_title(title)
+    ax.invert_yaxis()
+    fig.tight_layout()
+    for path in paths:
+        fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(rows: dict[str, dict[str, object]], echo: float, sizes: Sizes, rounds: int, load: str = "",
+                 quiet: bool = False) -> None:
+    """The run's markdown table and bar chart under var/bench/ (dated, and as peers-latest.*); printed too unless
+    ``quiet``."""
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.UTC)
+    stamp, file_stamp = now.strftime("%Y-%m-%d %H:%M UTC"), now.strftime("%Y%m%d-%H%M")
+    text, labels, ratios = render_table(rows, stamp=stamp, echo=echo, sizes=sizes, rounds=rounds,
+                                        targets=parse_targets(TARGETS.read_text() if TARGETS.exists() else ""),
+                                        load=load)
     (OUT_DIR / f"peers-{file_stamp}.md").write_text(text)
     (OUT_DIR / "peers-latest.md").write_text(text)
-    print(text, flush=True)
+    if not quiet:
+        print(text, flush=True)
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(10, 0.45 * len(labels) + 1.5))
-        shown = [r if r == r else 0.0 for r in ratios]
-        bars = ax.barh(labels, shown, color=["#4c72b0" if r == r else "#cccccc" for r in ratios])
-        for bar, r in zip(bars, ratios, strict=True):
-            ax.text(bar.get_width() + 0.02, bar.get_y() + bar.get_height() / 2,
-                    f"{r:.2f}" if r == r else "not measured", va="center", fontsize=8)
-        ax.axvline(1.0, color="black", linewidth=0.8)
-        ax.set_xlabel("sparkmq / peer (e2e: p99 ratio, lower is better)")
-        ax.set_title(f"sparkmq vs RocketMQ {peers.ROCKETMQ_VERSION} / Kafka {peers.KAFKA_VERSION}, {stamp}")
-        ax.invert_yaxis()
-        fig.tight_layout()
-        for name in (f"peers-{file_stamp}.png", "peers-latest.png"):
-            fig.savefig(OUT_DIR / name, dpi=110)
-        plt.close(fig)
+        write_chart(labels, ratios, f"sparkmq vs RocketMQ {peers.ROCKETMQ_VERSION} / Kafka {peers.KAFKA_VERSION}, "
+                    f"{stamp}", [OUT_DIR / f"peers-{file_stamp}.png", OUT_DIR / "peers-latest.png"])
     except Exception as exc:  # the table stands without the chart
         print(f"# chart not written: {exc!r}", file=sys.stderr)
 
 
-def _targets() -> dict[str, str]:
-    path = ROOT.parent / "shared" / "targets.txt"
+def parse_targets(text: str) -> dict[str, str]:
+    """The ``peers.*`` lines of targets.txt: figure (without ``peers.``) -> its target (``ratio >= 1.5``)."""
     out = {}
-    if path.exists():
-        for text in path.read_text().splitlines():
-            parts = text.split()
-            if len(parts) >= 4 and parts[0].startswith("peers."):
-                out[parts[0].removeprefix("peers.")] = " ".join(parts[1:])
+    for text_line in text.splitlines():
+        parts = text_line.split()
+        if len(parts) >= 4 and parts[0].startswith("peers."):
+            out[parts[0].removeprefix("peers.")] = " ".join(parts[1:])
     return out
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages now (the machine is shared)."""
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def main() -> None:
@@ -659,36 +766,49 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes and one round (CI smoke run)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per figure (default 3, quick 1)")
     parser.add_argument("--only", default="", help="comma list of figure names (without 'peers.') or setups")
+    for size in ("seconds", "warmup_s", "drain", "e2e_s", "pop", "kafka", "spark"):
+        parser.add_argument(f"--{size.replace('_', '-')}", type=float, default=None,
+                            help=f"override the {size} size (default: {getattr(Sizes.of(False), size):g}, "
+                                 f"quick {getattr(Sizes.of(True), size):g})")
+    parser.add_argument("--profile", action="store_true",
+                        help="py-spy record every sparkmq broker while it serves (collapsed stacks under var/bench)")
     args = parser.parse_args()
+    if args.profile:
+        SparkmqCluster.profile_dir = OUT_DIR / "profiles"
     sizes = Sizes.of(args.quick)
+    overrides = {k: getattr(args, k) for k in ("seconds", "warmup_s", "drain", "e2e_s", "pop", "kafka", "spark")
+                 if getattr(args, k) is not None}
+    sizes = dataclasses.replace(sizes, **{k: v if k in ("seconds", "warmup_s", "e2e_s") else int(v)
+                                          for k, v in overrides.items()})
     rounds = args.rounds or (1 if args.quick else 3)
     only = {n.strip().removeprefix("peers.") for n in args.only.split(",") if n.strip()}
-    for name in SETS:
-        jars.fetch(name)
-    echo = python_echo()
+    echo = python_echo()  # the run's first line
+    with contextlib.redirect_stdout(sys.stderr):  # the jar cache's notes are not figures
+        for name in SETS:
+            jars.fetch(name)
     rows: dict[str, dict[str, object]] = {}
+    loads: list[str] = []
     root = Path(tempfile.mkdtemp(prefix="sparkmq-peers-"))  # kept when a side failed: its logs are there
     try:
-        remoting_ok = False
-        remoting_setups = [s for s in SETUPS if s not in ("grpc", "kafka", "spark")]
-        if any(not only or s in only or set(SETUPS[s]) & only for s in remoting_setups):
-            with SparkmqDev(root / "probe") as dev:  # does sparkmq speak RocketMQ's remoting yet?
-                remoting_ok = dev.remoting_namesrv() is not None
-            shutil.rmtree(root / "probe", ignore_errors=True)
         for setup, figures in SETUPS.items():
             wanted = [f for f in figures if not only or f in only or setup in only]
             if not wanted:
                 continue
-            got = run_setup(setup, wanted, rounds, sizes, root, remoting_ok)
+            loads.append(load_average())
+            print(f"machine.load setup={setup} loadavg={loads[-1]}", flush=True)
+            got = run_setup(setup, wanted, rounds, sizes, root)
             for figure in wanted:
                 rows[figure] = report_line(figure, *got[figure], echo)
+            write_report(rows, echo, sizes, rounds, load=", ".join(loads), quiet=True)  # so far (a cut run keeps it)
     finally:
         if not any(root.iterdir()):
             root.rmdir()
         else:
             print(f"# logs of failed sides kept under {root}", file=sys.stderr)
     if rows:
-        write_report(rows, echo, sizes, rounds)
+        loads.append(load_average())
+        print(f"machine.load setup=end loadavg={loads[-1]}", flush=True)
+        write_report(rows, echo, sizes, rounds, load=", ".join(loads))
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ from java_clients import LOGBACK_FILE  # noqa: E402
 
 from sparkmq.platform.common import jars  # noqa: E402
 
-__all__ = ["BrokerProc", "JvmProcess", "Kafka", "RocketMQ", "free_port", "free_ports"]
+__all__ = ["BrokerProc", "JvmProcess", "Kafka", "RocketMQ", "cluster_info", "free_port", "free_ports"]
 
 #: The versions the jar sets of conf/jars.toml pin (shown in reports).
 ROCKETMQ_VERSION = "5.5.0"
@@ -329,14 +329,7 @@ class RocketMQ(_Processes):
 
     def cluster_info(self) -> dict[str, dict[int, str]]:
         """``{brokerName: {brokerId: addr}}`` as the first name server reports it (GET_BROKER_CLUSTER_INFO)."""
-        addr = f"{self.bind_host}:{self._namesrv_ports[0]}"
-        frame = remoting_capture.request(addr, 106, timeout=5)
-        if frame.code != 0:
-            return {}
-        # brokerAddrs keys are bare numbers ({0:"ip:port"}): quote them so json can read the body
-        text = re.sub(r'([{,])(-?\d+):', r'\1"\2":', frame.body.decode())
-        table = json.loads(text).get("brokerAddrTable", {})
-        return {name: {int(k): v for k, v in data.get("brokerAddrs", {}).items()} for name, data in table.items()}
+        return cluster_info(f"{self.bind_host}:{self._namesrv_ports[0]}")
 
     def wait_brokers(self, expect: dict[str, set[int]], *, min_members: dict[str, int] | None = None,
                      timeout: float = 90.0) -> dict[str, dict[int, str]]:
@@ -365,6 +358,18 @@ class RocketMQ(_Processes):
                 logs = "\n".join(f"--- {j.name} (exit {j.proc.poll()}):\n{j.log(2000)}" for j in (dead or watch))
                 raise RuntimeError(f"RocketMQ: {what} not ready after {timeout} s\n{logs}")
             time.sleep(0.3)
+
+
+def cluster_info(namesrv: str) -> dict[str, dict[int, str]]:
+    """``{brokerName: {brokerId: addr}}`` as the name server at ``namesrv`` reports it over RocketMQ's remoting
+    (GET_BROKER_CLUSTER_INFO; Apache RocketMQ's and sparkmq's name servers alike)."""
+    frame = remoting_capture.request(namesrv, 106, timeout=5)
+    if frame.code != 0:
+        return {}
+    # brokerAddrs keys are bare numbers ({0:"ip:port"}): quote them so json can read the body
+    text = re.sub(r'([{,])(-?\d+):', r'\1"\2":', frame.body.decode())
+    table = json.loads(text).get("brokerAddrTable", {})
+    return {name: {int(k): v for k, v in data.get("brokerAddrs", {}).items()} for name, data in table.items()}
 
 
 _KAFKA_LOG4J = """\

@@ -185,7 +185,7 @@ def test_prefetch_reads_a_cold_range_into_the_page_cache(tmp_path: Path, impl: A
 def test_a_pull_far_behind_is_read_in_by_a_cold_read_thread_and_the_tail_on_the_loop(tmp_path: Path) -> None:
     from sparkmq.platform.broker.broker import Broker
     from sparkmq.platform.broker.config import BrokerConfig
-    from sparkmq.platform.broker.processors.pull import COLD_READ_MESSAGES
+    from sparkmq.platform.broker.processors.pull import COLD_READ_AHEAD_MESSAGES, COLD_READ_MESSAGES
 
     store = {"segment_size": MIB, "max_message_size": 64 * 1024, "max_properties_size": 8000,
              "page_cache_keep": 2 * MIB}
@@ -218,6 +218,15 @@ def test_a_pull_far_behind_is_read_in_by_a_cold_read_thread_and_the_tail_on_the_
         assert all(name.startswith("sparkmq-cold-read") for _, name in threads), threads
         assert pull("T", total - 40).count == 32  # at the tail: on the loop, nothing read in first
         assert threads == [("read", threading.current_thread().name)]
+        # The cold pull read in the next COLD_READ_AHEAD_MESSAGES too: the pulls after it, inside that window,
+        # copy from memory on the loop; one that reaches past it reads in its own window on a worker again.
+        assert pulls.was_read_in("T", 0, 32, 32) and not pulls.was_read_in("T", 0, COLD_READ_AHEAD_MESSAGES - 8, 32)
+        assert pull("T", 32).count == 32
+        assert threads == [("read", threading.current_thread().name)]
+        assert pulls.is_cold("T", 0, COLD_READ_AHEAD_MESSAGES - 8)
+        assert pull("T", COLD_READ_AHEAD_MESSAGES - 8).count == 32
+        assert [kind for kind, _ in threads] == ["prefetch", "read"]
+        assert all(name.startswith("sparkmq-cold-read") for _, name in threads), threads
         assert pulls.is_cold("Old", 0, 0)  # ten messages behind, but 6 MB back in the log: past page_cache_keep
         assert not pulls.is_cold("T", 0, total) and not pulls.is_cold("None", 0, 0)
     finally:

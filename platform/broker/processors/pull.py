@@ -16,7 +16,7 @@ from ...common.protocol import MAX_BULK_PULL_BATCH, MAX_LONG_POLL_MS, MAX_PULL_B
 from ...common.validation import validate_group
 from ...namesrv.perm import is_readable
 from ...store import GetResult, MessageStore, PackedGetResult
-from ...store.message_store import records_of
+from ...store.message_store import PREFETCH_MAX_BYTES, records_of
 from ..client_manager import ClientManager
 from ..config import BrokerConfig
 from ..lake_index import LakeIndex
@@ -44,6 +44,10 @@ COLD_READ_MESSAGES = 1024
 _COLD_READ_BYTES_DEFAULT = 1 << 30
 #: Worker threads serving cold remoting pulls: a few disks' worth of reads in flight, no more.
 COLD_READ_THREADS = 4
+#: A cold pull reads in this many messages of its queue (within the store's PREFETCH_MAX_BYTES), not just its own:
+#: the pulls that follow it inside that window copy from the pages it brought in, on the loop, without a worker
+#: thread's round trip or a read of their own (a consumer draining a backlog pulls 32 at a time).
+COLD_READ_AHEAD_MESSAGES = 1024
 
 
 def as_pull(got: GetResult) -> PullResult:
@@ -88,6 +92,8 @@ class PullProcessor(Processor):
         self.overload = overload
         self._cold_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._cold_pool_lock = threading.Lock()
+        #: (topic, queue) -> [first, end) offsets a cold pull last read in (COLD_READ_AHEAD_MESSAGES)
+        self._read_in: dict[tuple[str, int], tuple[int, int]] = {}
 
     def close(self) -> None:
         """Stop the cold-read threads (the broker's shutdown, after the last pull)."""
@@ -121,12 +127,32 @@ class PullProcessor(Processor):
             return False
 
     def _prefetch_if_cold(self, topic: str, queue_id: int, offset: int, max_count: int) -> None:
-        """On a worker thread, before a read: the cold read's pages into the page cache (see ``is_cold``)."""
+        """On a worker thread, before a read: the cold read's pages into the page cache (see ``is_cold``), and
+        those of the ``COLD_READ_AHEAD_MESSAGES`` after it (see :meth:`was_read_in`)."""
         if self.is_cold(topic, queue_id, offset):
+            ahead = max(max_count, COLD_READ_AHEAD_MESSAGES)
             try:
-                self.store.prefetch(topic, queue_id, offset, max_count)
+                self.store.prefetch(topic, queue_id, offset, ahead)
+                self._note_read_in(topic, queue_id, offset, ahead)
             except (SparkMQError, OSError):  # best effort: the read itself reports what is wrong
                 pass
+
+    def _note_read_in(self, topic: str, queue_id: int, offset: int, count: int) -> None:
+        """Remember ``[offset, offset + count)`` (to the queue's end) as read in -- unless its records span more
+        than the store's prefetch reads (PREFETCH_MAX_BYTES): then only the pull's own pages were."""
+        store = self.store
+        end = min(offset + count, store.max_offset(topic, queue_id))
+        if end <= offset:
+            return
+        first = store.queue_unit(topic, queue_id, offset)[0]
+        last, size, _tag = store.queue_unit(topic, queue_id, end - 1)
+        if last + size - first <= PREFETCH_MAX_BYTES:
+            self._read_in[(topic, queue_id)] = (offset, end)
+
+    def was_read_in(self, topic: str, queue_id: int, offset: int, max_count: int) -> bool:
+        """Whether a cold pull read in ``offset .. offset + max_count`` of the queue moments ago (its window)."""
+        window = self._read_in.get((topic, queue_id))
+        return window is not None and window[0] <= offset and offset + max_count <= window[1]
 
     def _check_pull(self, topic: str, queue_id: int, offset: int, max_count: int,
                     max_batch: int = MAX_PULL_BATCH) -> TopicConfig:
@@ -298,8 +324,12 @@ class PullProcessor(Processor):
             self._prefetch_if_cold(topic, queue_id, at, max_count)
             return pull_at(at, commit)
 
+        # A pull inside the window a cold pull read in copies from memory; a filtered one may scan past it.
+        unfiltered = wanted is None and sql is None
+
         async def read(at: int, commit: int | None) -> PackedPull:
-            if not self.is_cold(topic, queue_id, at):
+            if (unfiltered and self.was_read_in(topic, queue_id, at, max_count)) or not self.is_cold(topic, queue_id,
+                                                                                                    at):
                 return pull_at(at, commit)
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(self._cold_reads(), cold_pull_at, at, commit, time.monotonic())
