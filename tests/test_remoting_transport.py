@@ -532,16 +532,18 @@ async def test_server_push_reaches_the_client() -> None:
 
 @async_test
 async def test_idle_connections_are_reaped_heartbeats_keep_them() -> None:
-    async with serving(idle_timeout_s=0.3) as server:
+    # Heartbeats at a tenth of the idle timeout: a loaded machine that delays one by 0.2 s must not reap the
+    # pinging connection (with a 0.3 s timeout it did, once, in a suite run at load 30).
+    async with serving(idle_timeout_s=1.0) as server:
         addr = f"127.0.0.1:{server.port}"
         silent = await RemotingConnection.connect(addr, heartbeat_interval_s=None)
         pinging = await RemotingConnection.connect(addr, heartbeat_interval_s=0.1)
         try:
-            await wait_until(lambda: silent.closed, timeout=5)
+            await wait_until(lambda: silent.closed, timeout=10)
             assert server.stats()["idle_closed"] == 1
             with pytest.raises(RemotingError):
                 await silent.request(ECHO)
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(1.5)  # longer than the idle timeout
             assert not pinging.closed
             assert (await pinging.request(ECHO, h("alive"))).ext == h("alive")
         finally:
