@@ -285,7 +285,10 @@ def test_a_producer_faster_than_the_disk_gets_system_busy_at_once_and_nothing_ac
                 "SYSTEM_BUSY answers were queued"
             counted = _metric(broker.url, "sparkmq_system_busy_total")
             assert sum(counted.values()) >= len(flood["busy"]) + len(probe_busy), counted
-            assert counted.get('{reason="PC_SYNCHRONIZED"}', 0) > 0, counted
+            # The disk's backlog shows as a busy page cache, or first as unanswered bytes piling up on the
+            # flood's connections (which of the two fires first depends on the machine); either is overload.
+            assert counted.get('{reason="PC_SYNCHRONIZED"}', 0) + counted.get('{reason="UNANSWERED_BYTES_FULL"}', 0) \
+                > 0, counted
 
             # -- memory stayed bounded --------------------------------------------------------------------------
             peak_anon = max(s["RssAnon"] for s in samples)
