@@ -325,6 +325,10 @@ IDLE_CONNECTIONS = 2000
 #: The head timeout of the broker under test: a connection that said nothing within it is closed, one that spoke
 #: (the idle ones here said one HEART_BEAT) is kept.
 HEAD_TIMEOUT_S = 2.0
+#: How long the connections idle before a phase with them is measured.  For the first ~0.2 s after 2,000 connects
+#: every request is answered ~60 us slower, with the broker nearly idle (0.01 s of CPU in that time): a cost of the
+#: burst of connecting, not of holding idle connections, which this test is about.
+IDLE_SETTLE_S = 1.0
 #: Allowed slowdown of sends and pulls with the idle connections open (issue 30: within 20 %).
 ALLOWED_SLOWDOWN = 1.20
 #: Samples of each phase (one send and one pull each), and the rounds of phases A B (A: without them).  Short
@@ -434,6 +438,8 @@ def test_two_thousand_idle_connections_leave_send_and_pull_latency_within_20_per
                     if round_ == 0:  # they outlive the head timeout: having spoken, they are remoting's now
                         time.sleep(HEAD_TIMEOUT_S + 1.0)
                         assert _still_open(idle) == IDLE_CONNECTIONS
+                    else:
+                        time.sleep(IDLE_SETTLE_S)
                 sends, pulls = asyncio.run(_measure(broker.addr, topic, SAMPLES, round_ % 4))
                 latency[phase]["send"] += sends
                 latency[phase]["pull"] += pulls
