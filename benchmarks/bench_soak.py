@@ -16,7 +16,7 @@ when consumed and its end-to-end latency is known.  During the run:
 * broker-b's master is killed with SIGKILL at 50 % and restarted 15 s later on the same ports;
 * every 10 s: each broker's RSS, open files and threads (``/proc/<pid>``), the consumer lag the masters report
   (``/consumers/<group>/lag``), the messages overdue (acknowledged over 5 s ago and not yet consumed), and the
-  e2e p99 of the last 10 s.
+  e2e p99 of the last 10 s, also per door (``<door>_overdue``, ``<door>_e2e_p99_ms``).
 
 The run lasts ``--minutes`` of steady load, longer only when the last disturbance's 60 s window needs it.
 Then producers stop, consumers drain, and the figures are printed (after ``machine.python_echo``):
@@ -663,7 +663,12 @@ class Run:
         row["lag"], row["masters_answering"] = self.lag()
         overdue = sum(t.overdue() for t in self.trackers.values())
         row["overdue"] = overdue + (self.churn.overdue() if self.churn_joined else 0)
-        latencies = [ms for t in self.trackers.values() for ms in t.latencies_since(since)]
+        latencies: list[float] = []
+        for door, tracker in self.trackers.items():  # per door too: which protocol's consumers a disturbance held
+            door_latencies = tracker.latencies_since(since)
+            latencies += door_latencies
+            row[f"{door}_overdue"] = tracker.overdue()
+            row[f"{door}_e2e_p99_ms"] = round(percentile(door_latencies, 0.99), 2) if door_latencies else None
         row["e2e_p99_ms"] = round(percentile(latencies, 0.99), 2) if latencies else None
         row["delivered"] = len(latencies)
         row["acked_total"] = sum(t.acked_total for t in self.trackers.values())
