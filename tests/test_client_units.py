@@ -2,6 +2,8 @@
 name server failover, producer routing/retries/compression and rebalance over ``httpx.MockTransport``."""
 from __future__ import annotations
 
+import logging
+
 import asyncio
 import base64
 import doctest
@@ -552,6 +554,27 @@ def test_remote_offset_store_commits_per_broker_and_only_changes(cluster: FakeCl
     assert store.persist_all() == 1 and cluster.brokers[BB].committed[("g", "t", 1)] == 10
     cluster.brokers[BA].committed[("g", "t", 0)] = 42
     assert store.read(qa, ReadOffsetType.STORE) == 42 and store.read(qa, ReadOffsetType.MEMORY) == 42
+    pool.close()
+
+
+def test_remote_offset_store_logs_a_down_broker_once_not_per_commit(
+        cluster: FakeCluster, caplog: pytest.LogCaptureFixture) -> None:
+    """A master that is down fails every periodic commit until it is back: the first failure is logged, the rest
+    are counted for a summary line once the interval (60 s) has passed (issue 30's quiet failure logging)."""
+    pool = BrokerClientPool(1.0, transport=cluster.transport())
+    store = RemoteOffsetStore("g", pool, lambda mq: BB)
+    qb = MessageQueue("t", "broker-b", 1)
+    cluster.down.add(BB)
+    with caplog.at_level(logging.INFO, logger="sparkmq.client"):
+        for offset in range(1, 21):
+            store.update(qb, offset)
+            store.persist_all()
+        failed = [r for r in caplog.records if "committing offsets of g to broker-b" in r.getMessage()]
+        assert len(failed) == 1 and "failed" in failed[0].getMessage(), [r.getMessage() for r in failed]
+        cluster.down.clear()
+        assert store.persist_all() == 1 and cluster.brokers[BB].committed[("g", "t", 1)] == 20
+    lines = [r.getMessage() for r in caplog.records if "committing offsets of g to broker-b" in r.getMessage()]
+    assert len(lines) == 1, lines  # 20 failed commits, one line
     pool.close()
 
 

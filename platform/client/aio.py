@@ -55,6 +55,7 @@ import msgspec
 from ...storage_native import StoreError, encode_batch
 from ..common import protocol as p
 from ..common.errors import ErrorCode, SparkMQError
+from ..common.failure_log import FailureLog
 from ..common.filtering import FILTER_TAG
 from ..common.ids import UniqueIdGenerator
 from ..common.message import Message, SendResult
@@ -473,6 +474,8 @@ class AsyncConsumer(_AsyncClient):
         self._pulls: dict[MessageQueue, asyncio.Task[None]] = {}
         #: The offset the broker holds per held queue, as far as this client knows (unchanged ones are not resent).
         self._committed: dict[MessageQueue, int] = {}
+        #: Per broker address: a master that is down fails every commit until it is back; logged quietly.
+        self._commit_failures: dict[str, FailureLog] = {}
         #: Pulled messages not yet yielded, in arrival order; those of a dropped queue are skipped.
         self._ready: deque[tuple[ProcessQueue, ReceivedMessage]] = deque()
         self._in_hand: tuple[ProcessQueue, ReceivedMessage] | None = None
@@ -681,12 +684,16 @@ class AsyncConsumer(_AsyncClient):
         for addr, entries in sorted(by_addr.items()):
             body = _encode_json(p.UpdateConsumerOffsetsBody(self.group, [
                 p.UpdateConsumerOffsetEntry(mq.topic, mq.queue_id, offset) for mq, offset in sorted(entries.items())]))
+            failures = self._commit_failures.get(addr)
+            if failures is None:
+                failures = self._commit_failures[addr] = FailureLog(log, f"committing offsets of {self.group} to {addr}")
             try:
                 await self._request(addr, RequestCode.SPARKMQ_UPDATE_CONSUMER_OFFSETS, None, body)
             except SparkMQError as exc:
-                log.warning("committing %d offsets of %s to %s failed: %s", len(entries), self.group, addr, exc)
+                failures.failure("%d offsets: %s", len(entries), exc)
                 error = error or exc
                 continue
+            failures.success()
             self._committed.update(entries)
         if error is not None and raise_errors:
             raise error

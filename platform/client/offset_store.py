@@ -24,6 +24,7 @@ from enum import Enum
 from pathlib import Path
 
 from ..common.errors import ErrorCode, SparkMQError
+from ..common.failure_log import FailureLog
 from .allocation import MessageQueue
 from .remoting import BrokerClientPool
 
@@ -143,12 +144,21 @@ class RemoteOffsetStore(OffsetStore):
         super().__init__(group)
         self._brokers = brokers
         self._master_addr = master_addr
+        #: Per broker: a master that is down fails every commit until it is back; logged quietly.
+        self._commit_failures: dict[str, FailureLog] = {}
 
     def _addr(self, mq: MessageQueue) -> str:
         addr = self._master_addr(mq)
         if addr is None:
             raise SparkMQError(ErrorCode.SERVICE_NOT_AVAILABLE, f"broker {mq.broker_name} has no master for offsets")
         return addr
+
+    def _commit_failures_of(self, broker_name: str) -> FailureLog:
+        failures = self._commit_failures.get(broker_name)
+        if failures is None:
+            failures = self._commit_failures[broker_name] = FailureLog(
+                log, f"committing offsets of {self.group} to {broker_name}")
+        return failures
 
     def _read_store(self, mq: MessageQueue) -> int:
         return self._brokers.get(self._addr(mq)).query_offset(self.group, mq.topic, mq.queue_id)
@@ -165,8 +175,9 @@ class RemoteOffsetStore(OffsetStore):
                 client.commit_offsets(self.group, [{"topic": mq.topic, "queue_id": mq.queue_id,
                                                     "offset": offsets[mq]} for mq in mqs])
                 done.extend(mqs)
+                self._commit_failures_of(broker_name).success()
             except SparkMQError as exc:
-                log.warning("committing %d offsets of %s to %s failed: %s", len(mqs), self.group, broker_name, exc)
+                self._commit_failures_of(broker_name).failure("%d offsets: %s", len(mqs), exc)
                 error = error or exc
         return done, error
 
