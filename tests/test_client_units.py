@@ -2,12 +2,11 @@
 name server failover, producer routing/retries/compression and rebalance over ``httpx.MockTransport``."""
 from __future__ import annotations
 
-import logging
-
 import asyncio
 import base64
 import doctest
 import json
+import logging
 import os
 import threading
 import time

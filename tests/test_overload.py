@@ -560,9 +560,9 @@ def test_the_overload_guard_refuses_while_the_disk_is_behind_and_after_a_stalled
     guard.stored(0.05)
     assert refused() is None
     guard.stored(0.15)  # the append stalled longer than the busy time
-    assert refused() == "PC_SYNCHRONIZED"
+    assert refused() == "PC_SYNCHRONIZED" and guard.page_cache_busy
     time.sleep(0.15)
-    assert refused() is None
+    assert refused() is None and not guard.page_cache_busy
     guard.check_hold(1)
     with pytest.raises(SparkMQError, match="HELD_PULLS_FULL"):
         guard.check_hold(2)

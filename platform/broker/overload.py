@@ -99,29 +99,37 @@ class OverloadGuard:
                                                    f"({setting} is {limit * 1000:.0f} ms)")
 
     def check_send(self) -> None:
-        """Before a send is stored: SYSTEM_BUSY while the disk is busy (the oldest send waiting for its sync has
-        waited longer than ``busy_s`` without a sync answering any) or ``max_pending_acks`` sends wait."""
+        """Before a send is stored: SYSTEM_BUSY while ``max_pending_acks`` sends wait for their sync, or while the
+        page cache is busy (:meth:`page_cache_refusal`)."""
         pending = self._pending_acks
-        if not pending:
-            if self._slow_append_until:
-                self._check_slow_append()
+        if not pending and not self._slow_append_until:  # the common case: two attribute reads
             return
         if pending >= self.max_pending_acks:
             raise self.busy("PENDING_ACKS_FULL", f"{pending} sends wait for their disk sync "
                                                  f"(max_pending_acks is {self.max_pending_acks})")
-        stalled = time.monotonic() - self._progress_at
-        if stalled > self.busy_s:
-            raise self.busy("PC_SYNCHRONIZED", f"no disk sync answered the waiting sends for {stalled * 1000:.0f} ms "
-                                               f"(os_page_cache_busy_timeout_ms is {self.busy_s * 1000:.0f} ms)")
-
-    def _check_slow_append(self) -> None:
-        left = self._slow_append_until - time.monotonic()
-        if left <= 0:
+        now = time.monotonic()
+        if self._slow_append_until and now >= self._slow_append_until:
             self._slow_append_until = 0.0
-            return
-        raise self.busy("PC_SYNCHRONIZED", f"a send took longer than os_page_cache_busy_timeout_ms "
-                                           f"({self.busy_s * 1000:.0f} ms) to store; sends resume in "
-                                           f"{left * 1000:.0f} ms")
+        refusal = self.page_cache_refusal(now)
+        if refusal is not None:
+            raise self.busy("PC_SYNCHRONIZED", refusal)
+
+    def page_cache_refusal(self, now: float | None = None) -> str | None:
+        """Why sends are refused for a busy page cache at ``now`` (monotonic; default: now), or None: the oldest
+        send waiting for its sync has waited longer than ``busy_s`` without a sync answering any, or a send took
+        longer than ``busy_s`` to store less than ``busy_s`` ago (:meth:`stored`).  The one statement of the rule,
+        for :meth:`check_send` and :attr:`page_cache_busy`."""
+        now = time.monotonic() if now is None else now
+        if self._pending_acks:
+            stalled = now - self._progress_at
+            if stalled > self.busy_s:
+                return (f"no disk sync answered the waiting sends for {stalled * 1000:.0f} ms "
+                        f"(os_page_cache_busy_timeout_ms is {self.busy_s * 1000:.0f} ms)")
+        left = self._slow_append_until - now
+        if left > 0:
+            return (f"a send took longer than os_page_cache_busy_timeout_ms ({self.busy_s * 1000:.0f} ms) to store; "
+                    f"sends resume in {left * 1000:.0f} ms")
+        return None
 
     def stored(self, seconds: float) -> None:
         """A send was stored in ``seconds``: when that is longer than ``busy_s`` (the append stalled on the page
@@ -137,9 +145,8 @@ class OverloadGuard:
 
     @property
     def page_cache_busy(self) -> bool:
-        """Whether sends are refused now because the disk is behind (what :meth:`check_send` says)."""
-        now = time.monotonic()
-        return (bool(self._pending_acks) and now - self._progress_at > self.busy_s) or now < self._slow_append_until
+        """Whether sends are refused now because the disk is behind (:meth:`page_cache_refusal`)."""
+        return self.page_cache_refusal() is not None
 
     # -- sends waiting for their sync -------------------------------------------------------------
     def ack_waiting(self) -> None:

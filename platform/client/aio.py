@@ -686,7 +686,8 @@ class AsyncConsumer(_AsyncClient):
                 p.UpdateConsumerOffsetEntry(mq.topic, mq.queue_id, offset) for mq, offset in sorted(entries.items())]))
             failures = self._commit_failures.get(addr)
             if failures is None:
-                failures = self._commit_failures[addr] = FailureLog(log, f"committing offsets of {self.group} to {addr}")
+                failures = self._commit_failures[addr] = FailureLog(
+                    log, f"committing offsets of {self.group} to {addr}")
             try:
                 await self._request(addr, RequestCode.SPARKMQ_UPDATE_CONSUMER_OFFSETS, None, body)
             except SparkMQError as exc:
