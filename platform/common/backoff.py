@@ -31,7 +31,7 @@ from typing import TypeVar
 __all__ = ["Backoff", "RetryDelays", "call_with_retries"]
 
 T = TypeVar("T")
-#: A source of random numbers in [0, 1) (``random.random``; a test passes its own).
+#: A source of random numbers in [0, 1); None: ``random.random`` (looked up at each call, as ``time.sleep`` is).
 Random = Callable[[], float]
 
 
@@ -67,7 +67,7 @@ class Backoff:
         if isinstance(self.jitter, bool) or not isinstance(self.jitter, int | float) or not 0 <= self.jitter <= 1:
             raise ValueError(f"Backoff.jitter must be a number in [0, 1], got {self.jitter!r}")
 
-    def delay_s(self, retry: int, rand: Random = random.random) -> float:
+    def delay_s(self, retry: int, rand: Random | None = None) -> float:
         """The pause before retry number ``retry`` (0 = the first retry, after the first failure)."""
         if retry < 0:
             raise ValueError(f"retry must be >= 0, got {retry!r}")
@@ -77,9 +77,11 @@ class Backoff:
             grown = self.max_s
         return self.jittered_s(min(self.max_s, grown + self.increment_s * retry), rand)
 
-    def jittered_s(self, pause_s: float, rand: Random = random.random) -> float:
+    def jittered_s(self, pause_s: float, rand: Random | None = None) -> float:
         """``pause_s`` cut by a random fraction of up to ``jitter``."""
-        return pause_s * (1.0 - self.jitter * rand()) if self.jitter else pause_s
+        if not self.jitter:
+            return pause_s
+        return pause_s * (1.0 - self.jitter * (rand or random.random)())
 
 
 class RetryDelays:
@@ -94,7 +96,7 @@ class RetryDelays:
 
     __slots__ = ("backoff", "failures", "_rand", "_at_max")
 
-    def __init__(self, backoff: Backoff, rand: Random = random.random) -> None:
+    def __init__(self, backoff: Backoff, rand: Random | None = None) -> None:
         self.backoff = backoff
         #: Failures since the last success (or since :meth:`reset`).
         self.failures = 0
@@ -124,8 +126,8 @@ def call_with_retries(fn: Callable[[], T], backoff: Backoff, *, attempts: int,
                       retry_on: type[Exception] | tuple[type[Exception], ...] = Exception,
                       retry_if: Callable[[Exception], bool] | None = None, deadline: float | None = None,
                       on_retry: Callable[[Exception, int, float], object] | None = None,
-                      sleep: Callable[[float], object] = time.sleep, clock: Callable[[], float] = time.monotonic,
-                      rand: Random = random.random) -> T:
+                      sleep: Callable[[float], object] | None = None, clock: Callable[[], float] = time.monotonic,
+                      rand: Random | None = None) -> T:
     """``fn()``, called again after a pause while it raises a retried exception; its result.
 
     An exception is retried when it is a ``retry_on`` and ``retry_if(exc)`` (when given) says so; any other
@@ -133,7 +135,7 @@ def call_with_retries(fn: Callable[[], T], backoff: Backoff, *, attempts: int,
     ``backoff.delay_s(n)``, and no retry starts at or after ``deadline`` (a ``clock()`` time, default
     ``time.monotonic``): when the pause would reach it, the last exception is raised without pausing.
     ``on_retry(exc, attempt, pause_s)`` is told of each retry before its pause (``attempt`` 1 = the first call
-    failed).  ``sleep`` pauses (``threading.Event.wait`` makes the loop stoppable).
+    failed).  ``sleep`` pauses (default ``time.sleep``; ``threading.Event.wait`` makes the loop stoppable).
 
     >>> calls = []
     >>> def flaky() -> str:
@@ -161,4 +163,4 @@ def call_with_retries(fn: Callable[[], T], backoff: Backoff, *, attempts: int,
                 raise
             if on_retry is not None:
                 on_retry(exc, attempt, pause)
-            sleep(pause)
+            (sleep or time.sleep)(pause)
