@@ -153,6 +153,7 @@ class ScriptedChanges:
 @pytest.mark.parametrize(("pause_s", "expected"), [
     (1.0, [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 1.0, 2.0]),
     (0.5, [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 0.5, 1.0]),
+    (45.0, [45.0] * 9),  # a configured pause longer than the cap is kept (the hand-written loop fell to 30 s)
 ])
 def test_membership_watch_pauses_from_pull_error_backoff_doubling_to_30_s(
         monkeypatch: pytest.MonkeyPatch, pause_s: float, expected: list[float]) -> None:
