@@ -31,7 +31,8 @@ from typing import TypeVar
 __all__ = ["Backoff", "RetryDelays", "call_with_retries"]
 
 T = TypeVar("T")
-#: A source of random numbers in [0, 1); None: ``random.random`` (looked up at each call, as ``time.sleep`` is).
+#: A source of random numbers in [0, 1).  Where one is optional, None means ``random.random``, looked up at each
+#: call (as ``time.sleep`` is), so a test can patch it.
 Random = Callable[[], float]
 
 
