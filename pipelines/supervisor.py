@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sparkmq.platform.common.backoff import Backoff
+
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
@@ -68,8 +70,8 @@ class Supervisor:
             raise ValueError(f"job names must be unique, got {names}")
         self.jobs = {j.name: j for j in jobs}
         self._poll_interval_s = poll_interval_s
-        self._backoff_initial_s = backoff_initial_s
-        self._backoff_max_s = backoff_max_s
+        #: The pause before restart n of a job (n = its restarts so far; never reset).
+        self._backoff = Backoff(initial_s=backoff_initial_s, max_s=backoff_max_s)
         self._clock = clock
         self._lock = threading.Lock()
         self._queries: dict[str, StreamingQuery | None] = {name: None for name in self.jobs}
@@ -144,7 +146,7 @@ class Supervisor:
         with self._lock:
             status = self._status[name]
             status.last_error = str(exc)[:2000]
-            backoff = min(self._backoff_initial_s * 2 ** min(status.restarts, 16), self._backoff_max_s)
+            backoff = self._backoff.delay_s(status.restarts)
             status.restarts += 1
             status.state = "failed-waiting"
             status.next_restart_in_s = backoff

@@ -39,7 +39,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -48,6 +47,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from sparkmq.platform.common.backoff import Backoff, call_with_retries
 from sparkmq.platform.common.lake_tables import (
     CONSUMER_OFFSETS_DESCRIPTION,
     CONSUMER_OFFSETS_SCHEMA,
@@ -368,7 +368,9 @@ _lock = threading.RLock()
 #: What this process registered: (Spark application, table) -> location, so a repeated registration
 #: of the same lake costs no catalog round trip.
 _registered: dict[tuple[str, str], str] = {}
+#: Creating a table is tried five times, 50, 100, 150 and 200 ms apart.
 _CREATE_ATTEMPTS = 5
+_CREATE_RETRY = Backoff(initial_s=0.05, max_s=0.2, factor=1.0, increment_s=0.05)
 
 
 def _sql_string(text: str) -> str:
@@ -441,23 +443,27 @@ def ensure_table(spark: SparkSession, lake_root: str | os.PathLike[str], name: s
     """
     spec = get_spec(name)
     path = spec.path(lake_root)
-    last_error: Exception | None = None
+
+    def create_if_missing() -> None:
+        if is_table(spark, path):
+            return
+        if Path(path).is_dir() and any(p.name != "_delta_log" for p in Path(path).iterdir()):
+            raise LakeError(f"could not create the table {spec.name!r} at {path}: the path exists and is "
+                            "not a Delta table")
+        _create(spark, spec, path)
+
     with _lock:
-        for attempt in range(_CREATE_ATTEMPTS):
-            if not is_table(spark, path):
-                if Path(path).is_dir() and any(p.name != "_delta_log" for p in Path(path).iterdir()):
-                    raise LakeError(f"could not create the table {spec.name!r} at {path}: the path exists and is "
-                                    "not a Delta table")
-                try:
-                    _create(spark, spec, path)
-                except Exception as exc:  # most likely a concurrent creator committed version 0 first
-                    last_error = exc
-                    time.sleep(0.05 * (attempt + 1))
-                    continue
-            _check_matches(spark, spec, path)
-            _register(spark, spec, path)
-            return spec.qualified_name
-    raise LakeError(f"could not create the table {spec.name!r} at {path}: {last_error}")
+        try:
+            # A failed create is most likely a concurrent creator that committed version 0 first: look again.
+            call_with_retries(create_if_missing, _CREATE_RETRY, attempts=_CREATE_ATTEMPTS,
+                              retry_if=lambda exc: not isinstance(exc, LakeError))
+        except LakeError:
+            raise
+        except Exception as exc:
+            raise LakeError(f"could not create the table {spec.name!r} at {path}: {exc}") from exc
+        _check_matches(spark, spec, path)
+        _register(spark, spec, path)
+        return spec.qualified_name
 
 
 def ensure_tables(spark: SparkSession, lake_root: str | os.PathLike[str],

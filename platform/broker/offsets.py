@@ -63,6 +63,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
+from sparkmq.platform.common.backoff import Backoff, call_with_retries
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 from sparkmq.platform.common.failure_log import FailureLog
 from sparkmq.platform.common.lake_tables import (  # defined there so pipelines/ can name it too
@@ -86,7 +87,9 @@ _INT32_MAX = 2**31 - 1
 _INT64_MAX = 2**63 - 1
 #: A concurrent writer (another broker sharing the table) can make a merge lose the
 #: commit race; reloading and merging again is safe because the merge is an upsert.
-_COMMIT_RETRIES = 3
+#: Four attempts, 20, 40 and 60 ms apart (to let the competing writer finish).
+_COMMIT_ATTEMPTS = 4
+_COMMIT_RETRY = Backoff(initial_s=0.02, max_s=0.06, factor=1.0, increment_s=0.02)
 
 #: "group" and "offset" are SQL keywords, hence the quoting in the merge predicate.
 _KEY_MATCH = 't."group" = s."group" AND t.topic = s.topic AND t.queue_id = s.queue_id AND t.broker = s.broker'
@@ -444,7 +447,8 @@ class ConsumerOffsetManager:
             "updated_at": [u for _, _, u in rows],
         }, schema=CONSUMER_OFFSETS_SCHEMA)
         broker = _sql_str(self.broker_name)
-        for attempt in range(_COMMIT_RETRIES + 1):
+
+        def commit_once() -> int:
             table = self._open_table() or self._create_table()
             # Continue after whatever this broker name last wrote (a previous run, or a
             # manager that skipped load()) so versions never repeat.
@@ -471,17 +475,14 @@ class ConsumerOffsetManager:
                 # (a group may commit again after its removal) are deleted in the same commit.
                 merger = merger.when_not_matched_by_source_delete(
                     predicate=f"t.broker = {broker} AND ({' OR '.join(doomed)})")
-            try:
-                merger.execute()
-            except CommitFailedError:
-                if attempt == _COMMIT_RETRIES:
-                    raise
-                log.info("consumer_offsets: commit conflict persisting %s (attempt %d), retrying",
-                         self.app_id, attempt + 1)
-                time.sleep(0.02 * (attempt + 1))  # let the competing writer finish
-                continue
-            self._version = version
-            return
+            merger.execute()
+            return version
+
+        def conflict(exc: Exception, attempt: int, pause_s: float) -> None:
+            log.info("consumer_offsets: commit conflict persisting %s (attempt %d), retrying", self.app_id, attempt)
+
+        self._version = call_with_retries(commit_once, _COMMIT_RETRY, attempts=_COMMIT_ATTEMPTS,
+                                          retry_on=CommitFailedError, on_retry=conflict)
 
     # ------------------------------------------------------------ background thread
 

@@ -26,6 +26,7 @@ from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from ..common import protocol as p
+from ..common.backoff import Backoff, RetryDelays
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.protocol import held_queue_key
 from ..common.validation import validate_group, validate_topic
@@ -71,6 +72,10 @@ from .scheduler import Scheduler
 __all__ = ["ConsumerBase"]
 
 log = logging.getLogger("sparkmq.client")
+
+#: A failing membership watch pauses ``pull_error_backoff_s``, doubling after each failure up to this (or to
+#: ``pull_error_backoff_s`` when that is longer).
+_WATCH_BACKOFF_MAX_S = 30.0
 
 
 class ConsumerBase(ABC):
@@ -431,17 +436,16 @@ class ConsumerBase(ABC):
         assert self._async is not None
         # Unknown version: ask with 0 and take the answer as the baseline (no rebalance for it).
         version: int | None = self._versions.get(addr)
-        backoff = cfg.pull_error_backoff_s
+        delays = RetryDelays(Backoff(cfg.pull_error_backoff_s, max(cfg.pull_error_backoff_s, _WATCH_BACKOFF_MAX_S)))
         while True:
             try:
                 answer = await self._async.group_changes(addr, self.group, 0 if version is None else version,
                                                          cfg.change_wait_ms, cfg.change_timeout_s)
             except SparkMQError as exc:
                 log.debug("membership watch on %s failed: %s", addr, exc)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
+                await asyncio.sleep(delays.next_s())
                 continue
-            backoff = cfg.pull_error_backoff_s
+            delays.reset()
             new = int(answer.get("version", 0))
             if version is not None and new != version:
                 log.info("group %s membership changed on %s (version %d -> %d); rebalancing", self.group, addr,

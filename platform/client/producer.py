@@ -64,7 +64,7 @@ from .fault import LatencyFaultTolerance, QueueSelector
 from .remoting import BrokerClientPool, NameServerClient, RemotingError
 from .routes import TopicRouteCache, TopicRouteInfo
 from .scheduler import Scheduler
-from .send_retry import BROKER_FAULT_CODES, RETRYABLE_CODES, Failover, OrderedQueue, RetryPolicy, busy_backoff_s
+from .send_retry import BROKER_FAULT_CODES, BUSY_BACKOFF, RETRYABLE_CODES, Failover, OrderedQueue, RetryPolicy
 from .trace import TraceDispatcher
 
 __all__ = [
@@ -655,7 +655,7 @@ class Producer:
             def retry() -> None:
                 try:
                     if busy:  # back off before retrying
-                        time.sleep(busy_backoff_s(1))
+                        time.sleep(BUSY_BACKOFF.delay_s(0))
                     out.set_result(self._send_batch(msgs, None, None, None, False, packed_as=(data, ids)))
                 except BaseException as exc:  # noqa: BLE001  # the batch's futures get it
                     out.set_exception(exc)

@@ -37,11 +37,11 @@ Example::
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from ..common.backoff import Backoff
 from ..common.errors import ErrorCode, SparkMQError
 from ..remoting import RemotingError
 from .allocation import MessageQueue
@@ -50,7 +50,7 @@ from .fault import LatencyFaultTolerance, QueueSelector
 from .routes import TopicRouteInfo
 
 __all__ = ["RETRYABLE_CODES", "BROKER_FAULT_CODES", "RetryPolicy", "SendAttempts", "Attempt", "Failover",
-           "OrderedQueue", "busy_backoff_s", "BUSY_BACKOFF_S", "BUSY_BACKOFF_MAX_S"]
+           "OrderedQueue", "BUSY_BACKOFF"]
 
 log = logging.getLogger("sparkmq.client")
 
@@ -72,23 +72,11 @@ BROKER_FAULT_CODES = frozenset({
 REFRESH_GAP_S = 0.2
 FAILOVER_PAUSE_S = 0.2
 
-#: After a SYSTEM_BUSY answer (the broker is overloaded, platform/broker/overload.py) a send backs off this long
-#: before its next attempt, doubled after each further busy answer up to ``BUSY_BACKOFF_MAX_S`` (with jitter, so
-#: many producers do not come back at once).  Busy answers do not use up the send's ``retry_times``: its time
-#: budget (``send_timeout_s``) bounds them.
-BUSY_BACKOFF_S = 0.05
-BUSY_BACKOFF_MAX_S = 1.0
-
-
-def busy_backoff_s(busy_answers: int) -> float:
-    """How long to back off after the ``busy_answers``-th SYSTEM_BUSY answer in a row (1 = the first): exponential
-    from :data:`BUSY_BACKOFF_S` up to :data:`BUSY_BACKOFF_MAX_S`, times a random factor in [0.5, 1].
-
-    >>> 0.025 <= busy_backoff_s(1) <= 0.05 and 0.5 <= busy_backoff_s(30) <= 1.0
-    True
-    """
-    base = min(BUSY_BACKOFF_S * (2 ** min(max(busy_answers, 1) - 1, 16)), BUSY_BACKOFF_MAX_S)
-    return base * random.uniform(0.5, 1.0)
+#: After a SYSTEM_BUSY answer (the broker is overloaded, platform/broker/overload.py) a send backs off before its
+#: next attempt: 50 ms, doubled after each further busy answer up to 1 s, each cut by a random fraction of up to
+#: half (so many producers do not come back at once).  Busy answers do not use up the send's ``retry_times``: its
+#: time budget (``send_timeout_s``) bounds them.
+BUSY_BACKOFF = Backoff(initial_s=0.05, max_s=1.0, jitter=0.5)
 
 
 #: ``ordered(route) -> queue``: the one queue of an ordered send (never retried elsewhere).
@@ -213,7 +201,8 @@ class SendAttempts:
             # Overloaded, not broken: back off (growing) within the budget and try again, possibly elsewhere.
             self.busy_answers += 1
             self.policy.fault.update(broker, elapsed_ms)
-            failover = Failover(False, min(time.monotonic() + busy_backoff_s(self.busy_answers), self.deadline))
+            failover = Failover(False, min(time.monotonic() + BUSY_BACKOFF.delay_s(self.busy_answers - 1),
+                                           self.deadline))
             log.debug("send to %s (%s) answered busy (%d in a row), backing off: %s", step.queue.key, step.addr,
                       self.busy_answers, exc)
             self.last_broker, self.last_error = broker, exc

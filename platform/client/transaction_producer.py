@@ -38,6 +38,7 @@ from typing import Any
 
 import httpx
 
+from ..common.backoff import Backoff, RetryDelays
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.message import PROPERTY_TAGS, Message
 from ..common.wire import decode_body
@@ -50,6 +51,9 @@ __all__ = ["TransactionProducer", "TransactionState", "TransactionSendResult", "
            "LocalTransactionFn", "CheckListener"]
 
 log = logging.getLogger("sparkmq.client")
+
+#: The pause after a failed check-back poll: 0.2 s doubling to 5 s, from 0.2 s again after a poll that worked.
+_CHECK_POLL_RETRY = Backoff(initial_s=0.2, max_s=5.0)
 
 
 class TransactionState(StrEnum):
@@ -266,7 +270,7 @@ class TransactionProducer(Producer):
             self._heartbeat_one(addr)
 
     def _poll_checks(self, addr: str) -> None:
-        backoff = 0.2
+        delays = RetryDelays(_CHECK_POLL_RETRY)
         while not self._stop.is_set():
             try:
                 checks = self._brokers.get(addr).transaction_checks(self.group, self.client_id, self.check_wait_ms)
@@ -274,10 +278,9 @@ class TransactionProducer(Producer):
                 if self._stop.is_set():
                     return
                 log.debug("check-back poll on %s failed: %s", addr, exc)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+                self._stop.wait(delays.next_s())
                 continue
-            backoff = 0.2
+            delays.reset()
             for raw in checks:
                 self._answer(addr, raw)
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..auth.store import AclStore
+from ..common.backoff import Backoff, RetryDelays
 from ..common.errors import SparkMQError
 from ..common.failure_log import FailureLog
 from ..common.tls import TlsSettings
@@ -53,8 +54,8 @@ log = logging.getLogger("sparkmq.ha")
 _CONNECT_TIMEOUT_S = 3.0
 #: No frame (not even a heartbeat) for this long: the master is gone.
 _DEAD_MASTER_S = 3 * HEARTBEAT_INTERVAL_S
-_MIN_BACKOFF_S = 0.2
-_MAX_BACKOFF_S = 5.0
+#: The pause before reconnecting: 0.2 s doubling to 5 s, from 0.2 s again after a session that ended cleanly.
+_RECONNECT = Backoff(initial_s=0.2, max_s=5.0)
 
 
 class HandshakeRefused(Exception):
@@ -135,7 +136,7 @@ class ReplicationSlave:
 
     # -- the thread -----------------------------------------------------------------------------
     def _run(self) -> None:
-        backoff = _MIN_BACKOFF_S
+        delays = RetryDelays(_RECONNECT)
         while not self._stop.is_set():
             addr = self._master_addr()
             if addr is None:
@@ -143,21 +144,20 @@ class ReplicationSlave:
                 continue
             try:
                 self._session(addr)
-                backoff = _MIN_BACKOFF_S
+                delays.reset()
             except (OSError, SparkMQError, HandshakeRefused) as exc:
                 message = f"{type(exc).__name__}: {exc}"
                 if not self._stop.is_set():
                     self._failures.failure("%s: %s", addr, message)
                 self.last_error = message
                 if isinstance(exc, HandshakeRefused):
-                    backoff = _MAX_BACKOFF_S  # retrying at once cannot change the master's answer
+                    delays.hold_at_max()  # retrying at once cannot change the master's answer
             finally:
                 self.connected = False
                 sock, self._sock = self._sock, None
                 if sock is not None:
                     sock.close()
-            self._stop.wait(backoff)
-            backoff = min(_MAX_BACKOFF_S, backoff * 2)
+            self._stop.wait(delays.next_s())
 
     def _session(self, addr: str) -> None:
         host, port = split_addr(addr)
