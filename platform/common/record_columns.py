@@ -237,12 +237,15 @@ def _any_pairs(data: np.ndarray, bounds: np.ndarray, pair_ends: np.ndarray, name
     return offsets, start, sep, has, stop
 
 
-def map_value(props: pa.MapArray, name: str) -> pa.Array:
-    """Each row's value of key ``name`` in a map array (the first, when repeated; NULL when absent).
+def map_value(props: pa.MapArray, name: str, occurrence: str = "first") -> pa.Array:
+    """Each row's value of key ``name`` in a map array (the ``occurrence``, "first" or "last", when repeated;
+    NULL when absent).
 
-    What ``pc.map_lookup(props, name, "first")`` gives, in a few vectorised steps over the
+    What ``pc.map_lookup(props, name, occurrence)`` gives, in a few vectorised steps over the
     flattened keys instead of a per-row search (about a tenth of the time).
     """
+    if occurrence not in ("first", "last"):
+        raise ValueError(f"occurrence must be 'first' or 'last', got {occurrence!r}")
     n = len(props)
     bounds = props.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
     lo, hi = int(bounds[0]), int(bounds[-1])
@@ -251,9 +254,12 @@ def map_value(props: pa.MapArray, name: str) -> pa.Array:
     if hits.size == 0:
         return pa.nulls(n, items.type)
     rows = np.searchsorted(bounds - lo, hits, side="right") - 1
-    rows, first = np.unique(rows, return_index=True)   # hits ascend, so return_index is each row's first
+    # hits ascend, so each row's hits are one run: its first starts the run, its last ends it
+    change = rows[1:] != rows[:-1]
+    ends = np.flatnonzero(np.concatenate([[True], change]) if occurrence == "first"
+                          else np.concatenate([change, [True]]))
     index = np.full(n, -1, dtype=np.int64)
-    index[rows] = hits[first]
+    index[rows[ends]] = hits[ends]
     return items.take(pa.array(index, mask=index < 0))
 
 
@@ -340,13 +346,25 @@ def records_to_arrow(records: Sequence[bytes | memoryview], broker_name: str) ->
     return decode_records(records_array(records), broker_name)
 
 
+def _utf8(strings: pa.StringArray, error: str) -> pa.StringArray:
+    """``strings`` once proven UTF-8 (they are cut out of the records unchecked); STORE_CORRUPT ``error`` when not."""
+    try:
+        strings.validate(full=True)
+    except pa.ArrowInvalid:
+        raise SparkMQError(ErrorCode.STORE_CORRUPT, error) from None
+    return strings
+
+
 def decode_records(records: pa.BinaryArray | pa.ChunkedArray, broker_name: str) -> pa.RecordBatch:
     """Whole commit-log records (one per element) as one ``PULL_SCHEMA`` batch, column by column.
 
     The fixed headers are read as one numpy record array and the variable parts (body,
     topic, properties) are gathered into Arrow buffers, so the cost per message is a few
-    numpy/Arrow kernel elements instead of a decoded ``StoredMessage``.  STORE_CORRUPT when
-    a record's lengths do not add up.
+    numpy/Arrow kernel elements instead of a decoded ``StoredMessage``.  The rows are those of
+    the row decoder (``storage_native.decode_records``, the twin of the C one; a test holds it):
+    a property named twice gives its last value to ``msg_id``, ``tags`` and ``keys``, as in a
+    dict.  STORE_CORRUPT when a record's lengths do not add up, its magic is not the record
+    magic, or its topic or properties are not UTF-8.
     """
     if isinstance(records, pa.ChunkedArray):
         records = records.combine_chunks() if records.num_chunks != 1 else records.chunk(0)
@@ -366,6 +384,8 @@ def decode_records(records: pa.BinaryArray | pa.ChunkedArray, broker_name: str) 
     if not (lengths >= RECORD_HEADER_SIZE + 3).all():
         raise SparkMQError(ErrorCode.STORE_CORRUPT, "a record is shorter than its fixed part")
     header = _headers(buf, starts)
+    if not (header["magic"] == RECORD_MAGIC).all():
+        raise SparkMQError(ErrorCode.STORE_CORRUPT, "a record has a bad magic")
     body_start = starts + RECORD_HEADER_SIZE
     body_len = header["body_length"].astype(np.int64)
     topic_len_at = body_start + body_len
@@ -379,7 +399,9 @@ def decode_records(records: pa.BinaryArray | pa.ChunkedArray, broker_name: str) 
     props_len = buf[props_len_at].astype(np.int64) | (buf[props_len_at + 1].astype(np.int64) << 8)
     if not np.array_equal(props_len_at + 2 + props_len, ends):
         raise SparkMQError(ErrorCode.STORE_CORRUPT, "a record's lengths do not add up to its size")
-    props = _gather(buf, props_len_at + 2, props_len, pa.string())
+    topic = _utf8(_gather(buf, topic_start, topic_len, pa.string()), "a record's topic is not UTF-8")
+    props = _utf8(_gather(buf, props_len_at + 2, props_len, pa.string()),
+                  "a record's properties are not UTF-8")
     props_bounds = np.frombuffer(props.buffers()[1], dtype=np.int32)[props.offset:props.offset + n + 1]
     props_data = props.buffers()[2]
     properties = _property_map(np.frombuffer(props_data, dtype=np.uint8) if props_data is not None
@@ -394,17 +416,17 @@ def decode_records(records: pa.BinaryArray | pa.ChunkedArray, broker_name: str) 
         offset_ids = pa.array([prefixes[h] + f"{c:016X}" for h, c in zip(store_host.to_pylist(), clog.tolist(),
                                                                          strict=True)], pa.string())
     columns = [
-        _gather(buf, topic_start, topic_len, pa.string()),
+        topic,
         _repeated(broker_name, n),
         pa.array(header["queue_id"]),
         pa.array(header["queue_offset"]),
-        pc.fill_null(map_value(properties, PROPERTY_UNIQUE_ID), ""),
+        pc.fill_null(map_value(properties, PROPERTY_UNIQUE_ID, "last"), ""),
         offset_ids,
         pa.array(clog),
         pa.array(header["total"].astype(np.int32)),
         _gather(buf, body_start, body_len, pa.binary()),
-        map_value(properties, PROPERTY_TAGS),
-        map_value(properties, PROPERTY_KEYS),
+        map_value(properties, PROPERTY_TAGS, "last"),
+        map_value(properties, PROPERTY_KEYS, "last"),
         properties,
         pa.array(header["born_timestamp"]),
         born_host,
