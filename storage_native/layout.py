@@ -99,8 +99,12 @@ __all__ = [
     "FORMAT_VERSION",
     "RECORD_MAGIC",
     "BLANK_MAGIC",
+    "RECORD_FIELDS",
     "RECORD_HEADER",
     "RECORD_HEADER_SIZE",
+    "QUEUE_ID_AT",
+    "STORE_TIMESTAMP_AT",
+    "BODY_LENGTH_AT",
     "BLANK_MARKER_SIZE",
     "MIN_RECORD_SIZE",
     "CQ_UNIT",
@@ -137,12 +141,20 @@ RECORD_MAGIC = 0x534D5100 | FORMAT_VERSION
 #: Closes a segment whose remaining space cannot hold the next record.
 BLANK_MAGIC = 0x534D51FF
 
-#: total_size, magic, crc32, queue_id, flag, queue_offset, commitlog_offset,
-#: sys_flag, born_timestamp, born_host, store_timestamp, store_host,
-#: reconsume_times, prepared_offset, tag_hash, body_length
+#: The fields of the fixed header (RECORD_HEADER), in order.
+RECORD_FIELDS = ("total_size", "magic", "crc32", "queue_id", "flag", "queue_offset", "commitlog_offset", "sys_flag",
+                 "born_timestamp", "born_host", "store_timestamp", "store_host", "reconsume_times", "prepared_offset",
+                 "tag_hash", "body_length")
 RECORD_HEADER = struct.Struct("<IIIiiqqiq20sq20siqqI")
 RECORD_HEADER_SIZE = RECORD_HEADER.size  # 120
 assert RECORD_HEADER_SIZE == 120
+
+#: Where the fields that partial readers look up sit in a record (the diagram above).
+QUEUE_ID_AT = 12
+STORE_TIMESTAMP_AT = 68
+BODY_LENGTH_AT = 116
+assert (QUEUE_ID_AT, STORE_TIMESTAMP_AT, BODY_LENGTH_AT) == tuple(
+    struct.calcsize(RECORD_HEADER.format[:n]) for n in (4, 13, 20))
 
 BLANK_MARKER_SIZE = 8
 #: header + topic_length + properties_length with an empty body, topic and properties.

@@ -18,6 +18,7 @@ an offset per value) cast to plain binary/string arrays, so Arrow copies each va
 """
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Sequence
 
@@ -25,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ...storage_native.layout import RECORD_HEADER_SIZE, RECORD_MAGIC
+from ...storage_native.layout import RECORD_FIELDS, RECORD_HEADER, RECORD_HEADER_SIZE, RECORD_MAGIC
 from .codec import unpack_host
 from .errors import ErrorCode, SparkMQError
 from .ids import offset_msg_id_prefix
@@ -38,13 +39,11 @@ __all__ = ["EMPTY_PULL_BATCH", "RECORDS_SCHEMA", "decode_records", "map_value", 
 #: A bulk pull's answer in records form: one stored record per row, in queue order.
 RECORDS_SCHEMA = pa.schema([pa.field("record", pa.binary(), nullable=False)])
 
+#: numpy's spelling of the struct codes of layout.RECORD_HEADER (a "20s" host: 20 raw bytes).
+_NUMPY_CODES = {"I": "<u4", "i": "<i4", "q": "<i8"}
 #: The fixed record header (layout.RECORD_HEADER) as a packed numpy record type.
-_HEADER_DTYPE = np.dtype([
-    ("total", "<u4"), ("magic", "<u4"), ("crc", "<u4"), ("queue_id", "<i4"), ("flag", "<i4"),
-    ("queue_offset", "<i8"), ("commitlog_offset", "<i8"), ("sys_flag", "<i4"), ("born_timestamp", "<i8"),
-    ("born_host", "V20"), ("store_timestamp", "<i8"), ("store_host", "V20"), ("reconsume_times", "<i4"),
-    ("prepared_offset", "<i8"), ("tag_hash", "<i8"), ("body_length", "<u4"),
-])
+_HEADER_DTYPE = np.dtype([(name, _NUMPY_CODES.get(code, f"V{count}")) for name, (count, code) in
+                          zip(RECORD_FIELDS, re.findall(r"(\d*)([Iiqs])", RECORD_HEADER.format), strict=True)])
 assert _HEADER_DTYPE.itemsize == RECORD_HEADER_SIZE
 EMPTY_PULL_BATCH = pa.RecordBatch.from_pylist([], schema=PULL_SCHEMA)
 _PROPERTY_MAP = PULL_SCHEMA.field("properties").type
@@ -423,7 +422,7 @@ def decode_records(records: pa.BinaryArray | pa.ChunkedArray, broker_name: str) 
         pc.fill_null(map_value(properties, PROPERTY_UNIQUE_ID, "last"), ""),
         offset_ids,
         pa.array(clog),
-        pa.array(header["total"].astype(np.int32)),
+        pa.array(header["total_size"].astype(np.int32)),
         _gather(buf, body_start, body_len, pa.binary()),
         map_value(properties, PROPERTY_TAGS, "last"),
         map_value(properties, PROPERTY_KEYS, "last"),
