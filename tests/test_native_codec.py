@@ -24,11 +24,17 @@ from conftest import IMPL_NAMES, IMPLS
 from sparkmq.platform.common.codec import decode_properties, pack_host, tag_hash, unpack_host
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 from sparkmq.platform.common.ids import UniqueIdGenerator, encode_offset_msg_id
-from sparkmq.platform.common.message import Message
+from sparkmq.platform.common.message import Message, StoredMessage
 from sparkmq.platform.common.record_columns import decode_records as decode_columns
 from sparkmq.platform.common.record_columns import packed_records_array, records_array
 from sparkmq.platform.common.sysflag import COMPRESSED
-from sparkmq.platform.common.wire import ReceivedMessage, inflate, received_from_arrow
+from sparkmq.platform.common.wire import (
+    ReceivedMessage,
+    inflate,
+    received_from_arrow,
+    received_from_json,
+    stored_to_json,
+)
 from sparkmq.platform.store.message_store import translate_store_error
 from sparkmq.storage_native import StoreError, errors
 from sparkmq.storage_native.layout import PACKED_ENTRY, RECORD_HEADER_SIZE, encode_record, record_size
@@ -837,10 +843,10 @@ _ODD_PROPERTIES = [
 
 
 @pytest.mark.parametrize("hosts", ["one", "runs", "interleaved"])
-def test_columnar_and_row_decoders_agree_on_odd_records(impl, hosts):
-    """The paths a random buffer seldom takes: names given twice (the last wins, as in a dict), pairs without a
-    name or a \\x01, compressed bodies, and hosts -- IPv4, IPv6, all zero -- alike, in runs, or interleaved past the
-    columnar decoder's run limit (``record_columns._MAX_HOST_RUNS``)."""
+def test_every_decoder_gives_the_same_messages_of_odd_records(impl, hosts):
+    """Rows, columns and the JSON form agree on the paths a random buffer seldom takes: names given twice (the
+    last wins, as in a dict), pairs without a name or a \\x01, compressed bodies, and hosts -- IPv4, IPv6, all
+    zero -- alike, in runs, or interleaved past the columnar decoder's run limit (``_MAX_HOST_RUNS``)."""
     choices = [pack_host("10.1.2.3:4"), pack_host("[2001:db8::1]:5"), bytes(20), pack_host("[::ffff:1.2.3.4]:6")]
     records = []
     for i in range(600):
@@ -854,6 +860,9 @@ def test_columnar_and_row_decoders_agree_on_odd_records(impl, hosts):
             tag_hash=0, body=body, properties=_ODD_PROPERTIES[i % len(_ODD_PROPERTIES)]))
     rows = impl.decode_records(b"".join(records), "brk", ReceivedMessage, lambda b: inflate(b, COMPRESSED))
     assert received_from_arrow(decode_columns(records_array(records), "brk")) == rows
+    # ... and the JSON form, made of decode_record's tuple (the broker's HTTP pull) and read back by the client
+    stored = [StoredMessage.from_decoded(impl.decode_record(r)) for r in records]
+    assert [received_from_json(stored_to_json(m, "brk")) for m in stored] == rows
     assert rows[2].tags == "b" and rows[2].keys == ("k3", "k4") and rows[2].msg_id == "B"
 
 
