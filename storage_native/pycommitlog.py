@@ -205,18 +205,19 @@ def decode_record(buf, verify_crc: bool = False) -> tuple:
     return decoded
 
 
-def _frame_record(mv: memoryview, pos: int, left: int, whole: bool = False) -> tuple[int, int, int]:
-    """(total_size, topic length position, properties length position) of the record at ``pos`` with ``left``
-    bytes left (``whole``: the record must be all of them); the framing errors of ``decode_record`` and
-    ``decode_records``."""
+def _frame_record(mv: memoryview, pos: int, left: int, whole: bool = False) -> tuple[tuple, int, int]:
+    """(the fixed header's fields, topic length position, properties length position) of the record at ``pos``
+    with ``left`` bytes left (``whole``: the record must be all of them); the framing errors of
+    ``decode_record`` and ``decode_records``."""
     if left < RECORD_HEADER_SIZE:
         raise _err(CORRUPT_RECORD, "record is malformed: buffer shorter than the header")
-    total, magic = _SIZE_MAGIC.unpack_from(mv, pos)
+    header = RECORD_HEADER.unpack_from(mv, pos)
+    total, magic = header[0], header[1]
     if magic != RECORD_MAGIC:
         raise _err(CORRUPT_RECORD, f"record is malformed: bad magic 0x{magic:08x}")
     if (total != left) if whole else (total < RECORD_HEADER_SIZE or total > left):
         raise _err(CORRUPT_RECORD, f"record is malformed: total_size {total} != buffer length {left}")
-    tpos = RECORD_HEADER_SIZE + _U32.unpack_from(mv, pos + BODY_LENGTH_AT)[0]
+    tpos = RECORD_HEADER_SIZE + header[-1]
     if tpos + 1 > total:
         raise _err(CORRUPT_RECORD, "record is malformed: lengths overrun the record")
     ppos = tpos + 1 + mv[pos + tpos]
@@ -224,14 +225,14 @@ def _frame_record(mv: memoryview, pos: int, left: int, whole: bool = False) -> t
         raise _err(CORRUPT_RECORD, "record is malformed: lengths overrun the record")
     if ppos + 2 + _U16.unpack_from(mv, pos + ppos)[0] != total:
         raise _err(CORRUPT_RECORD, "record is malformed: lengths overrun the record")
-    return total, tpos, ppos
+    return header, tpos, ppos
 
 
 def _decode_at(mv: memoryview, pos: int, left: int, whole: bool) -> tuple:
     """``decode_record``'s tuple of the record at ``pos`` (the one decoding of a record's bytes), unchecked CRC."""
-    total, tpos, ppos = _frame_record(mv, pos, left, whole)
-    (_total, _magic, crc, queue_id, flag, queue_offset, clog_offset, sys_flag, born_ts, born_host,
-     store_ts, store_host, reconsume, prepared, tag_hash, _body_len) = RECORD_HEADER.unpack_from(mv, pos)
+    header, tpos, ppos = _frame_record(mv, pos, left, whole)
+    (total, _magic, crc, queue_id, flag, queue_offset, clog_offset, sys_flag, born_ts, born_host,
+     store_ts, store_host, reconsume, prepared, tag_hash, _body_len) = header
     try:
         topic = str(mv[pos + tpos + 1:pos + ppos], "utf-8")
     except UnicodeDecodeError:
@@ -579,9 +580,9 @@ def encode_rocketmq_records(records, /) -> bytes:
     pos = 0
     out: list[bytes | memoryview] = []
     while pos < size:
-        total, tpos, ppos = _frame_record(mv, pos, size - pos)
-        (_t, _m, _crc, queue_id, flag, queue_offset, clog_offset, sys_flag, born_ts, born_host, store_ts,
-         store_host, reconsume, prepared, _tag, body_len) = RECORD_HEADER.unpack_from(mv, pos)
+        header, tpos, ppos = _frame_record(mv, pos, size - pos)
+        (total, _m, _crc, queue_id, flag, queue_offset, clog_offset, sys_flag, born_ts, born_host, store_ts,
+         store_host, reconsume, prepared, _tag, body_len) = header
         born, born6 = _rmq_host(born_host)
         store, store6 = _rmq_host(store_host)
         topic = mv[pos + tpos + 1:pos + ppos]

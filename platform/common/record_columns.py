@@ -420,9 +420,9 @@ def decode_records(records: pa.BinaryArray | pa.ChunkedArray, broker_name: str) 
     store_host, store_names = _hosts(header["store_host"])
     born_host, _ = _hosts(header["born_host"])
     clog = header["commitlog_offset"]
-    if len(store_names) == 1:
+    if len(store_names) == 1 and (clog >= 0).all():
         offset_ids = _offset_msg_ids(offset_msg_id_prefix(store_names[0] or "0.0.0.0:0"), clog)
-    else:
+    else:  # several store hosts, or a (damaged) negative offset, written "-..." as ids.encode_offset_msg_id does
         prefixes = {h: offset_msg_id_prefix(h or "0.0.0.0:0") for h in store_names}
         offset_ids = pa.array([prefixes[h] + f"{c:016X}" for h, c in zip(store_host.to_pylist(), clog.tolist(),
                                                                          strict=True)], pa.string())
