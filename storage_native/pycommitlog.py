@@ -38,6 +38,7 @@ from .errors import (
 from .layout import (
     BLANK_MAGIC,
     BLANK_MARKER_SIZE,
+    BODY_LENGTH_AT,
     CQ_UNIT,
     CQ_UNIT_SIZE,
     DEFAULT_CQ_UNITS_PER_FILE,
@@ -52,6 +53,7 @@ from .layout import (
     MIN_SEGMENT_SIZE,
     PACKED_ENTRY,
     PACKED_ENTRY_SIZE,
+    QUEUE_ID_AT,
     RECORD_HEADER,
     RECORD_HEADER_SIZE,
     RECORD_MAGIC,
@@ -61,6 +63,7 @@ from .layout import (
     RMQ_MAGIC_V2,
     RMQ_STOREHOST_V6,
     RMQ_V1_MAX_TOPIC,
+    STORE_TIMESTAMP_AT,
     SYS_FLAG_COMPRESSED,
     segment_file_name,
 )
@@ -79,13 +82,9 @@ _GET_MAX_EXAMINED = 16384
 _SIZE_MAGIC = struct.Struct("<II")
 _U32 = struct.Struct("<I")
 _U16 = struct.Struct("<H")
-_STORE_TS_AT = 68
 _TOPIC_LEN_MAX = MAX_TOPIC_BYTES
 #: ``CommitLog._visible`` when no visibility limit is set (cl_store.h CL_NO_LIMIT).
 _NO_LIMIT = (1 << 63) - 1
-#: Where a record header holds its queue id and its body length (layout.RECORD_HEADER).
-_QUEUE_ID_AT = 12
-_BODY_LEN_AT = 116
 
 
 def _now_ms() -> int:
@@ -200,33 +199,47 @@ def _zero_tail(f: _MappedFile, pos: int) -> bool:
 def decode_record(buf, verify_crc: bool = False) -> tuple:
     """Decode one whole record; see ``_commitlog.pyi``."""
     mv = memoryview(buf)
-    if mv.nbytes < RECORD_HEADER_SIZE:
+    decoded = _decode_at(mv, 0, mv.nbytes, True)
+    if verify_crc and zlib.crc32(mv[12:]) != decoded[1]:
+        raise _err(CORRUPT_RECORD, "record fails its CRC check")
+    return decoded
+
+
+def _frame_record(mv: memoryview, pos: int, left: int, whole: bool = False) -> tuple[tuple, int, int]:
+    """(the fixed header's fields, topic length position, properties length position) of the record at ``pos``
+    with ``left`` bytes left (``whole``: the record must be all of them); the framing errors of
+    ``decode_record`` and ``decode_records``."""
+    if left < RECORD_HEADER_SIZE:
         raise _err(CORRUPT_RECORD, "record is malformed: buffer shorter than the header")
-    (total, magic, crc, queue_id, flag, queue_offset, clog_offset, sys_flag, born_ts, born_host,
-     store_ts, store_host, reconsume, prepared, tag_hash, body_len) = RECORD_HEADER.unpack_from(mv, 0)
+    header = RECORD_HEADER.unpack_from(mv, pos)
+    total, magic = header[0], header[1]
     if magic != RECORD_MAGIC:
         raise _err(CORRUPT_RECORD, f"record is malformed: bad magic 0x{magic:08x}")
-    if total != mv.nbytes:
-        raise _err(CORRUPT_RECORD, f"record is malformed: total_size {total} != buffer length {mv.nbytes}")
-    pos = RECORD_HEADER_SIZE + body_len
-    if pos + 1 > total:
+    if (total != left) if whole else (total < RECORD_HEADER_SIZE or total > left):
+        raise _err(CORRUPT_RECORD, f"record is malformed: total_size {total} != buffer length {left}")
+    tpos = RECORD_HEADER_SIZE + header[-1]
+    if tpos + 1 > total:
         raise _err(CORRUPT_RECORD, "record is malformed: lengths overrun the record")
-    topic_len = mv[pos]
-    ppos = pos + 1 + topic_len
+    ppos = tpos + 1 + mv[pos + tpos]
     if ppos + 2 > total:
         raise _err(CORRUPT_RECORD, "record is malformed: lengths overrun the record")
-    props_len = int.from_bytes(mv[ppos:ppos + 2], "little")
-    if ppos + 2 + props_len != total:
+    if ppos + 2 + _U16.unpack_from(mv, pos + ppos)[0] != total:
         raise _err(CORRUPT_RECORD, "record is malformed: lengths overrun the record")
+    return header, tpos, ppos
+
+
+def _decode_at(mv: memoryview, pos: int, left: int, whole: bool) -> tuple:
+    """``decode_record``'s tuple of the record at ``pos`` (the one decoding of a record's bytes), unchecked CRC."""
+    header, tpos, ppos = _frame_record(mv, pos, left, whole)
+    (total, _magic, crc, queue_id, flag, queue_offset, clog_offset, sys_flag, born_ts, born_host,
+     store_ts, store_host, reconsume, prepared, tag_hash, _body_len) = header
     try:
-        topic = str(mv[pos + 1:ppos], "utf-8")
+        topic = str(mv[pos + tpos + 1:pos + ppos], "utf-8")
     except UnicodeDecodeError:
         raise _err(CORRUPT_RECORD, "record is malformed: topic is not UTF-8") from None
-    if verify_crc and zlib.crc32(mv[12:]) != crc:
-        raise _err(CORRUPT_RECORD, "record fails its CRC check")
     return (total, crc, queue_id, flag, queue_offset, clog_offset, sys_flag, born_ts, born_host,
             store_ts, store_host, reconsume, prepared, tag_hash,
-            bytes(mv[RECORD_HEADER_SIZE:pos]), topic, bytes(mv[ppos + 2:total]))
+            bytes(mv[pos + RECORD_HEADER_SIZE:pos + tpos]), topic, bytes(mv[pos + ppos + 2:pos + total]))
 
 
 # -- packed batches and records (docs/remoting.md) ------------------------------------------
@@ -506,48 +519,18 @@ def _offset_id_prefix(raw: bytes) -> str:
     return (address + raw[16:20][::-1]).hex().upper()
 
 
-def _frame_record(mv: memoryview, pos: int, left: int) -> tuple[int, int, int]:
-    """(total_size, topic length position, properties length position) of the record at ``pos`` with ``left``
-    bytes left; the framing errors of ``decode_records``."""
-    if left < RECORD_HEADER_SIZE:
-        raise _err(CORRUPT_RECORD, "record is malformed: buffer shorter than the header")
-    total, magic = _SIZE_MAGIC.unpack_from(mv, pos)
-    if magic != RECORD_MAGIC:
-        raise _err(CORRUPT_RECORD, f"record is malformed: bad magic 0x{magic:08x}")
-    if total < RECORD_HEADER_SIZE or total > left:
-        raise _err(CORRUPT_RECORD, f"record is malformed: total_size {total} != buffer length {left}")
-    tpos = RECORD_HEADER_SIZE + _U32.unpack_from(mv, pos + _BODY_LEN_AT)[0]
-    if tpos + 1 > total:
-        raise _err(CORRUPT_RECORD, "record is malformed: lengths overrun the record")
-    ppos = tpos + 1 + mv[pos + tpos]
-    if ppos + 2 > total:
-        raise _err(CORRUPT_RECORD, "record is malformed: lengths overrun the record")
-    if ppos + 2 + _U16.unpack_from(mv, pos + ppos)[0] != total:
-        raise _err(CORRUPT_RECORD, "record is malformed: lengths overrun the record")
-    return total, tpos, ppos
-
-
 def decode_records(data, broker_name: str, factory, inflate) -> list:
     """``factory(...)`` of every record of concatenated stored records; see ``_commitlog.pyi``."""
     mv = memoryview(data).cast("B")
     size = mv.nbytes
     pos = 0
     out = []
-    topic_raw = topic = None
     hosts: dict[bytes, tuple[str, str]] = {}
     while pos < size:
-        total, tpos, ppos = _frame_record(mv, pos, size - pos)
-        (_total, _magic, _crc, queue_id, _flag, queue_offset, clog_offset, sys_flag, born_ts, born_host,
-         store_ts, store_host, reconsume, _prepared, _tag, _body_len) = RECORD_HEADER.unpack_from(mv, pos)
-        raw = bytes(mv[pos + tpos + 1:pos + ppos])
-        if raw != topic_raw:
-            try:
-                topic = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise _err(CORRUPT_RECORD, "record is malformed: topic is not UTF-8") from None
-            topic_raw = raw
+        (total, _crc, queue_id, _flag, queue_offset, clog_offset, sys_flag, born_ts, born_host, store_ts,
+         store_host, reconsume, _prepared, _tag_hash, body, topic, raw_props) = _decode_at(mv, pos, size - pos, False)
         try:
-            text = bytes(mv[pos + ppos + 2:pos + total]).decode("utf-8")
+            text = raw_props.decode("utf-8")
         except UnicodeDecodeError:
             raise _err(CORRUPT_RECORD, "record is malformed: properties are not UTF-8") from None
         props: dict[str, str] = {}
@@ -559,7 +542,6 @@ def decode_records(data, broker_name: str, factory, inflate) -> list:
             if host not in hosts:
                 hosts[host] = (_host_text(host), _offset_id_prefix(host))
         keys = props.get("KEYS")
-        body = bytes(mv[pos + RECORD_HEADER_SIZE:pos + tpos])
         if sys_flag & SYS_FLAG_COMPRESSED:
             body = inflate(body)
         store_text, id_prefix = hosts[store_host]
@@ -598,9 +580,9 @@ def encode_rocketmq_records(records, /) -> bytes:
     pos = 0
     out: list[bytes | memoryview] = []
     while pos < size:
-        total, tpos, ppos = _frame_record(mv, pos, size - pos)
-        (_t, _m, _crc, queue_id, flag, queue_offset, clog_offset, sys_flag, born_ts, born_host, store_ts,
-         store_host, reconsume, prepared, _tag, body_len) = RECORD_HEADER.unpack_from(mv, pos)
+        header, tpos, ppos = _frame_record(mv, pos, size - pos)
+        (total, _m, _crc, queue_id, flag, queue_offset, clog_offset, sys_flag, born_ts, born_host, store_ts,
+         store_host, reconsume, prepared, _tag, body_len) = header
         born, born6 = _rmq_host(born_host)
         store, store6 = _rmq_host(store_host)
         topic = mv[pos + tpos + 1:pos + ppos]
@@ -1550,10 +1532,9 @@ class CommitLog:
             while pos < hi:
                 seg, rel, total, blank = self._entry_at(pos)
                 if not blank:
-                    tpos = rel + RECORD_HEADER_SIZE + int.from_bytes(seg.mm[rel + _BODY_LEN_AT:rel + _BODY_LEN_AT + 4],
-                                                                     "little")
+                    tpos = rel + RECORD_HEADER_SIZE + _U32.unpack_from(seg.mm, rel + BODY_LENGTH_AT)[0]
                     topic = seg.mm[tpos + 1:tpos + 1 + seg.mm[tpos]].decode("utf-8", "surrogateescape")
-                    qid = int.from_bytes(seg.mm[rel + _QUEUE_ID_AT:rel + _QUEUE_ID_AT + 4], "little", signed=True)
+                    qid = int.from_bytes(seg.mm[rel + QUEUE_ID_AT:rel + QUEUE_ID_AT + 4], "little", signed=True)
                     if (topic, qid) in self._queues:
                         seen.setdefault((topic, qid))
                 pos += total
@@ -1576,7 +1557,7 @@ class CommitLog:
         with self._lock:
             self._check_open()
             seg, rel, _total = self._record_bounds(self._check_read_offset(offset))
-            return int.from_bytes(seg.mm[rel + _STORE_TS_AT:rel + _STORE_TS_AT + 8], "little", signed=True)
+            return int.from_bytes(seg.mm[rel + STORE_TIMESTAMP_AT:rel + STORE_TIMESTAMP_AT + 8], "little", signed=True)
 
     def scan(self, offset: int, max_count: int = 1024, max_bytes: int = 4 << 20) -> tuple[int, list]:
         """Records in log order from ``offset``: (next_offset, [(offset, record)])."""

@@ -136,9 +136,11 @@ def test_columnar_pull_matches_the_object_path(impl, store_factory) -> None:
 @given(st.lists(st.one_of(st.none(), st.lists(st.tuples(st.sampled_from(["A", "B", "KEYS", ""]), st.text(max_size=3)),
                                               max_size=4)), max_size=30),
        st.integers(0, 5))
-def test_map_value_is_map_lookup_first(maps: list, cut: int) -> None:
-    """map_value gives pc.map_lookup(..., "first") on any map array, NULL maps and slices included."""
+def test_map_value_is_map_lookup(maps: list, cut: int) -> None:
+    """map_value gives pc.map_lookup(..., "first" / "last") on any map array, NULL maps and slices included."""
     array = pa.array(maps, pa.map_(pa.string(), pa.string()))
     array = array.slice(min(cut, len(array)))
     for key in ("A", "KEYS", "", "missing"):
         assert map_value(array, key).equals(pc.map_lookup(array, key, "first"))
+        for occurrence in ("first", "last"):
+            assert map_value(array, key, occurrence).equals(pc.map_lookup(array, key, occurrence))

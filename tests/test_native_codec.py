@@ -22,13 +22,22 @@ from hypothesis import strategies as st
 
 from conftest import IMPL_NAMES, IMPLS
 from sparkmq.platform.common.codec import decode_properties, pack_host, tag_hash, unpack_host
-from sparkmq.platform.common.errors import ErrorCode
+from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 from sparkmq.platform.common.ids import UniqueIdGenerator, encode_offset_msg_id
-from sparkmq.platform.common.message import Message
-from sparkmq.platform.common.wire import ReceivedMessage
+from sparkmq.platform.common.message import Message, StoredMessage
+from sparkmq.platform.common.record_columns import decode_records as decode_columns
+from sparkmq.platform.common.record_columns import packed_records_array, records_array
+from sparkmq.platform.common.sysflag import COMPRESSED
+from sparkmq.platform.common.wire import (
+    ReceivedMessage,
+    inflate,
+    received_from_arrow,
+    received_from_json,
+    stored_to_json,
+)
 from sparkmq.platform.store.message_store import translate_store_error
 from sparkmq.storage_native import StoreError, errors
-from sparkmq.storage_native.layout import PACKED_ENTRY, RECORD_HEADER_SIZE, record_size
+from sparkmq.storage_native.layout import PACKED_ENTRY, RECORD_HEADER_SIZE, encode_record, record_size
 
 SEG = 64 * 1024
 TS = 1_700_000_000_000
@@ -798,6 +807,63 @@ def test_records_decode_like_the_platform_codecs(impl, buf):
         assert m.tags == expect_props.get("TAGS")
         assert m.keys == tuple(k for k in expect_props.get("KEYS", "").split(" ") if k)
         assert m.body == (b"inflated:" + body if sys_flag & 1 else body)
+
+
+def _rows_outcome(fn, *args):
+    """("ok", result) or ("error", code) of a decoder, native errors translated as the platform does."""
+    try:
+        return ("ok", fn(*args))
+    except StoreError as exc:
+        return ("error", translate_store_error(exc).code)
+    except SparkMQError as exc:
+        return ("error", exc.code)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(buf=records_buffers())
+def test_columnar_decoding_gives_the_rows_of_the_row_decoder(impl, buf):
+    """The columnar decoder (``record_columns``, the lake's and the Spark source's) read back into messages
+    (``wire.received_from_arrow``) gives the messages of the row decoder (the client's pull), on any records;
+    damaged ones make both fail."""
+    data, _recs = buf
+    rows = _rows_outcome(impl.decode_records, data, "brk", ReceivedMessage, lambda b: inflate(b, COMPRESSED))
+    columns = _rows_outcome(lambda d: received_from_arrow(decode_columns(packed_records_array(d), "brk")), data)
+    assert columns[0] == rows[0], (columns, rows)
+    if rows[0] == "ok":
+        assert columns[1] == rows[1]
+    event(f"{rows[0]} {rows[1] if rows[0] == 'error' else ''}")
+
+
+_ODD_PROPERTIES = [
+    b"", b"UNIQ_KEY\x01U1\x02",
+    b"TAGS\x01a\x02TAGS\x01b\x02KEYS\x01k1 k2\x02KEYS\x01 k3  k4 \x02UNIQ_KEY\x01A\x02UNIQ_KEY\x01B\x02",
+    b"\x02\x02TAGS\x01\x02KEYS\x02", b"k\x01v\x01w\x02\x01nameless\x02", b"TAGS\x01t\x02x\x01y",
+    "é\x01ü\x02TAGS\x01€\x02".encode(), b"\x01", b"\x02",
+]
+
+
+@pytest.mark.parametrize("hosts", ["one", "runs", "interleaved"])
+def test_every_decoder_gives_the_same_messages_of_odd_records(impl, hosts):
+    """Rows, columns and the JSON form agree on the paths a random buffer seldom takes: names given twice (the
+    last wins, as in a dict), pairs without a name or a \\x01, compressed bodies, and hosts -- IPv4, IPv6, all
+    zero -- alike, in runs, or interleaved past the columnar decoder's run limit (``_MAX_HOST_RUNS``)."""
+    choices = [pack_host("10.1.2.3:4"), pack_host("[2001:db8::1]:5"), bytes(20), pack_host("[::ffff:1.2.3.4]:6")]
+    records = []
+    for i in range(600):
+        pick = 0 if hosts == "one" else i // 7 % 4 if hosts == "runs" else i * 7 % 4
+        compressed = i % 5 == 0
+        body = zlib.compress(b"b%d" % i) if compressed else b"x" * (i % 30)
+        records.append(encode_record(
+            topic=["T", "été", "%RETRY%g"][i % 3], queue_id=i % 4, flag=i, queue_offset=i, commitlog_offset=1000 + i,
+            sys_flag=COMPRESSED if compressed else i % 2 * 4, born_timestamp=TS + i, born_host=choices[(pick + 1) % 4],
+            store_timestamp=TS + 2 * i, store_host=choices[pick], reconsume_times=i % 3, prepared_offset=0,
+            tag_hash=0, body=body, properties=_ODD_PROPERTIES[i % len(_ODD_PROPERTIES)]))
+    rows = impl.decode_records(b"".join(records), "brk", ReceivedMessage, lambda b: inflate(b, COMPRESSED))
+    assert received_from_arrow(decode_columns(records_array(records), "brk")) == rows
+    # ... and the JSON form, made of decode_record's tuple (the broker's HTTP pull) and read back by the client
+    stored = [StoredMessage.from_decoded(impl.decode_record(r)) for r in records]
+    assert [received_from_json(stored_to_json(m, "brk")) for m in stored] == rows
+    assert rows[2].tags == "b" and rows[2].keys == ("k3", "k4") and rows[2].msg_id == "B"
 
 
 @pytest.mark.skipif("native" not in IMPLS, reason="the C extension is not built")

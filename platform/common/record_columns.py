@@ -18,6 +18,7 @@ an offset per value) cast to plain binary/string arrays, so Arrow copies each va
 """
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Sequence
 
@@ -25,26 +26,24 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ...storage_native.layout import RECORD_HEADER_SIZE, RECORD_MAGIC
+from ...storage_native.layout import RECORD_FIELDS, RECORD_HEADER, RECORD_HEADER_SIZE, RECORD_MAGIC
 from .codec import unpack_host
 from .errors import ErrorCode, SparkMQError
 from .ids import offset_msg_id_prefix
 from .message import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQUE_ID
 from .wire import PULL_SCHEMA
 
-__all__ = ["EMPTY_PULL_BATCH", "RECORDS_SCHEMA", "decode_records", "map_value", "packed_records_array", "records_array",
-           "records_to_arrow"]
+__all__ = ["EMPTY_PULL_BATCH", "RECORDS_SCHEMA", "decode_records", "map_value", "map_values", "packed_records_array",
+           "records_array", "records_to_arrow"]
 
 #: A bulk pull's answer in records form: one stored record per row, in queue order.
 RECORDS_SCHEMA = pa.schema([pa.field("record", pa.binary(), nullable=False)])
 
+#: numpy's spelling of the struct codes of layout.RECORD_HEADER (a "20s" host: 20 raw bytes).
+_NUMPY_CODES = {"I": "<u4", "i": "<i4", "q": "<i8"}
 #: The fixed record header (layout.RECORD_HEADER) as a packed numpy record type.
-_HEADER_DTYPE = np.dtype([
-    ("total", "<u4"), ("magic", "<u4"), ("crc", "<u4"), ("queue_id", "<i4"), ("flag", "<i4"),
-    ("queue_offset", "<i8"), ("commitlog_offset", "<i8"), ("sys_flag", "<i4"), ("born_timestamp", "<i8"),
-    ("born_host", "V20"), ("store_timestamp", "<i8"), ("store_host", "V20"), ("reconsume_times", "<i4"),
-    ("prepared_offset", "<i8"), ("tag_hash", "<i8"), ("body_length", "<u4"),
-])
+_HEADER_DTYPE = np.dtype([(name, _NUMPY_CODES.get(code, f"V{count}")) for name, (count, code) in
+                          zip(RECORD_FIELDS, re.findall(r"(\d*)([Iiqs])", RECORD_HEADER.format), strict=True)])
 assert _HEADER_DTYPE.itemsize == RECORD_HEADER_SIZE
 EMPTY_PULL_BATCH = pa.RecordBatch.from_pylist([], schema=PULL_SCHEMA)
 _PROPERTY_MAP = PULL_SCHEMA.field("properties").type
@@ -237,24 +236,42 @@ def _any_pairs(data: np.ndarray, bounds: np.ndarray, pair_ends: np.ndarray, name
     return offsets, start, sep, has, stop
 
 
-def map_value(props: pa.MapArray, name: str) -> pa.Array:
-    """Each row's value of key ``name`` in a map array (the first, when repeated; NULL when absent).
+def map_value(props: pa.MapArray, name: str, occurrence: str = "first") -> pa.Array:
+    """Each row's value of key ``name`` in a map array (the ``occurrence``, "first" or "last", when repeated;
+    NULL when absent).
 
-    What ``pc.map_lookup(props, name, "first")`` gives, in a few vectorised steps over the
+    What ``pc.map_lookup(props, name, occurrence)`` gives, in a few vectorised steps over the
     flattened keys instead of a per-row search (about a tenth of the time).
     """
+    return map_values(props, (name,), occurrence)[0]
+
+
+def map_values(props: pa.MapArray, names: Sequence[str], occurrence: str = "first") -> list[pa.Array]:
+    """:func:`map_value` of each of ``names``, the row of every key found once for them all."""
+    if occurrence not in ("first", "last"):
+        raise ValueError(f"occurrence must be 'first' or 'last', got {occurrence!r}")
     n = len(props)
     bounds = props.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
     lo, hi = int(bounds[0]), int(bounds[-1])
     keys, items = props.keys.slice(lo, hi - lo), props.items.slice(lo, hi - lo)
-    hits = np.flatnonzero(pc.fill_null(pc.equal(keys, name), False).to_numpy(zero_copy_only=False))
-    if hits.size == 0:
-        return pa.nulls(n, items.type)
-    rows = np.searchsorted(bounds - lo, hits, side="right") - 1
-    rows, first = np.unique(rows, return_index=True)   # hits ascend, so return_index is each row's first
-    index = np.full(n, -1, dtype=np.int64)
-    index[rows] = hits[first]
-    return items.take(pa.array(index, mask=index < 0))
+    key_rows: np.ndarray | None = None
+    out = []
+    for name in names:
+        hits = np.flatnonzero(pc.fill_null(pc.equal(keys, name), False).to_numpy(zero_copy_only=False))
+        if hits.size == 0:
+            out.append(pa.nulls(n, items.type))
+            continue
+        if key_rows is None:
+            key_rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(bounds))
+        rows = key_rows[hits]
+        # hits ascend, so each row's hits are one run: its first starts the run, its last ends it
+        change = rows[1:] != rows[:-1]
+        ends = np.flatnonzero(np.concatenate([[True], change]) if occurrence == "first"
+                              else np.concatenate([change, [True]]))
+        index = np.full(n, -1, dtype=np.int64)
+        index[rows[ends]] = hits[ends]
+        out.append(items.take(pa.array(index, mask=index < 0)))
+    return out
 
 
 def records_array(records: Sequence[bytes | memoryview]) -> pa.BinaryArray:
@@ -340,13 +357,25 @@ def records_to_arrow(records: Sequence[bytes | memoryview], broker_name: str) ->
     return decode_records(records_array(records), broker_name)
 
 
+def _utf8(strings: pa.StringArray, error: str) -> pa.StringArray:
+    """``strings`` once proven UTF-8 (they are cut out of the records unchecked); STORE_CORRUPT ``error`` when not."""
+    try:
+        strings.validate(full=True)
+    except pa.ArrowInvalid:
+        raise SparkMQError(ErrorCode.STORE_CORRUPT, error) from None
+    return strings
+
+
 def decode_records(records: pa.BinaryArray | pa.ChunkedArray, broker_name: str) -> pa.RecordBatch:
     """Whole commit-log records (one per element) as one ``PULL_SCHEMA`` batch, column by column.
 
     The fixed headers are read as one numpy record array and the variable parts (body,
     topic, properties) are gathered into Arrow buffers, so the cost per message is a few
-    numpy/Arrow kernel elements instead of a decoded ``StoredMessage``.  STORE_CORRUPT when
-    a record's lengths do not add up.
+    numpy/Arrow kernel elements instead of a decoded ``StoredMessage``.  The rows are those of
+    the row decoder (``storage_native.decode_records``, the twin of the C one; a test holds it):
+    a property named twice gives its last value to ``msg_id``, ``tags`` and ``keys``, as in a
+    dict.  STORE_CORRUPT when a record's lengths do not add up, its magic is not the record
+    magic, or its topic or properties are not UTF-8.
     """
     if isinstance(records, pa.ChunkedArray):
         records = records.combine_chunks() if records.num_chunks != 1 else records.chunk(0)
@@ -366,6 +395,8 @@ def decode_records(records: pa.BinaryArray | pa.ChunkedArray, broker_name: str) 
     if not (lengths >= RECORD_HEADER_SIZE + 3).all():
         raise SparkMQError(ErrorCode.STORE_CORRUPT, "a record is shorter than its fixed part")
     header = _headers(buf, starts)
+    if not (header["magic"] == RECORD_MAGIC).all():
+        raise SparkMQError(ErrorCode.STORE_CORRUPT, "a record has a bad magic")
     body_start = starts + RECORD_HEADER_SIZE
     body_len = header["body_length"].astype(np.int64)
     topic_len_at = body_start + body_len
@@ -379,7 +410,9 @@ def decode_records(records: pa.BinaryArray | pa.ChunkedArray, broker_name: str) 
     props_len = buf[props_len_at].astype(np.int64) | (buf[props_len_at + 1].astype(np.int64) << 8)
     if not np.array_equal(props_len_at + 2 + props_len, ends):
         raise SparkMQError(ErrorCode.STORE_CORRUPT, "a record's lengths do not add up to its size")
-    props = _gather(buf, props_len_at + 2, props_len, pa.string())
+    topic = _utf8(_gather(buf, topic_start, topic_len, pa.string()), "a record's topic is not UTF-8")
+    props = _utf8(_gather(buf, props_len_at + 2, props_len, pa.string()),
+                  "a record's properties are not UTF-8")
     props_bounds = np.frombuffer(props.buffers()[1], dtype=np.int32)[props.offset:props.offset + n + 1]
     props_data = props.buffers()[2]
     properties = _property_map(np.frombuffer(props_data, dtype=np.uint8) if props_data is not None
@@ -387,24 +420,25 @@ def decode_records(records: pa.BinaryArray | pa.ChunkedArray, broker_name: str) 
     store_host, store_names = _hosts(header["store_host"])
     born_host, _ = _hosts(header["born_host"])
     clog = header["commitlog_offset"]
-    if len(store_names) == 1:
+    if len(store_names) == 1 and (clog >= 0).all():
         offset_ids = _offset_msg_ids(offset_msg_id_prefix(store_names[0] or "0.0.0.0:0"), clog)
-    else:
+    else:  # several store hosts, or a (damaged) negative offset, written "-..." as ids.encode_offset_msg_id does
         prefixes = {h: offset_msg_id_prefix(h or "0.0.0.0:0") for h in store_names}
         offset_ids = pa.array([prefixes[h] + f"{c:016X}" for h, c in zip(store_host.to_pylist(), clog.tolist(),
                                                                          strict=True)], pa.string())
+    msg_ids, tags, keys = map_values(properties, (PROPERTY_UNIQUE_ID, PROPERTY_TAGS, PROPERTY_KEYS), "last")
     columns = [
-        _gather(buf, topic_start, topic_len, pa.string()),
+        topic,
         _repeated(broker_name, n),
         pa.array(header["queue_id"]),
         pa.array(header["queue_offset"]),
-        pc.fill_null(map_value(properties, PROPERTY_UNIQUE_ID), ""),
+        pc.fill_null(msg_ids, ""),
         offset_ids,
         pa.array(clog),
-        pa.array(header["total"].astype(np.int32)),
+        pa.array(header["total_size"].astype(np.int32)),
         _gather(buf, body_start, body_len, pa.binary()),
-        map_value(properties, PROPERTY_TAGS),
-        map_value(properties, PROPERTY_KEYS),
+        tags,
+        keys,
         properties,
         pa.array(header["born_timestamp"]),
         born_host,

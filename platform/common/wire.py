@@ -235,20 +235,28 @@ def stored_to_arrow(messages: Sequence[StoredMessage], broker_name: str) -> pa.R
         [pa.array(col, type=f.type) for col, f in zip(columns, PULL_SCHEMA, strict=True)], schema=PULL_SCHEMA)
 
 
+#: The PULL_SCHEMA columns in the order of ReceivedMessage's fields (what decode_records' factory is given).
+_RECEIVED_ORDER = ("topic", "broker_name", "queue_id", "queue_offset", "msg_id", "offset_msg_id", "body", "tags",
+                   "keys", "properties", "born_timestamp", "born_host", "store_timestamp", "store_host",
+                   "reconsume_times", "sys_flag", "commitlog_offset", "store_size")
+assert sorted(_RECEIVED_ORDER) == sorted(PULL_SCHEMA.names)
+
+
 def received_from_arrow(table: pa.Table | pa.RecordBatch) -> list[ReceivedMessage]:
-    """The messages of a pull answered in Arrow, bodies inflated."""
-    out: list[ReceivedMessage] = []
-    for row in table.to_pylist():
-        sys_flag = row["sys_flag"]
-        out.append(ReceivedMessage(
-            topic=row["topic"], broker_name=row["broker_name"], queue_id=row["queue_id"],
-            queue_offset=row["queue_offset"], msg_id=row["msg_id"], offset_msg_id=row["offset_msg_id"],
-            body=inflate(row["body"], sys_flag), tags=row["tags"], keys=_split_keys(row["keys"]),
-            properties=dict(row["properties"] or ()), born_timestamp=row["born_timestamp"],
-            born_host=row["born_host"], store_timestamp=row["store_timestamp"], store_host=row["store_host"],
-            reconsume_times=row["reconsume_times"], sys_flag=sys_flag, commitlog_offset=row["commitlog_offset"],
-            store_size=row["store_size"]))
-    return out
+    """The messages of a pull answered in Arrow, bodies inflated.
+
+    Converted column by column (one ``to_pylist`` a column, not a dict a row): the rows of
+    ``record_columns.decode_records`` come back as the messages ``storage_native.decode_records``
+    makes of the same records (a test holds it).
+    """
+    columns = [table.column(name).to_pylist() for name in _RECEIVED_ORDER]
+    return [ReceivedMessage(topic, broker_name, queue_id, queue_offset, msg_id, offset_msg_id,
+                            inflate(body, sys_flag) if sys_flag & COMPRESSED else body, tags, _split_keys(keys),
+                            dict(properties) if properties else {}, born_ts, born_host, store_ts, store_host,
+                            reconsume, sys_flag, clog_offset, store_size)
+            for (topic, broker_name, queue_id, queue_offset, msg_id, offset_msg_id, body, tags, keys, properties,
+                 born_ts, born_host, store_ts, store_host, reconsume, sys_flag, clog_offset, store_size)
+            in zip(*columns, strict=True)]
 
 
 # -- batch sends: Arrow -----------------------------------------------------------------

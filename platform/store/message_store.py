@@ -24,7 +24,15 @@ import pyarrow as pa
 
 from ...storage_native import CommitLog, StoreError, decode_batch, decode_record
 from ...storage_native import errors as native_errors
-from ...storage_native.layout import CQ_UNIT_SIZE, RECORD_MAGIC, encode_record, record_size
+from ...storage_native.layout import (
+    BODY_LENGTH_AT,
+    CQ_UNIT_SIZE,
+    QUEUE_ID_AT,
+    RECORD_HEADER_SIZE,
+    RECORD_MAGIC,
+    encode_record,
+    record_size,
+)
 from ..common.codec import decode_properties, encode_properties, pack_host, tag_hash
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.failure_log import FailureLog
@@ -1095,7 +1103,6 @@ class MessageStore:
 
 
 _SIZE_MAGIC = struct.Struct("<II")
-_QUEUE_ID_AT = 12
 #: No offset reaches it (the native core's "no limit").
 _NO_LIMIT = (1 << 63) - 1
 
@@ -1131,9 +1138,9 @@ def _replicated_queues(data: bytes | memoryview) -> list[tuple[str, int]]:
     while at < len(view):
         total, magic = _SIZE_MAGIC.unpack_from(view, at)
         if magic == RECORD_MAGIC:
-            topic_at = at + _HEADER_SIZE + _U32.unpack_from(view, at + _BODY_LENGTH_AT)[0]
+            topic_at = at + RECORD_HEADER_SIZE + _U32.unpack_from(view, at + BODY_LENGTH_AT)[0]
             topic = bytes(view[topic_at + 1:topic_at + 1 + view[topic_at]])
-            seen.setdefault((topic, _I32.unpack_from(view, at + _QUEUE_ID_AT)[0]))
+            seen.setdefault((topic, _I32.unpack_from(view, at + QUEUE_ID_AT)[0]))
         at += total
     return [(topic.decode("utf-8"), queue_id) for topic, queue_id in seen]
 
@@ -1144,9 +1151,6 @@ _SCAN_BYTES = 8 << 20
 _U32 = struct.Struct("<I")
 _U16 = struct.Struct("<H")
 _I32 = struct.Struct("<i")
-#: Where the body length sits in a record header (see storage_native.layout).
-_BODY_LENGTH_AT = 116
-_HEADER_SIZE = 120
 
 
 class RawProperties(Mapping[str, str]):
@@ -1200,7 +1204,7 @@ def _needles(name: str) -> tuple[bytes, bytes]:
 
 def raw_record_properties(record: bytes | memoryview) -> RawProperties:
     """The properties of one whole record as a lazy :class:`RawProperties` view."""
-    at = _HEADER_SIZE + _U32.unpack_from(record, _BODY_LENGTH_AT)[0]
+    at = RECORD_HEADER_SIZE + _U32.unpack_from(record, BODY_LENGTH_AT)[0]
     at += 1 + record[at]
     length = _U16.unpack_from(record, at)[0]
     return RawProperties(bytes(record[at + 2:at + 2 + length]))
