@@ -50,6 +50,11 @@ class Child:
             self.lines.append(line.strip())
 
     def kill_after(self, seconds: float) -> None:
+        """SIGKILL ``seconds`` after the writer's first acknowledgement (not after its start: on a loaded machine
+        its imports alone can take longer than the whole window, and a kill before any write proves little)."""
+        deadline = time.monotonic() + 60
+        while not self.lines and self.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
         time.sleep(seconds)
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=30)
