@@ -17,7 +17,7 @@ from deltalake import DeltaTable
 from procs import wait_until
 from sparkmq.platform.broker.broker import Broker
 from sparkmq.platform.broker.client_manager import ClientManager, ConsumerData, MessageModel, Subscription
-from sparkmq.platform.broker.config import BrokerConfig, BrokerRole, parse_namesrv_addrs
+from sparkmq.platform.broker.config import BrokerConfig, BrokerRole
 from sparkmq.platform.broker.locks import QueueLockManager
 from sparkmq.platform.broker.offsets import ConsumerOffsetManager
 from sparkmq.platform.broker.processors import OutgoingMessage
@@ -82,12 +82,6 @@ def test_config_from_mapping_routes_overrides_and_refuses_unknown_keys(tmp_path:
 def test_config_rejects_bad_values_naming_them(tmp_path: Path, kwargs: dict, bad: str) -> None:
     with pytest.raises(ValueError, match=bad):
         BrokerConfig(data_dir=tmp_path, **kwargs)
-
-
-def test_parse_namesrv_addrs() -> None:
-    assert parse_namesrv_addrs("a:1; b:2,a:1 http://c:3") == ("a:1", "b:2", "c:3")
-    assert parse_namesrv_addrs(["x:9876"]) == ("x:9876",)
-    assert parse_namesrv_addrs(None) == ()
 
 
 # -- topic table ------------------------------------------------------------------------------

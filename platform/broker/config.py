@@ -21,7 +21,7 @@ import logging
 import math
 import re
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -31,10 +31,11 @@ from ..auth.model import check_acl_settings, validate_secret_key
 from ..auth.signing import Credentials
 from ..common.limits import ConnectionLimits
 from ..common.tls import TlsSettings
+from ..common.validation import check_addr, check_int, split_addrs
 from ..store.config import StoreConfig
 from .schedule import parse_delay_levels
 
-__all__ = ["BrokerRole", "BrokerConfig", "DEFAULT_PORT", "DEFAULT_GRPC_PORT", "parse_namesrv_addrs"]
+__all__ = ["BrokerRole", "BrokerConfig", "DEFAULT_PORT", "DEFAULT_GRPC_PORT"]
 
 log = logging.getLogger("sparkmq.broker")
 
@@ -46,7 +47,6 @@ DEFAULT_PORT = 10911
 DEFAULT_GRPC_PORT = 8081
 
 _NAME = re.compile(r"^[%|a-zA-Z0-9_.-]{1,127}$")
-_ADDR = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$")
 _STORE_FIELDS = frozenset(f.name for f in fields(StoreConfig))
 
 
@@ -61,46 +61,9 @@ class BrokerRole(enum.StrEnum):
     SLAVE = "SLAVE"
 
 
-def parse_namesrv_addrs(value: str | Sequence[str] | None) -> tuple[str, ...]:
-    """Name server addresses from ``"a:1;b:2"`` (RocketMQ's namesrvAddr spelling) or a list.
-
-    Example::
-
-        >>> parse_namesrv_addrs("127.0.0.1:9876; 127.0.0.1:9877")
-        ('127.0.0.1:9876', '127.0.0.1:9877')
-    """
-    if value is None:
-        return ()
-    items = re.split(r"[;,\s]+", value) if isinstance(value, str) else list(value)
-    out: list[str] = []
-    for item in items:
-        if not isinstance(item, str):
-            raise ValueError(f"a name server address must be a string, got {item!r}")
-        item = item.strip().removeprefix("http://")
-        if not item:
-            continue
-        _check_addr("name server address", item)
-        if item not in out:  # registering twice with one name server is pointless
-            out.append(item)
-    return tuple(out)
-
-
-def _check_addr(what: str, value: object) -> str:
-    match = _ADDR.match(value) if isinstance(value, str) else None
-    if match is None or not 1 <= int(match.group(2)) <= 65535:
-        raise ValueError(f"{what} must be 'host:port' with a port in 1..65535, got {value!r}")
-    return value  # type: ignore[return-value]  # matched a str above
-
-
 def _check_name(what: str, value: object) -> None:
     if not isinstance(value, str) or not _NAME.match(value):
         raise ValueError(f"{what} must be 1-127 characters of [%|a-zA-Z0-9_.-], got {value!r}")
-
-
-def _check_int(what: str, value: object, low: int, high: int) -> None:
-    # bool is an int subclass; True must not mean broker id 1.
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"{what} must be an integer in {low}..{high}, got {value!r}")
 
 
 def _check_seconds(what: str, value: object) -> None:
@@ -287,36 +250,36 @@ class BrokerConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "role", BrokerRole(self.role))
         object.__setattr__(self, "data_dir", Path(self.data_dir))
-        object.__setattr__(self, "namesrv_addrs", parse_namesrv_addrs(self.namesrv_addrs))
+        object.__setattr__(self, "namesrv_addrs", split_addrs(self.namesrv_addrs))
         _check_name("cluster", self.cluster)
         _check_name("broker_name", self.broker_name)
-        _check_int("broker_id", self.broker_id, 0, 2**31 - 1)
+        check_int("broker_id", self.broker_id, 0, 2**31 - 1, ValueError)
         if (self.role is BrokerRole.SLAVE) != (self.broker_id > 0):
             raise ValueError(f"role {self.role} does not fit broker_id {self.broker_id} (0 = master, > 0 = slave)")
         if not isinstance(self.host, str) or not self.host.strip():
             raise ValueError(f"host must be a non-empty string, got {self.host!r}")
-        _check_int("port", self.port, 0, 65535)
+        check_int("port", self.port, 0, 65535, ValueError)
         if self.remoting_port is not None:
-            _check_int("remoting_port", self.remoting_port, -1, 65535)
+            check_int("remoting_port", self.remoting_port, -1, 65535, ValueError)
         if self.grpc_port is not None:
-            _check_int("grpc_port", self.grpc_port, -1, 65535)
+            check_int("grpc_port", self.grpc_port, -1, 65535, ValueError)
         if self.advertised_addr is not None:
-            _check_addr("advertised_addr", self.advertised_addr)
+            check_addr("advertised_addr", self.advertised_addr, ValueError)
         if self.ha_port is not None:
-            _check_int("ha_port", self.ha_port, -1, 65535)
+            check_int("ha_port", self.ha_port, -1, 65535, ValueError)
         if self.ha_master_addr is not None:
-            _check_addr("ha_master_addr", self.ha_master_addr)
+            check_addr("ha_master_addr", self.ha_master_addr, ValueError)
         if self.dledger_enabled:
             members = self.dledger_members()  # validates the peers and this member's place among them
             if self.dledger_preferred_leader is not None and self.dledger_preferred_leader not in members:
                 raise ValueError(f"dledger_preferred_leader {self.dledger_preferred_leader!r} is not in dledger_peers")
         if self.dledger_group is not None:
             _check_name("dledger_group", self.dledger_group)
-        _check_int("dledger_heartbeat_ms", self.dledger_heartbeat_ms, 10, 600_000)
-        _check_int("dledger_max_missed_heartbeats", self.dledger_max_missed_heartbeats, 2, 100)
-        _check_int("dledger_wait_for_ack_ms", self.dledger_wait_for_ack_ms, 1, 3_600_000)
-        _check_int("ha_in_sync_max_gap_bytes", self.ha_in_sync_max_gap_bytes, 0, 2**62)
-        _check_int("ha_flush_slave_timeout_ms", self.ha_flush_slave_timeout_ms, 1, 3_600_000)
+        check_int("dledger_heartbeat_ms", self.dledger_heartbeat_ms, 10, 600_000, ValueError)
+        check_int("dledger_max_missed_heartbeats", self.dledger_max_missed_heartbeats, 2, 100, ValueError)
+        check_int("dledger_wait_for_ack_ms", self.dledger_wait_for_ack_ms, 1, 3_600_000, ValueError)
+        check_int("ha_in_sync_max_gap_bytes", self.ha_in_sync_max_gap_bytes, 0, 2**62, ValueError)
+        check_int("ha_flush_slave_timeout_ms", self.ha_flush_slave_timeout_ms, 1, 3_600_000, ValueError)
         _check_seconds("ha_slave_sync_interval_s", self.ha_slave_sync_interval_s)
         for name in ("register_interval_s", "register_timeout_s", "client_expiry_s", "client_scan_interval_s",
                      "offset_persist_interval_s", "offset_reset_fence_s", "queue_lock_expiry_s"):
@@ -324,16 +287,16 @@ class BrokerConfig:
         for name in ("timer_max_delay_s", "transaction_check_first_s", "transaction_check_interval_s",
                      "log_summary_interval_s"):
             _check_seconds(name, getattr(self, name))
-        _check_int("transaction_check_max", self.transaction_check_max, 1, 1_000_000)
+        check_int("transaction_check_max", self.transaction_check_max, 1, 1_000_000, ValueError)
         levels = self.delay_levels_ms  # validates
         if len(levels) > MAX_DELAY_LEVELS:
             raise ValueError(f"message_delay_level has {len(levels)} levels; at most {MAX_DELAY_LEVELS} "
                              f"(the schedule topic's queue count)")
-        _check_int("long_polling_max_ms", self.long_polling_max_ms, 0, 3_600_000)
-        _check_int("pop_min_invisible_ms", self.pop_min_invisible_ms, 1, 12 * 3600 * 1000)
-        _check_int("default_topic_queue_nums", self.default_topic_queue_nums, 1, 1024)
-        _check_int("pull_max_bytes", self.pull_max_bytes, 1, 2**31 - 1)
-        _check_int("max_request_bytes", self.max_request_bytes, 1024, 2**31 - 1)
+        check_int("long_polling_max_ms", self.long_polling_max_ms, 0, 3_600_000, ValueError)
+        check_int("pop_min_invisible_ms", self.pop_min_invisible_ms, 1, 12 * 3600 * 1000, ValueError)
+        check_int("default_topic_queue_nums", self.default_topic_queue_nums, 1, 1024, ValueError)
+        check_int("pull_max_bytes", self.pull_max_bytes, 1, 2**31 - 1, ValueError)
+        check_int("max_request_bytes", self.max_request_bytes, 1024, 2**31 - 1, ValueError)
         for name in ("tls_cert_file", "tls_key_file", "tls_ca_file"):
             if isinstance(getattr(self, name), Path):
                 object.__setattr__(self, name, str(getattr(self, name)))
@@ -342,11 +305,11 @@ class BrokerConfig:
             self.max_connections_per_ip, self.max_inflight_per_connection, self.http_header_timeout_s,
             self.http_keep_alive_s, self.http_max_concurrency, self.max_unanswered_bytes_per_connection,
             self.max_unanswered_bytes))
-        _check_int("wait_time_ms_in_send_queue", self.wait_time_ms_in_send_queue, 1, 3_600_000)
-        _check_int("wait_time_ms_in_pull_queue", self.wait_time_ms_in_pull_queue, 1, 3_600_000)
-        _check_int("os_page_cache_busy_timeout_ms", self.os_page_cache_busy_timeout_ms, 1, 3_600_000)
-        _check_int("max_pending_acks", self.max_pending_acks, 1, 2**31 - 1)
-        _check_int("max_held_pulls", self.max_held_pulls, 1, 2**31 - 1)
+        check_int("wait_time_ms_in_send_queue", self.wait_time_ms_in_send_queue, 1, 3_600_000, ValueError)
+        check_int("wait_time_ms_in_pull_queue", self.wait_time_ms_in_pull_queue, 1, 3_600_000, ValueError)
+        check_int("os_page_cache_busy_timeout_ms", self.os_page_cache_busy_timeout_ms, 1, 3_600_000, ValueError)
+        check_int("max_pending_acks", self.max_pending_acks, 1, 2**31 - 1, ValueError)
+        check_int("max_held_pulls", self.max_held_pulls, 1, 2**31 - 1, ValueError)
         check_acl_settings(self.acl_super_user_access_key, self.acl_super_user_secret_key)
         _check_seconds("acl_clock_skew_s", self.acl_clock_skew_s)
         if self.cluster_secret is not None:
@@ -430,7 +393,7 @@ class BrokerConfig:
             member, sep, addr = item.partition("-")
             if not sep or not member:
                 raise ValueError(f"dledger_peers entry {item!r} is not 'id-host:port'")
-            _check_addr(f"dledger_peers entry {member!r}", addr)
+            check_addr(f"dledger_peers entry {member!r}", addr, ValueError)
             if member in members:
                 raise ValueError(f"dledger_peers names {member!r} twice")
             host, _, port = addr.rpartition(":")

@@ -23,6 +23,7 @@ from pathlib import Path
 from ..auth.signing import Credentials
 from ..common.protocol import MAX_LONG_POLL_MS
 from ..common.tls import TlsSettings
+from ..common.validation import split_addrs
 
 __all__ = [
     "ClientConfig",
@@ -69,22 +70,6 @@ def _seconds(name: str, value: object, *, allow_zero: bool = False) -> None:
 def _count(name: str, value: object, low: int = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-
-
-def _normalise_addrs(value: object) -> tuple[str, ...]:
-    # RocketMQ separates name servers with ';'; accept that, commas, or a sequence.
-    if isinstance(value, str):
-        parts = [p.strip() for p in value.replace(",", ";").split(";")]
-    elif isinstance(value, list | tuple):
-        parts = [str(p).strip() for p in value]
-    else:
-        raise ValueError(f"namesrv_addrs must be 'host:port[;host:port...]' or a list, got {value!r}")
-    addrs = tuple(p.removeprefix("http://").rstrip("/") for p in parts if p)
-    for addr in addrs:
-        host, sep, port = addr.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"a name server address must be 'host:port', got {addr!r}")
-    return addrs
 
 
 @dataclass(frozen=True)
@@ -204,7 +189,7 @@ class ClientConfig:
     secret_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "namesrv_addrs", _normalise_addrs(self.namesrv_addrs))
+        object.__setattr__(self, "namesrv_addrs", split_addrs(self.namesrv_addrs))
         if not self.namesrv_addrs:
             raise ValueError("namesrv_addrs must name at least one name server")
         if self.client_id is not None and (not isinstance(self.client_id, str) or not self.client_id.strip()):

@@ -46,7 +46,7 @@ from ...common.protocol import (
     PullStatus,
 )
 from ...common.trace import TraceEvent
-from ...common.validation import validate_group
+from ...common.validation import check_int, validate_group
 from ...common.waiters import WaiterRegistry
 from ...namesrv.perm import is_readable
 from ...store import AppendEvent, FlushMode, MessageStore
@@ -71,7 +71,7 @@ from ..pop_state import (
 )
 from ..topics import TopicConfig, TopicConfigManager
 from ..trace import TraceRecorder
-from .base import BrokerState, Processor, check_int
+from .base import BrokerState, Processor
 from .pull import PullProcessor
 from .send import SendProcessor
 
