@@ -43,6 +43,7 @@ __all__ = [
     "check",
     "check_int",
     "check_fields",
+    "declared_fields",
     "check_addr",
     "split_addr",
     "split_addrs",
@@ -262,11 +263,12 @@ def _int_rule(low: int, high: int | None) -> _Rule:
 def check_fields(obj: object, error: ErrorKind = ValueError) -> None:
     """Check every field of the dataclass ``obj`` whose type declares limits (``Annotated`` with ``Meta``,
     maybe ``| None``) or is ``bool``; the first bad one raises ``error`` naming the field and its value."""
-    for name, tp in _declared_fields(type(obj)):
+    for name, tp in declared_fields(type(obj)):
         check(name, getattr(obj, name), tp, error)
 
 
-def _declared_fields(cls: type) -> tuple[tuple[str, Any], ...]:
+def declared_fields(cls: type) -> tuple[tuple[str, Any], ...]:
+    """``(name, type)`` of each field of the dataclass ``cls`` that :func:`check_fields` checks."""
     known = _DECLARED.get(cls)
     if known is None:
         known = _DECLARED[cls] = _read_declared_fields(cls)
