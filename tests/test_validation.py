@@ -10,7 +10,10 @@ import msgspec
 import pytest
 from msgspec import Meta
 
+from sparkmq.pipelines.alerts import AlertRule
+from sparkmq.platform.client.config import ClientConfig
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
+from sparkmq.platform.common.limits import ConnectionLimits
 from sparkmq.platform.common.validation import (
     ADDR_PATTERN,
     Addr,
@@ -22,10 +25,13 @@ from sparkmq.platform.common.validation import (
     check_addr,
     check_fields,
     check_int,
+    declared_fields,
     describe,
     split_addr,
     split_addrs,
 )
+from sparkmq.platform.namesrv.config import NameServerConfig
+from sparkmq.platform.store.config import StoreConfig
 
 
 @pytest.mark.parametrize("value", [True, False, 1.0, "1", None, [1], 10**30])
@@ -150,3 +156,23 @@ def test_split_addrs() -> None:
 
 def test_addr_pattern_is_anchored_for_schemas() -> None:
     assert ADDR_PATTERN.startswith("^") and ADDR_PATTERN.endswith("$")
+
+
+def _construct(cls: type, **kwargs: object) -> object:
+    required: dict[str, object] = {
+        "ClientConfig": {"namesrv_addrs": "127.0.0.1:9876"}, "StoreConfig": {"root": "/nonexistent/store"},
+        "AlertRule": {"name": "r", "kind": "lag"}}.get(cls.__name__, {})  # type: ignore[assignment]
+    return cls(**{**required, **kwargs})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("cls", [ClientConfig, NameServerConfig, ConnectionLimits, StoreConfig, AlertRule],
+                         ids=lambda c: c.__name__)
+def test_each_config_refuses_a_wrong_type_in_every_declared_field_naming_it(cls: type) -> None:
+    declared = dict(declared_fields(cls))
+    assert len(declared) >= 2
+    for name, tp in declared.items():
+        bad: object = 1 if describe(tp) == "true or false" else True  # a bool is no number, a number no bool
+        with pytest.raises(ValueError) as info:
+            _construct(cls, **{name: bad})
+        prefix = "alert rule 'r': " if cls is AlertRule else ""
+        assert str(info.value) == f"{prefix}{name} must be {describe(tp)}, got {bad!r}"

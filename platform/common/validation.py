@@ -32,6 +32,8 @@ __all__ = [
     "PortOrOff",
     "Int32",
     "Positive",
+    "NonNegative",
+    "MillisOrZero",
     "PositiveInt32",
     "TimeoutMs",
     "Seconds",
@@ -117,6 +119,8 @@ PortOrOff = Annotated[int, Meta(ge=-1, le=65535)]
 Int32 = Annotated[int, Meta(ge=0, le=_INT32_MAX)]
 #: A count or size of at least one.
 Positive = Annotated[int, Meta(ge=1)]
+#: A count, size or offset that may be 0.
+NonNegative = Annotated[int, Meta(ge=0)]
 #: A positive Java int.
 PositiveInt32 = Annotated[int, Meta(ge=1, le=_INT32_MAX)]
 #: Milliseconds of a timeout or wait, 1 ms .. 1 h.
@@ -125,6 +129,8 @@ TimeoutMs = Annotated[int, Meta(ge=1, le=3_600_000)]
 Seconds = Annotated[float, Meta(gt=0, le=_FLOAT_MAX, description="a finite number of seconds > 0")]
 #: A duration in seconds that may be 0.
 SecondsOrZero = Annotated[float, Meta(ge=0, le=_FLOAT_MAX, description="a finite number of seconds >= 0")]
+#: Milliseconds (an int or a float) that may be 0.
+MillisOrZero = Annotated[float, Meta(ge=0, le=_FLOAT_MAX, description="a finite number of milliseconds >= 0")]
 #: A share of a whole: 0 < ratio <= 1.
 Ratio = Annotated[float, Meta(gt=0, le=1, description="a ratio in (0, 1]")]
 #: A ``host:port`` address (see :data:`ADDR_PATTERN`).
@@ -260,11 +266,12 @@ def _int_rule(low: int, high: int | None) -> _Rule:
     return _rule(Annotated[int, Meta(ge=low, le=high)])
 
 
-def check_fields(obj: object, error: ErrorKind = ValueError) -> None:
+def check_fields(obj: object, error: ErrorKind = ValueError, prefix: str = "") -> None:
     """Check every field of the dataclass ``obj`` whose type declares limits (``Annotated`` with ``Meta``,
-    maybe ``| None``) or is ``bool``; the first bad one raises ``error`` naming the field and its value."""
+    maybe ``| None``) or is ``bool``; the first bad one raises ``error`` naming the field (after ``prefix``)
+    and its value."""
     for name, tp in declared_fields(type(obj)):
-        check(name, getattr(obj, name), tp, error)
+        check(prefix + name, getattr(obj, name), tp, error)
 
 
 def declared_fields(cls: type) -> tuple[tuple[str, Any], ...]:

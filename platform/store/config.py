@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..common.codec import pack_host
-from ..common.validation import DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_MAX_PROPERTIES_SIZE
+from ..common.validation import DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_MAX_PROPERTIES_SIZE, Ratio, check_fields
 
 __all__ = ["FlushMode", "StoreConfig"]
 
@@ -54,15 +54,15 @@ class StoreConfig:
     delete_when_hours: tuple[int, ...] = (4,)
     # Disk watermarks (platform/store/disk.py): ratios of the store's file system in use, as df shows them.
     #: diskMaxUsedSpaceRatio: at or above it, expired segments are deleted at once, at any hour.
-    disk_max_used_ratio: float = 0.75
+    disk_max_used_ratio: Ratio = 0.75
     #: diskSpaceCleanForciblyRatio: at or above it, the oldest segments are deleted before they expire.
-    disk_force_clean_ratio: float = 0.85
+    disk_force_clean_ratio: Ratio = 0.85
     #: diskSpaceWarningLevelRatio: at or above it, writes are refused with DISK_FULL (reads go on), leaving the
     #: rest of the disk to offsets, checkpoints, the lake and the trace.
-    disk_warning_ratio: float = 0.90
+    disk_warning_ratio: Ratio = 0.90
     #: Refused writes are accepted again once use falls below this (hysteresis; RocketMQ resumes at the warning
     #: ratio itself, so a disk at the line flips every check).
-    disk_resume_ratio: float = 0.85
+    disk_resume_ratio: Ratio = 0.85
     #: Early deletion (at disk_max_used_ratio and above) may delete messages a consumer group or a broker
     #: service has not consumed yet.  False keeps them: writes are refused instead once the disk reaches the
     #: warning ratio, until the consumers move on (RocketMQ deletes them).
@@ -93,6 +93,7 @@ class StoreConfig:
         object.__setattr__(self, "root", Path(self.root))
         object.__setattr__(self, "flush_mode", FlushMode(self.flush_mode))
         object.__setattr__(self, "delete_when_hours", tuple(self.delete_when_hours))
+        check_fields(self)  # the disk ratios and the switches
         if self.segment_size < 4096 or self.segment_size % 4096:
             raise ValueError(f"segment_size must be a multiple of 4096 and at least 4096, got {self.segment_size}")
         if self.cq_units_per_file < 1:
@@ -111,18 +112,12 @@ class StoreConfig:
         for hour in self.delete_when_hours:
             if not 0 <= hour <= 23:
                 raise ValueError(f"delete_when_hours must be hours 0-23, got {hour}")
-        for name in _RATIOS:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
-                raise ValueError(f"{name} must be a ratio in (0, 1], got {value!r}")
         for low, high in zip(_RATIOS, _RATIOS[1:3], strict=False):  # max used <= force clean <= warning
             if getattr(self, low) > getattr(self, high):
                 raise ValueError(f"{low} {getattr(self, low)} must not be above {high} {getattr(self, high)}")
         if self.disk_resume_ratio > self.disk_warning_ratio:
             raise ValueError(f"disk_resume_ratio {self.disk_resume_ratio} must not be above disk_warning_ratio "
                              f"{self.disk_warning_ratio} (writes resume below it)")
-        if not isinstance(self.disk_clean_unconsumed, bool):
-            raise ValueError(f"disk_clean_unconsumed must be true or false, got {self.disk_clean_unconsumed!r}")
         # the largest record must fit in one segment (header 120 + topic + properties)
         if self.max_message_size + self.max_properties_size + 400 > self.segment_size:
             raise ValueError(
