@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkmq.platform.auth.signing import Credentials
+from sparkmq.platform.common.validation import check_int
 
 from .supervisor import JobSpec, Supervisor
 
@@ -88,9 +89,7 @@ class LakeSettings:
         settings = cls(**data)
         if settings.trigger_interval_s <= 0:
             raise ValueError(f"trigger_interval_s must be > 0, got {settings.trigger_interval_s}")
-        limit = settings.max_messages_per_trigger
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"max_messages_per_trigger must be an integer >= 1, got {limit!r}")
+        check_int("max_messages_per_trigger", settings.max_messages_per_trigger, 1, error=ValueError)
         nice = settings.nice
         if nice != "idle" and (isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19):
             raise ValueError(f'nice must be "idle" or an integer from 0 to 19, got {nice!r}')

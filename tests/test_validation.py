@@ -3,6 +3,7 @@ never an int, bounds are inclusive where declared so, and the declarations mean 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -11,9 +12,15 @@ import pytest
 from msgspec import Meta
 
 from sparkmq.pipelines.alerts import AlertRule
+from sparkmq.platform.auth.model import AclTable
+from sparkmq.platform.broker.locks import _check_queues as lock_queues
+from sparkmq.platform.broker.schedule import ScheduleService
+from sparkmq.platform.client.allocation import AllocateConsistentHash
 from sparkmq.platform.client.config import ClientConfig
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
+from sparkmq.platform.common.failure_log import set_summary_interval
 from sparkmq.platform.common.limits import ConnectionLimits
+from sparkmq.platform.common.message import MessageQueue
 from sparkmq.platform.common.validation import (
     ADDR_PATTERN,
     Addr,
@@ -176,3 +183,36 @@ def test_each_config_refuses_a_wrong_type_in_every_declared_field_naming_it(cls:
             _construct(cls, **{name: bad})
         prefix = "alert rule 'r': " if cls is AlertRule else ""
         assert str(info.value) == f"{prefix}{name} must be {describe(tp)}, got {bad!r}"
+
+
+class _Levels:
+    levels_ms = (1000, 5000)
+
+
+def _raises(call: Callable[[], object]) -> BaseException:
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001  # the caller checks the type
+        return exc
+    raise AssertionError("no error")
+
+
+@pytest.mark.parametrize(("call", "kind", "text"), [
+    (lambda: MessageQueue("t", "b", True), ErrorCode.INVALID_ARGUMENT, "queue_id must be an integer >= 0, got True"),
+    (lambda: AllocateConsistentHash(0), ErrorCode.INVALID_ARGUMENT, "virtual_nodes must be an integer >= 1, got 0"),
+    (lambda: lock_queues([("t", 65536)]), ErrorCode.QUEUE_ID_ILLEGAL,
+     "queue id must be an integer in 0..65535, got 65536"),
+    (lambda: ScheduleService.level_delay_ms(_Levels(), 3), ErrorCode.INVALID_ARGUMENT,
+     "delay level must be an integer in 1..2, got 3"),
+    (lambda: AclTable.from_dict({"version": -1}), ValueError, "version must be an integer >= 0, got -1"),
+    (lambda: set_summary_interval(math.inf), ValueError,
+     "the summary interval must be a finite number of seconds > 0, got inf"),
+])
+def test_argument_checks_keep_their_code_and_name_the_argument_and_value(
+        call: Callable[[], object], kind: ErrorCode | type[Exception], text: str) -> None:
+    exc = _raises(call)
+    if isinstance(kind, ErrorCode):
+        assert isinstance(exc, SparkMQError) and exc.code is kind, exc
+        assert exc.message == text
+    else:
+        assert type(exc) is kind and str(exc) == text

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import enum
 import ipaddress
-import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..common.system_topics import DLQ_PREFIX, RETRY_PREFIX
+from ..common.validation import Seconds, check, check_int
 
 __all__ = ["Action", "ADMIN_ACTIONS", "CLUSTER", "Decision", "ResourceType", "ResourcePattern", "Resource", "User",
            "PolicyEntry", "Policy", "AclTable", "parse_actions", "validate_access_key", "validate_secret_key",
@@ -341,9 +341,7 @@ class AclTable:
         _only(data, {"version", "users", "policies"}, "ACL file")
         users = [User.from_dict(u) for u in data.get("users") or ()]
         policies = [Policy.from_dict(p) for p in data.get("policies") or ()]
-        version = data.get("version", 0)
-        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise ValueError(f"version must be an integer >= 0, got {version!r}")
+        version = check_int("version", data.get("version", 0), 0, error=ValueError)
         return cls({u.access_key: u for u in users}, {p.subject: p for p in policies}, version)
 
 
@@ -369,6 +367,4 @@ def check_service_acl_settings(data_dir: object, enabled: object, access_key: ob
     if enabled and not data_dir:
         raise ValueError("acl_enabled needs data_dir: the ACL is kept in <data_dir>/config/acl.json")
     check_acl_settings(access_key, secret_key)
-    if (isinstance(clock_skew_s, bool) or not isinstance(clock_skew_s, int | float)
-            or not math.isfinite(clock_skew_s) or clock_skew_s <= 0):
-        raise ValueError(f"acl_clock_skew_s must be a finite number of seconds > 0, got {clock_skew_s!r}")
+    check("acl_clock_skew_s", clock_skew_s, Seconds, ValueError)

@@ -72,7 +72,7 @@ from sparkmq.platform.common.lake_tables import (  # defined there so pipelines/
     CONSUMER_OFFSETS_TABLE,
     PINNED_PROPERTIES,
 )
-from sparkmq.platform.common.validation import validate_group, validate_topic
+from sparkmq.platform.common.validation import check_int, validate_group, validate_topic
 
 __all__ = [
     "CONSUMER_OFFSETS_SCHEMA",
@@ -108,18 +108,11 @@ def _sql_str(value: str) -> str:
 
 
 def _check_queue_id(queue_id: object) -> int:
-    # bool is an int subclass; True must not mean queue 1.
-    if isinstance(queue_id, bool) or not isinstance(queue_id, int) or not 0 <= queue_id <= _INT32_MAX:
-        raise SparkMQError(ErrorCode.QUEUE_ID_ILLEGAL,
-                           f"the queue id must be an integer in [0, {_INT32_MAX}], got {queue_id!r}")
-    return queue_id
+    return check_int("the queue id", queue_id, 0, _INT32_MAX, ErrorCode.QUEUE_ID_ILLEGAL)
 
 
 def _check_offset(offset: object) -> int:
-    if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= _INT64_MAX:
-        raise SparkMQError(ErrorCode.OFFSET_ILLEGAL,
-                           f"the offset must be an integer in [0, {_INT64_MAX}], got {offset!r}")
-    return offset
+    return check_int("the offset", offset, 0, _INT64_MAX, ErrorCode.OFFSET_ILLEGAL)
 
 
 class ConsumerOffsetManager:

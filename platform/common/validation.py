@@ -10,6 +10,7 @@ import functools
 import re
 import sys
 import types
+from collections.abc import Callable
 from typing import Annotated, Any, TypeVar, Union, cast, get_args, get_origin, get_type_hints
 
 from msgspec import Meta
@@ -32,6 +33,7 @@ __all__ = [
     "PortOrOff",
     "Int32",
     "Positive",
+    "EpochMs",
     "NonNegative",
     "MillisOrZero",
     "PositiveInt32",
@@ -101,8 +103,9 @@ def validate_group(group: object) -> str:
 # error it always raised: a stable :class:`ErrorCode` (a :class:`SparkMQError`, what clients see), or an
 # exception class (``ValueError`` for configs).
 
-#: What a failed check raises: a :class:`SparkMQError` with this code, or an instance of this exception class.
-ErrorKind = ErrorCode | type[Exception]
+#: What a failed check raises: a :class:`SparkMQError` with this code, or what this callable (an exception class,
+#: say ``ValueError``) makes of the message.
+ErrorKind = ErrorCode | Callable[[str], Exception]
 
 _FLOAT_MAX = sys.float_info.max
 _INT32_MAX = 2**31 - 1
@@ -125,6 +128,8 @@ NonNegative = Annotated[int, Meta(ge=0)]
 PositiveInt32 = Annotated[int, Meta(ge=1, le=_INT32_MAX)]
 #: Milliseconds of a timeout or wait, 1 ms .. 1 h.
 TimeoutMs = Annotated[int, Meta(ge=1, le=3_600_000)]
+#: A point in time in epoch milliseconds (a Java long).
+EpochMs = Annotated[int, Meta(ge=0, le=2**63 - 1, description="epoch milliseconds >= 0")]
 #: A duration or interval in seconds (an int or a float): finite and > 0.
 Seconds = Annotated[float, Meta(gt=0, le=_FLOAT_MAX, description="a finite number of seconds > 0")]
 #: A duration in seconds that may be 0.
@@ -255,6 +260,8 @@ def check_int(name: str, value: object, low: int, high: int | None = None,
         >>> check_int("queue_id", 3, 0, 7)
         3
     """
+    if type(value) is int and low <= value and (high is None or value <= high):
+        return value  # the common case, without the rule lookup (the same answer)
     rule = _int_rule(low, high)
     if not rule.allows(value):
         raise invalid(name, value, rule.description, error)
