@@ -201,8 +201,7 @@ class User:
     def __post_init__(self) -> None:
         validate_access_key(self.access_key)
         validate_secret_key(self.secret_key)
-        if not isinstance(self.super_user, bool):
-            raise ValueError(f"super_user must be true or false, got {self.super_user!r}")
+        check("super_user", self.super_user, bool, ValueError)
 
     def to_dict(self, *, with_secret: bool = False) -> dict[str, Any]:
         """JSON view; the secret only with ``with_secret`` (the store's file, never an API answer)."""
@@ -362,8 +361,7 @@ def check_service_acl_settings(data_dir: object, enabled: object, access_key: ob
                                clock_skew_s: object) -> None:
     """Validate the ``acl_*`` settings of a service that keeps its ACL under ``data_dir`` (name server, gateway):
     ValueError naming the bad setting (never showing a secret)."""
-    if not isinstance(enabled, bool):
-        raise ValueError(f"acl_enabled must be true or false, got {enabled!r}")
+    check("acl_enabled", enabled, bool, ValueError)
     if enabled and not data_dir:
         raise ValueError("acl_enabled needs data_dir: the ACL is kept in <data_dir>/config/acl.json")
     check_acl_settings(access_key, secret_key)

@@ -38,7 +38,7 @@ from ..common.system_topics import (
     TRANS_OP_HALF_TOPIC,
     is_system_topic,
 )
-from ..common.validation import check_int, validate_topic
+from ..common.validation import check, check_int, validate_topic
 from ..namesrv.perm import PERM_INHERIT, PERM_MAX, PERM_READ_WRITE
 
 __all__ = [
@@ -92,8 +92,7 @@ class TopicConfig:
         check_int("write_queue_nums", self.write_queue_nums, 1, MAX_QUEUE_NUMS)
         check_int("perm", self.perm, 0, PERM_MAX)
         check_int("topic_sys_flag", self.topic_sys_flag, 0, 2**31 - 1)
-        if not isinstance(self.order, bool):
-            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"order must be true or false, got {self.order!r}")
+        check("order", self.order, bool)
 
     @property
     def queue_count(self) -> int:
