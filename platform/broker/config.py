@@ -41,6 +41,7 @@ from ..common.validation import (
     TimeoutMs,
     check_addr,
     check_fields,
+    split_addr,
     split_addrs,
 )
 from ..store.config import StoreConfig
@@ -361,8 +362,7 @@ class BrokerConfig:
             check_addr(f"dledger_peers entry {member!r}", addr, ValueError)
             if member in members:
                 raise ValueError(f"dledger_peers names {member!r} twice")
-            host, _, port = addr.rpartition(":")
-            members[member] = (host.strip("[]"), int(port))
+            members[member] = split_addr(addr, f"dledger_peers entry {member!r}", ValueError)
         if len(members) < 3:
             raise ValueError(f"a DLedger group has at least 3 members (dledger_peers: {self.dledger_peers!r})")
         if self.dledger_self_id not in members:
