@@ -38,7 +38,7 @@ from sparkmq.platform.common.validation import (
     split_addrs,
 )
 from sparkmq.platform.namesrv.config import NameServerConfig
-from sparkmq.platform.store.config import StoreConfig
+from sparkmq.platform.store.config import SegmentSize, StoreConfig
 
 
 @pytest.mark.parametrize("value", [True, False, 1.0, "1", None, [1], 10**30])
@@ -88,11 +88,11 @@ def test_declared_types_allow_and_refuse(tp: object, good: list[object], bad: li
         assert info.value.message.endswith(repr(value)), info.value.message
 
 
-@pytest.mark.parametrize("tp", [Port, PortOrOff, Seconds, Ratio, Addr])
+@pytest.mark.parametrize("tp", [Port, PortOrOff, Seconds, Ratio, Addr, SegmentSize])
 def test_msgspec_reads_the_declarations_alike(tp: object) -> None:
     # The Meta is also what msgspec enforces when it decodes (and states in a JSON schema): the same values pass.
     samples: list[object] = [-2, -1, 0, 1, 80, 65535, 65536, 0.5, 1.0, 1.5, math.inf, math.nan, True, "80",
-                             "127.0.0.1:1", "h:65536", "[::1]:80", "h:080", None]
+                             "127.0.0.1:1", "h:65536", "[::1]:80", "h:080", None, 4096, 4097, 8192, 8192.0]
     for value in samples:
         try:
             msgspec.convert(value, tp, strict=True)

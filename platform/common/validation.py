@@ -155,6 +155,7 @@ class _Rule:
     lt: float | None
     min_length: int | None
     max_length: int | None
+    multiple_of: int | None
     pattern: re.Pattern[str] | None
     description: str
 
@@ -174,7 +175,8 @@ class _Rule:
             return False
         # Written so that NaN fails every bound, as in msgspec.
         return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
-                and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
+                and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt)
+                and (self.multiple_of is None or value % self.multiple_of == 0))
 
 
 _KINDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
@@ -207,7 +209,7 @@ def _rule(tp: Any) -> _Rule:
 
     ge, gt, le, lt = last("ge"), last("gt"), last("le"), last("lt")
     pattern = last("pattern")
-    return _Rule(tp, optional, ge, gt, le, lt, last("min_length"), last("max_length"),
+    return _Rule(tp, optional, ge, gt, le, lt, last("min_length"), last("max_length"), last("multiple_of"),
                  re.compile(pattern) if pattern is not None else None,
                  last("description") or _describe(tp, ge, gt, le, lt))
 
@@ -232,7 +234,8 @@ def check(name: str, value: T, tp: Any, error: ErrorKind = ErrorCode.INVALID_ARG
     """``value`` when the declared type ``tp`` allows it; else ``error`` naming ``name`` and the value.
 
     ``tp`` is ``int``, ``float``, ``str`` or ``bool``, maybe ``Annotated`` with msgspec ``Meta`` limits
-    (ge/gt/le/lt, min_length/max_length, pattern -- matched in full -- and a description), maybe ``| None``.
+    (ge/gt/le/lt, multiple_of, min_length/max_length, pattern -- matched in full -- and a description; give
+    one with multiple_of), maybe ``| None``.
     ``bool`` is never an int or a number.
 
     Example::
