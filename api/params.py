@@ -27,9 +27,11 @@ from ..platform.common.protocol import MAX_BULK_PULL_BATCH, MAX_LONG_POLL_MS, MA
 from ..platform.common.validation import (
     ADDR_PATTERN,
     MAX_GROUP_LENGTH,
+    MAX_NODE_NAME_LENGTH,
     MAX_SYSTEM_TOPIC_LENGTH,
     MAX_TOPIC_LENGTH,
     NAME_CHARS,
+    NODE_NAME_CHARS,
     SYSTEM_TOPIC_PREFIXES,
 )
 from ..platform.namesrv import route_table
@@ -126,14 +128,14 @@ ClientId = Annotated[
     str, StringConstraints(min_length=1, max_length=MAX_CLIENT_ID_LENGTH, pattern="^[!-~]+$"),
     coded(ErrorCode.INVALID_ARGUMENT, f"a client id is 1..{MAX_CLIENT_ID_LENGTH} visible ASCII characters"),
     Field(description=f"1..{MAX_CLIENT_ID_LENGTH} visible ASCII characters, no spaces")]
-_CLUSTER_RULE = f"1..{route_table.MAX_NAME_LENGTH} characters of {route_table.NAME_CHARS}"
+_CLUSTER_RULE = f"1..{MAX_NODE_NAME_LENGTH} characters of {NODE_NAME_CHARS}"
 ClusterName = Annotated[
-    str, StringConstraints(min_length=1, max_length=route_table.MAX_NAME_LENGTH,
-                           pattern=f"^{route_table.NAME_CHARS}+$"),
+    str, StringConstraints(min_length=1, max_length=MAX_NODE_NAME_LENGTH,
+                           pattern=f"^{NODE_NAME_CHARS}+$"),
     coded(ErrorCode.INVALID_ARGUMENT, f"a cluster name is {_CLUSTER_RULE}"), Field(description=_CLUSTER_RULE)]
 BrokerName = Annotated[
-    str, StringConstraints(min_length=1, max_length=route_table.MAX_NAME_LENGTH,
-                           pattern=f"^{route_table.NAME_CHARS}+$"),
+    str, StringConstraints(min_length=1, max_length=MAX_NODE_NAME_LENGTH,
+                           pattern=f"^{NODE_NAME_CHARS}+$"),
     coded(ErrorCode.INVALID_ARGUMENT, f"a broker name is {_CLUSTER_RULE}"), Field(description=_CLUSTER_RULE)]
 # The pattern says all the route table checks (validation.Addr), the port's 1..65535 included.
 HostPort = Annotated[

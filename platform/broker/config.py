@@ -34,6 +34,7 @@ from ..common.tls import TlsSettings
 from ..common.validation import (
     Addr,
     Int32,
+    NodeName,
     Port,
     PortOrOff,
     PositiveInt32,
@@ -58,9 +59,6 @@ DEFAULT_PORT = 10911
 #: The gRPC port ``sparkmq dev`` serves by default (RocketMQ 5's proxy port).
 DEFAULT_GRPC_PORT = 8081
 
-#: Cluster, broker and DLedger group names.
-Name = Annotated[str, Meta(pattern=r"^[%|a-zA-Z0-9_.-]{1,127}$",
-                           description="1-127 characters of [%|a-zA-Z0-9_.-]")]
 #: The interface to listen on.
 Host = Annotated[str, Meta(pattern=r"^\S+$", description="a host name or IP address (no spaces)")]
 _STORE_FIELDS = frozenset(f.name for f in fields(StoreConfig))
@@ -107,8 +105,8 @@ class BrokerConfig:
         ('127.0.0.1:10911', '/tmp/b/store')
     """
 
-    cluster: Name = "DefaultCluster"
-    broker_name: Name = "broker-a"
+    cluster: NodeName = "DefaultCluster"
+    broker_name: NodeName = "broker-a"
     #: 0 = master, > 0 = slave.
     broker_id: Int32 = 0
     role: BrokerRole = BrokerRole.ASYNC_MASTER
@@ -140,7 +138,7 @@ class BrokerConfig:
     #: elected leader registers as master (id 0), the others as slaves; ``role``/``broker_id`` are ignored.
     dledger_enabled: bool = False
     #: The group's name (RocketMQ's dLegerGroup); None = the broker name.
-    dledger_group: Name | None = None
+    dledger_group: NodeName | None = None
     #: This member's id among ``dledger_peers`` (dLegerSelfId).
     dledger_self_id: str = "n0"
     #: Every member, ``id-host:port`` joined by ``;`` (dLegerPeers): where each one's Raft port is reached.

@@ -42,6 +42,9 @@ __all__ = [
     "SecondsOrZero",
     "Ratio",
     "Addr",
+    "NODE_NAME_CHARS",
+    "MAX_NODE_NAME_LENGTH",
+    "NodeName",
     "invalid",
     "describe",
     "check",
@@ -138,6 +141,13 @@ SecondsOrZero = Annotated[float, Meta(ge=0, le=_FLOAT_MAX, description="a finite
 MillisOrZero = Annotated[float, Meta(ge=0, le=_FLOAT_MAX, description="a finite number of milliseconds >= 0")]
 #: A share of a whole: 0 < ratio <= 1.
 Ratio = Annotated[float, Meta(gt=0, le=1, description="a ratio in (0, 1]")]
+#: The characters of cluster, broker and DLedger group names (a regular-expression character class) ...
+NODE_NAME_CHARS = "[%|a-zA-Z0-9_.-]"
+#: ... and their longest length (as topics).
+MAX_NODE_NAME_LENGTH = 127
+#: A cluster, broker or DLedger group name.
+NodeName = Annotated[str, Meta(pattern=f"^{NODE_NAME_CHARS}{{1,{MAX_NODE_NAME_LENGTH}}}$",
+                               description=f"1..{MAX_NODE_NAME_LENGTH} characters of {NODE_NAME_CHARS}")]
 #: A ``host:port`` address (see :data:`ADDR_PATTERN`).
 Addr = Annotated[str, Meta(pattern=ADDR_PATTERN, max_length=300,
                            description="'host:port' with a port in 1..65535")]

@@ -28,7 +28,6 @@ Perm bits are documented in :mod:`sparkmq.platform.namesrv.perm`.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -36,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..common.errors import ErrorCode, SparkMQError
-from ..common.validation import check_addr, check_int, validate_topic
+from ..common.validation import NodeName, check, check_addr, check_int, validate_topic
 from .config import NameServerConfig
 from .perm import PERM_MAX, PERM_WRITE
 
@@ -59,28 +58,10 @@ log = logging.getLogger("sparkmq.namesrv")
 MASTER_ID = 0
 #: Upper bound on read/write queue counts a broker may announce (a sanity limit, not a RocketMQ one).
 MAX_QUEUE_NUMS = 65535
-#: Upper bound on cluster and broker name length (same as topics).
-MAX_NAME_LENGTH = 127
-
-#: The characters of cluster and broker names (a regular-expression character class).
-NAME_CHARS = "[%|a-zA-Z0-9_.-]"
-
-# fullmatch: "$" alone would also accept a trailing newline.
-_NAME = re.compile(f"{NAME_CHARS}+")
 
 
 def _invalid(message: str) -> SparkMQError:
     return SparkMQError(ErrorCode.INVALID_ARGUMENT, message)
-
-
-def _check_name(kind: str, value: object) -> str:
-    if not isinstance(value, str) or not value:
-        raise _invalid(f"the {kind} must be a non-empty string, got {value!r}")
-    if len(value) > MAX_NAME_LENGTH:
-        raise _invalid(f"the {kind} is {len(value)} characters, the limit is {MAX_NAME_LENGTH}")
-    if not _NAME.fullmatch(value):
-        raise _invalid(f"the {kind} {value!r} has characters outside [%|a-zA-Z0-9_.-]")
-    return value
 
 
 @dataclass(frozen=True)
@@ -327,8 +308,8 @@ class RouteTable:
             >>> t.register_broker("C", "b", 0, "127.0.0.1:10911", None, 7, {"T": TopicConfig()})
             False
         """
-        _check_name("cluster", cluster)
-        _check_name("broker name", broker_name)
+        check("the cluster", cluster, NodeName)
+        check("the broker name", broker_name, NodeName)
         check_int("broker_id", broker_id, 0)
         check_addr("the broker address", broker_addr)
         if ha_addr is not None and ha_addr != "":
@@ -418,8 +399,8 @@ class RouteTable:
         A request whose cluster, name or id do not match what that address registered
         changes nothing (a stale unregister must not remove a re-registered broker).
         """
-        _check_name("cluster", cluster)
-        _check_name("broker name", broker_name)
+        check("the cluster", cluster, NodeName)
+        check("the broker name", broker_name, NodeName)
         check_int("broker_id", broker_id, 0)
         check_addr("the broker address", broker_addr)
         with self._lock:
@@ -491,7 +472,7 @@ class RouteTable:
         """
         validate_topic(topic)
         if cluster is not None:
-            _check_name("cluster", cluster)
+            check("the cluster", cluster, NodeName)
         with self._lock:
             queue_map = self._topics.get(topic)
             if queue_map is None:
