@@ -72,7 +72,7 @@ from sparkmq.platform.common.lake_tables import (  # defined there so pipelines/
     CONSUMER_OFFSETS_TABLE,
     PINNED_PROPERTIES,
 )
-from sparkmq.platform.common.validation import check_int, validate_group, validate_topic
+from sparkmq.platform.common.validation import Seconds, check, check_int, validate_group, validate_topic
 
 __all__ = [
     "CONSUMER_OFFSETS_SCHEMA",
@@ -133,8 +133,8 @@ class ConsumerOffsetManager:
         """
         if not isinstance(broker_name, str) or not broker_name:
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "the broker name must be a non-empty string")
-        if not persist_interval_s > 0 or not reset_fence_s > 0:
-            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "the persist interval and the reset fence must be positive")
+        check("persist_interval_s", persist_interval_s, Seconds)
+        check("reset_fence_s", reset_fence_s, Seconds)
         self.table_path = str(table_path)
         self.broker_name = broker_name
         self.persist_interval_s = float(persist_interval_s)
