@@ -25,10 +25,13 @@ from ..platform.common.errors import ErrorCode
 from ..platform.common.filtering import FILTER_TYPES
 from ..platform.common.protocol import MAX_BULK_PULL_BATCH, MAX_LONG_POLL_MS, MAX_MSG_ID_LENGTH, MAX_PULL_BATCH
 from ..platform.common.validation import (
+    ADDR_PATTERN,
     MAX_GROUP_LENGTH,
+    MAX_NODE_NAME_LENGTH,
     MAX_SYSTEM_TOPIC_LENGTH,
     MAX_TOPIC_LENGTH,
     NAME_CHARS,
+    NODE_NAME_CHARS,
     SYSTEM_TOPIC_PREFIXES,
 )
 from ..platform.namesrv import route_table
@@ -125,19 +128,18 @@ ClientId = Annotated[
     str, StringConstraints(min_length=1, max_length=MAX_CLIENT_ID_LENGTH, pattern="^[!-~]+$"),
     coded(ErrorCode.INVALID_ARGUMENT, f"a client id is 1..{MAX_CLIENT_ID_LENGTH} visible ASCII characters"),
     Field(description=f"1..{MAX_CLIENT_ID_LENGTH} visible ASCII characters, no spaces")]
-_CLUSTER_RULE = f"1..{route_table.MAX_NAME_LENGTH} characters of {route_table.NAME_CHARS}"
+_CLUSTER_RULE = f"1..{MAX_NODE_NAME_LENGTH} characters of {NODE_NAME_CHARS}"
 ClusterName = Annotated[
-    str, StringConstraints(min_length=1, max_length=route_table.MAX_NAME_LENGTH,
-                           pattern=f"^{route_table.NAME_CHARS}+$"),
+    str, StringConstraints(min_length=1, max_length=MAX_NODE_NAME_LENGTH,
+                           pattern=f"^{NODE_NAME_CHARS}+$"),
     coded(ErrorCode.INVALID_ARGUMENT, f"a cluster name is {_CLUSTER_RULE}"), Field(description=_CLUSTER_RULE)]
 BrokerName = Annotated[
-    str, StringConstraints(min_length=1, max_length=route_table.MAX_NAME_LENGTH,
-                           pattern=f"^{route_table.NAME_CHARS}+$"),
+    str, StringConstraints(min_length=1, max_length=MAX_NODE_NAME_LENGTH,
+                           pattern=f"^{NODE_NAME_CHARS}+$"),
     coded(ErrorCode.INVALID_ARGUMENT, f"a broker name is {_CLUSTER_RULE}"), Field(description=_CLUSTER_RULE)]
-# The port's 1..65535 as a pattern, so that the schema says all the route table checks.
-_PORT = r"(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+# The pattern says all the route table checks (validation.Addr), the port's 1..65535 included.
 HostPort = Annotated[
-    str, StringConstraints(max_length=300, pattern=route_table.ADDR_PATTERN.replace(r"(\d{1,5})$", f"{_PORT}$")),
+    str, StringConstraints(max_length=300, pattern=ADDR_PATTERN),
     coded(ErrorCode.INVALID_ARGUMENT, "an address is host:port with a port in 1..65535"),
     Field(description="host:port (IPv4, hostname or [IPv6]), port 1..65535")]
 

@@ -48,12 +48,15 @@ import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import httpx
 import pyarrow as pa
 import pyarrow.dataset as ds
 from deltalake import DeltaTable
+from msgspec import Meta
+
+from sparkmq.platform.common.validation import Positive, check_fields
 
 from . import tables
 
@@ -89,8 +92,8 @@ class AlertRule:
 
     name: str
     kind: str
-    threshold: float = 0.0
-    for_minutes: int = 1
+    threshold: Annotated[float, Meta(ge=0)] = 0.0
+    for_minutes: Positive = 1
     severity: str = "warning"
     group: str | None = None      # exact name or fnmatch glob; None: every group
     topic: str | None = None
@@ -100,11 +103,7 @@ class AlertRule:
             raise ValueError(f"alert rule name must be a non-empty string without ':', got {self.name!r}")
         if self.kind not in ALERT_KINDS:
             raise ValueError(f"alert rule {self.name!r}: kind must be one of {ALERT_KINDS}, got {self.kind!r}")
-        if isinstance(self.threshold, bool) or not isinstance(self.threshold, int | float) or self.threshold < 0:
-            raise ValueError(f"alert rule {self.name!r}: threshold must be a number >= 0, got {self.threshold!r}")
-        if isinstance(self.for_minutes, bool) or not isinstance(self.for_minutes, int) or self.for_minutes < 1:
-            raise ValueError(f"alert rule {self.name!r}: for_minutes must be an integer >= 1, "
-                             f"got {self.for_minutes!r}")
+        check_fields(self, prefix=f"alert rule {self.name!r}: ")  # threshold, for_minutes
         if self.severity not in SEVERITIES:
             raise ValueError(f"alert rule {self.name!r}: severity must be one of {SEVERITIES}, got {self.severity!r}")
 

@@ -53,6 +53,7 @@ from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 from sparkmq.platform.common.filtering import parse_tags
 from sparkmq.platform.common.protocol import RequestCode
 from sparkmq.platform.common.record_columns import decode_records, packed_records_array
+from sparkmq.platform.common.validation import split_addrs
 from sparkmq.platform.common.wire import PULL_SCHEMA
 from sparkmq.platform.remoting import RemotingError, Response, SyncRemotingClient
 
@@ -141,10 +142,6 @@ def access_error(exc: SparkMQError) -> SparkMQError:
                                   f"topics it reads, Pub on those it writes)")
 
 
-def _split_addrs(text: str) -> tuple[str, ...]:
-    return tuple(a.strip() for a in re.split(r"[;,]", text) if a.strip())
-
-
 @dataclass(frozen=True)
 class Endpoints:
     """Where the cluster is: name servers, or brokers by name when there is no name server.
@@ -168,8 +165,11 @@ class Endpoints:
         if namesrv and brokers:
             raise OptionError("namesrv", "give either 'namesrv' or 'brokers', not both")
         if namesrv:
-            addrs = _split_addrs(namesrv)
-            if not addrs or not all(":" in a for a in addrs):
+            try:
+                addrs = split_addrs(namesrv, "namesrv")
+            except ValueError as exc:
+                raise OptionError("namesrv", str(exc)) from None
+            if not addrs:
                 raise OptionError("namesrv", f"expected 'host:port;host:port', got {namesrv!r}")
             return cls(namesrv=addrs)
         if brokers:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkmq.platform.auth.signing import Credentials
+from sparkmq.platform.common.validation import Positive, Seconds, check_fields
 
 from .supervisor import JobSpec, Supervisor
 
@@ -60,9 +61,9 @@ class LakeSettings:
     spark_master: str | None = None
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     #: Micro-batch interval of the streaming jobs.
-    trigger_interval_s: float = 1.0
+    trigger_interval_s: Seconds = 1.0
     #: Upper bound of one dispatch micro-batch (its tasks hold it in memory while they write).
-    max_messages_per_trigger: int = 500_000
+    max_messages_per_trigger: Positive = 500_000
     #: CPU priority of Spark's JVM and Python workers on a local master: "idle" (Linux SCHED_IDLE: only
     #: the CPU the broker leaves idle) or a niceness 0..19 (0: the broker's own priority).
     nice: int | str = "idle"
@@ -86,11 +87,7 @@ class LakeSettings:
         if "jobs" in data:
             data["jobs"] = tuple(data["jobs"])
         settings = cls(**data)
-        if settings.trigger_interval_s <= 0:
-            raise ValueError(f"trigger_interval_s must be > 0, got {settings.trigger_interval_s}")
-        limit = settings.max_messages_per_trigger
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"max_messages_per_trigger must be an integer >= 1, got {limit!r}")
+        check_fields(settings)  # enabled, trigger_interval_s, max_messages_per_trigger
         nice = settings.nice
         if nice != "idle" and (isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19):
             raise ValueError(f'nice must be "idle" or an integer from 0 to 19, got {nice!r}')

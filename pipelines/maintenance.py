@@ -33,9 +33,12 @@ import os
 import threading
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
+
+from msgspec import Meta
 
 from sparkmq.platform.common.errors import ErrorCode
+from sparkmq.platform.common.validation import check, check_int
 
 from . import tables as lake_tables
 from .errors import LakeError
@@ -111,9 +114,8 @@ def _checkpoint(spark: SparkSession, path: str) -> None:
 def _check_retention(hours: float | None, allow_unsafe: bool) -> None:
     if hours is None:
         return
-    if isinstance(hours, bool) or not isinstance(hours, int | float) or hours < 0:
-        raise LakeError(f"vacuum_retention_hours must be a number >= 0 or None, got {hours!r}",
-                        ErrorCode.INVALID_ARGUMENT)
+    check("vacuum_retention_hours", hours, Annotated[float, Meta(ge=0)],
+          lambda message: LakeError(message, ErrorCode.INVALID_ARGUMENT))
     if hours < MIN_SAFE_VACUUM_RETENTION_HOURS and not allow_unsafe:
         raise LakeError(f"vacuum_retention_hours={hours} is below the safe minimum of "
                         f"{MIN_SAFE_VACUUM_RETENTION_HOURS} h: readers holding older snapshots and time travel "
@@ -184,8 +186,7 @@ def run_maintenance(spark: SparkSession, lake_root: str | os.PathLike[str], tabl
     >>> run_maintenance(spark, "/data/lake")["messages"]["files_after"]          # doctest: +SKIP
     1
     """
-    if isinstance(min_commits_between, bool) or not isinstance(min_commits_between, int) or min_commits_between < 1:
-        raise ValueError(f"min_commits_between must be an integer >= 1, got {min_commits_between!r}")
+    check_int("min_commits_between", min_commits_between, 1, error=ValueError)
     _check_retention(vacuum_retention_hours, allow_unsafe_retention)
     names = list(lake_tables.TABLES if tables is None else tables)
     out: dict[str, Any] = {}

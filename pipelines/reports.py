@@ -74,7 +74,7 @@ from sparkmq.platform.common.protocol import (
     ReportSeries,
     report_range,
 )
-from sparkmq.platform.common.validation import validate_group, validate_topic
+from sparkmq.platform.common.validation import check_int, validate_group, validate_topic
 
 from . import tables
 from .dispatch import append_once
@@ -369,8 +369,7 @@ def run_report(spark: SparkSession, lake_root: str | os.PathLike[str], now: dt.d
     (delta-spark).  Stateless: what is done and the previous offsets sample are read from the
     tables, so any process may run it after any other.
     """
-    if isinstance(backfill_minutes, bool) or not isinstance(backfill_minutes, int) or backfill_minutes < 1:
-        raise ValueError(f"backfill_minutes must be an integer >= 1, got {backfill_minutes!r}")
+    check_int("backfill_minutes", backfill_minutes, 1, error=ValueError)
     lake_root = os.fspath(lake_root)
     now = (now or dt.datetime.now(UTC)).astimezone(UTC)
     broker_set = frozenset(brokers) if brokers is not None else None
@@ -597,8 +596,7 @@ def read_report_series(lake_root: str | os.PathLike[str], kind: str, name: str, 
     if kind not in REPORT_KINDS:
         raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"kind must be one of {list(REPORT_KINDS)}, got {kind!r}")
     (validate_topic if kind == "topic" else validate_group)(name)
-    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
-        raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"max_rows must be an integer >= 1, got {max_rows!r}")
+    check_int("max_rows", max_rows, 1)
     empty = ReportSeries(kind, name, range_name, step)
     path = tables.table_path(lake_root, tables.TOPIC_STATS if kind == "topic" else tables.GROUP_STATS)
     if not DeltaTable.is_deltatable(path):

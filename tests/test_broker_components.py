@@ -5,6 +5,7 @@ import asyncio
 import http.server
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -17,7 +18,7 @@ from deltalake import DeltaTable
 from procs import wait_until
 from sparkmq.platform.broker.broker import Broker
 from sparkmq.platform.broker.client_manager import ClientManager, ConsumerData, MessageModel, Subscription
-from sparkmq.platform.broker.config import BrokerConfig, BrokerRole, parse_namesrv_addrs
+from sparkmq.platform.broker.config import BrokerConfig, BrokerRole
 from sparkmq.platform.broker.locks import QueueLockManager
 from sparkmq.platform.broker.offsets import ConsumerOffsetManager
 from sparkmq.platform.broker.processors import OutgoingMessage
@@ -25,6 +26,7 @@ from sparkmq.platform.broker.registration import RegistrationService
 from sparkmq.platform.broker.topics import AUTO_CREATE_TEMPLATE_TOPIC, TopicConfig, TopicConfigManager
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 from sparkmq.platform.common.protocol import PullStatus
+from sparkmq.platform.common.validation import declared_fields, describe
 from sparkmq.platform.common.waiters import WaiterRegistry
 from sparkmq.platform.namesrv.perm import is_readable, is_writeable
 from sparkmq.platform.store import FlushMode
@@ -84,10 +86,41 @@ def test_config_rejects_bad_values_naming_them(tmp_path: Path, kwargs: dict, bad
         BrokerConfig(data_dir=tmp_path, **kwargs)
 
 
-def test_parse_namesrv_addrs() -> None:
-    assert parse_namesrv_addrs("a:1; b:2,a:1 http://c:3") == ("a:1", "b:2", "c:3")
-    assert parse_namesrv_addrs(["x:9876"]) == ("x:9876",)
-    assert parse_namesrv_addrs(None) == ()
+#: The settings __post_init__ checked by hand before their limits became part of their types.
+_DECLARED = {
+    "cluster", "broker_name", "broker_id", "host", "port", "remoting_port", "grpc_port", "advertised_addr", "ha_port",
+    "ha_master_addr", "dledger_group", "dledger_heartbeat_ms", "dledger_max_missed_heartbeats",
+    "dledger_wait_for_ack_ms", "ha_in_sync_max_gap_bytes", "ha_flush_slave_timeout_ms", "ha_slave_sync_interval_s",
+    "register_interval_s", "register_timeout_s", "client_expiry_s", "client_scan_interval_s",
+    "offset_persist_interval_s", "offset_reset_fence_s", "queue_lock_expiry_s", "timer_max_delay_s",
+    "transaction_check_first_s", "transaction_check_interval_s", "log_summary_interval_s", "transaction_check_max",
+    "long_polling_max_ms", "pop_min_invisible_ms", "default_topic_queue_nums", "pull_max_bytes", "max_request_bytes",
+    "wait_time_ms_in_send_queue", "wait_time_ms_in_pull_queue", "os_page_cache_busy_timeout_ms", "max_pending_acks",
+    "max_held_pulls", "acl_clock_skew_s", "auto_create_topic", "trace_enabled", "dledger_enabled", "acl_enabled",
+}
+
+
+def test_every_declared_setting_refuses_a_wrong_type_naming_the_setting_and_the_value(tmp_path: Path) -> None:
+    declared = {name: tp for name, tp in declared_fields(BrokerConfig)}
+    assert _DECLARED <= set(declared), sorted(_DECLARED - set(declared))
+    for name, tp in declared.items():
+        kind = {"true or false": "bool"}.get(describe(tp), "")
+        # A bool is no number, a number no bool, and neither is a string.
+        bad: object = 1 if kind == "bool" else (True if not isinstance(getattr(BrokerConfig, name), str) else 5)
+        with pytest.raises(ValueError) as info:
+            BrokerConfig(data_dir=tmp_path, **{name: bad})
+        assert str(info.value) == f"{name} must be {describe(tp)}, got {bad!r}"
+
+
+@pytest.mark.parametrize("name, bad", [
+    ("port", -1), ("port", 65536), ("remoting_port", -2), ("dledger_heartbeat_ms", 9),
+    ("dledger_max_missed_heartbeats", 101), ("max_request_bytes", 1023), ("pull_max_bytes", 2**31),
+    ("register_timeout_s", float("inf")), ("acl_clock_skew_s", -1.0), ("ha_master_addr", "h:0"),
+    ("advertised_addr", "127.0.0.1:10911\n"), ("host", " "), ("cluster", "c" * 128),
+])
+def test_config_bounds_name_the_setting_and_the_value(tmp_path: Path, name: str, bad: object) -> None:
+    with pytest.raises(ValueError, match=rf"^{name} must be .*, got {re.escape(repr(bad))}$"):
+        BrokerConfig(data_dir=tmp_path, **{name: bad})
 
 
 # -- topic table ------------------------------------------------------------------------------

@@ -102,7 +102,8 @@ def test_a_reset_nobody_takes_up_expires(table: Path) -> None:
     assert m.commit("g", "T", 0, 50) is False
     time.sleep(0.25)
     assert m.pending_reset("g", "T", 0) is None and m.commit("g", "T", 0, 50) is True
-    with pytest.raises(SparkMQError):
+    with pytest.raises(SparkMQError, match=r"^INVALID_ARGUMENT: reset_fence_s must be a finite number of seconds > 0, "
+                                           r"got 0$"):
         ConsumerOffsetManager(table, "broker-a", reset_fence_s=0)
 
 

@@ -242,7 +242,9 @@ def test_delay_and_timer_messages_wait_while_the_disk_is_full_and_none_is_skippe
      "disk_max_used_ratio 0.9 must not be above disk_force_clean_ratio 0.8"),
     ({"disk_resume_ratio": 0.95}, "disk_resume_ratio 0.95 must not be above disk_warning_ratio 0.9"),
     ({"disk_clean_unconsumed": "yes"}, "disk_clean_unconsumed must be true or false, got 'yes'"),
-    ({"disk_check_interval_ms": 0}, "disk_check_interval_ms must be positive, got 0"),
+    ({"disk_check_interval_ms": 0}, "disk_check_interval_ms must be an integer >= 1, got 0"),
+    ({"segment_size": 4096 * 3 + 1}, "segment_size must be a multiple of 4096 and at least 4096, got 12289"),
+    ({"delete_when_hours": (4, 24)}, "delete_when_hours must be an integer in 0..23, got 24"),
 ])
 def test_bad_disk_settings_name_the_field_and_value(tmp_path, settings, message):
     with pytest.raises(ValueError) as bad:

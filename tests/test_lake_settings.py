@@ -24,7 +24,8 @@ def test_defaults_and_what_a_broker_service_gets(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("values", "message"), [
     ({"trigger_interval": 1}, "unknown \\[lake\\] settings \\['trigger_interval'\\]"),
-    ({"trigger_interval_s": 0}, "trigger_interval_s must be > 0"),
+    ({"trigger_interval_s": 0}, "trigger_interval_s must be a finite number of seconds > 0, got 0"),
+    ({"enabled": "yes"}, "enabled must be true or false, got 'yes'"),
     ({"nice": 20}, 'nice must be "idle" or an integer from 0 to 19'),
     ({"nice": "lowest"}, 'nice must be "idle" or an integer from 0 to 19'),
     ({"max_messages_per_trigger": 0}, "max_messages_per_trigger must be an integer >= 1"),

@@ -32,6 +32,7 @@ from sparkmq.platform.common.protocol import (
     RequestCode,
     ResponseCode,
 )
+from sparkmq.platform.common.validation import split_addr
 from sparkmq.platform.remoting import (
     AsyncRemotingClient,
     Deferred,
@@ -51,7 +52,6 @@ from sparkmq.platform.remoting import (
     error_from_frame,
     error_reply,
     new_event_loop,
-    split_addr,
     unsupported_reply,
 )
 

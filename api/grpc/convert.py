@@ -39,6 +39,7 @@ from ...platform.common.errors import ErrorCode, SparkMQError
 from ...platform.common.ids import UniqueIdGenerator
 from ...platform.common.message import KEY_SEPARATOR, PROPERTY_UNIQUE_ID, StoredMessage
 from ...platform.common.sysflag import COMPRESSED
+from ...platform.common.validation import split_addr
 from ...storage_native import StoreError, encode_batch, pack_v2_send, v2_send_summary
 from ._pb import Code, MessageType, definition
 
@@ -175,14 +176,13 @@ def duration_of(ms: int) -> Duration:
 
 def endpoints_of(addr: str) -> definition.Endpoints:
     """``host:port`` as v2 Endpoints (IPv4/IPv6 for IP literals, else DOMAIN_NAME)."""
-    host, _, port = addr.rpartition(":")
-    host = host.strip("[]")
+    host, port = split_addr(addr)
     try:
         scheme = (definition.AddressScheme.IPv6 if ipaddress.ip_address(host).version == 6
                   else definition.AddressScheme.IPv4)
     except ValueError:
         scheme = definition.AddressScheme.DOMAIN_NAME
-    return definition.Endpoints(scheme=scheme, addresses=[definition.Address(host=host, port=int(port))])
+    return definition.Endpoints(scheme=scheme, addresses=[definition.Address(host=host, port=port)])
 
 
 # -- into sparkmq ----------------------------------------------------------------------------------------

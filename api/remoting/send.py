@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from ...platform.auth import Action, Resource
 from ...platform.broker.processors import OutgoingMessage, PackedSendResult
-from ...platform.broker.processors.base import check_int
 from ...platform.common import protocol as p
 from ...platform.common.errors import ErrorCode, SparkMQError
 from ...platform.common.ids import offset_msg_id_prefix
@@ -21,6 +20,7 @@ from ...platform.common.message import PROPERTY_UNIQUE_ID, SendResult, SendStatu
 from ...platform.common.protocol import SEND_STATUS_CODES, RequestCode
 from ...platform.common.sysflag import COMPRESSED
 from ...platform.common.system_topics import PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED
+from ...platform.common.validation import check_int
 from ...platform.remoting import Deferred, Frame, Reply, ServerConnection
 from ...platform.store.message_store import unpack_batch
 from ...storage_native import StoreError, decode_rocketmq_batch

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import enum
 import ipaddress
-import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..common.system_topics import DLQ_PREFIX, RETRY_PREFIX
+from ..common.validation import Seconds, check, check_int
 
 __all__ = ["Action", "ADMIN_ACTIONS", "CLUSTER", "Decision", "ResourceType", "ResourcePattern", "Resource", "User",
            "PolicyEntry", "Policy", "AclTable", "parse_actions", "validate_access_key", "validate_secret_key",
@@ -201,8 +201,7 @@ class User:
     def __post_init__(self) -> None:
         validate_access_key(self.access_key)
         validate_secret_key(self.secret_key)
-        if not isinstance(self.super_user, bool):
-            raise ValueError(f"super_user must be true or false, got {self.super_user!r}")
+        check("super_user", self.super_user, bool, ValueError)
 
     def to_dict(self, *, with_secret: bool = False) -> dict[str, Any]:
         """JSON view; the secret only with ``with_secret`` (the store's file, never an API answer)."""
@@ -341,9 +340,7 @@ class AclTable:
         _only(data, {"version", "users", "policies"}, "ACL file")
         users = [User.from_dict(u) for u in data.get("users") or ()]
         policies = [Policy.from_dict(p) for p in data.get("policies") or ()]
-        version = data.get("version", 0)
-        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise ValueError(f"version must be an integer >= 0, got {version!r}")
+        version = check_int("version", data.get("version", 0), 0, error=ValueError)
         return cls({u.access_key: u for u in users}, {p.subject: p for p in policies}, version)
 
 
@@ -364,11 +361,8 @@ def check_service_acl_settings(data_dir: object, enabled: object, access_key: ob
                                clock_skew_s: object) -> None:
     """Validate the ``acl_*`` settings of a service that keeps its ACL under ``data_dir`` (name server, gateway):
     ValueError naming the bad setting (never showing a secret)."""
-    if not isinstance(enabled, bool):
-        raise ValueError(f"acl_enabled must be true or false, got {enabled!r}")
+    check("acl_enabled", enabled, bool, ValueError)
     if enabled and not data_dir:
         raise ValueError("acl_enabled needs data_dir: the ACL is kept in <data_dir>/config/acl.json")
     check_acl_settings(access_key, secret_key)
-    if (isinstance(clock_skew_s, bool) or not isinstance(clock_skew_s, int | float)
-            or not math.isfinite(clock_skew_s) or clock_skew_s <= 0):
-        raise ValueError(f"acl_clock_skew_s must be a finite number of seconds > 0, got {clock_skew_s!r}")
+    check("acl_clock_skew_s", clock_skew_s, Seconds, ValueError)

@@ -18,23 +18,37 @@ from __future__ import annotations
 import enum
 import ipaddress
 import logging
-import math
-import re
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Annotated, Any
+
+from msgspec import Meta
 
 from ..auth.model import check_acl_settings, validate_secret_key
 from ..auth.signing import Credentials
 from ..common.limits import ConnectionLimits
 from ..common.tls import TlsSettings
+from ..common.validation import (
+    Addr,
+    Int32,
+    NodeName,
+    Port,
+    PortOrOff,
+    PositiveInt32,
+    Seconds,
+    TimeoutMs,
+    check_addr,
+    check_fields,
+    split_addr,
+    split_addrs,
+)
 from ..store.config import StoreConfig
 from .schedule import parse_delay_levels
 
-__all__ = ["BrokerRole", "BrokerConfig", "DEFAULT_PORT", "DEFAULT_GRPC_PORT", "parse_namesrv_addrs"]
+__all__ = ["BrokerRole", "BrokerConfig", "DEFAULT_PORT", "DEFAULT_GRPC_PORT"]
 
 log = logging.getLogger("sparkmq.broker")
 
@@ -45,8 +59,8 @@ DEFAULT_PORT = 10911
 #: The gRPC port ``sparkmq dev`` serves by default (RocketMQ 5's proxy port).
 DEFAULT_GRPC_PORT = 8081
 
-_NAME = re.compile(r"^[%|a-zA-Z0-9_.-]{1,127}$")
-_ADDR = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$")
+#: The interface to listen on.
+Host = Annotated[str, Meta(pattern=r"^\S+$", description="a host name or IP address (no spaces)")]
 _STORE_FIELDS = frozenset(f.name for f in fields(StoreConfig))
 
 
@@ -59,53 +73,6 @@ class BrokerRole(enum.StrEnum):
     SYNC_MASTER = "SYNC_MASTER"
     #: Replica of a master; refuses sends.
     SLAVE = "SLAVE"
-
-
-def parse_namesrv_addrs(value: str | Sequence[str] | None) -> tuple[str, ...]:
-    """Name server addresses from ``"a:1;b:2"`` (RocketMQ's namesrvAddr spelling) or a list.
-
-    Example::
-
-        >>> parse_namesrv_addrs("127.0.0.1:9876; 127.0.0.1:9877")
-        ('127.0.0.1:9876', '127.0.0.1:9877')
-    """
-    if value is None:
-        return ()
-    items = re.split(r"[;,\s]+", value) if isinstance(value, str) else list(value)
-    out: list[str] = []
-    for item in items:
-        if not isinstance(item, str):
-            raise ValueError(f"a name server address must be a string, got {item!r}")
-        item = item.strip().removeprefix("http://")
-        if not item:
-            continue
-        _check_addr("name server address", item)
-        if item not in out:  # registering twice with one name server is pointless
-            out.append(item)
-    return tuple(out)
-
-
-def _check_addr(what: str, value: object) -> str:
-    match = _ADDR.match(value) if isinstance(value, str) else None
-    if match is None or not 1 <= int(match.group(2)) <= 65535:
-        raise ValueError(f"{what} must be 'host:port' with a port in 1..65535, got {value!r}")
-    return value  # type: ignore[return-value]  # matched a str above
-
-
-def _check_name(what: str, value: object) -> None:
-    if not isinstance(value, str) or not _NAME.match(value):
-        raise ValueError(f"{what} must be 1-127 characters of [%|a-zA-Z0-9_.-], got {value!r}")
-
-
-def _check_int(what: str, value: object, low: int, high: int) -> None:
-    # bool is an int subclass; True must not mean broker id 1.
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"{what} must be an integer in {low}..{high}, got {value!r}")
-
-
-def _check_seconds(what: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{what} must be a finite number of seconds > 0, got {value!r}")
 
 
 def _ip_of(host: str) -> str:
@@ -128,6 +95,9 @@ def _local_ip() -> str:
 class BrokerConfig:
     """Every setting of one broker; defaults follow RocketMQ's broker defaults.
 
+    A field's limits are part of its type (msgspec ``Meta``, :mod:`sparkmq.platform.common.validation`) and are
+    checked at construction; a bad value is a ValueError naming the field and the value.
+
     Example::
 
         >>> cfg = BrokerConfig(data_dir="/tmp/b", port=10911)
@@ -135,50 +105,50 @@ class BrokerConfig:
         ('127.0.0.1:10911', '/tmp/b/store')
     """
 
-    cluster: str = "DefaultCluster"
-    broker_name: str = "broker-a"
+    cluster: NodeName = "DefaultCluster"
+    broker_name: NodeName = "broker-a"
     #: 0 = master, > 0 = slave.
-    broker_id: int = 0
+    broker_id: Int32 = 0
     role: BrokerRole = BrokerRole.ASYNC_MASTER
     #: Interface to listen on; loopback by default so a dev run is never exposed.
-    host: str = "127.0.0.1"
+    host: Host = "127.0.0.1"
     #: TCP port; 0 lets the OS pick one (the runner binds first, then calls :meth:`bound_to`).
-    port: int = DEFAULT_PORT
+    port: Port = DEFAULT_PORT
     #: ``host:port`` clients and name servers are told; None = the host and port actually bound.
-    advertised_addr: str | None = None
+    advertised_addr: Addr | None = None
     #: RocketMQ's remoting protocol (docs/remoting.md) is served on the main port beside HTTP, told apart by the
     #: first byte.  This is an optional extra, dedicated remoting listener: None = none (the default), 0 = a free
     #: port, N = that port; routes then name it.  -1 = serve no remoting at all (HTTP only on the main port).
-    remoting_port: int | None = None
+    remoting_port: PortOrOff | None = None
     #: Port of the RocketMQ 5 gRPC endpoint (``apache.rocketmq.v2.MessagingService``, what the official clients
     #: speak; RocketMQ's proxy uses 8081); None or -1 = serve none; 0 = a free port.
-    grpc_port: int | None = None
+    grpc_port: PortOrOff | None = None
     #: Port of the replication (HA) endpoint a master serves its slaves on; None = HTTP port + 1 (a free
     #: port when ``port`` is 0); 0 = a free port; -1 = none.  Slaves do not listen.
-    ha_port: int | None = None
+    ha_port: PortOrOff | None = None
     #: A slave's master HA endpoint ``host:port``; None = learned from the name servers (the master registers it).
-    ha_master_addr: str | None = None
+    ha_master_addr: Addr | None = None
     #: A slave further behind than this is not in sync (RocketMQ's haMaxGapNotInSync, 256 MiB).
-    ha_in_sync_max_gap_bytes: int = 256 << 20
+    ha_in_sync_max_gap_bytes: Annotated[int, Meta(ge=0, le=2**62)] = 256 << 20
     #: A SYNC_MASTER send answers FLUSH_SLAVE_TIMEOUT when no slave acknowledged it within this long.
-    ha_flush_slave_timeout_ms: int = 3000
+    ha_flush_slave_timeout_ms: TimeoutMs = 3000
     #: A slave copies its master's topic table and consumer offsets this often (RocketMQ: 10 s).
-    ha_slave_sync_interval_s: float = 10.0
+    ha_slave_sync_interval_s: Seconds = 10.0
     #: Be a member of a DLedger group (RocketMQ's enableDLegerCommitLog): the commit log is a Raft log, the
     #: elected leader registers as master (id 0), the others as slaves; ``role``/``broker_id`` are ignored.
     dledger_enabled: bool = False
     #: The group's name (RocketMQ's dLegerGroup); None = the broker name.
-    dledger_group: str | None = None
+    dledger_group: NodeName | None = None
     #: This member's id among ``dledger_peers`` (dLegerSelfId).
     dledger_self_id: str = "n0"
     #: Every member, ``id-host:port`` joined by ``;`` (dLegerPeers): where each one's Raft port is reached.
     #: This member listens on the port of its own entry.
     dledger_peers: str = ""
     #: The leader's heartbeat interval; a follower gives up on it after ``dledger_max_missed_heartbeats``.
-    dledger_heartbeat_ms: int = 2000
-    dledger_max_missed_heartbeats: int = 3
+    dledger_heartbeat_ms: Annotated[int, Meta(ge=10, le=600_000)] = 2000
+    dledger_max_missed_heartbeats: Annotated[int, Meta(ge=2, le=100)] = 3
     #: A send the group has not committed within this long answers FLUSH_SLAVE_TIMEOUT (maxWaitAckTimeMs).
-    dledger_wait_for_ack_ms: int = 2500
+    dledger_wait_for_ack_ms: TimeoutMs = 2500
     #: The member that should lead whenever it is healthy and caught up (preferredLeaderId); None = any.
     dledger_preferred_leader: str | None = None
     #: Name servers to register with (every one of them).
@@ -186,30 +156,30 @@ class BrokerConfig:
     #: Root of the broker's files (store, topic table, lake tables).
     data_dir: Path = Path("var/broker")
     #: Register with every name server this often (and at once when the topic table changes).
-    register_interval_s: float = 30.0
+    register_interval_s: Seconds = 30.0
     #: One registration (or unregistration) HTTP call gives up after this long.
-    register_timeout_s: float = 3.0
+    register_timeout_s: Seconds = 3.0
     #: A client silent this long is dropped from its groups.
-    client_expiry_s: float = 120.0
+    client_expiry_s: Seconds = 120.0
     #: Silent clients are looked for this often.
-    client_scan_interval_s: float = 10.0
+    client_scan_interval_s: Seconds = 10.0
     #: A pull is held at most this long waiting for messages.
-    long_polling_max_ms: int = 15_000
+    long_polling_max_ms: Annotated[int, Meta(ge=0, le=3_600_000)] = 15_000
     #: Consumer offsets are written to the consumer_offsets table this often.
-    offset_persist_interval_s: float = 5.0
+    offset_persist_interval_s: Seconds = 5.0
     #: After an offset reset, commits of other offsets are ignored until the group's consumer pulls at the
     #: reset offset, or for at most this long (a consumer's stale commit must not undo the reset).
-    offset_reset_fence_s: float = 60.0
+    offset_reset_fence_s: Seconds = 60.0
     #: A queue lock not renewed for this long is free again.
-    queue_lock_expiry_s: float = 60.0
+    queue_lock_expiry_s: Seconds = 60.0
     #: Sends to an unknown (non-system) topic create it.
     auto_create_topic: bool = True
     #: Read and write queues of an auto-created topic.
-    default_topic_queue_nums: int = 4
+    default_topic_queue_nums: Annotated[int, Meta(ge=1, le=1024)] = 4
     #: A pull answers at most this many body bytes (always at least one message).
-    pull_max_bytes: int = 16 << 20
+    pull_max_bytes: PositiveInt32 = 16 << 20
     #: A request body (one batch send) may be at most this large.
-    max_request_bytes: int = 64 << 20
+    max_request_bytes: Annotated[int, Meta(ge=1024, le=2**31 - 1)] = 64 << 20
     #: TLS (docs/security-tls.md): PEM certificate chain and key every port serves with (HTTP, remoting, gRPC,
     #: HA, DLedger); unset = plaintext.
     tls_cert_file: str | None = None
@@ -233,17 +203,17 @@ class BrokerConfig:
     http_max_concurrency: int = ConnectionLimits.http_max_concurrency
     #: Overload (platform/broker/overload.py, RocketMQ's fast failure): a send that waited longer than this in
     #: the broker before being handled is answered SYSTEM_BUSY at once (RocketMQ's waitTimeMillsInSendQueue).
-    wait_time_ms_in_send_queue: int = 200
+    wait_time_ms_in_send_queue: TimeoutMs = 200
     #: The same for a pull (RocketMQ's waitTimeMillsInPullQueue).
-    wait_time_ms_in_pull_queue: int = 5000
+    wait_time_ms_in_pull_queue: TimeoutMs = 5000
     #: While the oldest send waiting for its disk sync has waited this long with no sync answering any, the
     #: disk counts as busy and new sends are answered SYSTEM_BUSY before they are stored (RocketMQ's
     #: osPageCacheBusyTimeOutMills).
-    os_page_cache_busy_timeout_ms: int = 1000
+    os_page_cache_busy_timeout_ms: TimeoutMs = 1000
     #: Sends stored and waiting for their acknowledgement (disk sync) at most; beyond it SYSTEM_BUSY.
-    max_pending_acks: int = 100_000
+    max_pending_acks: PositiveInt32 = 100_000
     #: Pulls held by long polling at most; a pull that would be held beyond it is answered SYSTEM_BUSY.
-    max_held_pulls: int = 20_000
+    max_held_pulls: PositiveInt32 = 20_000
     #: Bytes of remoting requests read but not answered yet, per connection and per port: a request beyond
     #: either is answered SYSTEM_BUSY at once (one request alone is always taken: max_request_bytes bounds it).
     max_unanswered_bytes_per_connection: int = ConnectionLimits.max_unanswered_bytes_per_connection
@@ -251,19 +221,19 @@ class BrokerConfig:
     #: Delay levels (space-separated, ``ms``/``s``/``m``/``h``/``d``); level L parks in schedule queue L-1.
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
     #: A timer message may be due at most this far ahead (RocketMQ: 3 days).
-    timer_max_delay_s: float = 3 * 24 * 3600.0
+    timer_max_delay_s: Seconds = 3 * 24 * 3600.0
     #: First check-back of an open transaction after this long (a message's CHECK_IMMUNITY_TIME_IN_SECONDS wins).
-    transaction_check_first_s: float = 6.0
+    transaction_check_first_s: Seconds = 6.0
     #: Later check-backs this often.
-    transaction_check_interval_s: float = 30.0
+    transaction_check_interval_s: Seconds = 30.0
     #: After this many unanswered check-backs the half message is discarded.
-    transaction_check_max: int = 15
+    transaction_check_max: Annotated[int, Meta(ge=1, le=1_000_000)] = 15
     #: Record trace events (store, deliver, retry, DLQ, transaction; clients' send/consume via POST /trace)
     #: into RMQ_SYS_TRACE_TOPIC.  Off: nothing is written there.
     trace_enabled: bool = True
     #: The shortest invisible time a POP receive or ChangeInvisibleDuration may ask for (ms).  RocketMQ's is
     #: 10 s (``POP_MIN_INVISIBLE_MS``); lower it for tests that watch redeliveries.  The maximum is 12 h.
-    pop_min_invisible_ms: int = 10_000
+    pop_min_invisible_ms: Annotated[int, Meta(ge=1, le=12 * 3600 * 1000)] = 10_000
     #: Authentication and access control on every entry point (docs/security.md): requests must be signed by a
     #: user whose policies allow them.  Off (the default, and ``sparkmq dev``): anyone may do anything.
     acl_enabled: bool = False
@@ -271,7 +241,7 @@ class BrokerConfig:
     acl_super_user_access_key: str | None = None
     acl_super_user_secret_key: str | None = field(default=None, repr=False)
     #: A signed request is refused when its timestamp is further than this from the broker's clock (seconds).
-    acl_clock_skew_s: float = 300.0
+    acl_clock_skew_s: Seconds = 300.0
     #: The cluster credential: a shared secret every broker of the cluster is given (6..128 printable characters,
     #: no spaces; use a long random one).  Slaves prove it to their master's HA port and DLedger members to each
     #: other (an HMAC over a fresh nonce and the time, docs/ha.md); with ``acl_enabled`` it is required, and a
@@ -280,83 +250,40 @@ class BrokerConfig:
     #: A subsystem that keeps failing (trace writing, replication, offset persists, the flush) logs its first
     #: failure, then one summary per this many seconds (platform/common/failure_log.py).  Process-wide, like
     #: the log level: a broker sets it when built.
-    log_summary_interval_s: float = 60.0
+    log_summary_interval_s: Seconds = 60.0
     #: ``[store]`` settings (fields of StoreConfig except root/store_host, which the broker derives).
     store: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "role", BrokerRole(self.role))
         object.__setattr__(self, "data_dir", Path(self.data_dir))
-        object.__setattr__(self, "namesrv_addrs", parse_namesrv_addrs(self.namesrv_addrs))
-        _check_name("cluster", self.cluster)
-        _check_name("broker_name", self.broker_name)
-        _check_int("broker_id", self.broker_id, 0, 2**31 - 1)
+        object.__setattr__(self, "namesrv_addrs", split_addrs(self.namesrv_addrs))
+        for name in ("tls_cert_file", "tls_key_file", "tls_ca_file"):
+            if isinstance(getattr(self, name), Path):
+                object.__setattr__(self, name, str(getattr(self, name)))
+        check_fields(self)  # every limit the fields' types declare (names, ports, addresses, durations, switches)
+        # What no single field says:
         if (self.role is BrokerRole.SLAVE) != (self.broker_id > 0):
             raise ValueError(f"role {self.role} does not fit broker_id {self.broker_id} (0 = master, > 0 = slave)")
-        if not isinstance(self.host, str) or not self.host.strip():
-            raise ValueError(f"host must be a non-empty string, got {self.host!r}")
-        _check_int("port", self.port, 0, 65535)
-        if self.remoting_port is not None:
-            _check_int("remoting_port", self.remoting_port, -1, 65535)
-        if self.grpc_port is not None:
-            _check_int("grpc_port", self.grpc_port, -1, 65535)
-        if self.advertised_addr is not None:
-            _check_addr("advertised_addr", self.advertised_addr)
-        if self.ha_port is not None:
-            _check_int("ha_port", self.ha_port, -1, 65535)
-        if self.ha_master_addr is not None:
-            _check_addr("ha_master_addr", self.ha_master_addr)
         if self.dledger_enabled:
             members = self.dledger_members()  # validates the peers and this member's place among them
             if self.dledger_preferred_leader is not None and self.dledger_preferred_leader not in members:
                 raise ValueError(f"dledger_preferred_leader {self.dledger_preferred_leader!r} is not in dledger_peers")
-        if self.dledger_group is not None:
-            _check_name("dledger_group", self.dledger_group)
-        _check_int("dledger_heartbeat_ms", self.dledger_heartbeat_ms, 10, 600_000)
-        _check_int("dledger_max_missed_heartbeats", self.dledger_max_missed_heartbeats, 2, 100)
-        _check_int("dledger_wait_for_ack_ms", self.dledger_wait_for_ack_ms, 1, 3_600_000)
-        _check_int("ha_in_sync_max_gap_bytes", self.ha_in_sync_max_gap_bytes, 0, 2**62)
-        _check_int("ha_flush_slave_timeout_ms", self.ha_flush_slave_timeout_ms, 1, 3_600_000)
-        _check_seconds("ha_slave_sync_interval_s", self.ha_slave_sync_interval_s)
-        for name in ("register_interval_s", "register_timeout_s", "client_expiry_s", "client_scan_interval_s",
-                     "offset_persist_interval_s", "offset_reset_fence_s", "queue_lock_expiry_s"):
-            _check_seconds(name, getattr(self, name))
-        for name in ("timer_max_delay_s", "transaction_check_first_s", "transaction_check_interval_s",
-                     "log_summary_interval_s"):
-            _check_seconds(name, getattr(self, name))
-        _check_int("transaction_check_max", self.transaction_check_max, 1, 1_000_000)
         levels = self.delay_levels_ms  # validates
         if len(levels) > MAX_DELAY_LEVELS:
             raise ValueError(f"message_delay_level has {len(levels)} levels; at most {MAX_DELAY_LEVELS} "
                              f"(the schedule topic's queue count)")
-        _check_int("long_polling_max_ms", self.long_polling_max_ms, 0, 3_600_000)
-        _check_int("pop_min_invisible_ms", self.pop_min_invisible_ms, 1, 12 * 3600 * 1000)
-        _check_int("default_topic_queue_nums", self.default_topic_queue_nums, 1, 1024)
-        _check_int("pull_max_bytes", self.pull_max_bytes, 1, 2**31 - 1)
-        _check_int("max_request_bytes", self.max_request_bytes, 1024, 2**31 - 1)
-        for name in ("tls_cert_file", "tls_key_file", "tls_ca_file"):
-            if isinstance(getattr(self, name), Path):
-                object.__setattr__(self, name, str(getattr(self, name)))
         object.__setattr__(self, "_tls", TlsSettings.from_prefixed(self))  # validates the files now
         object.__setattr__(self, "_limits", ConnectionLimits(  # validates the limits now
             self.max_connections_per_ip, self.max_inflight_per_connection, self.http_header_timeout_s,
             self.http_keep_alive_s, self.http_max_concurrency, self.max_unanswered_bytes_per_connection,
             self.max_unanswered_bytes))
-        _check_int("wait_time_ms_in_send_queue", self.wait_time_ms_in_send_queue, 1, 3_600_000)
-        _check_int("wait_time_ms_in_pull_queue", self.wait_time_ms_in_pull_queue, 1, 3_600_000)
-        _check_int("os_page_cache_busy_timeout_ms", self.os_page_cache_busy_timeout_ms, 1, 3_600_000)
-        _check_int("max_pending_acks", self.max_pending_acks, 1, 2**31 - 1)
-        _check_int("max_held_pulls", self.max_held_pulls, 1, 2**31 - 1)
         check_acl_settings(self.acl_super_user_access_key, self.acl_super_user_secret_key)
-        _check_seconds("acl_clock_skew_s", self.acl_clock_skew_s)
         if self.cluster_secret is not None:
             try:
                 validate_secret_key(self.cluster_secret)
             except ValueError as exc:
                 raise ValueError(f"cluster_secret: {exc}") from None
-        for name in ("auto_create_topic", "trace_enabled", "dledger_enabled", "acl_enabled"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         store = dict(self.store)
         unknown = sorted(set(store) - _STORE_FIELDS)
         if unknown:
@@ -430,11 +357,10 @@ class BrokerConfig:
             member, sep, addr = item.partition("-")
             if not sep or not member:
                 raise ValueError(f"dledger_peers entry {item!r} is not 'id-host:port'")
-            _check_addr(f"dledger_peers entry {member!r}", addr)
+            check_addr(f"dledger_peers entry {member!r}", addr, ValueError)
             if member in members:
                 raise ValueError(f"dledger_peers names {member!r} twice")
-            host, _, port = addr.rpartition(":")
-            members[member] = (host.strip("[]"), int(port))
+            members[member] = split_addr(addr, f"dledger_peers entry {member!r}", ValueError)
         if len(members) < 3:
             raise ValueError(f"a DLedger group has at least 3 members (dledger_peers: {self.dledger_peers!r})")
         if self.dledger_self_id not in members:

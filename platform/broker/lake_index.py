@@ -27,7 +27,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.message import StoredMessage
-from ..common.validation import validate_topic
+from ..common.validation import EpochMs, check, check_int, validate_topic
 
 __all__ = ["Location", "LakeIndex", "DEFAULT_MAX_HITS", "MAX_HITS", "lake_row_to_stored"]
 
@@ -72,10 +72,7 @@ def lake_row_to_stored(row: dict[str, Any]) -> StoredMessage:
 
 
 def _check_hits(max_hits: object) -> int:
-    if isinstance(max_hits, bool) or not isinstance(max_hits, int) or not 1 <= max_hits <= MAX_HITS:
-        raise SparkMQError(ErrorCode.INVALID_ARGUMENT,
-                           f"max_hits must be an integer in 1..{MAX_HITS}, got {max_hits!r}")
-    return max_hits
+    return check_int("max_hits", max_hits, 1, MAX_HITS)
 
 
 def _ts(ms: int) -> pa.Scalar:
@@ -137,8 +134,7 @@ class LakeIndex:
         """Messages of ``topic`` stored in [begin_ms, end_ms), newest first."""
         validate_topic(topic)
         for name, value in (("begin", begin_ms), ("end", end_ms)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"{name} must be epoch milliseconds >= 0")
+            check(name, value, EpochMs)
         if end_ms <= begin_ms:
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"end ({end_ms}) must be after begin ({begin_ms})")
         dataset = self._index()

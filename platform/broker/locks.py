@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..common.errors import ErrorCode, SparkMQError
-from ..common.validation import validate_group, validate_topic
+from ..common.validation import check_int, validate_group, validate_topic
 
 __all__ = ["QueueLockManager", "QueueRef"]
 
@@ -35,8 +35,7 @@ def _check_queues(queues: Iterable[QueueRef]) -> list[QueueRef]:
         except (TypeError, ValueError):
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"a queue is (topic, queue_id), got {item!r}") from None
         validate_topic(topic)
-        if isinstance(queue_id, bool) or not isinstance(queue_id, int) or not 0 <= queue_id <= 65535:
-            raise SparkMQError(ErrorCode.QUEUE_ID_ILLEGAL, f"queue id must be in [0, 65535], got {queue_id!r}")
+        check_int("queue id", queue_id, 0, 65535, ErrorCode.QUEUE_ID_ILLEGAL)
         if (topic, queue_id) not in out:
             out.append((topic, queue_id))
     return out

@@ -72,7 +72,7 @@ from sparkmq.platform.common.lake_tables import (  # defined there so pipelines/
     CONSUMER_OFFSETS_TABLE,
     PINNED_PROPERTIES,
 )
-from sparkmq.platform.common.validation import validate_group, validate_topic
+from sparkmq.platform.common.validation import Seconds, check, check_int, validate_group, validate_topic
 
 __all__ = [
     "CONSUMER_OFFSETS_SCHEMA",
@@ -108,18 +108,11 @@ def _sql_str(value: str) -> str:
 
 
 def _check_queue_id(queue_id: object) -> int:
-    # bool is an int subclass; True must not mean queue 1.
-    if isinstance(queue_id, bool) or not isinstance(queue_id, int) or not 0 <= queue_id <= _INT32_MAX:
-        raise SparkMQError(ErrorCode.QUEUE_ID_ILLEGAL,
-                           f"the queue id must be an integer in [0, {_INT32_MAX}], got {queue_id!r}")
-    return queue_id
+    return check_int("the queue id", queue_id, 0, _INT32_MAX, ErrorCode.QUEUE_ID_ILLEGAL)
 
 
 def _check_offset(offset: object) -> int:
-    if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= _INT64_MAX:
-        raise SparkMQError(ErrorCode.OFFSET_ILLEGAL,
-                           f"the offset must be an integer in [0, {_INT64_MAX}], got {offset!r}")
-    return offset
+    return check_int("the offset", offset, 0, _INT64_MAX, ErrorCode.OFFSET_ILLEGAL)
 
 
 class ConsumerOffsetManager:
@@ -140,8 +133,8 @@ class ConsumerOffsetManager:
         """
         if not isinstance(broker_name, str) or not broker_name:
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "the broker name must be a non-empty string")
-        if not persist_interval_s > 0 or not reset_fence_s > 0:
-            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "the persist interval and the reset fence must be positive")
+        check("persist_interval_s", persist_interval_s, Seconds)
+        check("reset_fence_s", reset_fence_s, Seconds)
         self.table_path = str(table_path)
         self.broker_name = broker_name
         self.persist_interval_s = float(persist_interval_s)

@@ -31,6 +31,7 @@ from ..common.system_topics import (
     PROPERTY_REAL_TOPIC,
     SCHEDULE_TOPIC,
 )
+from ..common.validation import check_int
 from ..store import MessageStore, PutResult
 from .background import RETRY_LATER_CODES, RETRY_LATER_MS, PeriodicService
 
@@ -134,10 +135,7 @@ class ScheduleService(PeriodicService):
     # -- send side --------------------------------------------------------------------
     def level_delay_ms(self, level: int) -> int:
         """The delay of ``level`` (1-based); INVALID_ARGUMENT outside 1..len(levels)."""
-        if isinstance(level, bool) or not isinstance(level, int) or not 1 <= level <= len(self.levels_ms):
-            raise SparkMQError(ErrorCode.INVALID_ARGUMENT,
-                               f"delay level must be an integer in 1..{len(self.levels_ms)}, got {level!r}")
-        return self.levels_ms[level - 1]
+        return self.levels_ms[check_int("delay level", level, 1, len(self.levels_ms)) - 1]
 
     def park(self, msg: Message, queue_id: int, level: int, **put_args: object) -> PutResult:
         """Store ``msg`` in the schedule topic for ``level``; returns the store's PutResult."""

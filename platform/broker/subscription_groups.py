@@ -23,7 +23,7 @@ from typing import Any
 
 from ..common.durable_file import replace_durably
 from ..common.errors import ErrorCode, SparkMQError
-from ..common.validation import validate_group
+from ..common.validation import check_int, validate_group
 
 __all__ = ["SubscriptionGroupConfig", "SubscriptionGroupManager", "MAX_RETRY_QUEUE_NUMS", "MAX_RETRY_TIMES"]
 
@@ -34,13 +34,6 @@ MAX_RETRY_QUEUE_NUMS = 1024
 #: The most retries a group may ask for before the dead-letter queue.
 MAX_RETRY_TIMES = 10_000
 _FILE_FORMAT = 1
-
-
-def _check(name: str, value: object, low: int, high: int) -> int:
-    # bool is an int subclass; true retry queues is a bug, not a count.
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"{name} must be an integer in {low}..{high}, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -81,12 +74,12 @@ class SubscriptionGroupConfig:
             if not isinstance(getattr(self, name), bool):
                 raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"{name} must be true or false, "
                                                                f"got {getattr(self, name)!r}")
-        _check("retry_queue_nums", self.retry_queue_nums, 0, MAX_RETRY_QUEUE_NUMS)
-        _check("retry_max_times", self.retry_max_times, -1, MAX_RETRY_TIMES)
-        _check("broker_id", self.broker_id, 0, 2**63 - 1)
-        _check("which_broker_when_consume_slowly", self.which_broker_when_consume_slowly, 0, 2**63 - 1)
-        _check("group_sys_flag", self.group_sys_flag, 0, 2**31 - 1)
-        _check("consume_timeout_minute", self.consume_timeout_minute, 0, 2**31 - 1)
+        check_int("retry_queue_nums", self.retry_queue_nums, 0, MAX_RETRY_QUEUE_NUMS)
+        check_int("retry_max_times", self.retry_max_times, -1, MAX_RETRY_TIMES)
+        check_int("broker_id", self.broker_id, 0, 2**63 - 1)
+        check_int("which_broker_when_consume_slowly", self.which_broker_when_consume_slowly, 0, 2**63 - 1)
+        check_int("group_sys_flag", self.group_sys_flag, 0, 2**31 - 1)
+        check_int("consume_timeout_minute", self.consume_timeout_minute, 0, 2**31 - 1)
         if not isinstance(self.attributes, Mapping) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in self.attributes.items()):
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "attributes must map strings to strings")

@@ -38,7 +38,7 @@ from ..common.system_topics import (
     TRANS_OP_HALF_TOPIC,
     is_system_topic,
 )
-from ..common.validation import validate_topic
+from ..common.validation import check, check_int, validate_topic
 from ..namesrv.perm import PERM_INHERIT, PERM_MAX, PERM_READ_WRITE
 
 __all__ = [
@@ -69,13 +69,6 @@ def is_reserved_topic(topic: str) -> bool:
     return is_system_topic(topic) or topic in _RESERVED_TOPICS or topic.lower().startswith(_SYSTEM_LOWER_PREFIX)
 
 
-def _check_int(name: str, value: object, low: int, high: int) -> int:
-    # bool is an int subclass; True queues is a bug, not a count.
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"{name} must be an integer in {low}..{high}, got {value!r}")
-    return value
-
-
 @dataclass(frozen=True)
 class TopicConfig:
     """One topic's config on this broker (validated on construction).
@@ -95,12 +88,11 @@ class TopicConfig:
 
     def __post_init__(self) -> None:
         validate_topic(self.topic)
-        _check_int("read_queue_nums", self.read_queue_nums, 1, MAX_QUEUE_NUMS)
-        _check_int("write_queue_nums", self.write_queue_nums, 1, MAX_QUEUE_NUMS)
-        _check_int("perm", self.perm, 0, PERM_MAX)
-        _check_int("topic_sys_flag", self.topic_sys_flag, 0, 2**31 - 1)
-        if not isinstance(self.order, bool):
-            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"order must be true or false, got {self.order!r}")
+        check_int("read_queue_nums", self.read_queue_nums, 1, MAX_QUEUE_NUMS)
+        check_int("write_queue_nums", self.write_queue_nums, 1, MAX_QUEUE_NUMS)
+        check_int("perm", self.perm, 0, PERM_MAX)
+        check_int("topic_sys_flag", self.topic_sys_flag, 0, 2**31 - 1)
+        check("order", self.order, bool)
 
     @property
     def queue_count(self) -> int:
@@ -139,7 +131,7 @@ class TopicConfigManager:
     def __init__(self, path: str | Path | None, *, default_queue_nums: int = 4, auto_create: bool = True) -> None:
         """``path`` is the JSON file (None keeps the table in memory only, for tests and tools)."""
         self.path = Path(path) if path is not None else None
-        self.default_queue_nums = _check_int("default_queue_nums", default_queue_nums, 1, MAX_QUEUE_NUMS)
+        self.default_queue_nums = check_int("default_queue_nums", default_queue_nums, 1, MAX_QUEUE_NUMS)
         self.auto_create = auto_create
         self._lock = threading.RLock()
         self._topics: dict[str, TopicConfig] = {}

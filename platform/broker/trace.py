@@ -41,6 +41,7 @@ from ..common.failure_log import FailureLog
 from ..common.message import Message, StoredMessage
 from ..common.system_topics import PROPERTY_REAL_TOPIC, TRACE_TOPIC
 from ..common.trace import MAX_EVENTS_PER_MESSAGE, TraceBatch, TraceEvent, encode_events, event_order, trace_path
+from ..common.validation import EpochMs, check
 from ..store import AppendEvent, PackedPutResult, PutResult
 from .transaction import TransactionService
 
@@ -77,12 +78,9 @@ def validate_event(data: object) -> TraceEvent:
         value = getattr(event, name)
         if not isinstance(value, str) or not value:
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"trace event {name} must be a non-empty string")
-    if isinstance(event.event_ts, bool) or not isinstance(event.event_ts, int) or event.event_ts < 0:
-        raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"event_ts must be epoch ms >= 0, got {event.event_ts!r}")
+    check("event_ts", event.event_ts, EpochMs)
     for name in _INT_FIELDS:
-        value = getattr(event, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"trace event {name} must be an integer, got {value!r}")
+        check(f"trace event {name}", getattr(event, name), int | None)
     for name in _STR_FIELDS:
         value = getattr(event, name)
         if value is not None and not isinstance(value, str):

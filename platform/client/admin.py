@@ -24,7 +24,7 @@ from ..common.errors import ErrorCode, SparkMQError
 from ..common.ids import decode_offset_msg_id
 from ..common.protocol import REPORT_KINDS, GroupMemberData, ReportSeries, report_range
 from ..common.trace import trace_path
-from ..common.validation import validate_group, validate_topic
+from ..common.validation import EpochMs, check, check_int, validate_group, validate_topic
 from ..common.wire import ReceivedMessage
 from ..namesrv.perm import PERM_MAX, PERM_READ_WRITE
 from .allocation import MessageQueue
@@ -258,9 +258,7 @@ class AdminClient:
         validate_topic(topic)
         for name, value, low, high in (("read_queue_nums", read_queue_nums, 1, 65535),
                                        ("write_queue_nums", write_queue_nums, 1, 65535), ("perm", perm, 0, PERM_MAX)):
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise SparkMQError(ErrorCode.INVALID_ARGUMENT,
-                                   f"{name} must be an integer {low}..{high}, got {value!r}")
+            check_int(name, value, low, high)
         body = {"topic": topic, "read_queue_nums": read_queue_nums, "write_queue_nums": write_queue_nums,
                 "perm": perm, "order": bool(order)}
         out: dict[str, dict[str, Any]] = {}
@@ -484,14 +482,12 @@ class AdminClient:
                 mq = key if isinstance(key, MessageQueue) else _parse_queue(topic, key)
                 if mq.broker_name not in masters:
                     raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"no live master named {mq.broker_name!r}")
-                if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-                    raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"offset of {mq.key} must be >= 0, got {offset!r}")
+                check_int(f"offset of {mq.key}", offset, 0)
                 by_queue = plan.setdefault(mq.broker_name, {})
                 assert by_queue is not None
                 by_queue[mq.queue_id] = offset
         else:
-            if isinstance(timestamp, bool) or not isinstance(timestamp, int) or timestamp < 0:
-                raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"timestamp must be epoch ms >= 0, got {timestamp!r}")
+            check("timestamp", timestamp, EpochMs)
             plan = {name: None for name in route.broker_names if name in masters}
         out: dict[MessageQueue, int] = {}
         missing: SparkMQError | None = None

@@ -34,6 +34,8 @@ from typing import ClassVar
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 from sparkmq.platform.common.message import MessageQueue
 
+from ..common.validation import check_int
+
 __all__ = [
     "MessageQueue",
     "AllocateStrategy",
@@ -203,9 +205,7 @@ class AllocateConsistentHash(AllocateStrategy):
     name = "consistent-hash"
 
     def __init__(self, virtual_nodes: int = DEFAULT_VIRTUAL_NODES) -> None:
-        if isinstance(virtual_nodes, bool) or not isinstance(virtual_nodes, int) or virtual_nodes < 1:
-            raise _invalid(f"virtual_nodes must be a positive integer, got {virtual_nodes!r}")
-        self.virtual_nodes = virtual_nodes
+        self.virtual_nodes = check_int("virtual_nodes", virtual_nodes, 1)
 
     def _allocate(self, queues: Sequence[MessageQueue], consumers: Sequence[str], index: int) -> list[MessageQueue]:
         # Ring points sorted by (hash, member): the member breaks (astronomically rare)

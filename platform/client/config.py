@@ -13,16 +13,27 @@ Example::
 """
 from __future__ import annotations
 
-import math
 import os
 import secrets
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
+
+from msgspec import Meta
 
 from ..auth.signing import Credentials
 from ..common.protocol import MAX_LONG_POLL_MS
 from ..common.tls import TlsSettings
+from ..common.validation import (
+    MillisOrZero,
+    NonNegative,
+    Positive,
+    Seconds,
+    SecondsOrZero,
+    check_fields,
+    split_addrs,
+)
 
 __all__ = [
     "ClientConfig",
@@ -58,35 +69,6 @@ def default_client_id() -> str:
     return f"{local_ip()}@{os.getpid()}@{secrets.token_hex(4)}"
 
 
-def _seconds(name: str, value: object, *, allow_zero: bool = False) -> None:
-    # bool is an int subclass; True seconds is a bug, not a duration.
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (value == 0 and not allow_zero):  # type: ignore[operator]
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be a finite number of seconds {bound}, got {value!r}")
-
-
-def _count(name: str, value: object, low: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-
-
-def _normalise_addrs(value: object) -> tuple[str, ...]:
-    # RocketMQ separates name servers with ';'; accept that, commas, or a sequence.
-    if isinstance(value, str):
-        parts = [p.strip() for p in value.replace(",", ";").split(";")]
-    elif isinstance(value, list | tuple):
-        parts = [str(p).strip() for p in value]
-    else:
-        raise ValueError(f"namesrv_addrs must be 'host:port[;host:port...]' or a list, got {value!r}")
-    addrs = tuple(p.removeprefix("http://").rstrip("/") for p in parts if p)
-    for addr in addrs:
-        host, sep, port = addr.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"a name server address must be 'host:port', got {addr!r}")
-    return addrs
-
-
 @dataclass(frozen=True)
 class ClientConfig:
     """Settings shared by :class:`Producer`, :class:`PushConsumer`, :class:`PullConsumer` and :class:`AdminClient`.
@@ -101,87 +83,87 @@ class ClientConfig:
 
     # -- requests -----------------------------------------------------------------------
     #: Timeout of admin, heartbeat, offset and route requests.
-    request_timeout_s: float = 5.0
+    request_timeout_s: Seconds = 5.0
     #: Total time budget of one synchronous send, retries included.
-    send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S
+    send_timeout_s: Seconds = DEFAULT_SEND_TIMEOUT_S
     #: Extra attempts (on another broker) after a failed send; ordered sends never move.
-    retry_times: int = 2
+    retry_times: NonNegative = 2
     #: Bodies strictly larger than this many bytes are zlib-compressed.
-    compress_threshold: int = DEFAULT_COMPRESS_THRESHOLD
+    compress_threshold: NonNegative = DEFAULT_COMPRESS_THRESHOLD
     #: zlib level for compressed bodies.
-    compress_level: int = 5
+    compress_level: Annotated[int, Meta(ge=0, le=9)] = 5
     #: Largest body a producer accepts (the broker checks again).
-    max_message_size: int = 4 * 1024 * 1024
+    max_message_size: Positive = 4 * 1024 * 1024
     #: Threads of the producer's async / one-way send pool.
-    async_send_threads: int = 4
+    async_send_threads: Positive = 4
     #: ``send_async`` gathers messages per topic into batches (``send_batch`` requests) instead of one
     #: request each; ordered (sharding key, selector) and delayed sends are never batched.
     async_batching: bool = True
     #: A batch holds at most this many messages ...
-    batch_max_messages: int = 256
+    batch_max_messages: Positive = 256
     #: ... and this many body bytes.
-    batch_max_bytes: int = 1 << 20
+    batch_max_bytes: Positive = 1 << 20
     #: How long a batch may wait to fill (Kafka's linger.ms); 0 = leave as soon as a send slot is free.
-    linger_ms: float = 0.0
+    linger_ms: MillisOrZero = 0.0
     #: Batches in flight at once (each on one of ``async_send_threads``).
-    max_in_flight_batches: int = 4
+    max_in_flight_batches: Positive = 4
     #: Body bytes of batched ``send_async`` messages not yet answered (Kafka's buffer.memory): a caller that
     #: outruns the brokers waits for room ...  Smaller than Kafka's 32 MiB: queued messages are Python objects
     #: here, and the more of them live, the longer each of Python's full garbage collections takes.
-    buffer_memory_bytes: int = 8 << 20
+    buffer_memory_bytes: Positive = 8 << 20
     #: ... at most this long, then gets PRODUCER_BUFFER_FULL (Kafka's max.block.ms).
-    max_block_ms: float = 60_000.0
+    max_block_ms: MillisOrZero = 60_000.0
     #: Avoid brokers whose sends were slow or failed, for a latency-dependent time.
     send_latency_fault_enable: bool = True
     #: How often the producer probes isolated brokers to lift the isolation early (RocketMQ 5's detector).
-    fault_detect_interval_s: float = 2.0
+    fault_detect_interval_s: Seconds = 2.0
 
     # -- periodic work ------------------------------------------------------------------
     #: Topic routes are refetched from a name server this often.
-    route_refresh_interval_s: float = 30.0
+    route_refresh_interval_s: Seconds = 30.0
     #: A topic with no route is asked for again at most this often while a client needs it.
-    route_miss_retry_s: float = 1.0
+    route_miss_retry_s: Seconds = 1.0
     #: Heartbeats (with subscriptions) to every broker serving the client's topics.
-    heartbeat_interval_s: float = 30.0
+    heartbeat_interval_s: Seconds = 30.0
     #: Periodic rebalance (consumers also rebalance on a broker's membership notice).
-    rebalance_interval_s: float = 20.0
+    rebalance_interval_s: Seconds = 20.0
     #: Consumer offsets are committed this often (and on shutdown and when a queue is taken away).
-    offset_commit_interval_s: float = 5.0
+    offset_commit_interval_s: Seconds = 5.0
 
     # -- pulling ------------------------------------------------------------------------
     #: Messages asked for per pull request.
-    pull_batch_size: int = 32
+    pull_batch_size: Positive = 32
     #: How long the broker may hold a pull that finds nothing (the broker caps it at 15 s).
-    long_poll_wait_ms: int = 15_000
+    long_poll_wait_ms: Annotated[int, Meta(ge=0, le=MAX_LONG_POLL_MS)] = 15_000
     #: Client-side slack on top of the long-poll wait before a pull counts as timed out.
-    long_poll_margin_s: float = 5.0
+    long_poll_margin_s: Seconds = 5.0
     #: "Pull" responses in Arrow IPC instead of JSON (the HTTP transport only).
     pull_format: str = "json"
     #: How to reach brokers: "remoting" (the binary protocol, where the route names a broker's remoting
     #: endpoint; HTTP otherwise) or "http" (always HTTP).  Admin calls always use HTTP.
     transport: str = "remoting"
     #: Wait after a failed pull (RocketMQ: 3 s) before trying that queue again.
-    pull_error_backoff_s: float = 1.0
+    pull_error_backoff_s: Seconds = 1.0
     #: Wait while a queue is over its flow-control limits (RocketMQ: 50 ms).
-    flow_control_backoff_s: float = 0.05
+    flow_control_backoff_s: Seconds = 0.05
     #: Per-queue flow control: messages pulled but not consumed ...
-    flow_control_max_messages: int = 1000
+    flow_control_max_messages: Positive = 1000
     #: ... their total body bytes ...
-    flow_control_max_bytes: int = 100 * 1024 * 1024
+    flow_control_max_bytes: Positive = 100 * 1024 * 1024
     #: ... and the spread between the smallest and largest of their offsets (concurrent consumers).
-    max_offset_span: int = 2000
+    max_offset_span: Positive = 2000
     #: Wait of the membership long poll ``/consumers/{group}/changes``.
-    change_wait_ms: int = 20_000
+    change_wait_ms: Annotated[int, Meta(ge=0, le=MAX_LONG_POLL_MS)] = 20_000
 
     # -- consuming ----------------------------------------------------------------------
     #: Listener threads of a push consumer.
-    consume_threads: int = 20
+    consume_threads: Positive = 20
     #: Most messages handed to one listener call (consumeMessageBatchMaxSize).
-    consume_batch_size: int = 1
+    consume_batch_size: Positive = 1
     #: Delay before a message the listener refused is delivered to it again (local redelivery).
-    reconsume_delay_s: float = 5.0
+    reconsume_delay_s: SecondsOrZero = 5.0
     #: CONSUME_FROM_TIMESTAMP start (epoch ms); None = now - 30 min when the consumer starts.
-    consume_timestamp_ms: int | None = None
+    consume_timestamp_ms: NonNegative | None = None
     #: Where broadcasting consumers keep their offsets (``<dir>/<group>/offsets.json``).
     offset_store_dir: str | Path = field(default_factory=lambda: Path.home() / ".sparkmq_offsets")
 
@@ -204,45 +186,17 @@ class ClientConfig:
     secret_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "namesrv_addrs", _normalise_addrs(self.namesrv_addrs))
+        object.__setattr__(self, "namesrv_addrs", split_addrs(self.namesrv_addrs))
         if not self.namesrv_addrs:
             raise ValueError("namesrv_addrs must name at least one name server")
         if self.client_id is not None and (not isinstance(self.client_id, str) or not self.client_id.strip()):
             raise ValueError(f"client_id must be a non-empty string or None, got {self.client_id!r}")
-        for name in ("request_timeout_s", "send_timeout_s", "route_refresh_interval_s", "route_miss_retry_s",
-                     "heartbeat_interval_s", "rebalance_interval_s", "offset_commit_interval_s",
-                     "fault_detect_interval_s", "pull_error_backoff_s", "flow_control_backoff_s",
-                     "long_poll_margin_s"):
-            _seconds(name, getattr(self, name))
-        _seconds("reconsume_delay_s", self.reconsume_delay_s, allow_zero=True)
-        _count("retry_times", self.retry_times, 0)
-        _count("compress_threshold", self.compress_threshold, 0)
-        if isinstance(self.compress_level, bool) or self.compress_level not in range(0, 10):
-            raise ValueError(f"compress_level must be an integer 0..9, got {self.compress_level!r}")
-        for name in ("linger_ms", "max_block_ms"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be a finite number of milliseconds >= 0, got {value!r}")
-        for name in ("batch_max_messages", "batch_max_bytes", "max_in_flight_batches", "buffer_memory_bytes"):
-            _count(name, getattr(self, name))
-        for name in ("max_message_size", "async_send_threads", "pull_batch_size", "flow_control_max_messages",
-                     "flow_control_max_bytes", "max_offset_span", "consume_threads", "consume_batch_size"):
-            _count(name, getattr(self, name))
-        for name in ("long_poll_wait_ms", "change_wait_ms"):
-            _count(name, getattr(self, name), 0)
-            if getattr(self, name) > MAX_LONG_POLL_MS:  # the broker refuses longer holds
-                raise ValueError(f"{name} must be at most {MAX_LONG_POLL_MS}, got {getattr(self, name)!r}")
-        if not isinstance(self.trace_enabled, bool):
-            raise ValueError(f"trace_enabled must be true or false, got {self.trace_enabled!r}")
+        check_fields(self)  # durations, counts, sizes, switches
         if self.transport not in ("remoting", "http"):
             raise ValueError(f"transport must be 'remoting' or 'http', got {self.transport!r}")
         if self.pull_format not in ("json", "arrow"):
             raise ValueError(f"pull_format must be 'json' or 'arrow', got {self.pull_format!r}")
-        if self.consume_timestamp_ms is not None:
-            _count("consume_timestamp_ms", self.consume_timestamp_ms, 0)
         object.__setattr__(self, "offset_store_dir", Path(self.offset_store_dir))
-        if not isinstance(self.tls, bool):
-            raise ValueError(f"tls must be true or false, got {self.tls!r}")
         # Built (and the CA file checked) now, not at the first connection.
         object.__setattr__(self, "_tls", TlsSettings.of_files(ca_file=self.tls_ca_file, connect=self.tls,
                                                               check_hostname=self.tls_check_hostname))

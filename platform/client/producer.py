@@ -47,7 +47,7 @@ from ..common.errors import ErrorCode, SparkMQError
 from ..common.ids import UniqueIdGenerator, offset_msg_id_prefix
 from ..common.message import BODY_TYPES, Message, SendResult, SendStatus, send_status
 from ..common.trace import TraceEvent
-from ..common.validation import validate_group, validate_topic
+from ..common.validation import check_int, validate_group, validate_topic
 from ..common.wire import SendRow, encode_body, send_rows_to_arrow, to_ipc
 from .accumulator import Accumulator, BatchedFuture
 from .allocation import MessageQueue
@@ -115,9 +115,7 @@ def _schedule_fields(delay_level: int | None, deliver_at_ms: int | None, delay_m
         raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"give one of delay_level, deliver_at_ms, delay_ms, not "
                                                        f"{sorted(given)}")
     for name, value in given.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "delay_level" else 0):
-            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"{name} must be a non-negative integer"
-                                                           f"{' >= 1' if name == 'delay_level' else ''}, got {value!r}")
+        check_int(name, value, 1 if name == "delay_level" else 0)
     return given
 
 

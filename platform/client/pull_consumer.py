@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterable
 
 from ..common.errors import ErrorCode, SparkMQError
-from ..common.validation import validate_topic
+from ..common.validation import check_int, validate_topic
 from ..common.wire import ReceivedMessage
 from .allocation import DEFAULT_STRATEGY, AllocateStrategy, MessageQueue
 from .config import ClientConfig
@@ -145,8 +145,7 @@ class PullConsumer(ConsumerBase):
 
     def seek(self, mq: MessageQueue, offset: int) -> None:
         """Pull ``mq`` (a held queue) from ``offset`` on; it is committed at the next commit."""
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise SparkMQError(ErrorCode.OFFSET_ILLEGAL, f"offset must be an integer >= 0, got {offset!r}")
+        check_int("offset", offset, 0, error=ErrorCode.OFFSET_ILLEGAL)
         self._held([mq])
         if self._carry is not None and self._carry[0].mq == mq:
             self._carry = None

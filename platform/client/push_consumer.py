@@ -50,6 +50,7 @@ from typing import Any
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.system_topics import retry_topic
 from ..common.trace import TraceEvent
+from ..common.validation import MillisOrZero, Seconds, check, check_int
 from ..common.wire import ReceivedMessage
 from .allocation import DEFAULT_STRATEGY, AllocateStrategy, MessageQueue
 from .config import ClientConfig
@@ -120,12 +121,11 @@ class PushConsumer(ConsumerBase):
                  lock_interval_s: float = 20.0, client_lock_expiry_s: float = 30.0) -> None:
         super().__init__(group, config, message_model=message_model, allocate_strategy=allocate_strategy,
                          consume_from_where=consume_from_where)
-        if max_reconsume_times is not None and (isinstance(max_reconsume_times, bool)
-                                                or not isinstance(max_reconsume_times, int) or max_reconsume_times < 0):
-            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"max_reconsume_times must be >= 0, got "
-                                                           f"{max_reconsume_times!r}")
-        if suspend_current_queue_time_ms < 0 or lock_interval_s <= 0 or client_lock_expiry_s <= 0:
-            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "suspend time must be >= 0 and lock intervals > 0")
+        if max_reconsume_times is not None:
+            check_int("max_reconsume_times", max_reconsume_times, 0)
+        check("suspend_current_queue_time_ms", suspend_current_queue_time_ms, MillisOrZero)
+        check("lock_interval_s", lock_interval_s, Seconds)
+        check("client_lock_expiry_s", client_lock_expiry_s, Seconds)
         self.max_reconsume_times = DEFAULT_MAX_RECONSUME_TIMES if max_reconsume_times is None else max_reconsume_times
         #: Orderly: suspensions before the DLQ (None: retried in place without end).
         self.orderly_max_reconsume_times = max_reconsume_times

@@ -12,6 +12,7 @@ import zlib
 from collections.abc import Mapping
 
 from .errors import ErrorCode, SparkMQError
+from .validation import split_addr
 
 __all__ = [
     "NAME_SEPARATOR",
@@ -21,7 +22,6 @@ __all__ = [
     "tag_hash",
     "pack_host",
     "unpack_host",
-    "split_host",
 ]
 
 NAME_SEPARATOR = "\x01"
@@ -73,17 +73,6 @@ def tag_hash(tag: str | None) -> int:
     return zlib.crc32(tag.encode("utf-8"))
 
 
-def split_host(address: str) -> tuple[str, int]:
-    """"host:port" or "[v6]:port" → (host, port); INVALID_ARGUMENT when malformed."""
-    host, sep, port_text = address.rpartition(":")
-    if not sep or not port_text.isdigit() or not host:
-        raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"address {address!r} is not host:port")
-    port = int(port_text)
-    if port > 65535:
-        raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"port {port} in {address!r} is out of range")
-    return host.strip("[]"), port
-
-
 @functools.lru_cache(maxsize=4096)
 def pack_host(address: str | None) -> bytes:
     """"ip:port" → the 20-byte host field; None or "" → all zero.
@@ -92,7 +81,7 @@ def pack_host(address: str | None) -> bytes:
     """
     if not address:
         return bytes(_HOST_SIZE)
-    host, port = split_host(address)
+    host, port = split_addr(address, "store host")
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:

@@ -31,6 +31,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .validation import Seconds, check
+
 __all__ = ["FailureLog", "DEFAULT_SUMMARY_INTERVAL_S", "set_summary_interval"]
 
 #: How often a subsystem that keeps failing writes its summary line, unless the process sets another.
@@ -44,8 +46,7 @@ def set_summary_interval(interval_s: float) -> None:
     """Set the summary interval of the FailureLogs built from now on without one (a broker applies its
     ``log_summary_interval_s``); ValueError unless > 0."""
     global _interval_s
-    if isinstance(interval_s, bool) or not isinstance(interval_s, int | float) or not interval_s > 0:
-        raise ValueError(f"the summary interval must be a number of seconds > 0, got {interval_s!r}")
+    check("the summary interval", interval_s, Seconds, ValueError)
     _interval_s = float(interval_s)
 
 

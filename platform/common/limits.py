@@ -21,6 +21,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
+from .validation import Positive, Seconds, check_fields
+
 __all__ = ["ConnectionLimits", "PerAddressCounter", "RefusalLog"]
 
 
@@ -35,31 +37,23 @@ class ConnectionLimits:
     """
 
     #: Open connections one source IP may hold on one port (remoting, HTTP).
-    max_connections_per_ip: int = 1000
+    max_connections_per_ip: Positive = 1000
     #: Requests one remoting connection may have waiting for their answers before it is no longer read.
-    max_inflight_per_connection: int = 65_536
+    max_inflight_per_connection: Positive = 65_536
     #: An HTTP request's head (request line and headers) must arrive within this many seconds.
-    http_header_timeout_s: float = 10.0
+    http_header_timeout_s: Seconds = 10.0
     #: An idle HTTP keep-alive connection is closed after this many seconds (uvicorn's ``timeout_keep_alive``).
-    http_keep_alive_s: float = 5.0
+    http_keep_alive_s: Seconds = 5.0
     #: Connections plus requests an HTTP port serves at once; beyond it uvicorn answers 503 at once.
-    http_max_concurrency: int = 10_000
+    http_max_concurrency: Positive = 10_000
     #: Bytes of requests one remoting connection may have read and not answered yet; a request beyond it is
     #: answered SYSTEM_BUSY at once (a request alone, and one of at most 4 KiB, is always taken).
-    max_unanswered_bytes_per_connection: int = 64 << 20
+    max_unanswered_bytes_per_connection: Positive = 64 << 20
     #: The same for all connections of one remoting server together.
-    max_unanswered_bytes: int = 512 << 20
+    max_unanswered_bytes: Positive = 512 << 20
 
     def __post_init__(self) -> None:
-        for name in ("max_connections_per_ip", "max_inflight_per_connection", "http_max_concurrency",
-                     "max_unanswered_bytes_per_connection", "max_unanswered_bytes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        for name in ("http_header_timeout_s", "http_keep_alive_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+        check_fields(self)
 
 
 class PerAddressCounter:

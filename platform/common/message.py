@@ -10,6 +10,7 @@ from typing import Any
 from .codec import decode_properties, unpack_host
 from .errors import ErrorCode, SparkMQError
 from .ids import encode_offset_msg_id
+from .validation import check_int
 
 __all__ = ["Message", "MessageQueue", "StoredMessage", "SendResult", "SendStatus", "send_status", "PROPERTY_TAGS",
            "PROPERTY_KEYS", "PROPERTY_UNIQUE_ID", "KEY_SEPARATOR", "BODY_TYPES"]
@@ -132,8 +133,7 @@ class MessageQueue:
             raise _invalid_queue(f"topic must be a non-empty string, got {self.topic!r}")
         if not isinstance(self.broker_name, str) or not self.broker_name:
             raise _invalid_queue(f"broker_name must be a non-empty string, got {self.broker_name!r}")
-        if isinstance(self.queue_id, bool) or not isinstance(self.queue_id, int) or self.queue_id < 0:
-            raise _invalid_queue(f"queue_id must be a non-negative integer, got {self.queue_id!r}")
+        check_int("queue_id", self.queue_id, 0)
 
     @property
     def key(self) -> str:

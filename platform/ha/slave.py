@@ -27,7 +27,7 @@ from ..common.backoff import Backoff, RetryDelays
 from ..common.errors import SparkMQError
 from ..common.failure_log import FailureLog
 from ..common.tls import TlsSettings
-from ..remoting.client import split_addr
+from ..common.validation import split_addr
 from ..store import MessageStore
 from .acl_copy import apply_acl
 from .cluster_auth import MAC_BYTES, ClusterAuth
@@ -160,7 +160,7 @@ class ReplicationSlave:
             self._stop.wait(delays.next_s())
 
     def _session(self, addr: str) -> None:
-        host, port = split_addr(addr)
+        host, port = split_addr(addr, "master HA address")
         self.master = addr
         sock = self._sock = socket.create_connection((host, port), timeout=_CONNECT_TIMEOUT_S)
         if self._stop.is_set():

@@ -1,12 +1,12 @@
 """Configuration of one name server, validated once at construction."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..auth.model import check_service_acl_settings
 from ..common.tls import TlsSettings
+from ..common.validation import Port, Seconds, check_fields
 
 __all__ = ["NameServerConfig", "DEFAULT_PORT", "DEFAULT_SCAN_INTERVAL_S", "DEFAULT_BROKER_EXPIRY_S"]
 
@@ -16,12 +16,6 @@ DEFAULT_PORT = 9876
 DEFAULT_SCAN_INTERVAL_S = 5.0
 #: ... and drops a broker that has not registered for 120 s (brokers register every 30 s).
 DEFAULT_BROKER_EXPIRY_S = 120.0
-
-
-def _positive_seconds(name: str, value: object) -> None:
-    # bool is an int subclass; True seconds is a bug, not a duration.
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -37,11 +31,11 @@ class NameServerConfig:
     #: Interface to listen on; loopback by default so a dev run is never exposed.
     host: str = "127.0.0.1"
     #: TCP port; 0 lets the OS pick a free one (the process prints the real one).
-    port: int = DEFAULT_PORT
+    port: Port = DEFAULT_PORT
     #: How often silent brokers are looked for.
-    scan_interval_s: float = DEFAULT_SCAN_INTERVAL_S
+    scan_interval_s: Seconds = DEFAULT_SCAN_INTERVAL_S
     #: A broker address silent for longer than this is removed with everything it served.
-    broker_expiry_s: float = DEFAULT_BROKER_EXPIRY_S
+    broker_expiry_s: Seconds = DEFAULT_BROKER_EXPIRY_S
     #: TLS (docs/security-tls.md): PEM certificate chain and key the HTTP port serves with; unset = plaintext.
     #: A name server only listens (HTTP), and an HTTP port with a certificate serves TLS only.
     tls_cert_file: str | None = None
@@ -61,10 +55,7 @@ class NameServerConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host.strip():
             raise ValueError(f"host must be a non-empty string, got {self.host!r}")
-        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
-            raise ValueError(f"port must be an integer in 0..65535, got {self.port!r}")
-        _positive_seconds("scan_interval_s", self.scan_interval_s)
-        _positive_seconds("broker_expiry_s", self.broker_expiry_s)
+        check_fields(self)  # port, durations, acl_enabled
         for name in ("tls_cert_file", "tls_key_file"):
             if isinstance(getattr(self, name), Path):
                 object.__setattr__(self, name, str(getattr(self, name)))

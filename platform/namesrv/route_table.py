@@ -28,7 +28,6 @@ Perm bits are documented in :mod:`sparkmq.platform.namesrv.perm`.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -36,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..common.errors import ErrorCode, SparkMQError
-from ..common.validation import validate_topic
+from ..common.validation import NodeName, check, check_addr, check_int, validate_topic
 from .config import NameServerConfig
 from .perm import PERM_MAX, PERM_WRITE
 
@@ -59,46 +58,10 @@ log = logging.getLogger("sparkmq.namesrv")
 MASTER_ID = 0
 #: Upper bound on read/write queue counts a broker may announce (a sanity limit, not a RocketMQ one).
 MAX_QUEUE_NUMS = 65535
-#: Upper bound on cluster and broker name length (same as topics).
-MAX_NAME_LENGTH = 127
-
-#: The characters of cluster and broker names (a regular-expression character class).
-NAME_CHARS = "[%|a-zA-Z0-9_.-]"
-#: ``host:port`` where host is an IPv4 address, a hostname or a bracketed IPv6 address (port 1..65535 checked apart).
-ADDR_PATTERN = r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$"
-
-# fullmatch: "$" alone would also accept a trailing newline.
-_NAME = re.compile(f"{NAME_CHARS}+")
-_ADDR = re.compile(ADDR_PATTERN)
 
 
 def _invalid(message: str) -> SparkMQError:
     return SparkMQError(ErrorCode.INVALID_ARGUMENT, message)
-
-
-def _check_int(name: str, value: object, low: int, high: int | None = None) -> int:
-    # bool is an int subclass; a JSON true must not become broker id 1.
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        bounds = f"{low}..{high}" if high is not None else f">= {low}"
-        raise _invalid(f"{name} must be an integer {bounds}, got {value!r}")
-    return value
-
-
-def _check_name(kind: str, value: object) -> str:
-    if not isinstance(value, str) or not value:
-        raise _invalid(f"the {kind} must be a non-empty string, got {value!r}")
-    if len(value) > MAX_NAME_LENGTH:
-        raise _invalid(f"the {kind} is {len(value)} characters, the limit is {MAX_NAME_LENGTH}")
-    if not _NAME.fullmatch(value):
-        raise _invalid(f"the {kind} {value!r} has characters outside [%|a-zA-Z0-9_.-]")
-    return value
-
-
-def _check_addr(kind: str, value: object) -> str:
-    match = _ADDR.fullmatch(value) if isinstance(value, str) else None
-    if match is None or not 1 <= int(match.group(2)) <= 65535:
-        raise _invalid(f"the {kind} must be 'host:port' with a port in 1..65535, got {value!r}")
-    return value  # type: ignore[return-value]  # matched a str above
 
 
 @dataclass(frozen=True)
@@ -117,10 +80,10 @@ class TopicConfig:
     topic_sys_flag: int = 0
 
     def __post_init__(self) -> None:
-        _check_int("read_queue_nums", self.read_queue_nums, 0, MAX_QUEUE_NUMS)
-        _check_int("write_queue_nums", self.write_queue_nums, 0, MAX_QUEUE_NUMS)
-        _check_int("perm", self.perm, 0, PERM_MAX)
-        _check_int("topic_sys_flag", self.topic_sys_flag, 0, 2**31 - 1)
+        check_int("read_queue_nums", self.read_queue_nums, 0, MAX_QUEUE_NUMS)
+        check_int("write_queue_nums", self.write_queue_nums, 0, MAX_QUEUE_NUMS)
+        check_int("perm", self.perm, 0, PERM_MAX)
+        check_int("topic_sys_flag", self.topic_sys_flag, 0, 2**31 - 1)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TopicConfig:
@@ -345,21 +308,21 @@ class RouteTable:
             >>> t.register_broker("C", "b", 0, "127.0.0.1:10911", None, 7, {"T": TopicConfig()})
             False
         """
-        _check_name("cluster", cluster)
-        _check_name("broker name", broker_name)
-        _check_int("broker_id", broker_id, 0)
-        _check_addr("broker address", broker_addr)
+        check("the cluster", cluster, NodeName)
+        check("the broker name", broker_name, NodeName)
+        check_int("broker_id", broker_id, 0)
+        check_addr("the broker address", broker_addr)
         if ha_addr is not None and ha_addr != "":
-            _check_addr("HA address", ha_addr)
+            check_addr("the HA address", ha_addr)
         ha = ha_addr or None
         if remoting_addr is not None and remoting_addr != "":
-            _check_addr("remoting address", remoting_addr)
+            check_addr("the remoting address", remoting_addr)
         remoting = remoting_addr or None
         if grpc_addr is not None and grpc_addr != "":
-            _check_addr("gRPC address", grpc_addr)
+            check_addr("the gRPC address", grpc_addr)
         grpc = grpc_addr or None
-        _check_int("data_version", data_version, 0)
-        _check_int("epoch", epoch, 0)
+        check_int("data_version", data_version, 0)
+        check_int("epoch", epoch, 0)
         configs = dict(topic_configs or {})
         for topic, topic_config in configs.items():
             validate_topic(topic)
@@ -436,10 +399,10 @@ class RouteTable:
         A request whose cluster, name or id do not match what that address registered
         changes nothing (a stale unregister must not remove a re-registered broker).
         """
-        _check_name("cluster", cluster)
-        _check_name("broker name", broker_name)
-        _check_int("broker_id", broker_id, 0)
-        _check_addr("broker address", broker_addr)
+        check("the cluster", cluster, NodeName)
+        check("the broker name", broker_name, NodeName)
+        check_int("broker_id", broker_id, 0)
+        check_addr("the broker address", broker_addr)
         with self._lock:
             live = self._live.get(broker_addr)
             if live is None or (live.cluster, live.broker_name, live.broker_id) != (cluster, broker_name, broker_id):
@@ -509,7 +472,7 @@ class RouteTable:
         """
         validate_topic(topic)
         if cluster is not None:
-            _check_name("cluster", cluster)
+            check("the cluster", cluster, NodeName)
         with self._lock:
             queue_map = self._topics.get(topic)
             if queue_map is None:

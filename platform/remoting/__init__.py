@@ -22,7 +22,6 @@ from .client import (
     Ext,
     PushCallback,
     RemotingConnection,
-    split_addr,
 )
 from .codec import (
     Frame,
@@ -71,7 +70,6 @@ __all__ = [
     "error_from_frame",
     "error_reply",
     "new_event_loop",
-    "split_addr",
     "unsupported_reply",
     "write_frame",
 ]

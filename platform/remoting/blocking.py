@@ -21,7 +21,8 @@ import time
 import weakref
 
 from ..common.protocol import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_FRAME_BYTES, FLAG_RESPONSE
-from .client import SUCCESS_ONLY, Ext, split_addr
+from ..common.validation import split_addr
+from .client import SUCCESS_ONLY, Ext
 from .codec import Frame, FrameDecoder, ProtocolError, RemotingError, Response, encode_frame, error_from_frame
 
 __all__ = ["BlockingConnection", "DirectConnections"]
@@ -36,7 +37,7 @@ class BlockingConnection:
     def __init__(self, addr: str, *, connect_timeout_s: float,
                  max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, ssl_context: ssl.SSLContext | None = None) -> None:
         self.addr = addr
-        host, port = split_addr(addr)
+        host, port = split_addr(addr, "remoting address")
         try:
             sock = socket.create_connection((host, port), timeout=connect_timeout_s)
         except OSError as exc:

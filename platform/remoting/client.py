@@ -27,6 +27,7 @@ from ..common.protocol import (
     ExtHeader,
     RequestCode,
 )
+from ..common.validation import split_addr
 from .codec import (
     Frame,
     FrameData,
@@ -47,7 +48,6 @@ __all__ = [
     "DEFAULT_REQUEST_TIMEOUT_S",
     "PushCallback",
     "RemotingConnection",
-    "split_addr",
 ]
 
 log = logging.getLogger("sparkmq.remoting")
@@ -68,16 +68,6 @@ _INVALID_STATE = (asyncio.InvalidStateError, concurrent.futures.InvalidStateErro
 
 #: ``on_push(frame)`` of a connection: called on its loop for each request the server sends.
 PushCallback = Callable[[Frame], "Reply | None"]
-
-
-def split_addr(addr: str) -> tuple[str, int]:
-    """``("host", port)`` of ``"host:port"`` (``"[v6]:port"`` too); raises SparkMQError if malformed."""
-    host, sep, port = addr.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"bad remoting address {addr!r}, expected host:port")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host, int(port)
 
 
 def _answer(frame: Frame, ok: frozenset[int]) -> Response:
@@ -196,7 +186,7 @@ class RemotingConnection(asyncio.Protocol):
         verification or a server that does not speak TLS is a RemotingError too).
         """
         loop = asyncio.get_running_loop()
-        host, port = split_addr(addr)
+        host, port = split_addr(addr, "remoting address")
         conn = cls(addr, loop, max_frame_bytes=max_frame_bytes, heartbeat_interval_s=heartbeat_interval_s,
                    on_push=on_push)
         tls: dict[str, Any] = {} if ssl_context is None else {"ssl": ssl_context, "server_hostname": host}

@@ -5,10 +5,20 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from msgspec import Meta
 
 from ..common.codec import pack_host
-from ..common.validation import DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_MAX_PROPERTIES_SIZE
+from ..common.validation import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    DEFAULT_MAX_PROPERTIES_SIZE,
+    NonNegative,
+    Positive,
+    Ratio,
+    check_fields,
+    check_int,
+)
 
 __all__ = ["FlushMode", "StoreConfig"]
 
@@ -22,6 +32,8 @@ class FlushMode(enum.StrEnum):
     SYNC_FLUSH = "SYNC_FLUSH"
 
 
+#: Commit-log segments are whole pages.
+SegmentSize = Annotated[int, Meta(ge=4096, multiple_of=4096, description="a multiple of 4096 and at least 4096")]
 #: The disk ratios, lowest first (the first three must rise in this order).
 _RATIOS = ("disk_max_used_ratio", "disk_force_clean_ratio", "disk_warning_ratio", "disk_resume_ratio")
 
@@ -33,48 +45,48 @@ class StoreConfig:
     #: Directory holding commitlog/, consumequeue/, checkpoint, abort and lock.
     root: Path
     #: Bytes per commit-log segment (a multiple of 4096).
-    segment_size: int = 1 << 30
+    segment_size: SegmentSize = 1 << 30
     #: 20-byte units per consume-queue file.
-    cq_units_per_file: int = 300_000
+    cq_units_per_file: Positive = 300_000
     flush_mode: FlushMode = FlushMode.ASYNC_FLUSH
     #: ASYNC_FLUSH: how often the background thread syncs.
-    flush_interval_ms: int = 500
+    flush_interval_ms: Positive = 500
     #: SYNC_FLUSH: how long a send waits for its sync before FLUSH_DISK_TIMEOUT.
-    sync_flush_timeout_ms: int = 5000
+    sync_flush_timeout_ms: Positive = 5000
     #: How often the checkpoint (the recovery starting point) is rewritten.
-    checkpoint_interval_ms: int = 1000
+    checkpoint_interval_ms: Positive = 1000
     #: Bytes of the newest log kept in the page cache: after each full flush the durable pages further
     #: back are dropped from it, so the writer recycles pages instead of taking new ones (a new page costs
     #: it several times more on a VM that hands free memory back to its host), and a reader more than this
     #: far behind reads from the disk.  0 leaves it all to the OS.
-    page_cache_keep: int = 1 << 30
+    page_cache_keep: NonNegative = 1 << 30
     #: Segments whose last write is older than this are deleted (RocketMQ's fileReservedTime).
-    file_reserved_hours: float = 72.0
+    file_reserved_hours: Annotated[float, Meta(gt=0)] = 72.0
     #: Hours of the day (0-23) at which expired segments are deleted; empty = any hour (deleteWhen).
     delete_when_hours: tuple[int, ...] = (4,)
     # Disk watermarks (platform/store/disk.py): ratios of the store's file system in use, as df shows them.
     #: diskMaxUsedSpaceRatio: at or above it, expired segments are deleted at once, at any hour.
-    disk_max_used_ratio: float = 0.75
+    disk_max_used_ratio: Ratio = 0.75
     #: diskSpaceCleanForciblyRatio: at or above it, the oldest segments are deleted before they expire.
-    disk_force_clean_ratio: float = 0.85
+    disk_force_clean_ratio: Ratio = 0.85
     #: diskSpaceWarningLevelRatio: at or above it, writes are refused with DISK_FULL (reads go on), leaving the
     #: rest of the disk to offsets, checkpoints, the lake and the trace.
-    disk_warning_ratio: float = 0.90
+    disk_warning_ratio: Ratio = 0.90
     #: Refused writes are accepted again once use falls below this (hysteresis; RocketMQ resumes at the warning
     #: ratio itself, so a disk at the line flips every check).
-    disk_resume_ratio: float = 0.85
+    disk_resume_ratio: Ratio = 0.85
     #: Early deletion (at disk_max_used_ratio and above) may delete messages a consumer group or a broker
     #: service has not consumed yet.  False keeps them: writes are refused instead once the disk reaches the
     #: warning ratio, until the consumers move on (RocketMQ deletes them).
     disk_clean_unconsumed: bool = False
     #: How often the disk's use is measured (one statvfs); under CLEAN and above, retention runs this often too.
-    disk_check_interval_ms: int = 1000
+    disk_check_interval_ms: Positive = 1000
     #: How often retention runs while the disk is below disk_max_used_ratio.
-    retention_interval_ms: int = 10_000
+    retention_interval_ms: Positive = 10_000
     #: Segments deleted per retention run at most.
-    delete_segments_per_run: int = 10
-    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
-    max_properties_size: int = DEFAULT_MAX_PROPERTIES_SIZE
+    delete_segments_per_run: Positive = 10
+    max_message_size: Positive = DEFAULT_MAX_MESSAGE_SIZE
+    max_properties_size: Annotated[int, Meta(ge=0, le=65535)] = DEFAULT_MAX_PROPERTIES_SIZE
     #: "ip:port" written into every record and into offsetMsgIds.
     store_host: str = "127.0.0.1:10911"
     #: Start the flush and retention threads (False for tools that only read).
@@ -93,36 +105,15 @@ class StoreConfig:
         object.__setattr__(self, "root", Path(self.root))
         object.__setattr__(self, "flush_mode", FlushMode(self.flush_mode))
         object.__setattr__(self, "delete_when_hours", tuple(self.delete_when_hours))
-        if self.segment_size < 4096 or self.segment_size % 4096:
-            raise ValueError(f"segment_size must be a multiple of 4096 and at least 4096, got {self.segment_size}")
-        if self.cq_units_per_file < 1:
-            raise ValueError(f"cq_units_per_file must be positive, got {self.cq_units_per_file}")
-        for name in ("flush_interval_ms", "sync_flush_timeout_ms", "checkpoint_interval_ms",
-                     "retention_interval_ms", "disk_check_interval_ms", "delete_segments_per_run",
-                     "max_message_size"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if not 0 <= self.max_properties_size <= 65535:
-            raise ValueError(f"max_properties_size must be in [0, 65535], got {self.max_properties_size}")
-        if self.page_cache_keep < 0:
-            raise ValueError(f"page_cache_keep must be >= 0 (0: the OS decides), got {self.page_cache_keep}")
-        if self.file_reserved_hours <= 0:
-            raise ValueError(f"file_reserved_hours must be positive, got {self.file_reserved_hours}")
+        check_fields(self)  # sizes, intervals, disk ratios, switches
         for hour in self.delete_when_hours:
-            if not 0 <= hour <= 23:
-                raise ValueError(f"delete_when_hours must be hours 0-23, got {hour}")
-        for name in _RATIOS:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
-                raise ValueError(f"{name} must be a ratio in (0, 1], got {value!r}")
+            check_int("delete_when_hours", hour, 0, 23, ValueError)
         for low, high in zip(_RATIOS, _RATIOS[1:3], strict=False):  # max used <= force clean <= warning
             if getattr(self, low) > getattr(self, high):
                 raise ValueError(f"{low} {getattr(self, low)} must not be above {high} {getattr(self, high)}")
         if self.disk_resume_ratio > self.disk_warning_ratio:
             raise ValueError(f"disk_resume_ratio {self.disk_resume_ratio} must not be above disk_warning_ratio "
                              f"{self.disk_warning_ratio} (writes resume below it)")
-        if not isinstance(self.disk_clean_unconsumed, bool):
-            raise ValueError(f"disk_clean_unconsumed must be true or false, got {self.disk_clean_unconsumed!r}")
         # the largest record must fit in one segment (header 120 + topic + properties)
         if self.max_message_size + self.max_properties_size + 400 > self.segment_size:
             raise ValueError(

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pyarrow as pa
 
@@ -47,7 +47,7 @@ from ..common.message import (
     StoredMessage,
 )
 from ..common.record_columns import EMPTY_PULL_BATCH, RECORDS_SCHEMA, records_array, records_to_arrow
-from ..common.validation import validate_topic
+from ..common.validation import check, check_int, validate_topic
 from .checkpoint import read_checkpoint, write_checkpoint
 from .config import FlushMode, StoreConfig
 from .disk import DiskGuard, DiskState, RetentionFloor
@@ -105,11 +105,7 @@ def translate_store_error(exc: StoreError) -> SparkMQError:
 
 
 def _check_offset(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SparkMQError(ErrorCode.OFFSET_ILLEGAL, f"{name} must be an integer, got {type(value).__name__}")
-    if value < 0:
-        raise SparkMQError(ErrorCode.OFFSET_ILLEGAL, f"{name} must be >= 0, got {value}")
-    return value
+    return check_int(name, value, 0, error=ErrorCode.OFFSET_ILLEGAL)
 
 
 class MessageStore:
@@ -379,8 +375,7 @@ class MessageStore:
     # -- writing --------------------------------------------------------------
     def _check_queue(self, topic: str, queue_id: object) -> int:
         validate_topic(topic)
-        if isinstance(queue_id, bool) or not isinstance(queue_id, int):
-            raise SparkMQError(ErrorCode.QUEUE_ID_ILLEGAL, f"queue id must be an integer, got {queue_id!r}")
+        queue_id = cast(int, check("queue id", queue_id, int, ErrorCode.QUEUE_ID_ILLEGAL))
         count = self._queue_count_of(topic) if self._queue_count_of else 65536
         if count is None:
             raise SparkMQError(ErrorCode.TOPIC_NOT_EXIST, f"topic {topic!r} does not exist")
@@ -531,8 +526,7 @@ class MessageStore:
         """
         validate_topic(topic)
         qid = self._check_queue(topic, queue_id)
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise SparkMQError(ErrorCode.MESSAGE_ILLEGAL, f"a batch has at least one message, got count {count!r}")
+        check_int("the batch's message count", count, 1, error=ErrorCode.MESSAGE_ILLEGAL)
         first, store_ts, end, offsets = self._gated(
             lambda: self.commit_log.append_packed(
                 topic, qid, data, count, sys_flag=sys_flag, born_host=pack_host(born_host),
@@ -601,8 +595,7 @@ class MessageStore:
         ``max_bytes`` < 1 INVALID_ARGUMENT.
         """
         offset = _check_offset("offset", offset)
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int):
-            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"max_bytes must be an integer, got {max_bytes!r}")
+        check("max_bytes", max_bytes, int)
         try:
             return self.commit_log.read_replication(offset, max_bytes)
         except StoreError as exc:
@@ -780,10 +773,8 @@ class MessageStore:
         something to read, else the answer (no such queue, offset too small, at the end, past the end)."""
         validate_topic(topic)
         offset = _check_offset("offset", offset)
-        if isinstance(queue_id, bool) or not isinstance(queue_id, int) or not 0 <= queue_id <= 65535:
-            raise SparkMQError(ErrorCode.QUEUE_ID_ILLEGAL, f"queue id must be in [0, 65535], got {queue_id!r}")
-        if isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1:
-            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"max_count must be a positive integer, got {max_count!r}")
+        check_int("queue id", queue_id, 0, 65535, ErrorCode.QUEUE_ID_ILLEGAL)
+        check_int("max_count", max_count, 1)
         log_ = self.commit_log
         cq = log_.consume_queue(topic, queue_id)
         if cq is None:

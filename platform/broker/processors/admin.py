@@ -25,14 +25,14 @@ from ...common.system_topics import (
     is_system_topic,
     retry_topic,
 )
-from ...common.validation import validate_group
+from ...common.validation import check_int, validate_group
 from ...store import MessageStore
 from ...store.message_store import iter_all
 from ..client_manager import ClientManager, MessageModel
 from ..config import BrokerConfig
 from ..offsets import ConsumerOffsetManager
 from ..topics import TopicConfig, TopicConfigManager
-from .base import BrokerState, Processor, check_int
+from .base import BrokerState, Processor
 from .pull import PullProcessor
 from .query import QueryProcessor
 from .send import OutgoingMessage, SendProcessor

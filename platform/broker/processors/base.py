@@ -1,11 +1,12 @@
-"""What every processor shares: the broker's state (a protocol), and the argument checks."""
+"""What every processor shares: the broker's state (a protocol), filters, and the zlib sniff.
+
+Arguments are checked with :mod:`sparkmq.platform.common.validation` (``check_int``)."""
 from __future__ import annotations
 
 import functools
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Protocol
 
-from ...common.errors import ErrorCode, SparkMQError
 from ...common.filtering import FILTER_TAG, MessageFilter, compile_filter
 
 if TYPE_CHECKING:
@@ -13,15 +14,7 @@ if TYPE_CHECKING:
     from ..timer import TimerService
     from ..transaction import TransactionService
 
-__all__ = ["BrokerState", "StartedServices", "Processor", "check_int", "cached_filter", "looks_like_zlib"]
-
-
-def check_int(name: str, value: object, low: int, high: int, code: ErrorCode = ErrorCode.INVALID_ARGUMENT) -> int:
-    """``value`` when it is an int in ``low..high``; else ``code`` naming the argument."""
-    # bool is an int subclass; True must not mean queue 1.
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise SparkMQError(code, f"{name} must be an integer in {low}..{high}, got {value!r}")
-    return value
+__all__ = ["BrokerState", "StartedServices", "Processor", "cached_filter", "looks_like_zlib"]
 
 
 def looks_like_zlib(body: bytes) -> bool:

@@ -11,14 +11,14 @@ from ...common.protocol import MAX_LONG_POLL_MS, PopLag, parse_held_queue
 from ...common.system_topics import (
     retry_topic,
 )
-from ...common.validation import validate_group
+from ...common.validation import check_int, validate_group
 from ...store import MessageStore
 from ..client_manager import ClientManager, ConsumerData, GroupInfo, MessageModel
 from ..locks import QueueLockManager, QueueRef
 from ..long_polling import PullHoldService
 from ..offsets import ConsumerOffsetManager
 from ..topics import TopicConfigManager
-from .base import BrokerState, Processor, cached_filter, check_int
+from .base import BrokerState, Processor, cached_filter
 
 __all__ = ["ConsumerProcessor", "PopLagSource"]
 

@@ -46,7 +46,7 @@ from ...common.protocol import (
     PullStatus,
 )
 from ...common.trace import TraceEvent
-from ...common.validation import validate_group
+from ...common.validation import check, check_int, validate_group
 from ...common.waiters import WaiterRegistry
 from ...namesrv.perm import is_readable
 from ...store import AppendEvent, FlushMode, MessageStore
@@ -71,7 +71,7 @@ from ..pop_state import (
 )
 from ..topics import TopicConfig, TopicConfigManager
 from ..trace import TraceRecorder
-from .base import BrokerState, Processor, check_int
+from .base import BrokerState, Processor
 from .pull import PullProcessor
 from .send import SendProcessor
 
@@ -276,8 +276,7 @@ class PopProcessor(Processor):
                                 ErrorCode.QUEUE_ID_ILLEGAL),)
         max_attempts = POP_DEFAULT_MAX_ATTEMPTS if request.max_attempts is None else request.max_attempts
         check_int("max_attempts", max_attempts, 1, _MAX_ATTEMPTS_LIMIT)
-        if not isinstance(request.fifo, bool):
-            raise SparkMQError(ErrorCode.INVALID_ARGUMENT, f"fifo must be a bool, got {request.fifo!r}")
+        check("fifo", request.fifo, bool)
         if request.client_id is not None and (not isinstance(request.client_id, str) or len(request.client_id) > 255):
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "client_id must be a string of at most 255 characters")
         tags, sql = self.puller.pull_filter(str(request.filter_type), None, request.expression)

@@ -30,7 +30,7 @@ from ...common.system_topics import (
     PROPERTY_TIMER_DELAY_SEC,
     PROPERTY_TIMER_DELIVER_MS,
 )
-from ...common.validation import validate_group, validate_topic
+from ...common.validation import check_int, validate_group, validate_topic
 from ...namesrv.perm import is_writeable
 from ...store import AppendNote, FlushMode, MessageStore, PutResult, PutStatus
 from ..client_manager import ClientManager, MessageModel
@@ -42,7 +42,7 @@ from ..schedule import ScheduleService
 from ..timer import TimerService
 from ..topics import TopicConfig, TopicConfigManager
 from ..trace import TraceRecorder
-from .base import BrokerState, Processor, StartedServices, check_int, looks_like_zlib
+from .base import BrokerState, Processor, StartedServices, looks_like_zlib
 
 if TYPE_CHECKING:
     from ...ha import ReplicationMaster

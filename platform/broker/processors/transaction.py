@@ -14,13 +14,13 @@ from ...common.system_topics import (
     PROPERTY_TRANSACTION_CHECK_TIMES,
     TRANS_HALF_TOPIC,
 )
-from ...common.validation import validate_group
+from ...common.validation import check_int, validate_group
 from ...store import AppendNote, MessageStore
 from ..check_channel import CheckChannel
 from ..client_manager import ClientManager
 from ..config import BrokerConfig
 from ..transaction import COMMIT, ROLLBACK, CheckRequest, TransactionService
-from .base import BrokerState, Processor, StartedServices, check_int
+from .base import BrokerState, Processor, StartedServices
 from .send import DELAY_PROPERTIES, OutgoingMessage, SendProcessor
 
 __all__ = ["TransactionProcessor"]
