@@ -1,4 +1,5 @@
-"""The one retry/backoff helper (platform/common/backoff.py): pauses, cap, jitter, attempts, deadline, what is retried."""
+"""The one retry/backoff helper (platform/common/backoff.py): pauses, cap, jitter, attempts, deadline, what is
+retried."""
 from __future__ import annotations
 
 import doctest

@@ -21,10 +21,10 @@ from sparkmq.platform.broker.offsets import ConsumerOffsetManager
 from sparkmq.platform.client import consumer_base
 from sparkmq.platform.client.allocation import MessageQueue
 from sparkmq.platform.client.config import ClientConfig
+from sparkmq.platform.client.fault import LatencyFaultTolerance, QueueSelector
 from sparkmq.platform.client.pull_consumer import PullConsumer
 from sparkmq.platform.client.routes import TopicRouteInfo
 from sparkmq.platform.client.send_retry import Attempt, Failover, RetryPolicy
-from sparkmq.platform.client.fault import LatencyFaultTolerance, QueueSelector
 from sparkmq.platform.client.transaction_producer import TransactionProducer
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 from sparkmq.platform.ha.protocol import HandshakeStatus
