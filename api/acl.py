@@ -107,32 +107,37 @@ def _cluster(action: Action) -> NeedsOf:
     return lambda path, query, body: [(action, CLUSTER)]
 
 
+def _items(container: Any, key: str) -> list[Any]:
+    """``container[key]`` when the body is an object and that field a list, else [] (a body of the wrong shape
+    needs nothing here: the endpoint's own validation refuses it)."""
+    value = container.get(key) if isinstance(container, dict) else None
+    return value if isinstance(value, list) else []
+
+
 def _heartbeat(path: Params, query: Params, body: Any) -> list[Need]:
     needs: list[Need] = []
-    for consumer in (body.get("consumers") or []) if isinstance(body, dict) else []:
+    for consumer in _items(body, "consumers"):
         if isinstance(consumer, dict):
             if isinstance(consumer.get("group"), str):
                 needs.append((Action.SUB, Resource.group(consumer["group"])))
-            for sub in consumer.get("subscriptions") or []:
+            for sub in _items(consumer, "subscriptions"):
                 needs += _topic(sub.get("topic")) if isinstance(sub, dict) else []
     return needs
 
 
 def _unregister(path: Params, query: Params, body: Any) -> list[Need]:
-    groups = body.get("consumer_groups") if isinstance(body, dict) else None
-    return [(Action.SUB, Resource.group(g)) for g in groups or [] if isinstance(g, str)]
+    return [(Action.SUB, Resource.group(g)) for g in _items(body, "consumer_groups") if isinstance(g, str)]
 
 
 def _offset_entries(path: Params, query: Params, body: Any) -> list[Need]:
-    entries = body.get("offsets") if isinstance(body, dict) else None
-    return [n for e in entries or [] if isinstance(e, dict) for n in _topic(e.get("topic"))]
+    return [n for e in _items(body, "offsets") if isinstance(e, dict) for n in _topic(e.get("topic"))]
 
 
 def _lock_queues(path: Params, query: Params, body: Any) -> list[Need]:
     if not isinstance(body, dict):
         return []
     needs = _on(Action.SUB, "group", "body")(path, query, body)
-    return needs + [n for q in body.get("queues") or [] if isinstance(q, dict) for n in _topic(q.get("topic"))]
+    return needs + [n for q in _items(body, "queues") if isinstance(q, dict) for n in _topic(q.get("topic"))]
 
 
 _SUB_GROUP = _on(Action.SUB, "group")
