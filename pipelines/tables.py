@@ -428,7 +428,7 @@ def _partition_columns(spark: SparkSession, path: str) -> tuple[str, ...]:
     if "# Partition Information" not in names:
         return ()
     start = names.index("# Partition Information") + 2     # past the "# col_name" heading
-    partitions = []
+    partitions: list[str] = []
     for name in names[start:]:
         if not name or name.startswith("#"):                # the end of the section
             break
