@@ -143,6 +143,7 @@ print(sorted(ensure_tables(spark, sys.argv[1])), flush=True)
 @pytest.mark.spark
 @pytest.mark.cluster
 @pytest.mark.slow
+@pytest.mark.timeout(600)   # a driver that never says READY would otherwise hold the run
 def test_concurrent_creators_commit_exactly_one_create(tmp_path: Path) -> None:
     """Two Spark drivers creating the same lake at the same moment: one CREATE per table (Delta's log admits
     one version 0), both end with every table."""
