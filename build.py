@@ -322,8 +322,11 @@ def cmd_test(args: argparse.Namespace) -> None:
         phases = [base + args.extra]
     else:
         # Most tests wait on processes, sockets and JVMs: two workers (one test file each at a time) share the
-        # cores well.  Tests that compare their own timings run afterwards, alone.
-        phases = [base + ["-n", str(TEST_WORKERS), "--dist", "loadfile", "-m", "not serial"], base + ["-m", "serial"]]
+        # cores well.  Files are handed out in collection order, which starts with the slowest (SLOW_FILES in
+        # tests/conftest.py); xdist's default would reorder them by their number of tests.  Tests that compare
+        # their own timings run afterwards, alone.
+        parallel = ["-n", str(TEST_WORKERS), "--dist", "loadfile", "--no-loadscope-reorder", "-m", "not serial"]
+        phases = [base + parallel, base + ["-m", "serial"]]
     returncode = 0
     for cmd in phases:
         result = subprocess.run(cmd, cwd=ROOT, env=venv_env())

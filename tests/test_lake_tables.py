@@ -6,7 +6,6 @@ import datetime as dt
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -131,32 +130,48 @@ def test_registration_follows_the_lake_root(spark, tmp_path: Path) -> None:
 
 
 _CREATOR = """
-import sys, time
+import sys
 from sparkmq.pipelines.session import get_spark
 from sparkmq.pipelines.tables import ensure_tables
 spark = get_spark({"spark.master": "local[1]"}, log_level="ERROR")
-start = float(sys.argv[2])
-while time.time() < start:
-    time.sleep(0.001)
-print(sorted(ensure_tables(spark, sys.argv[1])))
+print("READY", flush=True)
+sys.stdin.readline()    # the test's go, once both drivers are up
+print(sorted(ensure_tables(spark, sys.argv[1])), flush=True)
 """
 
 
 @pytest.mark.spark
 @pytest.mark.cluster
 @pytest.mark.slow
+@pytest.mark.timeout(600)   # a driver that never says READY would otherwise hold the run
 def test_concurrent_creators_commit_exactly_one_create(tmp_path: Path) -> None:
     """Two Spark drivers creating the same lake at the same moment: one CREATE per table (Delta's log admits
     one version 0), both end with every table."""
-    start = time.time() + 40.0  # both JVMs are up by then, so the creates really race
-    children = [subprocess.Popen([sys.executable, "-c", _CREATOR, str(tmp_path), str(start)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    for child in children:
-        out, err = child.communicate(timeout=300)
-        assert child.returncode == 0, err[-3000:]
-        assert json.loads(out.strip().splitlines()[-1].replace("'", '"')) == sorted(EXPECTED)
+    lake = tmp_path / "lake"
+    children = []
+    for i in range(2):
+        with (tmp_path / f"creator-{i}.log").open("w") as log:   # the child keeps its own descriptor
+            children.append(subprocess.Popen([sys.executable, "-c", _CREATOR, str(lake)], stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, stderr=log, text=True))
+    try:
+        # Both JVMs are up before either creates anything, so the creates really race (a fixed start time
+        # 40 s ahead waited for nothing once the JVMs were up, and on a loaded machine could come before one was).
+        for i, child in enumerate(children):
+            assert child.stdout.readline().strip() == "READY", (tmp_path / f"creator-{i}.log").read_text()[-3000:]
+        for child in children:
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        for i, child in enumerate(children):
+            out, _ = child.communicate(timeout=300)
+            assert child.returncode == 0, (tmp_path / f"creator-{i}.log").read_text()[-3000:]
+            assert json.loads(out.strip().splitlines()[-1].replace("'", '"')) == sorted(EXPECTED)
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait(10)
     for name in EXPECTED:
-        log_dir = tmp_path / name / "_delta_log"
+        log_dir = lake / name / "_delta_log"
         assert sorted(p.name for p in log_dir.glob("*.json")) == ["00000000000000000000.json"], name
 
 
