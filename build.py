@@ -326,7 +326,9 @@ def cmd_test(args: argparse.Namespace) -> None:
         # tests/conftest.py); xdist's default would reorder them by their number of tests.  Tests that compare
         # their own timings run afterwards, alone.
         parallel = ["-n", str(TEST_WORKERS), "--dist", "loadfile", "--no-loadscope-reorder", "-m", "not serial"]
-        phases = [base + parallel, base + ["-m", "serial"]]
+        # Every test's time, for ordering SLOW_FILES from measurements (var/ is not tracked).
+        reports = [f"--junitxml={ROOT / 'var' / 'test-reports' / name}.xml" for name in ("parallel", "serial")]
+        phases = [base + parallel + [reports[0]], base + ["-m", "serial", reports[1]]]
     returncode = 0
     for cmd in phases:
         result = subprocess.run(cmd, cwd=ROOT, env=venv_env())
