@@ -375,7 +375,8 @@ class MessageStore:
     # -- writing --------------------------------------------------------------
     def _check_queue(self, topic: str, queue_id: object) -> int:
         validate_topic(topic)
-        queue_id = cast(int, check("queue id", queue_id, int, ErrorCode.QUEUE_ID_ILLEGAL))
+        if type(queue_id) is not int:  # the append path: the declared check only when it can fail
+            queue_id = cast(int, check("queue id", queue_id, int, ErrorCode.QUEUE_ID_ILLEGAL))
         count = self._queue_count_of(topic) if self._queue_count_of else 65536
         if count is None:
             raise SparkMQError(ErrorCode.TOPIC_NOT_EXIST, f"topic {topic!r} does not exist")
