@@ -24,9 +24,9 @@ import weakref
 from collections.abc import Callable
 from typing import Annotated, Any
 
+import msgspec
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel, ConfigDict, Field
 
 from ..platform.auth import (
     CLUSTER,
@@ -40,9 +40,11 @@ from ..platform.auth import (
 )
 from ..platform.auth.signing import CREDENTIAL_FIELDS
 from ..platform.broker.broker import Broker
+from ..platform.common import http_contract as contract
 from ..platform.common.errors import ErrorCode, SparkMQError
 from ..platform.common.protocol import RequestCode
 from ..platform.remoting import Frame
+from .params import Declared, json_body
 
 __all__ = ["broker_guard", "http_access", "acl_router", "ROUTE_NEEDS", "OPEN", "SIGNED", "AnyOf", "NeedsOf",
            "RemotingNeedsOf", "remoting_access", "remoting_topic", "remoting_group"]
@@ -322,37 +324,7 @@ def remoting_access(guard: AccessGuard | None, frame: Frame, peer: str | None,
 # -- ACL administration ----------------------------------------------------------------------------------
 acl_router = APIRouter(prefix="/acl", tags=["acl"])
 
-_ACCESS_KEY = r"^[A-Za-z0-9_.@-]{1,64}$"
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-
-class UserBody(_Strict):
-    """``POST /acl/users``: create a user (``update`` = replace the secret and flag of an existing one)."""
-
-    access_key: str = Field(pattern=_ACCESS_KEY, description="the user's access key")
-    secret_key: str = Field(min_length=6, max_length=128, description="printable, no spaces; never shown again")
-    super_user: bool = False
-    update: bool = False
-
-
-class EntryBody(_Strict):
-    """One policy entry."""
-
-    resource: str = Field(min_length=1, max_length=300,
-                          description="'*', 'Cluster', 'Topic:<name>' or 'Group:<name>'; a final '*' = prefix")
-    actions: list[str] = Field(min_length=1, description="Pub, Sub, Create, Update, Delete, Get, List, All, Admin")
-    decision: str = Field(default="Allow", pattern="^(?i:allow|deny)$")
-    source_ips: list[str] = Field(default_factory=list, description="CIDRs the entry applies from; [] = any")
-
-
-class PolicyBody(_Strict):
-    """``POST /acl/policies``: add entries to a user's policy (an entry for a named resource replaces it)."""
-
-    subject: str = Field(pattern=_ACCESS_KEY, description="the user's access key")
-    entries: list[EntryBody] = Field(min_length=1)
+AccessKeyParam = Annotated[str, Declared(contract.AccessKey)]
 
 
 def _guard(request: Request) -> AccessGuard:
@@ -393,7 +365,8 @@ def list_users(guard: GuardDep) -> dict[str, Any]:
 
 
 @acl_router.post("/users")
-def create_user(body: UserBody, request: Request, guard: GuardDep) -> dict[str, Any]:
+def create_user(body: Annotated[contract.UserBody, Depends(json_body(contract.UserBody))], request: Request,
+                guard: GuardDep) -> dict[str, Any]:
     """Create a user, or with ``update`` change an existing one's secret and flag (INVALID_ARGUMENT if it
     exists and ``update`` is false)."""
     try:
@@ -407,7 +380,7 @@ def create_user(body: UserBody, request: Request, guard: GuardDep) -> dict[str, 
 
 
 @acl_router.delete("/users/{access_key}")
-def delete_user(access_key: Annotated[str, Path(pattern=_ACCESS_KEY)], request: Request,
+def delete_user(access_key: Annotated[AccessKeyParam, Path()], request: Request,
                 guard: GuardDep) -> dict[str, Any]:
     """Delete a user and its policy; ``deleted`` is false when there was none."""
     deleted = guard.store.delete_user(access_key)
@@ -417,7 +390,7 @@ def delete_user(access_key: Annotated[str, Path(pattern=_ACCESS_KEY)], request: 
 
 
 @acl_router.get("/policies")
-def list_policies(guard: GuardDep, subject: Annotated[str | None, Query(pattern=_ACCESS_KEY)] = None
+def list_policies(guard: GuardDep, subject: Annotated[AccessKeyParam | None, Query()] = None
                   ) -> dict[str, Any]:
     """Every policy, or one subject's."""
     guard.store.maybe_reload()
@@ -426,10 +399,11 @@ def list_policies(guard: GuardDep, subject: Annotated[str | None, Query(pattern=
 
 
 @acl_router.post("/policies")
-def put_policy(body: PolicyBody, request: Request, guard: GuardDep) -> dict[str, Any]:
+def put_policy(body: Annotated[contract.PolicyBody, Depends(json_body(contract.PolicyBody))], request: Request,
+               guard: GuardDep) -> dict[str, Any]:
     """Add entries to a user's policy (INVALID_ARGUMENT for an unknown user or a bad entry)."""
     try:
-        entries = [PolicyEntry.from_dict(e.model_dump()) for e in body.entries]
+        entries = [PolicyEntry.from_dict(msgspec.structs.asdict(e)) for e in body.entries]
     except ValueError as exc:
         raise _invalid(exc) from None
     policy = guard.store.put_policy(body.subject, entries)
@@ -439,7 +413,7 @@ def put_policy(body: PolicyBody, request: Request, guard: GuardDep) -> dict[str,
 
 
 @acl_router.delete("/policies/{subject}")
-def delete_policy(subject: Annotated[str, Path(pattern=_ACCESS_KEY)], request: Request, guard: GuardDep,
+def delete_policy(subject: Annotated[AccessKeyParam, Path()], request: Request, guard: GuardDep,
                   resource: Annotated[str | None, Query(description="only the entry for this resource")] = None,
                   ) -> dict[str, Any]:
     """Remove a user's entry for ``resource``, or every entry; ``removed`` counts them."""

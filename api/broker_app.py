@@ -4,8 +4,8 @@ offset reset).
 
 Build it with :func:`create_app` over a started :class:`~sparkmq.platform.broker.Broker`;
 ``sparkmq.api.broker_main`` serves it with uvicorn.  This app *is* the embedded
-gateway: the standalone gateway serves the same send endpoints and reuses the request
-models below.
+gateway: the standalone gateway serves the same send endpoints with the same request
+bodies (``platform/common/http_contract.py``).
 
 JSON everywhere, Arrow IPC (``application/vnd.apache.arrow.stream``) for batch sends
 (request ``Content-Type``) and pulls (``Accept``); encodings come from
@@ -25,32 +25,45 @@ import logging
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar
 
+import msgspec
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from .. import __version__
 from ..platform.broker.broker import Broker
 from ..platform.broker.client_manager import (
-    ConsumeFromWhere,
     ConsumerData,
-    ConsumeType,
-    ExpressionType,
-    MessageModel,
     Subscription,
 )
 from ..platform.broker.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..platform.broker.processors import OutgoingMessage
 from ..platform.common import wire
 from ..platform.common.errors import ErrorCode, SparkMQError
+from ..platform.common.http_contract import (
+    BatchMessageBody,
+    BatchSendBody,
+    CommitOffsetsBody,
+    EndTransactionBody,
+    HeartbeatBody,
+    LockBody,
+    RedriveBody,
+    ResendBody,
+    ResetOffsetsBody,
+    SendBackBody,
+    SendMessageBody,
+    TopicBody,
+    TransferLeadershipBody,
+    UnregisterClientBody,
+)
 from ..platform.common.protocol import REPORT_RANGES, PullResult
 from ..platform.ha.dledger import DLedgerMember, LeadershipTransferError
 from ..platform.store.disk import measure_disk
 from .acl import acl_router, broker_guard, http_access
 from .console.docs import install_docs
-from .errors import install_error_handlers, invalid_argument
+from .errors import install_error_handlers
 from .params import (
+    AlertLimit,
     ClientId,
     DelayLevel,
     DelayMs,
@@ -62,16 +75,14 @@ from .params import (
     NonEmpty,
     NonNegative,
     Offset,
-    Perm,
     PullMax,
     QueryMax,
-    QueueCount,
     QueueId,
-    SysFlag,
     TopicName,
-    TransactionAction,
     WaitMs,
-    coded,
+    decode_body,
+    install_bodies,
+    json_body,
 )
 from .trace_routes import trace_router
 
@@ -97,180 +108,31 @@ log = logging.getLogger("sparkmq.broker")
 _INLINE_BATCH_BYTES = 256 * 1024
 
 T = TypeVar("T")
+S = TypeVar("S", bound=msgspec.Struct)
 
 
 # -- request bodies ---------------------------------------------------------------------
-# Strict: a JSON "5" is not a queue id, and unknown fields are typos, not extensions.
-# Names and ranges are checked by the Broker for every protocol; the models declare the same limits
-# (api/params.py) so the OpenAPI schema states them, and a broken one answers the Broker's code.
+# Defined once, with their limits, in platform/common/http_contract.py; decoded by msgspec (api/params.py), so a
+# value beyond a limit answers the code the Broker gives it (TOPIC_ILLEGAL, ...), and documented from the same
+# definitions.
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-
-E = TypeVar("E")
-#: Enums arrive as JSON strings; strict mode would want enum instances.
-_Lenient = Annotated[E, Field(strict=False)]
+def _json(kind: type[S]) -> Any:
+    return Depends(json_body(kind))
 
 
-class BatchMessageBody(_Strict):
-    """One message of a JSON batch send."""
-
-    # Not empty: declared here, enforced by the send processor (MESSAGE_ILLEGAL naming the message of a batch).
-    body: str = Field(description="the body as text in body_encoding (not empty)", json_schema_extra={"minLength": 1})
-    body_encoding: Literal["utf8", "base64"] = "utf8"
-    tags: str | None = None
-    keys: list[str] | None = None
-    properties: dict[str, str] | None = None
-    msg_id: MsgId | None = Field(default=None, description="the producer's unique id (UNIQ_KEY); null = made here")
-
-
-class SendMessageBody(BatchMessageBody):
-    """``POST /topics/{topic}/messages``: one message and how to route it (and, optionally, when)."""
-
-    queue_id: QueueId | None = Field(default=None,
-                                     description="a write queue; null = hash of sharding_key or round-robin")
-    sharding_key: NonEmpty | None = None
-    compressed: bool = Field(default=False, description="the body is zlib-compressed by the producer")
-    producer_group: GroupName | None = None
-    born_timestamp: EpochMs | None = Field(default=None, description="epoch ms; null = now")
-    born_host: str | None = Field(default=None, description="ip:port; null = the HTTP peer")
-    delay_level: DelayLevel | None = Field(default=None, description="1..levels: park until the level's delay passed")
-    deliver_at_ms: EpochMs | None = Field(default=None, description="timer message: deliver at this epoch ms")
-    delay_ms: DelayMs | None = Field(default=None, description="timer message: deliver after this many ms")
-
-
-class SendBackBody(_Strict):
-    """``POST /consumers/{group}/send-back``: a message the group failed to consume."""
-
-    offset_msg_id: str
-    delay_level: Annotated[int, Field(ge=-1, le=2**31 - 1), coded(ErrorCode.INVALID_ARGUMENT, "delay_level >= -1")] \
-        = Field(default=0, description="0 = level 3 + reconsume count, > 0 = that level, -1 = DLQ now")
-    reason: str = ""
-    max_reconsume_times: Annotated[int, Field(ge=0, le=10_000),
-                                   coded(ErrorCode.INVALID_ARGUMENT, "max_reconsume_times is in 0..10000")] = 16
-
-
-class RedriveBody(_Strict):
-    """``POST /dlq/{group}/redrive``: DLQ messages to send back to their original topics."""
-
-    msg_ids: list[str] = Field(default_factory=list)
-    all: bool = False
-    topic: TopicName | None = None
-    tags: str | None = None
-
-
-class ResendBody(_Strict):
-    """``POST /consumers/{group}/resend``: the message to consume again."""
-
-    msg_id: str = Field(description="an offsetMsgId of this broker, or a msgId (UNIQ_KEY) in its lake's index")
-
-
-class EndTransactionBody(_Strict):
-    """``POST /transactions/{transaction_id}``."""
-
-    producer_group: GroupName
-    action: TransactionAction
-    from_check: bool = False
-
-
-class ResetOffsetsBody(_Strict):
-    """``POST /consumers/{group}/offsets/reset``: by ``timestamp`` or to exact ``offsets`` ({queue id: offset})."""
-
-    topic: TopicName
-    timestamp: EpochMs | None = None
-    offsets: dict[Annotated[str, StringConstraints(pattern="^[0-9]{1,4}$"),
-                            coded(ErrorCode.QUEUE_ID_ILLEGAL, "offsets keys are queue ids")],
-                  Offset] | None = Field(default=None, json_schema_extra={"additionalProperties": False})
-
-
-class BatchSendBody(_Strict):
-    """``POST /topics/{topic}/batch`` as JSON."""
-
-    messages: Annotated[list[BatchMessageBody], Field(min_length=1),
-                        coded(ErrorCode.MESSAGE_ILLEGAL, "the batch is empty")]
-
-
-class SubscriptionBody(_Strict):
-    """One subscription of a consumer."""
-
-    topic: TopicName
-    expression: str = "*"
-    type: _Lenient[ExpressionType] = ExpressionType.TAG
-
-
-class ConsumerBody(_Strict):
-    """One consumer group of a heartbeat."""
-
-    group: GroupName
-    consume_type: _Lenient[ConsumeType] = ConsumeType.PUSH
-    message_model: _Lenient[MessageModel] = MessageModel.CLUSTERING
-    consume_from_where: _Lenient[ConsumeFromWhere] = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
-    subscriptions: list[SubscriptionBody] = Field(default_factory=list)
-    held_queues: list[str] = Field(default_factory=list,
-                                   description="the queues the member holds, each 'topic@broker/queue_id'")
-
-
-class HeartbeatBody(_Strict):
-    """``POST /clients/heartbeat``."""
-
-    client_id: ClientId
-    producer_groups: list[GroupName] = Field(default_factory=list)
-    consumers: list[ConsumerBody] = Field(default_factory=list)
-
-
-class UnregisterClientBody(_Strict):
-    """``POST /clients/unregister``."""
-
-    client_id: ClientId
-    producer_groups: list[GroupName] = Field(default_factory=list)
-    consumer_groups: list[GroupName] = Field(default_factory=list)
-
-
-class TopicBody(_Strict):
-    """``POST /topics``: create or update a topic."""
-
-    topic: TopicName
-    read_queue_nums: QueueCount = 16
-    write_queue_nums: QueueCount = 16
-    perm: Perm = Field(default=6, description="READ=4 | WRITE=2 | INHERIT=1 (6 = read+write)")
-    order: bool = False
-    topic_sys_flag: SysFlag = 0
-
-
-class OffsetEntry(_Strict):
-    """One committed offset."""
-
-    topic: TopicName
-    queue_id: QueueId
-    offset: Offset
-
-
-class CommitOffsetsBody(_Strict):
-    """``POST /consumers/{group}/offsets``."""
-
-    offsets: list[OffsetEntry]
-
-
-class QueueBody(_Strict):
-    """One (topic, queue)."""
-
-    topic: TopicName
-    queue_id: QueueId
-
-
-class LockBody(_Strict):
-    """``POST /locks/lock`` and ``/locks/unlock``."""
-
-    group: GroupName
-    client_id: ClientId
-    queues: list[QueueBody]
-
-
-class TransferLeadershipBody(_Strict):
-    """``POST /broker/dledger/transfer``."""
-
-    to: str = Field(description="the member id (of dledger_peers) to hand the leadership to")
+#: The bodies as endpoint parameters.
+SendBody = Annotated[SendMessageBody, _json(SendMessageBody)]
+SendBackIn = Annotated[SendBackBody, _json(SendBackBody)]
+RedriveIn = Annotated[RedriveBody, _json(RedriveBody)]
+ResendIn = Annotated[ResendBody, _json(ResendBody)]
+EndTransactionIn = Annotated[EndTransactionBody, _json(EndTransactionBody)]
+ResetOffsetsIn = Annotated[ResetOffsetsBody, _json(ResetOffsetsBody)]
+HeartbeatIn = Annotated[HeartbeatBody, _json(HeartbeatBody)]
+UnregisterClientIn = Annotated[UnregisterClientBody, _json(UnregisterClientBody)]
+TopicIn = Annotated[TopicBody, _json(TopicBody)]
+CommitOffsetsIn = Annotated[CommitOffsetsBody, _json(CommitOffsetsBody)]
+LockIn = Annotated[LockBody, _json(LockBody)]
+TransferLeadershipIn = Annotated[TransferLeadershipBody, _json(TransferLeadershipBody)]
 
 
 # -- conversions ------------------------------------------------------------------------
@@ -343,28 +205,12 @@ TopicPath = Annotated[TopicName, Path(description="topic name (percent-encode % 
 GroupPath = Annotated[GroupName, Path(description="consumer group name (percent-encode % and |)")]
 QueuePath = Annotated[QueueId, Path(description="a queue of the topic (0-based)")]
 
-def _inline_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """``model``'s JSON schema with its ``$defs`` put in place: a request body declared by hand (the batch
-    route parses its body itself) cannot point into the app's components, which hold only FastAPI's models."""
-    schema = model.model_json_schema()
-    defs = schema.pop("$defs", {})
-
-    def inline(node: Any) -> Any:
-        if isinstance(node, dict):
-            ref = node.get("$ref", "")
-            if ref.startswith("#/$defs/"):
-                return inline(defs[ref.removeprefix("#/$defs/")])
-            return {k: inline(v) for k, v in node.items()}
-        return [inline(v) for v in node] if isinstance(node, list) else node
-    return inline(schema)
-
-
 #: The request body of ``POST /topics/{topic}/batch`` (the broker's and the gateway's), for the OpenAPI schema.
 BATCH_SEND_OPENAPI = {
     "requestBody": {
         "required": True,
         "content": {
-            "application/json": {"schema": _inline_schema(BatchSendBody)},
+            "application/json": {"schema": {"$ref": "#/components/schemas/BatchSendBody"}},
             wire.ARROW_STREAM: {"schema": {"type": "string", "format": "binary",
                                            "description": "Arrow IPC stream of SEND_SCHEMA "
                                                           "(body binary, tags, keys, properties map)"}},
@@ -385,7 +231,7 @@ broker_router = APIRouter(tags=["broker"])
 
 
 @send_router.post("/topics/{topic}/messages")
-async def send_message(topic: TopicPath, body: SendMessageBody, request: Request, broker: BrokerDep) -> JSONResponse:
+async def send_message(topic: TopicPath, body: SendBody, request: Request, broker: BrokerDep) -> JSONResponse:
     """Store one message (the topic is auto-created when allowed); answers where it was stored."""
     message = outgoing_from_json(body)
     born_host = body.born_host if body.born_host is not None else _peer(request)
@@ -400,7 +246,7 @@ async def send_message(topic: TopicPath, body: SendMessageBody, request: Request
 
 
 @send_router.post("/topics/{topic}/half", tags=["transactions"])
-async def send_half(topic: TopicPath, body: SendMessageBody, request: Request, broker: BrokerDep) -> JSONResponse:
+async def send_half(topic: TopicPath, body: SendBody, request: Request, broker: BrokerDep) -> JSONResponse:
     """Store a transaction's half message (invisible until committed); ``producer_group`` is required."""
     message = outgoing_from_json(body)
     born_host = body.born_host if body.born_host is not None else _peer(request)
@@ -437,11 +283,7 @@ async def send_batch(topic: TopicPath, request: Request, broker: BrokerDep,
         if arrow:
             messages = outgoing_from_arrow(raw)
         else:
-            try:
-                parsed = BatchSendBody.model_validate_json(raw)
-            except ValidationError as exc:
-                raise invalid_argument(exc) from None
-            messages = [outgoing_from_json(m) for m in parsed.messages]
+            messages = [outgoing_from_json(m) for m in decode_body(BatchSendBody, raw).messages]
         return broker.send_processor.send_batch(topic, messages, queue_id=queue_id, sharding_key=sharding_key,
                                  compressed=compressed, producer_group=producer_group,
                                  born_host=born_host, delay_level=delay_level, deliver_at_ms=deliver_at_ms,
@@ -517,7 +359,7 @@ async def get_topic(topic: TopicPath, broker: BrokerDep) -> dict[str, Any]:
 
 
 @topics_router.post("/topics")
-def create_topic(body: TopicBody, broker: BrokerDep) -> dict[str, Any]:
+def create_topic(body: TopicIn, broker: BrokerDep) -> dict[str, Any]:
     """Create or update a topic; system topics answer NO_PERMISSION.  Name servers hear of it at once."""
     admin = broker.admin_processor
     return admin.create_or_update_topic(body.topic, body.read_queue_nums, body.write_queue_nums, body.perm,
@@ -537,7 +379,7 @@ async def topic_stats(topic: TopicPath, broker: BrokerDep) -> dict[str, Any]:
 
 
 @clients_router.post("/clients/heartbeat")
-def heartbeat(body: HeartbeatBody, broker: BrokerDep) -> dict[str, Any]:
+def heartbeat(body: HeartbeatIn, broker: BrokerDep) -> dict[str, Any]:
     """Record a client's heartbeat; answers each consumer group's membership version."""
     consumers = [ConsumerData(c.group, c.consume_type, c.message_model, c.consume_from_where,
                               tuple(Subscription(s.topic, s.expression, s.type) for s in c.subscriptions),
@@ -548,7 +390,7 @@ def heartbeat(body: HeartbeatBody, broker: BrokerDep) -> dict[str, Any]:
 
 
 @clients_router.post("/clients/unregister")
-async def unregister_client(body: UnregisterClientBody, broker: BrokerDep) -> dict[str, Any]:
+async def unregister_client(body: UnregisterClientIn, broker: BrokerDep) -> dict[str, Any]:
     """Remove a client from its groups (it is shutting down); answers the consumer groups' versions."""
     versions = broker.consumer_processor.unregister_client(body.client_id, body.producer_groups, body.consumer_groups)
     return {"groups": {g: {"version": v} for g, v in versions.items()}}
@@ -578,7 +420,7 @@ async def consumer_group_changes(group: GroupPath, broker: BrokerDep,
 
 
 @offsets_router.post("/consumers/{group}/offsets")
-async def commit_offsets(group: GroupPath, body: CommitOffsetsBody, broker: BrokerDep) -> dict[str, int]:
+async def commit_offsets(group: GroupPath, body: CommitOffsetsIn, broker: BrokerDep) -> dict[str, int]:
     """Commit offsets of a group, all or nothing."""
     entries = [(e.topic, e.queue_id, e.offset) for e in body.offsets]
     return {"committed": broker.consumer_processor.commit_offsets(group, entries)}
@@ -604,7 +446,7 @@ def consumer_lag(group: GroupPath, broker: BrokerDep, topic: TopicName | None = 
 
 
 @locks_router.post("/lock")
-async def lock_queues(body: LockBody, broker: BrokerDep) -> dict[str, list[dict[str, Any]]]:
+async def lock_queues(body: LockIn, broker: BrokerDep) -> dict[str, list[dict[str, Any]]]:
     """Lock (or renew) queues for orderly consumption; answers those this client now holds."""
     queues = [(q.topic, q.queue_id) for q in body.queues]
     locked = broker.consumer_processor.lock_queues(body.group, body.client_id, queues)
@@ -612,7 +454,7 @@ async def lock_queues(body: LockBody, broker: BrokerDep) -> dict[str, list[dict[
 
 
 @locks_router.post("/unlock")
-async def unlock_queues(body: LockBody, broker: BrokerDep) -> dict[str, list[dict[str, Any]]]:
+async def unlock_queues(body: LockIn, broker: BrokerDep) -> dict[str, list[dict[str, Any]]]:
     """Release queues this client holds; answers those released."""
     queues = [(q.topic, q.queue_id) for q in body.queues]
     unlocked = broker.consumer_processor.unlock_queues(body.group, body.client_id, queues)
@@ -629,7 +471,7 @@ def recall_timer(msg_id: Annotated[MsgId, Path()], broker: BrokerDep) -> dict[st
 
 
 @features_router.post("/consumers/{group}/send-back")
-def send_back(group: GroupPath, body: SendBackBody, broker: BrokerDep) -> dict[str, Any]:
+def send_back(group: GroupPath, body: SendBackIn, broker: BrokerDep) -> dict[str, Any]:
     """A failed message: retry through ``%RETRY%<group>`` or, past the max reconsume times, dead-letter it."""
     return broker.send_processor.send_back(group, body.offset_msg_id, delay_level=body.delay_level, reason=body.reason,
                             max_reconsume_times=body.max_reconsume_times)
@@ -644,13 +486,13 @@ def dlq_messages(group: GroupPath, broker: BrokerDep, offset: Offset = 0,
 
 
 @features_router.post("/dlq/{group}/redrive")
-def redrive(group: GroupPath, body: RedriveBody, broker: BrokerDep) -> dict[str, Any]:
+def redrive(group: GroupPath, body: RedriveIn, broker: BrokerDep) -> dict[str, Any]:
     """Send DLQ messages back to their original topics (one by id, or all matching); the DLQ keeps its copies."""
     return broker.admin_processor.redrive(group, body.msg_ids, all_messages=body.all, topic=body.topic, tags=body.tags)
 
 
 @features_router.post("/consumers/{group}/resend")
-def resend(group: GroupPath, body: ResendBody, broker: BrokerDep) -> dict[str, Any]:
+def resend(group: GroupPath, body: ResendIn, broker: BrokerDep) -> dict[str, Any]:
     """Store a copy of a message in ``%RETRY%<group>``: that group, and no other, consumes it again (reconsume
     count 0).  MESSAGE_ID_ILLEGAL, MESSAGE_NOT_FOUND, GROUP_NOT_EXIST, nothing stored."""
     return broker.admin_processor.resend(body.msg_id, group)
@@ -667,14 +509,14 @@ async def transaction_checks(broker: BrokerDep, producer_group: GroupName, clien
 
 
 @features_router.post("/transactions/{transaction_id}")
-def end_transaction(transaction_id: str, body: EndTransactionBody, broker: BrokerDep) -> dict[str, Any]:
+def end_transaction(transaction_id: str, body: EndTransactionIn, broker: BrokerDep) -> dict[str, Any]:
     """Commit, roll back or leave open (UNKNOWN) a transaction; TRANSACTION_NOT_FOUND for unknown/settled ids."""
     transactions = broker.transaction_processor
     return transactions.end_transaction(transaction_id, body.producer_group, body.action, body.from_check)
 
 
 @features_router.post("/consumers/{group}/offsets/reset")
-def reset_offsets(group: GroupPath, body: ResetOffsetsBody, broker: BrokerDep) -> dict[str, Any]:
+def reset_offsets(group: GroupPath, body: ResetOffsetsIn, broker: BrokerDep) -> dict[str, Any]:
     """Move a group's offsets on a topic by timestamp or to exact offsets; its version moves so consumers re-read."""
     offsets = None
     if body.offsets is not None:
@@ -707,7 +549,7 @@ def query_messages(broker: BrokerDep, msg_id: str | None = None, topic: TopicNam
 
 @broker_router.get("/alerts", tags=["lake"])
 def alerts(broker: BrokerDep, state: Literal["open", "all"] = "open",
-           limit: Annotated[int, Query(ge=1, le=10_000)] = 500) -> dict[str, Any]:
+           limit: AlertLimit = 500) -> dict[str, Any]:
     """Alerts raised by the lake's report rules (the ``alerts`` table; empty without a lake): the open ones,
     oldest first, or with ``state=all`` open and resolved, newest first (at most ``limit``)."""
     from ..pipelines.alerts import open_alerts  # delta-rs only; no Spark
@@ -761,7 +603,7 @@ def _every_alert(lake_root: str, limit: int) -> list[dict[str, Any]]:
 def _disk_use(broker: Broker) -> dict[str, Any]:
     """The store's file system and its watermarks (as measured by the store every ``disk_check_interval_ms``):
     total, used and free bytes, the used ratio, the state and whether writes are accepted."""
-    status = broker.store.disk_status()
+    status = broker.disk_status()
     if "used_ratio" not in status:  # not measured yet (the store is not open): measure once, read-only
         try:
             usage = measure_disk(status["path"])
@@ -803,7 +645,7 @@ async def dledger_status(member: DLedgerDep, broker: BrokerDep) -> dict[str, Any
 
 
 @broker_router.post("/broker/dledger/transfer", tags=["dledger"])
-async def dledger_transfer(body: TransferLeadershipBody, member: DLedgerDep, broker: BrokerDep) -> dict[str, Any]:
+async def dledger_transfer(body: TransferLeadershipIn, member: DLedgerDep, broker: BrokerDep) -> dict[str, Any]:
     """Hand the leadership to member ``to`` and answer once it leads: INVALID_ARGUMENT for an unknown member,
     SERVICE_NOT_AVAILABLE naming the leader when this member does not lead, LEADERSHIP_TRANSFER_FAILED when
     the transfer did not complete in time (this member may still lead, or no one yet)."""
@@ -861,5 +703,6 @@ def create_app(broker: Broker) -> FastAPI:
     app.include_router(trace_router)
     app.include_router(acl_router)
     install_docs(app)
+    install_bodies(app, BatchSendBody)
     install_error_handlers(app, log)
     return app

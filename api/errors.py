@@ -3,7 +3,8 @@
 Every error is ``{"code": CODE, "message": ...}`` with the code's HTTP status
 (:class:`~sparkmq.platform.common.errors.ErrorCode`); a request whose shape is wrong
 (missing field, wrong type, malformed JSON) is ``INVALID_ARGUMENT``, and a value that breaks a constraint
-declared in the schema answers the code its type names (``api/params.py``: TOPIC_ILLEGAL for a bad topic, ...);
+declared in the schema answers the code its type names (``platform/common/http_contract.py``, applied by
+``api/params.py``: TOPIC_ILLEGAL for a bad topic, ...);
 anything unexpected is ``INTERNAL_ERROR`` (and logged).  Apps call :func:`install_error_handlers`, which also
 documents these answers in the app's OpenAPI schema (an ``Error`` body on every operation's error statuses,
 in place of FastAPI's 422, which no sparkmq app answers).
@@ -18,13 +19,13 @@ from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from ..platform.common.errors import ErrorCode, SparkMQError
 
-__all__ = ["ErrorBody", "error_response", "validation_code", "validation_message", "invalid_argument",
-           "install_error_handlers", "document_errors"]
+__all__ = ["ErrorBody", "error_response", "validation_code", "validation_message",
+           "install_error_handlers", "document_errors", "amend_openapi"]
 
 
 class ErrorBody(BaseModel):
@@ -66,10 +67,20 @@ def validation_code(errors: Iterable[Mapping[str, Any]]) -> ErrorCode:
     return ErrorCode.INVALID_ARGUMENT
 
 
-def invalid_argument(exc: ValidationError) -> SparkMQError:
-    """The error (INVALID_ARGUMENT, or a constraint's code) for a pydantic error raised while parsing a body by hand."""
-    errors = exc.errors()
-    return SparkMQError(validation_code(errors), validation_message(errors))
+def amend_openapi(app: FastAPI, amend: Callable[[dict[str, Any]], None]) -> None:
+    """Have ``app``'s OpenAPI document pass through ``amend`` once each time FastAPI generates it (it caches the
+    document; an amendment stacks on the ones installed before it)."""
+    generate: Callable[[], dict[str, Any]] = app.openapi
+    done: list[dict[str, Any]] = []
+
+    def openapi() -> dict[str, Any]:
+        schema = generate()
+        if not (done and done[0] is schema):
+            amend(schema)
+            done[:] = [schema]
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def document_errors(app: FastAPI) -> None:
@@ -81,13 +92,8 @@ def document_errors(app: FastAPI) -> None:
     answers = {str(status): {"description": "error: " + ", ".join(names),
                              "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
                for status, names in sorted(by_status.items())}
-    generate: Callable[[], dict[str, Any]] = app.openapi
-    done: list[dict[str, Any]] = []
 
-    def openapi() -> dict[str, Any]:
-        schema = generate()
-        if done and done[0] is schema:
-            return schema
+    def amend(schema: dict[str, Any]) -> None:
         for item in schema.get("paths", {}).values():
             for operation in item.values():
                 responses = operation.setdefault("responses", {})
@@ -98,10 +104,8 @@ def document_errors(app: FastAPI) -> None:
         components["Error"] = ErrorBody.model_json_schema()
         for unused in ("HTTPValidationError", "ValidationError"):
             components.pop(unused, None)
-        done[:] = [schema]
-        return schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    amend_openapi(app, amend)
 
 
 def install_error_handlers(app: FastAPI, log: logging.Logger) -> None:

@@ -24,19 +24,19 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from pydantic import ValidationError
 
 from ..platform.auth import AccessGuard, Action, Need, Resource
 from ..platform.broker.processors import OutgoingMessage
 from ..platform.client.producer import Producer, SendResult
 from ..platform.common import wire
 from ..platform.common.errors import ErrorCode, SparkMQError
+from ..platform.common.http_contract import BatchSendBody
 from ..platform.common.message import PROPERTY_UNIQUE_ID, Message
 from .acl import OPEN, SIGNED, NeedsOf, acl_router, http_access
-from .broker_app import BATCH_SEND_OPENAPI, BatchSendBody, SendMessageBody, outgoing_from_arrow, outgoing_from_json
+from .broker_app import BATCH_SEND_OPENAPI, SendBody, outgoing_from_arrow, outgoing_from_json
 from .console.docs import install_docs
-from .errors import install_error_handlers, invalid_argument
-from .params import NonEmpty, QueueId, TopicName
+from .errors import install_error_handlers
+from .params import NonEmpty, QueueId, TopicName, decode_body, install_bodies
 
 __all__ = ["create_app", "GATEWAY_PRODUCER_GROUP", "GATEWAY_NEEDS"]
 
@@ -77,7 +77,7 @@ def _no_queue_id(queue_id: int | None) -> None:
 
 
 @router.post("/topics/{topic}/messages")
-async def send_message(topic: _TopicPath, body: SendMessageBody, producer: ProducerDep) -> dict[str, Any]:
+async def send_message(topic: _TopicPath, body: SendBody, producer: ProducerDep) -> dict[str, Any]:
     """Send one message to some broker serving ``topic``; answers where it was stored."""
     _no_queue_id(body.queue_id)
     message = _message(topic, outgoing_from_json(body))
@@ -98,10 +98,7 @@ async def send_batch(topic: _TopicPath, request: Request, producer: ProducerDep,
     if request.headers.get("content-type", "").split(";")[0].strip() == wire.ARROW_STREAM:
         items = outgoing_from_arrow(raw)
     else:
-        try:
-            items = [outgoing_from_json(m) for m in BatchSendBody.model_validate_json(raw).messages]
-        except ValidationError as exc:
-            raise invalid_argument(exc) from None
+        items = [outgoing_from_json(m) for m in decode_body(BatchSendBody, raw).messages]
     messages = [_message(topic, item) for item in items]
     results = await run_in_threadpool(producer.send_batch, messages, sharding_key=sharding_key)
     first = results[0]
@@ -165,5 +162,6 @@ def create_app(producer: Producer, guard: AccessGuard | None = None) -> FastAPI:
     if guard is not None:
         app.include_router(acl_router)
     install_docs(app)
+    install_bodies(app, BatchSendBody)
     install_error_handlers(app, log)
     return app

@@ -15,18 +15,19 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
+import msgspec
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
-from pydantic import BaseModel, ConfigDict, Field
 
 from ..platform.auth import CLUSTER, AccessGuard, Action, Need, Resource
 from ..platform.common.errors import ErrorCode, SparkMQError
+from ..platform.common.http_contract import RegisterBrokerRequest, TopicConfigBody, UnregisterBrokerRequest
 from ..platform.namesrv import NameServerConfig, RouteTable, TopicConfig
 from .acl import OPEN, SIGNED, AnyOf, NeedsOf, Params, acl_router, http_access
 from .console.docs import install_docs
 from .errors import install_error_handlers
-from .params import BrokerName, ClusterName, HostPort, NamesrvQueueCount, NonNegative, Perm, SysFlag, TopicName
+from .params import ClusterName, TopicName, install_bodies, json_body
 
 __all__ = ["create_app", "namesrv_guard", "NAMESRV_NEEDS", "RegisterBrokerRequest", "UnregisterBrokerRequest",
            "TopicConfigBody"]
@@ -35,49 +36,10 @@ log = logging.getLogger("sparkmq.namesrv")
 
 
 # -- request bodies ---------------------------------------------------------------------
-# Strict: a JSON "5" or 5.0 is not a broker id. Ranges and names are checked by the route table for
-# every caller; the models declare the same limits (api/params.py) so the OpenAPI schema states them.
-
-#: An optional address: null or "" means none (brokers without that endpoint).
-_OptionalAddr = HostPort | Literal[""] | None
-
-class TopicConfigBody(BaseModel):
-    """One topic's config as a broker announces it."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-    read_queue_nums: NamesrvQueueCount
-    write_queue_nums: NamesrvQueueCount
-    perm: Perm = Field(description="READ=4 | WRITE=2 | INHERIT=1 (6 = read+write)")
-    topic_sys_flag: SysFlag = 0
-
-
-class RegisterBrokerRequest(BaseModel):
-    """A broker's periodic registration (its heartbeat to this name server)."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-    cluster: ClusterName
-    broker_name: BrokerName
-    broker_id: NonNegative = Field(description="0 = master, > 0 = slave")
-    broker_addr: HostPort = Field(description="host:port clients connect to")
-    ha_addr: _OptionalAddr = Field(default=None, description="host:port slaves replicate from")
-    remoting_addr: _OptionalAddr = Field(default=None,
-                                         description="host:port of the broker's binary remoting endpoint")
-    grpc_addr: _OptionalAddr = Field(default=None, description="host:port of the broker's RocketMQ 5 gRPC endpoint")
-    data_version: NonNegative = Field(description="bumped by the broker whenever its topic configs change")
-    topic_configs: dict[TopicName, TopicConfigBody] = Field(default_factory=dict,
-                                                            json_schema_extra={"additionalProperties": False})
-    epoch: NonNegative = Field(default=0, description="a DLedger member's term: an older epoch cannot displace a "
-                                                      "master")
-
-
-class UnregisterBrokerRequest(BaseModel):
-    """A broker leaving on shutdown."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-    cluster: ClusterName
-    broker_name: BrokerName
-    broker_id: NonNegative
-    broker_addr: HostPort
+# Defined once, with their limits, in platform/common/http_contract.py (the route table checks the same ones for
+# every caller); decoded by msgspec (api/params.py) and documented from the same definitions.
+RegisterIn = Annotated[RegisterBrokerRequest, Depends(json_body(RegisterBrokerRequest))]
+UnregisterIn = Annotated[UnregisterBrokerRequest, Depends(json_body(UnregisterBrokerRequest))]
 
 
 #: Largest signed request body read for its signature (a registration with 10k topics is about 1 MiB).
@@ -100,9 +62,9 @@ routes_router = APIRouter(tags=["routes"])
 
 
 @brokers_router.post("/register")
-async def register_broker(body: RegisterBrokerRequest, table: RouteTableDep) -> dict[str, Any]:
+async def register_broker(body: RegisterIn, table: RouteTableDep) -> dict[str, Any]:
     """Register a broker or refresh its heartbeat; answers whether anything changed and the master's addresses."""
-    configs = {topic: TopicConfig(**cfg.model_dump()) for topic, cfg in body.topic_configs.items()}
+    configs = {topic: TopicConfig(**msgspec.structs.asdict(cfg)) for topic, cfg in body.topic_configs.items()}
     changed = table.register_broker(body.cluster, body.broker_name, body.broker_id, body.broker_addr,
                                     body.ha_addr, body.data_version, configs, remoting_addr=body.remoting_addr,
                                     epoch=body.epoch, grpc_addr=body.grpc_addr)
@@ -113,7 +75,7 @@ async def register_broker(body: RegisterBrokerRequest, table: RouteTableDep) -> 
 
 
 @brokers_router.post("/unregister")
-async def unregister_broker(body: UnregisterBrokerRequest, table: RouteTableDep) -> dict[str, bool]:
+async def unregister_broker(body: UnregisterIn, table: RouteTableDep) -> dict[str, bool]:
     """Remove a broker address that is shutting down; ``removed`` is false if it was not registered as given."""
     return {"removed": table.unregister_broker(body.cluster, body.broker_name, body.broker_id, body.broker_addr)}
 
@@ -244,5 +206,6 @@ def create_app(route_table: RouteTable, config: NameServerConfig) -> FastAPI:
     if app.state.guard is not None:
         app.include_router(acl_router)
     install_docs(app)
+    install_bodies(app)
     install_error_handlers(app, log)
     return app

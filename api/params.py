@@ -1,85 +1,74 @@
-"""Constrained request values shared by the HTTP apps (broker, name server, gateway), defined once.
+"""The HTTP apps' side of the contract in ``platform/common/http_contract.py``: derived from it, never restated.
 
-Each type declares its constraint in the OpenAPI schema (pattern, length, range), so generated or
-hand-written clients see the limits, and FastAPI enforces it before the endpoint runs.  A value that
-breaks a constraint is answered with the code the logic behind the endpoint would give (TOPIC_ILLEGAL,
-GROUP_ILLEGAL, QUEUE_ID_ILLEGAL, OFFSET_ILLEGAL, ...): :func:`coded` re-types the pydantic error with the
-code's name and :func:`sparkmq.api.errors.install_error_handlers` answers that code.  Values of the wrong
-type (a string for an integer) stay INVALID_ARGUMENT.
+* Request bodies are decoded by msgspec against the contract's Structs (:func:`json_body`, strict: unknown fields
+  refused, a JSON ``"5"`` is not an int) and documented by the JSON schema msgspec emits for them
+  (:func:`install_bodies` puts it in the app's OpenAPI document).
+* Path and query parameters are validated by FastAPI, so they need pydantic annotations: :class:`Declared`
+  derives one from a contract type (its ``msgspec.Meta`` constraints and description, mechanically).
 
-The limits come from the modules that enforce them for every protocol (``platform.common.validation``,
-``platform.common.protocol``, the topic table, the route table): these types only publish them.
+A value that breaks a declared constraint is answered with the code its type names (``Meta.extra["error"]``:
+TOPIC_ILLEGAL, GROUP_ILLEGAL, QUEUE_ID_ILLEGAL, OFFSET_ILLEGAL, ...; INVALID_ARGUMENT when it names none): for a
+parameter :func:`coded` re-types the pydantic error with the code's name and
+:func:`sparkmq.api.errors.install_error_handlers` answers that code; for a body :func:`body_error` makes the
+error.  Values of the wrong type (a string for an integer), missing and unknown fields stay INVALID_ARGUMENT.
 """
 from __future__ import annotations
 
+import enum
+import functools
+import json
 import re
-from typing import Annotated, Any
+import types
+from collections.abc import Callable, Iterable
+from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
-from pydantic import Field, StringConstraints, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
-from pydantic_core import PydanticCustomError
+import msgspec
+from fastapi import FastAPI, Request
+from fastapi.routing import APIRoute, iter_route_contexts
+from pydantic import Field, GetCoreSchemaHandler, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
+from pydantic_core import PydanticCustomError, core_schema
 
-from ..platform.broker.client_manager import MAX_CLIENT_ID_LENGTH
-from ..platform.broker.lake_index import MAX_HITS
-from ..platform.broker.topics import MAX_QUEUE_NUMS
-from ..platform.common.errors import ErrorCode
-from ..platform.common.filtering import FILTER_TYPES
-from ..platform.common.protocol import MAX_BULK_PULL_BATCH, MAX_LONG_POLL_MS, MAX_MSG_ID_LENGTH, MAX_PULL_BATCH
-from ..platform.common.validation import (
-    ADDR_PATTERN,
-    MAX_GROUP_LENGTH,
-    MAX_NODE_NAME_LENGTH,
-    MAX_SYSTEM_TOPIC_LENGTH,
-    MAX_TOPIC_LENGTH,
-    NAME_CHARS,
-    NODE_NAME_CHARS,
-    SYSTEM_TOPIC_PREFIXES,
-)
-from ..platform.namesrv import route_table
-from ..platform.namesrv.perm import PERM_MAX
+from ..platform.common import http_contract as contract
+from ..platform.common.errors import ErrorCode, SparkMQError
+from ..platform.common.validation import error_code_of
+from .errors import amend_openapi
 
 __all__ = [
     "coded",
-    "any_case",
-    "TOPIC_PATTERN",
-    "GROUP_PATTERN",
+    "Declared",
+    "pydantic_annotation",
+    "json_body",
+    "decode_body",
+    "body_error",
+    "install_bodies",
     "TopicName",
     "GroupName",
     "ClientId",
     "QueueId",
-    "QueueCount",
     "Offset",
     "EpochMs",
     "NonNegative",
-    "SysFlag",
     "WaitMs",
     "PullMax",
     "DlqMax",
-    "Perm",
-    "FilterType",
-    "TransactionAction",
-    "ClusterName",
-    "BrokerName",
-    "HostPort",
-    "NamesrvQueueCount",
     "QueryMax",
+    "AlertLimit",
     "DelayMs",
     "DelayLevel",
     "NonEmpty",
     "MsgId",
-    "MAX_JSON_INT",
-    "MAX_INT31",
+    "FilterType",
+    "ClusterName",
 ]
 
-#: The largest integer every JSON reader holds exactly (an IEEE double's 2**53 - 1, JavaScript's
-#: Number.MAX_SAFE_INTEGER): the bound declared for offsets, times and versions (the logic's own is 2**63 - 1;
-#: larger numbers would reach a client rounded, and a schema maximum above it is not exact either).
-MAX_JSON_INT = 2**53 - 1
-MAX_INT31 = 2**31 - 1
+S = TypeVar("S", bound=msgspec.Struct)
 
 # The pydantic error types of a broken constraint (as opposed to a wrong type, which stays INVALID_ARGUMENT).
 _CONSTRAINT_ERRORS = frozenset({"string_pattern_mismatch", "string_too_short", "string_too_long", "greater_than",
                                 "greater_than_equal", "less_than", "less_than_equal", "literal_error", "enum",
-                                "too_short", "too_long"})
+                                "too_short", "too_long", "multiple_of"})
+# The constraints of a msgspec Meta that pydantic's Field takes under the same names.
+_CONSTRAINTS = ("ge", "gt", "le", "lt", "multiple_of", "min_length", "max_length", "pattern")
 
 
 def coded(code: ErrorCode, rule: str) -> WrapValidator:
@@ -98,97 +87,237 @@ def coded(code: ErrorCode, rule: str) -> WrapValidator:
     return WrapValidator(check)
 
 
-def any_case(*words: str) -> str:
-    """A JSON-Schema-compatible pattern (no inline flags) matching exactly one of ``words`` in any letter case."""
-    def letters(word: str) -> str:
-        return "".join(f"[{c.upper()}{c.lower()}]" if c.isalpha() else re.escape(c) for c in word)
-    return "^(?:" + "|".join(letters(w) for w in words) + ")$"
+# -- contract types as pydantic annotations ------------------------------------------------------------------
+
+def _rule(base: Any, limits: dict[str, Any], description: str | None) -> str:
+    """The limit in words, for error messages."""
+    if base is int and "ge" in limits and "le" in limits:
+        bounds = f"an integer in {limits['ge']}..{limits['le']}"
+        return f"{bounds} ({description})" if description else bounds
+    if description:
+        return description
+    return ", ".join(f"{name} {value}" for name, value in limits.items())
 
 
-# -- names ------------------------------------------------------------------------------------------
-#: A topic: 1..127 name characters, or a retry/DLQ topic (its prefix, then name characters) up to 255.
-TOPIC_PATTERN = "^(?:" + "|".join(
-    [f"{re.escape(p)}{NAME_CHARS}{{0,{MAX_SYSTEM_TOPIC_LENGTH - len(p)}}}" for p in SYSTEM_TOPIC_PREFIXES]
-    + [f"{NAME_CHARS}{{1,{MAX_TOPIC_LENGTH}}}"]) + ")$"
-#: A consumer or producer group: 1..120 name characters.
-GROUP_PATTERN = f"^{NAME_CHARS}{{1,{MAX_GROUP_LENGTH}}}$"
+@functools.cache
+def pydantic_annotation(tp: Any) -> Any:
+    """The pydantic annotation of the msgspec type ``tp``: the same type with each ``Meta`` constraint as a
+    pydantic ``Field`` constraint, its description, a :func:`coded` answer with the type's code, and enums
+    accepted by value (strict mode would want instances)."""
+    if get_origin(tp) is Annotated:
+        base = tp.__origin__
+        metas = [m for m in tp.__metadata__ if isinstance(m, msgspec.Meta)]
+        limits = {name: getattr(m, name) for m in metas for name in _CONSTRAINTS if getattr(m, name) is not None}
+        description = next((m.description for m in reversed(metas) if m.description), None)
+        extra: list[Any] = []
+        if limits:
+            extra += [Field(**limits), coded(error_code_of(tp) or ErrorCode.INVALID_ARGUMENT,
+                                             _rule(base, limits, description))]
+        if description:
+            extra.append(Field(description=description))
+        return Annotated[(pydantic_annotation(base), *extra)] if extra else pydantic_annotation(base)
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, types.UnionType):
+        return Union[tuple(pydantic_annotation(a) for a in args)]  # noqa: UP007  # built from a tuple
+    if origin is list:
+        return list[pydantic_annotation(args[0])]  # type: ignore[misc]
+    if origin is dict:
+        return dict[pydantic_annotation(args[0]), pydantic_annotation(args[1])]  # type: ignore[misc]
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return Annotated[tp, Field(strict=False)]
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        raise TypeError(f"{tp.__name__} is a body: decode it with json_body, not as a parameter")
+    return tp
 
-TopicName = Annotated[
-    str, StringConstraints(min_length=1, max_length=MAX_SYSTEM_TOPIC_LENGTH, pattern=TOPIC_PATTERN),
-    coded(ErrorCode.TOPIC_ILLEGAL, f"a topic is 1..{MAX_TOPIC_LENGTH} characters of {NAME_CHARS} "
-                                   f"(retry and DLQ topics up to {MAX_SYSTEM_TOPIC_LENGTH})"),
-    Field(description=f"1..{MAX_TOPIC_LENGTH} characters of {NAME_CHARS}; %RETRY%/%DLQ% topics up to "
-                      f"{MAX_SYSTEM_TOPIC_LENGTH} (percent-encode % and | in paths)")]
-GroupName = Annotated[
-    str, StringConstraints(min_length=1, max_length=MAX_GROUP_LENGTH, pattern=GROUP_PATTERN),
-    coded(ErrorCode.GROUP_ILLEGAL, f"a group is 1..{MAX_GROUP_LENGTH} characters of {NAME_CHARS}"),
-    Field(description=f"1..{MAX_GROUP_LENGTH} characters of {NAME_CHARS}")]
-#: A client id over HTTP: visible ASCII (the ids clients make: ``ip@pid#...``), no spaces.
-ClientId = Annotated[
-    str, StringConstraints(min_length=1, max_length=MAX_CLIENT_ID_LENGTH, pattern="^[!-~]+$"),
-    coded(ErrorCode.INVALID_ARGUMENT, f"a client id is 1..{MAX_CLIENT_ID_LENGTH} visible ASCII characters"),
-    Field(description=f"1..{MAX_CLIENT_ID_LENGTH} visible ASCII characters, no spaces")]
-_CLUSTER_RULE = f"1..{MAX_NODE_NAME_LENGTH} characters of {NODE_NAME_CHARS}"
-ClusterName = Annotated[
-    str, StringConstraints(min_length=1, max_length=MAX_NODE_NAME_LENGTH,
-                           pattern=f"^{NODE_NAME_CHARS}+$"),
-    coded(ErrorCode.INVALID_ARGUMENT, f"a cluster name is {_CLUSTER_RULE}"), Field(description=_CLUSTER_RULE)]
-BrokerName = Annotated[
-    str, StringConstraints(min_length=1, max_length=MAX_NODE_NAME_LENGTH,
-                           pattern=f"^{NODE_NAME_CHARS}+$"),
-    coded(ErrorCode.INVALID_ARGUMENT, f"a broker name is {_CLUSTER_RULE}"), Field(description=_CLUSTER_RULE)]
-# The pattern says all the route table checks (validation.Addr), the port's 1..65535 included.
-HostPort = Annotated[
-    str, StringConstraints(max_length=300, pattern=ADDR_PATTERN),
-    coded(ErrorCode.INVALID_ARGUMENT, "an address is host:port with a port in 1..65535"),
-    Field(description="host:port (IPv4, hostname or [IPv6]), port 1..65535")]
 
-# -- numbers ----------------------------------------------------------------------------------------
-QueueId = Annotated[int, Field(ge=0, le=MAX_QUEUE_NUMS - 1, description="a queue of the topic (0-based)"),
-                    coded(ErrorCode.QUEUE_ID_ILLEGAL, f"a queue id is in 0..{MAX_QUEUE_NUMS - 1}")]
-QueueCount = Annotated[int, Field(ge=1, le=MAX_QUEUE_NUMS),
-                       coded(ErrorCode.INVALID_ARGUMENT, f"a queue count is in 1..{MAX_QUEUE_NUMS}")]
-#: Queue counts as brokers announce them to a name server (0 allowed: a topic being retired).
-NamesrvQueueCount = Annotated[int, Field(ge=0, le=route_table.MAX_QUEUE_NUMS),
-                              coded(ErrorCode.INVALID_ARGUMENT,
-                                    f"a queue count is in 0..{route_table.MAX_QUEUE_NUMS}")]
-Offset = Annotated[int, Field(ge=0, le=MAX_JSON_INT, description="a queue offset (>= 0)"),
-                   coded(ErrorCode.OFFSET_ILLEGAL, f"an offset is in 0..{MAX_JSON_INT}")]
-EpochMs = Annotated[int, Field(ge=0, le=MAX_JSON_INT, description="epoch milliseconds"),
-                    coded(ErrorCode.INVALID_ARGUMENT, "a time is epoch milliseconds >= 0")]
-NonNegative = Annotated[int, Field(ge=0, le=MAX_JSON_INT),
-                        coded(ErrorCode.INVALID_ARGUMENT, f"the value is in 0..{MAX_JSON_INT}")]
-#: A topic's system flag bits (a 32-bit signed field, non-negative).
-SysFlag = Annotated[int, Field(ge=0, le=MAX_INT31), coded(ErrorCode.INVALID_ARGUMENT, f"the flag is in 0..{MAX_INT31}")]
-WaitMs = Annotated[int, Field(ge=0, le=MAX_LONG_POLL_MS,
-                              description=f"long-poll hold in ms, 0..{MAX_LONG_POLL_MS} (MAX_LONG_POLL_MS)"),
-                   coded(ErrorCode.INVALID_ARGUMENT, f"wait_ms is in 0..{MAX_LONG_POLL_MS}")]
-PullMax = Annotated[int, Field(ge=1, le=MAX_BULK_PULL_BATCH,
-                               description=f"1..{MAX_PULL_BATCH}; up to {MAX_BULK_PULL_BATCH} for an unfiltered "
-                                           f"Arrow pull without a group"),
-                    coded(ErrorCode.INVALID_ARGUMENT, f"max is in 1..{MAX_BULK_PULL_BATCH}")]
-DlqMax = Annotated[int, Field(ge=1, le=MAX_PULL_BATCH, description=f"1..{MAX_PULL_BATCH}"),
-                   coded(ErrorCode.INVALID_ARGUMENT, f"max is in 1..{MAX_PULL_BATCH}")]
-QueryMax = Annotated[int, Field(ge=1, le=MAX_HITS, description=f"1..{MAX_HITS}"),
-                     coded(ErrorCode.INVALID_ARGUMENT, f"max is in 1..{MAX_HITS}")]
-#: A timer message's delay (the send processor's bound; the broker's timer_max_delay_s applies as well).
-DelayMs = Annotated[int, Field(ge=0, le=MAX_JSON_INT, description="deliver after this many ms (<= timer_max_delay_s)"),
-                    coded(ErrorCode.INVALID_ARGUMENT, f"delay_ms is in 0..{MAX_JSON_INT}")]
-#: A delay level: 0 = none, 1..the broker's level count (message_delay_level).
-DelayLevel = Annotated[int, Field(ge=0, le=MAX_INT31, description="0 = none, 1..levels of message_delay_level"),
-                       coded(ErrorCode.INVALID_ARGUMENT, "a delay level is >= 0")]
-NonEmpty = Annotated[str, StringConstraints(min_length=1),
-                     coded(ErrorCode.INVALID_ARGUMENT, "the value must not be empty")]
-MsgId = Annotated[str, StringConstraints(min_length=1, max_length=MAX_MSG_ID_LENGTH),
-                  coded(ErrorCode.INVALID_ARGUMENT, f"a message id is 1..{MAX_MSG_ID_LENGTH} characters"),
-                  Field(description=f"1..{MAX_MSG_ID_LENGTH} characters")]
-Perm = Annotated[int, Field(ge=0, le=PERM_MAX, description=f"READ=4 | WRITE=2 | INHERIT=1 (0..{PERM_MAX})"),
-                 coded(ErrorCode.INVALID_ARGUMENT, f"perm is in 0..{PERM_MAX}")]
+class Declared:
+    """Pydantic metadata validating and documenting a value as the contract type ``tp`` says.
 
-# -- enumerations (case-insensitive, as the logic reads them) ----------------------------------------
-FilterType = Annotated[str, StringConstraints(pattern=any_case(*FILTER_TYPES)),
-                       coded(ErrorCode.FILTER_EXPRESSION_ILLEGAL, f"the filter type is one of {list(FILTER_TYPES)}"),
-                       Field(description=f"{' or '.join(FILTER_TYPES)} (any case)")]
-TransactionAction = Annotated[str, StringConstraints(pattern=any_case("COMMIT", "ROLLBACK", "UNKNOWN")),
-                              coded(ErrorCode.INVALID_ARGUMENT, "the action is COMMIT, ROLLBACK or UNKNOWN"),
-                              Field(description="COMMIT, ROLLBACK or UNKNOWN (any case)")]
+    Written after the bare type, which type checkers read: ``Annotated[str, Declared(contract.TopicName)]``
+    (construction fails when that type is not the contract type's).
+    """
+
+    def __init__(self, tp: Any) -> None:
+        self.tp = tp
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        bare = _bare(self.tp)
+        if _bare(source) != bare:
+            raise TypeError(f"Declared({self.tp}) annotates {bare}, not {source}")
+        return handler.generate_schema(pydantic_annotation(self.tp))
+
+
+def _bare(tp: Any) -> Any:
+    """``tp`` without its constraints (``Annotated[int, Meta(...)] | None`` -> ``int | None``)."""
+    if get_origin(tp) in (Union, types.UnionType):
+        return Union[tuple(_bare(a) for a in get_args(tp))]  # noqa: UP007  # built from a tuple
+    return _bare(tp.__origin__) if get_origin(tp) is Annotated else tp
+
+
+# The parameter types of the apps (each the contract's, in pydantic's terms).
+TopicName = Annotated[str, Declared(contract.TopicName)]
+GroupName = Annotated[str, Declared(contract.GroupName)]
+ClientId = Annotated[str, Declared(contract.ClientId)]
+ClusterName = Annotated[str, Declared(contract.ClusterName)]
+QueueId = Annotated[int, Declared(contract.QueueId)]
+Offset = Annotated[int, Declared(contract.Offset)]
+EpochMs = Annotated[int, Declared(contract.EpochMs)]
+NonNegative = Annotated[int, Declared(contract.NonNegative)]
+WaitMs = Annotated[int, Declared(contract.WaitMs)]
+PullMax = Annotated[int, Declared(contract.PullMax)]
+DlqMax = Annotated[int, Declared(contract.DlqMax)]
+QueryMax = Annotated[int, Declared(contract.QueryMax)]
+AlertLimit = Annotated[int, Declared(contract.AlertLimit)]
+DelayMs = Annotated[int, Declared(contract.DelayMs)]
+DelayLevel = Annotated[int, Declared(contract.DelayLevel)]
+NonEmpty = Annotated[str, Declared(contract.NonEmpty)]
+MsgId = Annotated[str, Declared(contract.MsgId)]
+FilterType = Annotated[str, Declared(contract.FilterType)]
+
+
+# -- bodies -------------------------------------------------------------------------------------------------
+
+_AT = re.compile(r" - at `(?:(key)` in `)?\$([^`]*)`$")
+_STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+|\.\.\.)\]")
+
+
+def _type_at(kind: Any, path: str, key: bool) -> Any:
+    """The declared type of the value at msgspec's error ``path`` (``.offsets[0].queue_id``) under ``kind``; a
+    dict's key type with ``key``; None when the path leaves the declared types."""
+    tp = kind
+    steps = [m.group(1) or m.group(2) for m in _STEP.finditer(path)]
+    for step in steps:
+        tp = _unwrap(tp)
+        if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+            fields = {f.encode_name: f.type for f in msgspec.structs.fields(tp)}
+            if step not in fields:
+                return None
+            tp = fields[step]
+        elif get_origin(tp) is list and (step.isdigit()):
+            tp = get_args(tp)[0]
+        elif get_origin(tp) is dict and step == "...":
+            tp = get_args(tp)[1]
+        else:
+            return None
+    if key:
+        tp = _unwrap(tp)
+        return get_args(tp)[0] if get_origin(tp) is dict else None
+    return tp
+
+
+def _unwrap(tp: Any) -> Any:
+    """``tp`` without ``Annotated`` and ``| None``: the container or struct underneath."""
+    while True:
+        if get_origin(tp) is Annotated:
+            tp = tp.__origin__
+        elif get_origin(tp) in (Union, types.UnionType):
+            members = [a for a in get_args(tp) if a is not type(None)]
+            if len(members) != 1:
+                return tp
+            tp = members[0]
+        else:
+            return tp
+
+
+def body_error(kind: type[msgspec.Struct], exc: msgspec.ValidationError) -> SparkMQError:
+    """The error for a body msgspec refused as ``kind``: a value of the right type beyond a declared limit is
+    answered with its type's code; anything else (a wrong type, a missing or an unknown field) is
+    INVALID_ARGUMENT."""
+    message = str(exc)
+    at = _AT.search(message)
+    head = message[:at.start()] if at else message
+    if at and head.startswith("Expected `") and ", got `" not in head:  # a limit, not a type
+        declared = _type_at(kind, at.group(2), bool(at.group(1)))
+        code = error_code_of(declared) if declared is not None else None
+        if code is not None:
+            return SparkMQError(code, f"{message}: {_describe(declared)}")
+    return SparkMQError(ErrorCode.INVALID_ARGUMENT, message)
+
+
+def _describe(tp: Any) -> str:
+    tp = next((a for a in get_args(tp) if a is not type(None)), tp) if get_origin(tp) in (
+        Union, types.UnionType) else tp
+    metas = [m for m in getattr(tp, "__metadata__", ()) if isinstance(m, msgspec.Meta)]
+    return next((m.description for m in reversed(metas) if m.description), "the declared limit")
+
+
+@functools.cache
+def _decoder(kind: type[msgspec.Struct]) -> msgspec.json.Decoder[Any]:
+    return msgspec.json.Decoder(kind)
+
+
+def decode_body(kind: type[S], raw: bytes) -> S:
+    """``raw`` (a JSON request body) as the contract body ``kind``; :func:`body_error` when it is not one."""
+    try:
+        return _decoder(kind).decode(raw)
+    except msgspec.ValidationError as exc:
+        raise body_error(kind, exc) from None
+    except msgspec.DecodeError as exc:
+        raise SparkMQError(ErrorCode.INVALID_ARGUMENT, _malformed(raw, exc)) from None
+
+
+def _malformed(raw: bytes, exc: msgspec.DecodeError) -> str:
+    """Where JSON that does not parse breaks, in the words FastAPI's answers used (``malformed JSON at position
+    N: ...``); msgspec's own message when Python's reader takes it."""
+    try:
+        json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as bad:
+        if isinstance(bad, json.JSONDecodeError):
+            return f"malformed JSON at position {bad.pos}: {bad.msg}"
+        return f"malformed JSON: {bad}"
+    return f"malformed JSON: {exc}"
+
+
+def _is_json(content_type: str | None) -> bool:
+    if not content_type:
+        return True  # as FastAPI: no declared type is read as JSON
+    media = content_type.split(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+@functools.cache
+def json_body(kind: type[S]) -> Callable[[Request], Any]:
+    """A FastAPI dependency giving the request's JSON body decoded as ``kind``
+    (``body: Annotated[SendMessageBody, Depends(json_body(SendMessageBody))]``); :func:`install_bodies`
+    documents it."""
+    async def body(request: Request) -> S:
+        if not _is_json(request.headers.get("content-type")):
+            raise SparkMQError(ErrorCode.INVALID_ARGUMENT,
+                               f"the body must be JSON, not {request.headers.get('content-type')}")
+        return decode_body(kind, await request.body())
+    body.__body_kind__ = kind  # type: ignore[attr-defined]  # read by install_bodies
+    return body
+
+
+def _bodies_of(route: APIRoute) -> Iterable[type[msgspec.Struct]]:
+    stack = list(route.dependant.dependencies)
+    while stack:
+        dep = stack.pop()
+        kind = getattr(dep.call, "__body_kind__", None)
+        if kind is not None:
+            yield kind
+        stack.extend(dep.dependencies)
+
+
+def install_bodies(app: FastAPI, *extra: type[msgspec.Struct]) -> None:
+    """State in ``app``'s OpenAPI document the request body of every route that decodes one with
+    :func:`json_body` -- the JSON schema msgspec emits for the contract's Struct, as a component -- and the
+    components of ``extra`` bodies (ones a route reads itself and refers to in its ``openapi_extra``)."""
+
+    def amend(schema: dict[str, Any]) -> None:
+        kinds: list[type[msgspec.Struct]] = list(extra)
+        for context in iter_route_contexts(app.routes):  # included routers' routes too, with their prefixes
+            route = context.original_route
+            if not isinstance(route, APIRoute):
+                continue
+            for kind in _bodies_of(route):
+                kinds.append(kind)
+                for method in route.methods or ():
+                    operation = schema["paths"][context.path_format][method.lower()]
+                    operation["requestBody"] = {"required": True, "content": {"application/json": {
+                        "schema": {"$ref": f"#/components/schemas/{kind.__name__}"}}}}
+        _, components = msgspec.json.schema_components(sorted(set(kinds), key=lambda k: k.__name__),
+                                                       ref_template="#/components/schemas/{name}")
+        schema.setdefault("components", {}).setdefault("schemas", {}).update(components)
+
+    amend_openapi(app, amend)

@@ -11,25 +11,17 @@ Included by :func:`sparkmq.api.broker_app.create_app`.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import APIRouter, Depends, Request
 
 from ..platform.broker.broker import Broker
+from ..platform.common.http_contract import TraceBody
+from .params import json_body
 
 __all__ = ["trace_router", "TraceBody"]
 
 trace_router = APIRouter(tags=["trace"])
-
-
-class TraceBody(BaseModel):
-    """``POST /trace``: events as ``TraceEvent`` objects (checked by the broker, field by field)."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-    events: list[dict[str, Any]] = Field(description="TraceEvent objects: msg_id, topic, event_type, status, "
-                                                     "event_ts (epoch ms) and the optional fields")
 
 
 def _broker(request: Request) -> Broker:
@@ -37,7 +29,7 @@ def _broker(request: Request) -> Broker:
 
 
 @trace_router.post("/trace")
-def post_trace(body: TraceBody, request: Request) -> dict[str, Any]:
+def post_trace(body: Annotated[TraceBody, Depends(json_body(TraceBody))], request: Request) -> dict[str, Any]:
     """Record client trace events; ``accepted`` is 0 when tracing is off on this broker (``enabled`` false)."""
     return _broker(request).query_processor.record_trace(body.events)
 

@@ -25,10 +25,10 @@ from sparkmq.platform.broker.processors import OutgoingMessage
 from sparkmq.platform.broker.registration import RegistrationService
 from sparkmq.platform.broker.topics import AUTO_CREATE_TEMPLATE_TOPIC, TopicConfig, TopicConfigManager
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
+from sparkmq.platform.common.perm import is_readable, is_writeable
 from sparkmq.platform.common.protocol import PullStatus
 from sparkmq.platform.common.validation import declared_fields, describe
 from sparkmq.platform.common.waiters import WaiterRegistry
-from sparkmq.platform.namesrv.perm import is_readable, is_writeable
 from sparkmq.platform.store import FlushMode
 
 SMALL_STORE = {"segment_size": 1 << 20, "max_message_size": 64 * 1024, "max_properties_size": 8000}

@@ -1327,3 +1327,47 @@ def test_batch_results_are_made_when_read_and_concatenate_as_lists() -> None:
     assert isinstance(before + results, list) and [r.msg_id for r in before + results] == ["id-0", "id-0", "id-1",
                                                                                             "id-2"]
     assert [r.msg_id for r in results + before] == ["id-0", "id-1", "id-2", "id-0"]
+
+
+def test_an_idle_pooled_connection_is_dropped_by_the_client_before_the_server_would_close_it() -> None:
+    """Clients expire idle connections well before a sparkmq server's keep-alive, so a request never crosses the
+    server's close on the wire ("connection reset by peer", seen as an unreachable broker)."""
+    import http.server
+
+    from sparkmq.platform.common.limits import CLIENT_KEEPALIVE_EXPIRY_S, ConnectionLimits
+
+    connections: list[int] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: the connection stays open between requests
+
+        def setup(self) -> None:
+            connections.append(1)
+            super().setup()
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            body = b'{"groups": []}'  # GET /consumers, answered the same for any path
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = remoting_module.BrokerClient(f"127.0.0.1:{server.server_address[1]}", timeout_s=5.0)
+    try:
+        assert CLIENT_KEEPALIVE_EXPIRY_S < ConnectionLimits().http_keep_alive_s / 2
+        assert client.consumer_groups() == []
+        assert client.consumer_groups() == []
+        assert len(connections) == 1  # reused while fresh
+        time.sleep(CLIENT_KEEPALIVE_EXPIRY_S + 0.5)  # idle past the client's expiry, not the server's keep-alive
+        assert client.consumer_groups() == []
+        assert len(connections) == 2  # the client opened a new connection rather than reuse the idle one
+    finally:
+        client.close()
+        server.shutdown()
+        server.server_close()

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ...platform.auth import CLUSTER, Action, Resource
 from ...platform.client.admin import AdminClient, merge_group_clients
 from ...platform.common.errors import ErrorCode, SparkMQError
+from ...platform.common.perm import PERM_READ_WRITE, perm_to_string
 from ...platform.common.protocol import REPORT_RANGES, ConsumeType, held_queue_key, parse_held_queue
 from ...platform.common.system_topics import (
     PROPERTY_DLQ_ORIGIN_TOPIC,
@@ -39,7 +40,6 @@ from ...platform.common.system_topics import (
     is_system_topic,
 )
 from ...platform.common.wire import ReceivedMessage
-from ...platform.namesrv.perm import PERM_READ_WRITE, perm_to_string
 from ..errors import install_error_handlers
 from .auth import COOKIE, ConsoleAuth, Session
 from .docs import install_docs

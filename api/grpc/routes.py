@@ -17,9 +17,10 @@ import httpx
 from ...platform.auth.signing import Credentials
 from ...platform.client.remoting import signing_auth
 from ...platform.common.errors import ErrorCode, SparkMQError
+from ...platform.common.limits import client_pool_limits
+from ...platform.common.perm import is_readable, is_writeable
 from ...platform.common.tls import TlsSettings
 from ...platform.common.validation import validate_topic
-from ...platform.namesrv.perm import is_readable, is_writeable
 from ._pb import definition
 from .convert import ALL_MESSAGE_TYPES, endpoints_of, unwrap
 
@@ -51,7 +52,7 @@ class RouteResolver:
         tls = tls or TlsSettings()
         self._scheme = tls.scheme
         self._http = httpx.AsyncClient(timeout=timeout_s, verify=tls.client_context_if_connecting() or True,
-                                       auth=signing_auth(credentials))
+                                       auth=signing_auth(credentials), limits=client_pool_limits())
         self._cache: dict[str, tuple[float, dict[str, Any]]] = {}
 
     async def close(self) -> None:

@@ -169,11 +169,11 @@ class _Admin:
             if exc.code is not ErrorCode.TOPIC_NOT_EXIST:
                 raise
             lag = {"queues": []}  # RocketMQ leaves a topic it does not have out
-        store = self.broker.store
+        consumers = self.broker.consumer_processor
         entries = []
         for q in lag["queues"]:
             consumed = max(q["consumer_offset"], 0)
-            last = store.store_timestamp_of(q["topic"], q["queue_id"], consumed - 1) if consumed else 0
+            last = consumers.last_consumed_timestamp(q["topic"], q["queue_id"], consumed)
             entries.append((_queue(self.broker, q["topic"], q["queue_id"]),
                             p.OffsetWrapperData(q["broker_offset"], consumed, consumed, last)))
         return Reply(body=p.mq_keyed_json(entries, {"consumeTps": 0.0}))
@@ -201,7 +201,7 @@ class _Admin:
     def reset_offset(self, conn: ServerConnection, frame: Frame) -> Reply:
         h = frame.header_as(p.ResetOffsetRequestHeader)
         broker = self.broker
-        cfg = broker.admin_processor.get_topic(h.topic)  # TOPIC_NOT_EXIST first, as RocketMQ
+        broker.admin_processor.get_topic(h.topic)  # TOPIC_NOT_EXIST first, as RocketMQ
         if not broker.clients.members(h.group):
             # RocketMQ answers this, and mqadmin then resets through UPDATE_CONSUMER_OFFSET itself
             return _not_online(f"Consumer not online, so can not reset offset, Group: {h.group} Topic: {h.topic} "
@@ -211,15 +211,8 @@ class _Admin:
             result = consumers.reset_offsets(h.group, h.topic, offsets={h.queueId: h.offset})
         elif h.isForce and h.timestamp >= 0:
             result = consumers.reset_offsets(h.group, h.topic, timestamp=h.timestamp)
-        else:
-            # -1 is the queues' ends; without isForce a queue only moves back (RocketMQ's Broker2Client.resetOffset)
-            wanted: dict[int, int] = {}
-            for queue_id in range(cfg.read_queue_nums):
-                target = (broker.store.max_offset(h.topic, queue_id) if h.timestamp < 0
-                          else broker.store.offset_by_time(h.topic, queue_id, h.timestamp))
-                committed = consumers.query_offset(h.group, h.topic, queue_id)
-                wanted[queue_id] = target if h.isForce or committed < 0 else min(target, committed)
-            result = consumers.reset_offsets(h.group, h.topic, offsets=wanted)
+        else:  # -1 is the queues' ends; without isForce a queue only moves back
+            result = consumers.reset_offsets_back(h.group, h.topic, h.timestamp, force=h.isForce)
         entries = [(_queue(broker, h.topic, int(q)), offset) for q, offset in result["offsets"].items()]
         return Reply(body=p.mq_keyed_json(entries))
 

@@ -153,7 +153,7 @@ class _Sends:
         # Each message parks on its own (schedule or timer topic): the Python path, not the packed one.
         messages = [OutgoingMessage(body, None, (), props) for body, props in unpack_batch(frame.body, h.count)]
         sending = self.broker.send_processor
-        store_host = self.broker.store.store_host
+        store_host = sending.store_host
 
         def send() -> Reply:
             result = sending.send_batch(h.topic, messages, queue_id=h.queueId, sharding_key=h.shardingKey,

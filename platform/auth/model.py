@@ -21,16 +21,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..common.system_topics import DLQ_PREFIX, RETRY_PREFIX
-from ..common.validation import Seconds, check, check_int
+from ..common.validation import ACCESS_KEY_PATTERN, SECRET_KEY_PATTERN, Seconds, check, check_int
 
 __all__ = ["Action", "ADMIN_ACTIONS", "CLUSTER", "Decision", "ResourceType", "ResourcePattern", "Resource", "User",
            "PolicyEntry", "Policy", "AclTable", "parse_actions", "validate_access_key", "validate_secret_key",
            "check_acl_settings"]
 
-#: Access keys: what RocketMQ accepts (letters, digits, ``_.-@``), 1..64 characters.
-_ACCESS_KEY = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
-#: Secret keys: 6..128 printable characters without spaces.
-_SECRET_KEY = re.compile(r"^[\x21-\x7e]{6,128}$")
+_ACCESS_KEY = re.compile(ACCESS_KEY_PATTERN)
+_SECRET_KEY = re.compile(SECRET_KEY_PATTERN)
 #: Resource names (topics, groups): the broker's name rule, plus ``*`` for patterns.
 _RESOURCE_NAME = re.compile(r"^[%|a-zA-Z0-9_.-]{1,255}$")
 

@@ -385,8 +385,12 @@ class Broker:
                 floor = RetentionFloor(clog_offset, f"{holder} on {topic}/{queue_id} at offset {offset}")
         return floor
 
+    def disk_status(self) -> dict[str, Any]:
+        """The store's file system and watermarks as last measured (``MessageStore.disk_status``)."""
+        return self.store.disk_status()
+
     def _disk_gauges(self) -> Iterator[tuple[str, dict[str, float]]]:
-        status = self.store.disk_status()
+        status = self.disk_status()
         if "used_ratio" in status:
             yield self.name, {"used_ratio": status["used_ratio"], "total_bytes": status["total_bytes"],
                               "free_bytes": status["free_bytes"], "writable": float(status["writable"]),

@@ -32,7 +32,7 @@ from ..common.protocol import (
     MessageModel,
     parse_held_queue,
 )
-from ..common.validation import validate_group, validate_topic
+from ..common.validation import MAX_CLIENT_ID_LENGTH, validate_group, validate_topic
 from ..common.waiters import WaiterRegistry
 
 __all__ = [
@@ -49,7 +49,6 @@ __all__ = [
 
 log = logging.getLogger("sparkmq.broker")
 
-MAX_CLIENT_ID_LENGTH = 255
 
 
 def _check_client_id(client_id: object) -> str:

@@ -27,13 +27,13 @@ from deltalake.exceptions import TableNotFoundError
 
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.message import StoredMessage
-from ..common.validation import EpochMs, check, check_int, validate_topic
+from ..common.validation import MAX_QUERY_HITS, EpochMs, check, check_int, validate_topic
 
 __all__ = ["Location", "LakeIndex", "DEFAULT_MAX_HITS", "MAX_HITS", "lake_row_to_stored"]
 
 #: RocketMQ answers at most 64 hits per query, 32 by default.
 DEFAULT_MAX_HITS = 32
-MAX_HITS = 64
+MAX_HITS = MAX_QUERY_HITS
 
 _LOCATION_COLUMNS = ["topic", "broker", "queue_id", "queue_offset", "commitlog_offset", "store_ts"]
 

@@ -22,6 +22,7 @@ import httpx
 from ..auth.signing import Credentials
 from ..client.remoting import signing_auth
 from ..common.failure_log import FailureLog
+from ..common.limits import client_pool_limits
 from ..common.tls import TlsSettings
 
 __all__ = ["RegistrationService", "NameServerStatus"]
@@ -68,7 +69,7 @@ class _Worker:
         # Signed: a name server with ACL on needs Update on Cluster for registrations (docs/security.md).
         self._client = httpx.Client(base_url=f"{tls.scheme}://{addr}", timeout=timeout_s,
                                     verify=tls.client_context_if_connecting() or True,
-                                    auth=signing_auth(credentials))
+                                    auth=signing_auth(credentials), limits=client_pool_limits())
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"sparkmq-register-{addr}", daemon=True)

@@ -31,7 +31,8 @@ from ..common.system_topics import (
     retry_topic,
 )
 
-__all__ = ["DEFAULT_MAX_RECONSUME_TIMES", "RETRY_BASE_LEVEL", "SendBackPlan", "plan_send_back", "original_topic"]
+__all__ = ["DEFAULT_MAX_RECONSUME_TIMES", "RETRY_BASE_LEVEL", "SendBackPlan", "plan_send_back",
+           "original_topic"]
 
 #: A group's messages are retried this many times, then dead-lettered.
 DEFAULT_MAX_RECONSUME_TIMES = 16

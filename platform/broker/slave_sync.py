@@ -19,6 +19,7 @@ import httpx
 
 from ..auth.signing import Credentials, Signer
 from ..common.errors import SparkMQError
+from ..common.limits import client_pool_limits
 from .topics import is_reserved_topic
 
 if TYPE_CHECKING:
@@ -37,7 +38,8 @@ class SlaveSynchronizer:
         self.interval_s = interval_s
         tls = broker.config.tls  # the master's HTTP port: HTTPS when the cluster speaks TLS
         self._scheme = tls.scheme
-        self._client = httpx.Client(timeout=timeout_s, verify=tls.client_context_if_connecting() or True)
+        self._client = httpx.Client(timeout=timeout_s, verify=tls.client_context_if_connecting() or True,
+                                    limits=client_pool_limits())
         cfg = broker.config
         #: Signs the poll when the config names a super user (a master with ACL on refuses it unsigned).
         self._signer = (Signer(Credentials(cfg.acl_super_user_access_key, cfg.acl_super_user_secret_key))

@@ -1,7 +1,7 @@
 """The broker's topic table (RocketMQ's ``TopicConfigManager``).
 
 Each topic has read and write queue counts, a ``perm`` (READ 4 | WRITE 2 | INHERIT 1,
-see :mod:`sparkmq.platform.namesrv.perm`: 6 = read+write, 4 = sends refused,
+see :mod:`sparkmq.platform.common.perm`: 6 = read+write, 4 = sends refused,
 2 = pulls refused), a ``topic_sys_flag`` and an ``order`` flag.
 
 * **System topics** (those of :mod:`sparkmq.platform.common.system_topics` -- ``RMQ_SYS_*``,
@@ -29,6 +29,7 @@ from typing import Any
 
 from ..common.durable_file import replace_durably
 from ..common.errors import ErrorCode, SparkMQError
+from ..common.perm import PERM_INHERIT, PERM_MAX, PERM_READ_WRITE
 from ..common.system_topics import (
     DLEDGER_NOOP_TOPIC,
     SCHEDULE_TOPIC,
@@ -38,8 +39,7 @@ from ..common.system_topics import (
     TRANS_OP_HALF_TOPIC,
     is_system_topic,
 )
-from ..common.validation import check, check_int, validate_topic
-from ..namesrv.perm import PERM_INHERIT, PERM_MAX, PERM_READ_WRITE
+from ..common.validation import MAX_QUEUE_NUMS, check, check_int, validate_topic
 
 __all__ = [
     "TopicConfig",
@@ -50,9 +50,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("sparkmq.broker")
-
-#: Upper bound on a topic's read or write queue count on one broker.
-MAX_QUEUE_NUMS = 1024
 
 #: RocketMQ's auto-create template: its route tells producers which brokers create topics on first send.
 AUTO_CREATE_TEMPLATE_TOPIC = "TBW102"

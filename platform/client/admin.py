@@ -22,11 +22,11 @@ import httpx
 
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.ids import decode_offset_msg_id
+from ..common.perm import PERM_MAX, PERM_READ_WRITE
 from ..common.protocol import REPORT_KINDS, GroupMemberData, ReportSeries, report_range
 from ..common.trace import trace_path
 from ..common.validation import EpochMs, check, check_int, validate_group, validate_topic
 from ..common.wire import ReceivedMessage
-from ..namesrv.perm import PERM_MAX, PERM_READ_WRITE
 from .allocation import MessageQueue
 from .config import ClientConfig
 from .remoting import BrokerClientPool, NameServerClient

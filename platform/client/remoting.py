@@ -26,6 +26,7 @@ import httpx
 
 from ..auth.signing import Credentials, Signer
 from ..common.errors import ErrorCode, SparkMQError
+from ..common.limits import client_pool_limits
 from ..common.protocol import PullResult, PullStatus, ReportSeries, pull_status
 from ..common.tls import TlsSettings
 from ..common.wire import (
@@ -227,7 +228,7 @@ class NameServerClient:
         self._index = 0
         self._lock = threading.Lock()
         self._http = httpx.Client(timeout=timeout_s, auth=signing_auth(credentials),
-                                  transport=transport or _sync_transport(httpx.Limits(max_connections=20), tls))
+                                  transport=transport or _sync_transport(client_pool_limits(max_connections=20), tls))
 
     @property
     def current(self) -> str:
@@ -307,7 +308,7 @@ class BrokerClient:
         self.url = base_url(addr, tls)  # HTTPS when ``tls`` connects
         self._timeout = timeout_s
         # Sends come from many threads at once; keep enough idle connections for them.
-        limits = httpx.Limits(max_connections=200, max_keepalive_connections=64)
+        limits = client_pool_limits(max_connections=200, max_keepalive_connections=64)
         self._http = httpx.Client(base_url=self.url, timeout=timeout_s, auth=signing_auth(credentials),
                                   transport=transport or _sync_transport(limits, tls))
 
@@ -711,7 +712,7 @@ class AsyncBrokerClient:
     def __init__(self, *, transport: httpx.AsyncBaseTransport | None = None,
                  credentials: Credentials | None = None, tls: TlsSettings | None = None) -> None:
         # No connection cap: every assigned queue holds a long poll open at all times.
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        limits = client_pool_limits(max_connections=None, max_keepalive_connections=256)
         self._tls = tls  # HTTPS when it connects
         self._http = httpx.AsyncClient(auth=signing_auth(credentials),
             transport=transport or httpx.AsyncHTTPTransport(limits=limits, socket_options=_SOCKET_OPTIONS,

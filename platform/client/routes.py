@@ -30,8 +30,8 @@ import msgspec
 from ..auth.signing import Credentials, Signer
 from ..common import protocol as p
 from ..common.errors import ErrorCode, SparkMQError
+from ..common.perm import PERM_READ_WRITE, is_readable, is_writeable
 from ..common.protocol import RequestCode
-from ..namesrv.perm import PERM_READ_WRITE, is_readable, is_writeable
 from ..remoting import RemotingError, SyncRemotingClient
 from .allocation import MessageQueue
 from .endpoints import learn_remoting_endpoints

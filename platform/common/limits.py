@@ -21,9 +21,11 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
+import httpx
+
 from .validation import Positive, Seconds, check_fields
 
-__all__ = ["ConnectionLimits", "PerAddressCounter", "RefusalLog"]
+__all__ = ["CLIENT_KEEPALIVE_EXPIRY_S", "ConnectionLimits", "PerAddressCounter", "RefusalLog", "client_pool_limits"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,19 @@ class ConnectionLimits:
 
     def __post_init__(self) -> None:
         check_fields(self)
+
+
+#: How long an HTTP client keeps an idle pooled connection: well under the servers' keep-alive
+#: (``http_keep_alive_s``).  With equal times the server's close and the client's next request on that
+#: connection cross on the wire, and the request fails with "connection reset by peer".
+CLIENT_KEEPALIVE_EXPIRY_S = 2.0
+
+
+def client_pool_limits(max_connections: int | None = 100, max_keepalive_connections: int | None = 20) -> httpx.Limits:
+    """The connection pool limits of every HTTP client calling a sparkmq server (idle connections expire after
+    :data:`CLIENT_KEEPALIVE_EXPIRY_S`); the counts default to httpx's own."""
+    return httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_keepalive_connections,
+                        keepalive_expiry=CLIENT_KEEPALIVE_EXPIRY_S)
 
 
 class PerAddressCounter:

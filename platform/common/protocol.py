@@ -14,6 +14,7 @@ from typing import Any, TypeVar, cast
 import msgspec
 
 from .errors import ErrorCode, SparkMQError
+from .validation import QueueId, TopicName
 
 __all__ = [
     "FLAG_RESPONSE",
@@ -393,6 +394,9 @@ class ExpressionType(enum.StrEnum):
 # spelled as RocketMQ's ``*RequestHeader`` / ``*ResponseHeader`` classes; :func:`ext_fields` writes one as
 # strings and ``Frame.header_as`` (platform.remoting) reads one, converting the strings.  Unknown fields are
 # ignored: RocketMQ's RPC base fields (``ns``, ``nsd``, ``bname``, ``oway``, ``lo``) and newer clients' fields.
+# A field that HTTP bodies carry too (a topic, a queue id) names the same type (``validation.TopicName``,
+# ``QueueId``): one limit, stated in the OpenAPI document and checked when a header is read (a value beyond it is
+# answered with the type's code, as the logic answers it).
 
 class ExtHeader(msgspec.Struct, omit_defaults=True):
     """The base of every extFields header."""
@@ -430,10 +434,10 @@ class SendMessageRequestHeader(ExtHeader):
     """
 
     producerGroup: str
-    topic: str
+    topic: TopicName
     defaultTopic: str = "TBW102"
     defaultTopicQueueNums: int = 4
-    queueId: int | None = None
+    queueId: QueueId | None = None
     sysFlag: int = 0
     bornTimestamp: int = 0
     flag: int = 0
@@ -494,8 +498,8 @@ class PullMessageRequestHeader(ExtHeader):
     """
 
     consumerGroup: str
-    topic: str
-    queueId: int
+    topic: TopicName
+    queueId: QueueId
     queueOffset: int
     maxMsgNums: int = 32
     sysFlag: int = 0
@@ -524,8 +528,8 @@ class QueryConsumerOffsetRequestHeader(ExtHeader):
     """QUERY_CONSUMER_OFFSET (14): a group's committed offset of one queue (QUERY_NOT_FOUND when none)."""
 
     consumerGroup: str
-    topic: str
-    queueId: int
+    topic: TopicName
+    queueId: QueueId
     setZeroIfNotFound: bool | None = None
 
 
@@ -539,16 +543,16 @@ class UpdateConsumerOffsetRequestHeader(ExtHeader):
     """UPDATE_CONSUMER_OFFSET (15): commit one queue's offset for a group."""
 
     consumerGroup: str
-    topic: str
-    queueId: int
+    topic: TopicName
+    queueId: QueueId
     commitOffset: int
 
 
 class QueueRequestHeader(ExtHeader):
     """GET_MAX_OFFSET / GET_MIN_OFFSET / GET_EARLIEST_MSG_STORETIME / SPARKMQ_QUEUE_OFFSETS: one queue."""
 
-    topic: str
-    queueId: int
+    topic: TopicName
+    queueId: QueueId
     #: SPARKMQ_QUEUE_OFFSETS: also the first offset stored at or after this epoch-ms time.
     timestamp: int | None = None
 
@@ -557,8 +561,8 @@ class SearchOffsetRequestHeader(ExtHeader):
     """SEARCH_OFFSET_BY_TIMESTAMP (29): the offset of the first (``LOWER``) or last (``UPPER``) message stored
     at or after ``timestamp``."""
 
-    topic: str
-    queueId: int
+    topic: TopicName
+    queueId: QueueId
     timestamp: int
     boundaryType: str = "LOWER"
 
@@ -749,10 +753,10 @@ class SendPackedRequestHeader(ExtHeader):
     ``queueId`` None lets the broker choose (round robin, or by ``shardingKey``); ``compressed``: the
     entries' bodies are zlib-deflated (each entry's properties say so)."""
 
-    topic: str
+    topic: TopicName
     count: int
     producerGroup: str | None = None
-    queueId: int | None = None
+    queueId: QueueId | None = None
     shardingKey: str | None = None
     compressed: bool = False
     delayLevel: int | None = None

@@ -45,6 +45,17 @@ __all__ = [
     "NODE_NAME_CHARS",
     "MAX_NODE_NAME_LENGTH",
     "NodeName",
+    "MAX_QUEUE_NUMS",
+    "MAX_ROUTE_QUEUE_NUMS",
+    "MAX_CLIENT_ID_LENGTH",
+    "MAX_RECONSUME_TIMES",
+    "MAX_QUERY_HITS",
+    "TOPIC_PATTERN",
+    "GROUP_PATTERN",
+    "TopicName",
+    "GroupName",
+    "QueueId",
+    "error_code_of",
     "invalid",
     "describe",
     "check",
@@ -117,6 +128,11 @@ _PORT = r"(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4
 #: ``host:port``: an IPv4 address, a hostname or a bracketed IPv6 address, and a port in 1..65535.
 ADDR_PATTERN = rf"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):({_PORT})$"
 
+#: Access keys of the ACL: what RocketMQ accepts (letters, digits, ``_.-@``), 1..64 characters.
+ACCESS_KEY_PATTERN = r"^[A-Za-z0-9_.@-]{1,64}$"
+#: Secret keys of the ACL: 6..128 printable ASCII characters without spaces.
+SECRET_KEY_PATTERN = r"^[\x21-\x7e]{6,128}$"
+
 #: A TCP port to listen on; 0 = one the OS picks.
 Port = Annotated[int, Meta(ge=0, le=65535)]
 #: A port that may also be off: -1 = none.
@@ -151,6 +167,58 @@ NodeName = Annotated[str, Meta(pattern=f"^{NODE_NAME_CHARS}{{1,{MAX_NODE_NAME_LE
 #: A ``host:port`` address (see :data:`ADDR_PATTERN`).
 Addr = Annotated[str, Meta(pattern=ADDR_PATTERN, max_length=300,
                            description="'host:port' with a port in 1..65535")]
+
+# -- named values of the wire contract ---------------------------------------------------------------------------
+# The values a remoting header and an HTTP body (platform.common.http_contract) both carry are typed once, here:
+# the header field and the body field name the same type, so their limits cannot differ.  ``extra["error"]`` is
+# the code a value breaking the constraint is answered with (what the logic answers: validate_topic's
+# TOPIC_ILLEGAL, ...); :func:`error_code_of` reads it.
+
+#: Upper bound on a topic's read or write queue count on one broker; queue ids are below it.
+MAX_QUEUE_NUMS = 1024
+#: Upper bound on the read/write queue counts a broker may announce to a name server (a sanity limit, not a
+#: RocketMQ one).
+MAX_ROUTE_QUEUE_NUMS = 65535
+#: The longest client id a broker accepts.
+MAX_CLIENT_ID_LENGTH = 255
+#: The most reconsume times a send-back may allow.
+MAX_RECONSUME_TIMES = 10_000
+#: The most hits one message query answers (RocketMQ's limit).
+MAX_QUERY_HITS = 64
+#: A topic: 1..127 name characters, or a retry/DLQ topic (its prefix, then name characters) up to 255 -- what
+#: :func:`validate_topic` accepts.
+TOPIC_PATTERN = "^(?:" + "|".join(
+    [f"{re.escape(p)}{NAME_CHARS}{{0,{MAX_SYSTEM_TOPIC_LENGTH - len(p)}}}" for p in SYSTEM_TOPIC_PREFIXES]
+    + [f"{NAME_CHARS}{{1,{MAX_TOPIC_LENGTH}}}"]) + ")$"
+#: A consumer or producer group: 1..120 name characters -- what :func:`validate_group` accepts.
+GROUP_PATTERN = f"^{NAME_CHARS}{{1,{MAX_GROUP_LENGTH}}}$"
+
+#: A topic name.
+TopicName = Annotated[str, Meta(
+    min_length=1, max_length=MAX_SYSTEM_TOPIC_LENGTH, pattern=TOPIC_PATTERN,
+    description=f"1..{MAX_TOPIC_LENGTH} characters of {NAME_CHARS}; %RETRY%/%DLQ% topics up to "
+                f"{MAX_SYSTEM_TOPIC_LENGTH} (percent-encode % and | in paths)",
+    extra={"error": ErrorCode.TOPIC_ILLEGAL})]
+#: A consumer or producer group name.
+GroupName = Annotated[str, Meta(
+    min_length=1, max_length=MAX_GROUP_LENGTH, pattern=GROUP_PATTERN,
+    description=f"1..{MAX_GROUP_LENGTH} characters of {NAME_CHARS}", extra={"error": ErrorCode.GROUP_ILLEGAL})]
+#: A queue of a topic (0-based); the topic's own queue count bounds it further where the topic is known.
+QueueId = Annotated[int, Meta(ge=0, le=MAX_QUEUE_NUMS - 1, description="a queue of the topic (0-based)",
+                              extra={"error": ErrorCode.QUEUE_ID_ILLEGAL})]
+
+
+def error_code_of(tp: Any) -> ErrorCode | None:
+    """The :class:`ErrorCode` a value breaking the declared type ``tp``'s constraint is answered with (its
+    ``Meta``'s ``extra["error"]``; maybe under ``| None`` or another ``Annotated``), or None when it names none."""
+    if get_origin(tp) in (Union, types.UnionType):
+        return next((c for c in map(error_code_of, get_args(tp)) if c is not None), None)
+    if get_origin(tp) is not Annotated:
+        return None
+    for meta in reversed(tp.__metadata__):
+        if isinstance(meta, Meta) and meta.extra and isinstance(meta.extra.get("error"), ErrorCode):
+            return cast(ErrorCode, meta.extra["error"])
+    return error_code_of(tp.__origin__)  # a description over a named type: ``Annotated[QueueId | None, Meta()]``
 
 
 @dataclasses.dataclass(frozen=True)

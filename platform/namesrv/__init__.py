@@ -6,9 +6,17 @@ that register with every name server; they never talk to each other. The HTTP fa
 """
 from __future__ import annotations
 
+from ..common.perm import (
+    PERM_INHERIT,
+    PERM_READ,
+    PERM_READ_WRITE,
+    PERM_WRITE,
+    is_readable,
+    is_writeable,
+    perm_to_string,
+)
 from .config import NameServerConfig
 from .kv_config import KVConfigStore, kv_config_path
-from .perm import PERM_INHERIT, PERM_READ, PERM_READ_WRITE, PERM_WRITE, is_readable, is_writeable, perm_to_string
 from .route_table import (
     MASTER_ID,
     BrokerData,

@@ -23,7 +23,7 @@ Semantics follow RocketMQ 5.3:
   remain, the queue data stays (consumers can still read from the slaves) with the WRITE
   bit cleared, so producers skip that broker name (RocketMQ's acting-master rule).
 
-Perm bits are documented in :mod:`sparkmq.platform.namesrv.perm`.
+Perm bits are documented in :mod:`sparkmq.platform.common.perm`.
 """
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..common.errors import ErrorCode, SparkMQError
-from ..common.validation import NodeName, check, check_addr, check_int, validate_topic
+from ..common.perm import PERM_MAX, PERM_WRITE
+from ..common.validation import MAX_ROUTE_QUEUE_NUMS, NodeName, check, check_addr, check_int, validate_topic
 from .config import NameServerConfig
-from .perm import PERM_MAX, PERM_WRITE
 
 __all__ = [
     "MASTER_ID",
@@ -56,8 +56,8 @@ log = logging.getLogger("sparkmq.namesrv")
 
 #: Broker id of a master; slaves have ids > 0.
 MASTER_ID = 0
-#: Upper bound on read/write queue counts a broker may announce (a sanity limit, not a RocketMQ one).
-MAX_QUEUE_NUMS = 65535
+#: Upper bound on read/write queue counts a broker may announce (defined with the wire contract's limits).
+MAX_QUEUE_NUMS = MAX_ROUTE_QUEUE_NUMS
 
 
 def _invalid(message: str) -> SparkMQError:

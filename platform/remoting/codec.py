@@ -14,8 +14,9 @@ the codes mean.
 from __future__ import annotations
 
 import struct
+import types
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
 import msgspec
 
@@ -34,6 +35,7 @@ from ..common.protocol import (
     SerializeType,
     ext_fields,
 )
+from ..common.validation import describe, error_code_of
 
 __all__ = [
     "Frame",
@@ -95,8 +97,38 @@ def decode_header(ext: Mapping[str, Any] | None, kind: type[H], what: str = "") 
     try:
         return msgspec.convert(ext or {}, kind, strict=False)
     except msgspec.ValidationError as exc:
+        broken = _broken_constraint(ext or {}, kind)
+        if broken is not None:  # a value of the right type beyond a named limit: the code the logic answers
+            raise broken from None
         raise SparkMQError(ErrorCode.INVALID_ARGUMENT,
                            f"bad {what or kind.__name__} header: {exc}") from None
+
+
+def _broken_constraint(ext: Mapping[str, Any], kind: type[ExtHeader]) -> SparkMQError | None:
+    """The error of the first field of ``ext`` that converts to its bare type but breaks the constraint of its
+    named type (``validation.TopicName``, ``QueueId``, ...), answered with that type's code; None when no field
+    does (a missing field or a wrong type stays INVALID_ARGUMENT)."""
+    for f in msgspec.structs.fields(kind):
+        code = error_code_of(f.type)
+        if code is None or f.encode_name not in ext:
+            continue
+        value = ext[f.encode_name]
+        try:
+            msgspec.convert(value, f.type, strict=False)
+        except msgspec.ValidationError as exc:
+            try:
+                msgspec.convert(value, _bare(f.type), strict=False)
+            except msgspec.ValidationError:
+                continue
+            return SparkMQError(code, f"{f.encode_name}: {describe(f.type)}, got {str(value)[:80]!r} ({exc})")
+    return None
+
+
+def _bare(tp: Any) -> Any:
+    """``tp`` without its constraints (``Annotated[int, Meta(...)] | None`` -> ``int | None``)."""
+    if get_origin(tp) in (Union, types.UnionType):
+        return Union[tuple(_bare(a) for a in get_args(tp))]  # noqa: UP007  # built from a tuple
+    return tp.__origin__ if get_origin(tp) is Annotated else tp
 
 
 class Frame(msgspec.Struct, gc=False):

@@ -136,6 +136,26 @@ class ConsumerProcessor(Processor):
         committed = self.offsets.query(group, topic, queue_id)
         return -1 if committed is None else committed
 
+    def last_consumed_timestamp(self, topic: str, queue_id: int, consumer_offset: int) -> int:
+        """The store time (epoch ms) of the last message before ``consumer_offset``; 0 when nothing was consumed
+        (RocketMQ's ``lastTimestamp`` of a queue in GET_CONSUME_STATS)."""
+        if consumer_offset <= 0:
+            return 0
+        return self.store.store_timestamp_of(topic, queue_id, consumer_offset - 1)
+
+    def reset_offsets_back(self, group: str, topic: str, timestamp: int, *, force: bool) -> dict[str, Any]:
+        """RocketMQ's ``Broker2Client.resetOffset``: every read queue of ``topic`` to the first message at or after
+        ``timestamp`` (-1: the queue's end); without ``force`` a queue that has a committed offset only moves back.
+        Then as :meth:`reset_offsets`."""
+        cfg = self.topics.require(topic)
+        wanted: dict[int, int] = {}
+        for queue_id in range(cfg.read_queue_nums):
+            target = (self.store.max_offset(topic, queue_id) if timestamp < 0
+                      else self.store.offset_by_time(topic, queue_id, timestamp))
+            committed = self.query_offset(group, topic, queue_id)
+            wanted[queue_id] = target if force or committed < 0 else min(target, committed)
+        return self.reset_offsets(group, topic, offsets=wanted)
+
     def query_offset_or_start(self, group: str, topic: str, queue_id: int, zero_if_not_found: bool | None) -> int:
         """RocketMQ's QUERY_CONSUMER_OFFSET: the committed offset; else 0 when the queue still holds its first
         message (offset 0) and ``zero_if_not_found`` is not False -- a group new to a young queue starts at its

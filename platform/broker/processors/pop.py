@@ -34,6 +34,7 @@ import anyio.to_thread
 from ...common.errors import ErrorCode, SparkMQError
 from ...common.filtering import SqlFilter
 from ...common.message import Message, StoredMessage
+from ...common.perm import is_readable
 from ...common.protocol import (
     MAX_POP_BATCH,
     POP_DEFAULT_MAX_ATTEMPTS,
@@ -48,7 +49,6 @@ from ...common.protocol import (
 from ...common.trace import TraceEvent
 from ...common.validation import check, check_int, validate_group
 from ...common.waiters import WaiterRegistry
-from ...namesrv.perm import is_readable
 from ...store import AppendEvent, FlushMode, MessageStore
 from ..background import PeriodicService
 from ..config import BrokerConfig

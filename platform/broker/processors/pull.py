@@ -12,9 +12,9 @@ import pyarrow as pa
 
 from ...common.errors import ErrorCode, SparkMQError
 from ...common.filtering import FILTER_SQL92, FILTER_TAG, SqlFilter, compile_filter, parse_tags
+from ...common.perm import is_readable
 from ...common.protocol import MAX_BULK_PULL_BATCH, MAX_LONG_POLL_MS, MAX_PULL_BATCH, PackedPull, PullResult, PullStatus
 from ...common.validation import check_int, validate_group
-from ...namesrv.perm import is_readable
 from ...store import GetResult, MessageStore, PackedGetResult
 from ...store.message_store import PREFETCH_MAX_BYTES, records_of
 from ..client_manager import ClientManager

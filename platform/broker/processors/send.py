@@ -22,6 +22,7 @@ from ...common.message import (
     SendStatus,
     StoredMessage,
 )
+from ...common.perm import is_writeable
 from ...common.protocol import MAX_MSG_ID_LENGTH
 from ...common.sysflag import COMPRESSED
 from ...common.system_topics import (
@@ -30,8 +31,7 @@ from ...common.system_topics import (
     PROPERTY_TIMER_DELAY_SEC,
     PROPERTY_TIMER_DELIVER_MS,
 )
-from ...common.validation import check_int, validate_group, validate_topic
-from ...namesrv.perm import is_writeable
+from ...common.validation import MAX_RECONSUME_TIMES, check_int, validate_group, validate_topic
 from ...store import AppendNote, FlushMode, MessageStore, PutResult, PutStatus
 from ..client_manager import ClientManager, MessageModel
 from ..config import BrokerConfig
@@ -271,6 +271,11 @@ class SendProcessor(Processor):
                            result.offset_msg_id, topic, self.name,
                            result.queue_id, result.queue_offset, result.store_timestamp, result.commitlog_offset),
                 end)
+
+    @property
+    def store_host(self) -> str:
+        """The ``host:port`` the store stamps on every message it stores."""
+        return self.store.store_host
 
     def send_packed(self, topic: str, data: bytes | memoryview, count: int, *, queue_id: int | None = None,
                     sharding_key: str | None = None, compressed: bool = False, producer_group: str | None = None,
@@ -557,7 +562,7 @@ class SendProcessor(Processor):
         """
         validate_group(group)
         check_int("delay_level", delay_level, -1, 2**31 - 1)
-        check_int("max_reconsume_times", max_reconsume_times, 0, 10_000)
+        check_int("max_reconsume_times", max_reconsume_times, 0, MAX_RECONSUME_TIMES)
         if not isinstance(reason, str):
             raise SparkMQError(ErrorCode.INVALID_ARGUMENT, "reason must be a string")
         if self.clients.group_info(group).message_model is MessageModel.BROADCASTING \
