@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import dataclasses
 import hashlib
 import io
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -329,12 +331,117 @@ def cmd_test(args: argparse.Namespace) -> None:
         # Every test's time, for ordering SLOW_FILES from measurements (var/ is not tracked).
         reports = [f"--junitxml={ROOT / 'var' / 'test-reports' / name}.xml" for name in ("parallel", "serial")]
         phases = [base + parallel + [reports[0]], base + ["-m", "serial", reports[1]]]
+    adopt_orphans()
     returncode = 0
-    for cmd in phases:
+    for number, cmd in enumerate(phases):
+        if number:  # the serial tests compare timings: not beside what the phase before left behind
+            settle_machine()
         result = subprocess.run(cmd, cwd=ROOT, env=venv_env())
         returncode = returncode or result.returncode
+        for leftover in stop_leftovers():
+            say(f"a process the tests left running was stopped: {leftover}")
     say(f"tests finished in {time.monotonic() - started:.0f} s with exit code {returncode}")
     sys.exit(returncode)
+
+
+# -- what a test run leaves behind ---------------------------------------------
+PR_SET_CHILD_SUBREAPER = 36
+#: Before the serial phase: how idle the machine must be (share of CPU time over one sample), and how long to wait.
+QUIET_IDLE_SHARE = 0.8
+QUIET_WAIT_S = 90.0
+#: How long a process the tests left may take to exit by itself before it is killed.
+LEFTOVER_GRACE_S = 30.0
+
+
+def adopt_orphans() -> None:
+    """Make this process the subreaper of everything the tests start (Linux): a process whose parent exits
+    without stopping it is re-parented here rather than to init, so :func:`stop_leftovers` finds it."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _children() -> dict[int, str]:
+    """This process's children (pid -> command line), from /proc."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            words = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            cwd = os.readlink(entry / "cwd") if words[0] else ""
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == os.getpid():
+            # A JVM's class path is long: name its main class (and what follows) instead.
+            main = next((i for i, word in enumerate(words) if word.startswith(("org.", "com."))), 0)
+            command = " ".join(words[:1] + words[max(1, main):]).strip()
+            age_s = _uptime_s() - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+            found[int(entry.name)] = f"{command[:300]} (in {cwd}, for {age_s:.0f} s)" if command else ""
+    return found
+
+
+def _uptime_s() -> float:
+    return float(Path("/proc/uptime").read_text().split()[0])
+
+
+def _reap_exited() -> None:
+    """Reap the adopted children that have exited (zombies)."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
+def stop_leftovers(grace_s: float = LEFTOVER_GRACE_S) -> list[str]:
+    """What the finished test phase left running (adopted orphans; their own orphans in turn): given ``grace_s``
+    to exit by itself (a pytest worker's Spark JVM shuts down after its worker), then SIGKILLed and reaped; the pid
+    and command line of each one killed."""
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        _reap_exited()
+        if not _children():
+            return []
+        time.sleep(0.5)
+    stopped = []
+    for _ in range(50):
+        children = _children()
+        if not children:
+            break
+        for pid, command in children.items():
+            if command:  # a zombie has no command line: it only needs reaping
+                stopped.append(f"{pid} {command}")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in children:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+    return stopped
+
+
+def _cpu_times() -> tuple[int, int]:
+    """(idle + iowait, total) jiffies of all CPUs since boot."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return fields[3] + fields[4], sum(fields)
+
+
+def settle_machine() -> None:
+    """Write dirty pages back and wait (up to :data:`QUIET_WAIT_S`) until the CPUs are mostly idle over one
+    second: the phase before may leave the kernel writing gigabytes back, or JVMs exiting."""
+    os.sync()
+    if not Path("/proc/stat").exists():
+        return
+    started = time.monotonic()
+    while True:
+        idle_before, total_before = _cpu_times()
+        time.sleep(1.0)
+        idle_after, total_after = _cpu_times()
+        idle = (idle_after - idle_before) / max(1, total_after - total_before)
+        waited = time.monotonic() - started
+        if idle >= QUIET_IDLE_SHARE or waited >= QUIET_WAIT_S:
+            say(f"serial phase: the CPUs {idle:.0%} idle after {waited:.0f} s")
+            return
 
 
 def cmd_bench(args: argparse.Namespace) -> None:

@@ -7,8 +7,10 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from report_guard import pytest_runtest_makereport  # noqa: F401  (a hook: registered by its name here)
 
 from sparkmq.storage_native import implementations
 
@@ -144,6 +146,40 @@ def spark():
     session = get_spark({"spark.master": "local[2]"}, app_name="sparkmq-tests", log_level="ERROR")
     yield session
     stop_spark()
+
+
+def _running_queries() -> list[Any]:
+    """The streaming queries active in the run's SparkSession (none if no test started it)."""
+    from sparkmq.pipelines import session as spark_session
+
+    session = spark_session._session
+    return [] if session is None else list(session.streams.active)
+
+
+def _stop_and_name(queries: list[Any]) -> list[str]:
+    for query in queries:
+        query.stop()
+    return [query.name or str(query.id) for query in queries]
+
+
+# The run's SparkSession outlives every test: a forgotten streaming query keeps polling its source on the worker's
+# JVM (in one CI run half a core for the rest of the run, while unrelated tests ran beside it).  A test or module
+# that leaves one running fails, and the query is stopped.
+@pytest.fixture(autouse=True)
+def no_streaming_query_left_by_the_test():
+    """Fail a test that started a streaming query and left it running."""
+    before = {query.id for query in _running_queries()}
+    yield
+    left = [query for query in _running_queries() if query.id not in before]
+    assert not left, f"streaming queries left running by the test: {_stop_and_name(left)}"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def no_streaming_query_left_by_the_module():
+    """Fail a module whose fixtures left a streaming query running."""
+    yield
+    left = _running_queries()
+    assert not left, f"streaming queries left running by the module: {_stop_and_name(left)}"
 
 
 def resident_pages(path: Path) -> list[bool]:

@@ -95,7 +95,7 @@ def run_cold(args: argparse.Namespace) -> int:
                 done.set()
         return ConsumeStatus.CONSUME_SUCCESS
 
-    consumer = PushConsumer("cold-consumer", config(args.namesrv), consume_from_where="CONSUME_FROM_FIRST_OFFSET")
+    consumer = PushConsumer(args.group, config(args.namesrv), consume_from_where="CONSUME_FROM_FIRST_OFFSET")
     consumer.subscribe(args.topic)
     consumer.register_listener(listener)
     consumer.start()
@@ -118,6 +118,7 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=5000)
     parser.add_argument("--body", type=int, default=1024)
     parser.add_argument("--messages", type=int, default=0)
+    parser.add_argument("--group", default="cold-consumer", help="the cold reader's consumer group")
     args = parser.parse_args()
     return run_hot(args) if args.mode == "hot" else run_cold(args)
 

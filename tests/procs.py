@@ -35,6 +35,9 @@ __all__ = ["BROKER", "NAMESRV", "ProcessHarness", "ServiceProcess", "child_env",
 #: The modules of the services (``python -m MODULE``).
 NAMESRV = "sparkmq.api.namesrv_main"
 BROKER = "sparkmq.api.broker_main"
+#: The head of a test broker's ``[lake]`` table: its lake runs at the broker's own priority.  At the default
+#: (SCHED_IDLE) a test's lake would wait until a parallel test leaves a core idle.
+LAKE_TABLE = "[lake]\nnice = 0\n"
 
 
 #: Settings every test service gets unless the test says otherwise: 8 MiB segments (a broker's

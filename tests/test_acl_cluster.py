@@ -23,7 +23,7 @@ import httpx
 import pytest
 from acl_users import ROOT
 
-from procs import BROKER, NAMESRV, ProcessHarness, ServiceProcess, start_https, wait_until, write_conf
+from procs import BROKER, LAKE_TABLE, NAMESRV, ProcessHarness, ServiceProcess, start_https, wait_until, write_conf
 from sparkmq.platform.auth import Credentials
 from sparkmq.platform.client import ClientConfig, Message, Producer
 from sparkmq.platform.client.admin import AdminClient
@@ -372,8 +372,7 @@ def test_a_brokers_lake_signs_its_reads_when_acl_is_on(procs: ProcessHarness, tm
     namesrv = procs.start("namesrv", NAMESRV, "--scan-interval-s", "0.5")
     conf = write_conf(tmp_path / "lake.toml", tmp_path / "broker", **ACL)
     conf.write_text(conf.read_text() + f'''
-[lake]
-trigger_interval_s = 0.5
+{LAKE_TABLE}trigger_interval_s = 0.5
 jobs = ["dispatch"]
 access_key = "{ROOT.access_key}"
 secret_key = "{ROOT.secret_key}"

@@ -6,6 +6,7 @@ pauses are recorded instead of slept.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -205,6 +206,24 @@ def test_a_busy_back_off_never_passes_the_send_budget() -> None:
 
 # -- platform/broker/offsets.py: ConsumerOffsetManager._merge ---------------------------------------------------
 
+def _record_sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """``time.sleep`` of this thread records its pause instead of sleeping; other threads still sleep.
+
+    ``time.sleep`` is one function for the whole process: a thread another test left running (a daemon that
+    sleeps a second per loop) would otherwise spin here and fill the record (491,052 pauses in one CI run).
+    """
+    slept: list[float] = []
+    caller, real_sleep = threading.get_ident(), time.sleep
+
+    def sleep(seconds: float) -> None:
+        if threading.get_ident() == caller:
+            slept.append(seconds)
+        else:
+            real_sleep(seconds)
+    monkeypatch.setattr(time, "sleep", sleep)
+    return slept
+
+
 def _failing_merges(monkeypatch: pytest.MonkeyPatch, failures: int) -> list[float]:
     """The first ``failures`` MERGE commits lose the race; the pauses between them are recorded, not slept."""
     real = TableMerger.execute
@@ -216,9 +235,7 @@ def _failing_merges(monkeypatch: pytest.MonkeyPatch, failures: int) -> list[floa
             raise CommitFailedError("a concurrent writer won")
         return real(self)
     monkeypatch.setattr(TableMerger, "execute", execute)
-    slept: list[float] = []
-    monkeypatch.setattr(time, "sleep", slept.append)
-    return slept
+    return _record_sleeps(monkeypatch)
 
 
 def test_offsets_retry_a_lost_commit_race_after_20_40_60_ms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -253,12 +270,11 @@ class FakeLake:
         self.created = False
         self.creates = 0
         self.registered = 0
-        self.slept: list[float] = []
         monkeypatch.setattr(tables, "is_table", lambda spark, path: self.created)
         monkeypatch.setattr(tables, "_create", self._create)
         monkeypatch.setattr(tables, "_check_matches", lambda spark, spec, path: None)
         monkeypatch.setattr(tables, "_register", self._register)
-        monkeypatch.setattr(time, "sleep", self.slept.append)
+        self.slept = _record_sleeps(monkeypatch)
 
     def _create(self, spark: object, spec: object, path: str) -> None:
         self.creates += 1

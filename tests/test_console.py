@@ -57,6 +57,7 @@ from conftest import need
 from lake_rows import append_rows
 from procs import (
     BROKER,
+    LAKE_TABLE,
     NAMESRV,
     ProcessHarness,
     ServiceProcess,
@@ -89,9 +90,8 @@ SCREENSHOTS = ROOT / "build" / "screenshots"
 README_SHOTS = {("cluster", "desktop"): "console-cluster.png", ("group", "phone"): "console-phone.png"}
 DESKTOP = {"width": 1280, "height": 860}
 PHONE = {"width": 390, "height": 844}
-LAKE_CONF = """
-[lake]
-trigger_interval_s = 0.5
+LAKE_CONF = f"""
+{LAKE_TABLE}trigger_interval_s = 0.5
 [lake.spark_conf]
 "spark.master" = "local[1]"
 
@@ -146,7 +146,9 @@ def cluster(module_procs: ProcessHarness) -> Iterator[Cluster]:
     admin = AdminClient(config)
     api = httpx.Client(base_url=console.url + "/api", timeout=30)
     try:
-        yield Cluster(ns, broker, console, gateway, admin, config, api, work / "broker" / "lake")
+        cluster = Cluster(ns, broker, console, gateway, admin, config, api, work / "broker" / "lake")
+        _warm_up_the_lake(cluster)
+        yield cluster
     finally:
         api.close()
         admin.close()
@@ -183,6 +185,16 @@ def open_page(page: Any, base: str, route: str) -> None:
 
 def flash_text(page: Any) -> str:
     return page.locator("#flash").inner_text() if page.locator("#flash").is_visible() else ""
+
+
+def _warm_up_the_lake(c: Cluster) -> None:
+    """Wait until one message is found through the lake's index: Spark's start and the jobs' first micro-batches
+    (minutes on a loaded 2-core machine: 4 in a suite run) are over before a test's own wait for the index begins."""
+    create_topic(c, "ConsoleWarmUp", queues=1)
+    with Producer("console-warm-up", c.config) as producer:
+        producer.send(Message("ConsoleWarmUp", b"warm-up", keys=("warm-up",)))
+    wait_until(lambda: c.api.get("/messages", params={"topic": "ConsoleWarmUp", "key": "warm-up"}).json()
+               .get("messages"), 480, lambda: f"the lake's first index entry; broker log: {c.broker.log()[-2000:]}")
 
 
 def create_topic(c: Cluster, topic: str, queues: int = 2) -> None:

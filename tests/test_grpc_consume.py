@@ -32,7 +32,7 @@ from rocketmq.grpc_protocol import definition_pb2
 from rocketmq.v5.exception.client_exception import ClientException
 from spark_standalone import free_port
 
-from procs import BROKER, NAMESRV, ProcessHarness, ServiceProcess, read_all, wait_until
+from procs import BROKER, LAKE_TABLE, NAMESRV, ProcessHarness, ServiceProcess, read_all, wait_until
 from sparkmq.platform.client.admin import AdminClient
 from sparkmq.platform.client.config import ClientConfig
 from sparkmq.platform.common.protocol import POP_DEFAULT_MAX_ATTEMPTS
@@ -416,11 +416,10 @@ def test_stale_and_tampered_receipt_handles_are_refused_and_change_nothing(clust
 
 
 # -- 7. cross-protocol: query by key and trace ------------------------------------------------------------
-LAKE_CONF = """
+LAKE_CONF = f"""
 [broker]
 pop_min_invisible_ms = 1000
-[lake]
-trigger_interval_s = 0.5
+{LAKE_TABLE}trigger_interval_s = 0.5
 [lake.spark_conf]
 "spark.master" = "local[1]"
 """

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from procs import ProcessHarness, broker_restart_ports, child_env, wait_until
+from procs import LAKE_TABLE, ProcessHarness, broker_restart_ports, child_env, wait_until
 from sparkmq.platform.broker.lake_index import LakeIndex
 from sparkmq.platform.client import ClientConfig, Message, Producer
 from sparkmq.platform.common import wire
@@ -35,9 +35,8 @@ file_reserved_hours = 0.00001
 delete_when_hours = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23]
 retention_interval_ms = 200
 """
-LAKE = """
-[lake]
-trigger_interval_s = 0.5
+LAKE = f"""
+{LAKE_TABLE}trigger_interval_s = 0.5
 [lake.spark_conf]
 "spark.master" = "local[1]"
 """

@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
-from procs import ProcessHarness, ServiceProcess, child_env, wait_until
+from procs import LAKE_TABLE, ProcessHarness, ServiceProcess, child_env, wait_until
 from sparkmq.pipelines import tables
 from sparkmq.pipelines.cluster_io import Endpoints, pull_queue_range
 from sparkmq.pipelines.dispatch import dispatch_app_id
@@ -67,8 +67,7 @@ BATCH_LIMIT = 1500  # messages per micro-batch: a round's backlog takes two batc
 CONFIG = f"""
 [store]
 segment_size = 4194304
-[lake]
-trigger_interval_s = 0.2
+{LAKE_TABLE}trigger_interval_s = 0.2
 max_messages_per_trigger = {BATCH_LIMIT}
 jobs = ["dispatch", "trace", "dlq"]
 [lake.spark_conf]

@@ -1,8 +1,9 @@
 """Connection limits with real processes: 2,000 idle connections from one address on each of the broker's remoting
 and HTTP ports, plus a client trickling an HTTP request head, do not slow a well-behaved client down.
 
-The abusers connect from 127.0.0.2 and 127.0.0.3 (loopback too), the well-behaved client from 127.0.0.1.  Its
-rate (messages sent and received back per second) is measured without and with the abuse in the same test.
+The abusers connect from 127.0.0.1x and 127.0.0.2x (loopback too; a new pair for each measurement), the
+well-behaved client from 127.0.0.1.  Its rate (messages sent and received back per second) is measured without and
+with the abuse in the same test, in one of up to three measurements (tests/timing.py).
 Shown as well: beyond ``max_connections_per_ip`` connections are refused, logged once per address, not once
 per connection; idle HTTP connections and the slow head are reaped after ``http_header_timeout_s``.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from timing import holds_in_one_of
 
 from procs import ProcessHarness, ServiceProcess, fast_client_config, wait_until, write_conf
 from sparkmq.platform.client import Message, Producer, PullConsumer
@@ -70,10 +72,10 @@ def _open_count(socks: list[socket.socket]) -> int:
 class SlowHead(threading.Thread):
     """An HTTP client sending its request head one byte every 0.2 s; records when the server closed it."""
 
-    def __init__(self, target: tuple[str, int]) -> None:
+    def __init__(self, target: tuple[str, int], source: str) -> None:
         super().__init__(daemon=True)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.3", 0))
+        self.sock.bind((source, 0))
         self.sock.connect(target)
         self.started_at = time.monotonic()
         self.closed_after: float | None = None
@@ -116,6 +118,7 @@ def platform(procs: ProcessHarness, tmp_path: Path) -> Iterator[tuple[ServicePro
     yield procs.start_platform(tmp_path / "broker", "--config", str(conf))
 
 
+@pytest.mark.serial  # compares round-trip rates: a parallel neighbour's load would decide the ratio
 def test_idle_flood_and_slow_head_do_not_slow_a_well_behaved_client(platform: tuple[ServiceProcess, ServiceProcess],
                                                                     tmp_path: Path) -> None:
     namesrv, broker = platform
@@ -130,41 +133,51 @@ def test_idle_flood_and_slow_head_do_not_slow_a_well_behaved_client(platform: tu
     consumer = PullConsumer("cg-limits", config, consume_from_where="LAST_OFFSET")
     consumer.subscribe(TOPIC)
     consumer.start()
-    abusive: list[socket.socket] = []
+    # One port serves HTTP and remoting: a connection that never sends a byte is neither yet, and counts
+    # against max_connections_per_ip as a silent connection, to either address the broker names.
+    assert remoting == http, (remoting, http)
+    abusers: list[str] = []
+
+    def measure(attempt: int) -> tuple[float, float]:
+        """The round-trip rate alone, then under a fresh abuse from addresses of this attempt's own."""
+        abusive: list[socket.socket] = []
+        idle_from, slow_from = f"127.0.0.{10 + attempt}", f"127.0.0.{20 + attempt}"
+        abusers.append(idle_from)
+        try:
+            baseline = max(_round_trip_rate(producer, consumer, 2.0) for _ in range(2))
+            abusive += _open_idle(http, idle_from, IDLE)
+            slow = SlowHead(http, slow_from)
+            slow.start()
+            # Beyond the limit per address the broker refused: PER_IP silent connections stay, the rest are closed.
+            wait_until(lambda: _open_count(abusive) == PER_IP, 10,
+                       lambda: f"{PER_IP} of the silent connections open (now {_open_count(abusive)})")
+            under_abuse = max(_round_trip_rate(producer, consumer, 2.0) for _ in range(2))
+
+            # The slow head and the silent connections are reaped after the head deadline; past it, the
+            # well-behaved client still makes round trips.
+            slow.join(HEADER_TIMEOUT_S + 10)
+            assert slow.closed_after is not None and slow.closed_after < HEADER_TIMEOUT_S + 3, slow.closed_after
+            wait_until(lambda: _open_count(abusive) == 0, HEADER_TIMEOUT_S + 10, "the silent connections reaped")
+            time.sleep(HEADER_TIMEOUT_S + 1)
+            assert _round_trip_rate(producer, consumer, 1.0) > 0
+            return baseline, under_abuse
+        finally:
+            for sock in abusive:
+                with contextlib.suppress(OSError):
+                    sock.close()
+
     try:
         _round_trip_rate(producer, consumer, 1.0)  # warm-up: routes, connections
-        baseline = max(_round_trip_rate(producer, consumer, 2.0) for _ in range(2))
-
-        # One port serves HTTP and remoting: a connection that never sends a byte is neither yet, and counts
-        # against max_connections_per_ip as a silent connection, to either address the broker names.
-        assert remoting == http, (remoting, http)
-        abusive += _open_idle(http, "127.0.0.2", IDLE)
-        slow = SlowHead(http)
-        slow.start()
-        # Beyond the limit per address the broker refused: PER_IP silent connections stay, the rest are closed.
-        wait_until(lambda: _open_count(abusive) == PER_IP, 10,
-                   lambda: f"{PER_IP} of the silent connections open (now {_open_count(abusive)})")
-        under_abuse = max(_round_trip_rate(producer, consumer, 2.0) for _ in range(2))
-        print(f"round trips: {baseline:.0f} msgs/s alone, {under_abuse:.0f} msgs/s under abuse "
-              f"({under_abuse / baseline:.2f})")
-        assert under_abuse >= 0.8 * baseline, (baseline, under_abuse)
-
-        # The slow head and the silent connections are reaped after the head deadline; past it, the
-        # well-behaved client still makes round trips.
-        slow.join(HEADER_TIMEOUT_S + 10)
-        assert slow.closed_after is not None and slow.closed_after < HEADER_TIMEOUT_S + 3, slow.closed_after
-        wait_until(lambda: _open_count(abusive) == 0, HEADER_TIMEOUT_S + 10, "the silent connections reaped")
-        time.sleep(HEADER_TIMEOUT_S + 1)
-        assert _round_trip_rate(producer, consumer, 1.0) > 0
+        holds_in_one_of(measure, lambda rates: rates[1] >= 0.8 * rates[0],
+                        lambda rates: f"round trips: {rates[0]:.0f} msgs/s alone, {rates[1]:.0f} msgs/s under abuse "
+                        f"({rates[1] / rates[0]:.2f}; at least 0.80)")
     finally:
-        for sock in abusive:
-            with contextlib.suppress(OSError):
-                sock.close()
         consumer.shutdown()
         producer.shutdown()
     # Logged once per address, not once per refused connection.
     log = broker.log()
-    assert log.count("connections not yet identified: refusing connections from 127.0.0.2") == 1, log[-3000:]
+    for address in abusers:
+        assert log.count(f"connections not yet identified: refusing connections from {address}:") == 1, log[-3000:]
 
 
 def _routed(admin: AdminClient) -> bool:

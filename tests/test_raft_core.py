@@ -523,6 +523,10 @@ def test_a_new_leader_commits_older_entries_only_through_one_of_its_own(tmp_path
             back = await c.start_node(f1)
             new = await c.wait_leader(among=[old_id, f1])
             assert new.node_id == old_id and new.term > old_term
+            # Converged logs can still share the old commit offset (the leader commits its no-op once the
+            # follower's ack arrives, the follower learns it with the next append): wait for the no-op's commit.
+            await eventually(lambda: new.commit_index == new.log.last()[0] == back.commit_index, 10.0,
+                             "the new leader's no-op committed on both")
             await c.wait_converged(among=[old_id, f1])
             assert back.stats["batches_received"] >= 6  # five older entries and the no-op, one at a time
             c.assert_leaders_commit_only_their_own_terms()

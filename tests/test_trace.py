@@ -339,6 +339,9 @@ def test_broker_traces_transactions_delays_and_trace_messages_stay_untraced(tmp_
         wait_until(lambda: broker.store.max_offset("Later", 0) + broker.store.max_offset("Later", 1)
                    + broker.store.max_offset("Later", 2) + broker.store.max_offset("Later", 3) > 0, 10,
                    "the delayed message to be delivered")
+        # The delivered copy's trace event is recorded just after its put: wait for all seven
+        # (committed: half, stored, commit; rolled back: half, rollback; delayed: delayed, stored).
+        wait_until(lambda: broker.tracer.status()["recorded"] >= 7, 10, "the seven trace events")
         broker.tracer.flush()
         events: list[TraceEvent] = []
         offset = 0
