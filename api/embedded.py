@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import socket
 import threading
 import time
 import tomllib
@@ -98,6 +99,9 @@ class EmbeddedPlatform:
         self.slave_service: BrokerService | None = None
         #: Every member of the group by id with ``ha="dledger"`` (n0 is :attr:`broker_service`).
         self.member_services: dict[str, BrokerService] = {}
+        #: The Raft ports' placeholders (bound, not listening) until the members listen on them: a port merely
+        #: found free could be taken by any other process (an outgoing connection's local port) in between.
+        self._raft_port_holds: list[socket.socket] = []
         #: The embedded name server's table (read by :meth:`leader`).
         self.route_table = RouteTable(self.namesrv_config)
         self._tasks: dict[BrokerService, asyncio.Task[bool]] = {}
@@ -177,6 +181,7 @@ class EmbeddedPlatform:
                 self.slave_service = BrokerService(slave)
         except BaseException:
             namesrv_sock.close()
+            self._release_raft_ports()
             for service in self._brokers():
                 service.sock.close()
             raise
@@ -184,7 +189,9 @@ class EmbeddedPlatform:
         self._thread = threading.Thread(target=self._run, args=(namesrv_sock,), name="sparkmq-embedded",
                                         daemon=True)
         self._thread.start()
-        if not self._ready.wait(timeout):
+        ready = self._ready.wait(timeout)
+        self._release_raft_ports()
+        if not ready:
             self.stop()
             raise TimeoutError(f"the embedded platform did not start within {timeout} s")
         if self._error is not None:
@@ -194,7 +201,11 @@ class EmbeddedPlatform:
     def _member_configs(self, settings: Mapping[str, Any]) -> dict[str, BrokerConfig]:
         """The three members' configs: one group (the broker name), Raft ports picked free now."""
         base = BrokerConfig.from_mapping(settings, self._store_settings)
-        raft_ports = {member: _free_port(base.host) for member in DLEDGER_MEMBERS}
+        self._raft_port_holds = [bind_socket(base.host, 0) for _ in DLEDGER_MEMBERS]
+        for hold in self._raft_port_holds:
+            hold.set_inheritable(False)  # a process started meanwhile must not keep the port
+        raft_ports = {member: int(hold.getsockname()[1])
+                      for member, hold in zip(DLEDGER_MEMBERS, self._raft_port_holds, strict=True)}
         peers = ";".join(f"{member}-{base.host}:{port}" for member, port in raft_ports.items())
         configs = {}
         for member in DLEDGER_MEMBERS:
@@ -205,6 +216,12 @@ class EmbeddedPlatform:
             configs[member] = BrokerConfig.from_mapping(
                 {"dledger_heartbeat_ms": EMBEDDED_DLEDGER_HEARTBEAT_MS, **settings, **own}, self._store_settings)
         return configs
+
+    def _release_raft_ports(self) -> None:
+        """Close the Raft ports' placeholders (the members listen on the ports with SO_REUSEADDR beside them)."""
+        for hold in self._raft_port_holds:
+            hold.close()
+        self._raft_port_holds = []
 
     def _brokers(self) -> list[BrokerService]:
         """Every broker service built (the master or n0 first)."""
@@ -342,9 +359,3 @@ class EmbeddedPlatform:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _free_port(host: str) -> int:
-    """A port free on ``host`` now (a Raft member binds it a moment later)."""
-    with bind_socket(host, 0) as sock:
-        return int(sock.getsockname()[1])
