@@ -286,7 +286,7 @@ def test_acknowledged_sends_survive_kills_pauses_and_partitions_of_the_leader(gr
     finally:
         senders.stop()
     acked = senders.acked_now()
-    wait_until(group.converged, 60, lambda: f"the members converging: {[group.status(m) for m in MEMBERS]}")
+    wait_until(group.converged, 180, lambda: f"the members converging: {[group.status(m) for m in MEMBERS]}")
 
     # Every member's committed log holds every acknowledged body exactly once, and nothing twice.
     per_member = {}

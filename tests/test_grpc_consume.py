@@ -356,7 +356,7 @@ def test_broker_killed_mid_consumption_loses_nothing_and_redelivers_nothing_acke
             acked_before = {d.message_id for d in ledger.deliveries if d.acked}
             in_flight = {d.message_id for d in ledger.deliveries if not d.acked} - acked_before
         procs.start("broker", BROKER, *args)  # the same data dir and gRPC port
-        wait_until(lambda: set(ledger.acked_ids()) >= sent, 60,
+        wait_until(lambda: set(ledger.acked_ids()) >= sent, 180,
                    lambda: f"every message acked after the restart; {len(set(ledger.acked_ids()))} of "
                            f"{len(sent)}; {ledger.errors[-3:]}")
         time.sleep(invisible_s + 1)  # a lost ack would bring its message back now

@@ -22,7 +22,7 @@ from sparkmq.platform.client import ClientConfig, Message, Producer
 from sparkmq.platform.common import wire
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 
-pytestmark = [pytest.mark.spark, pytest.mark.cluster, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.spark, pytest.mark.cluster, pytest.mark.timeout(600)]
 
 STORE = """
 [store]
@@ -62,7 +62,7 @@ def test_lake_jobs_index_and_the_lake_tier(procs: ProcessHarness, tmp_path: Path
 
     # Findable through the index within seconds of the lake job running.
     found = wait_until(lambda: http.get("/query/messages", params={"topic": "History", "key": "key-7"}).json()
-                       .get("messages"), 120, "key-7 to be indexed")
+                       .get("messages"), 300, "key-7 to be indexed")
     assert [wire.received_from_json(m).body for m in found] == [body + b"7"]
     by_id = http.get("/query/messages", params={"msg_id": results[3].msg_id}).json()["messages"]
     assert [m["queue_offset"] for m in by_id] == [results[3].queue_offset]

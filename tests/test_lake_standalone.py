@@ -107,7 +107,7 @@ from sparkmq.pipelines import tables  # noqa: E402
 from sparkmq.platform.client import Message, SendResult  # noqa: E402
 from sparkmq.platform.common import jars  # noqa: E402
 
-pytestmark = [pytest.mark.spark, pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.spark, pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 # A name server + broker-a + broker-b (real processes) for this module.
 cluster = lake_source.cluster
@@ -294,7 +294,7 @@ def test_lake_dispatch_and_a_subscriber_on_a_standalone_cluster(cluster: Cluster
             *(f"--conf={k}={v}" for k, v in conf.items())]
     driver = Driver(argv, tmp_path, "lake")
     try:
-        wait_until(lambda: driver.alive() and dispatched(lake) >= len(sent), timeout=300,
+        wait_until(lambda: driver.alive() and dispatched(lake) >= len(sent), timeout=600,
                    what=lambda: f"the first wave in the lake; the lake's log:\n{driver.log()}", interval=0.5)
         more = send_many(cluster, 1000, start=2000)         # while the job runs: later micro-batches
         sent += more
