@@ -51,7 +51,7 @@ class RouteResolver:
         self.namesrv_addrs = tuple(namesrv_addrs)
         tls = tls or TlsSettings()
         self._scheme = tls.scheme
-        self._http = httpx.AsyncClient(timeout=timeout_s, verify=tls.client_context_if_connecting() or True,
+        self._http = httpx.AsyncClient(timeout=timeout_s, verify=tls.http_verify(),
                                        auth=signing_auth(credentials), limits=client_pool_limits())
         self._cache: dict[str, tuple[float, dict[str, Any]]] = {}
 

@@ -68,7 +68,7 @@ class _Worker:
         tls = tls or TlsSettings()
         # Signed: a name server with ACL on needs Update on Cluster for registrations (docs/security.md).
         self._client = httpx.Client(base_url=f"{tls.scheme}://{addr}", timeout=timeout_s,
-                                    verify=tls.client_context_if_connecting() or True,
+                                    verify=tls.http_verify(),
                                     auth=signing_auth(credentials), limits=client_pool_limits())
         self._wake = threading.Event()
         self._stop = threading.Event()

@@ -38,7 +38,7 @@ class SlaveSynchronizer:
         self.interval_s = interval_s
         tls = broker.config.tls  # the master's HTTP port: HTTPS when the cluster speaks TLS
         self._scheme = tls.scheme
-        self._client = httpx.Client(timeout=timeout_s, verify=tls.client_context_if_connecting() or True,
+        self._client = httpx.Client(timeout=timeout_s, verify=tls.http_verify(),
                                     limits=client_pool_limits())
         cfg = broker.config
         #: Signs the poll when the config names a super user (a master with ACL on refuses it unsigned).

@@ -28,7 +28,7 @@ from ..auth.signing import Credentials, Signer
 from ..common.errors import ErrorCode, SparkMQError
 from ..common.limits import client_pool_limits
 from ..common.protocol import PullResult, PullStatus, ReportSeries, pull_status
-from ..common.tls import TlsSettings
+from ..common.tls import TlsSettings, http_verify
 from ..common.wire import (
     ARROW_STREAM,
     PULL_HEADERS,
@@ -77,13 +77,8 @@ OFFSET_RESET = PullStatus.OFFSET_RESET
 _SOCKET_OPTIONS = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 
 
-def _verify(tls: TlsSettings | None) -> Any:
-    # httpx's ``verify``: the client's context (its CA, hostname check) for HTTPS, the default otherwise.
-    return (tls.client_context_if_connecting() if tls is not None else None) or True
-
-
 def _sync_transport(limits: httpx.Limits, tls: TlsSettings | None = None) -> httpx.HTTPTransport:
-    return httpx.HTTPTransport(limits=limits, socket_options=_SOCKET_OPTIONS, verify=_verify(tls))
+    return httpx.HTTPTransport(limits=limits, socket_options=_SOCKET_OPTIONS, verify=http_verify(tls))
 
 
 class SigningAuth(httpx.Auth):
@@ -716,7 +711,7 @@ class AsyncBrokerClient:
         self._tls = tls  # HTTPS when it connects
         self._http = httpx.AsyncClient(auth=signing_auth(credentials),
             transport=transport or httpx.AsyncHTTPTransport(limits=limits, socket_options=_SOCKET_OPTIONS,
-                                                            verify=_verify(tls)))
+                                                            verify=http_verify(tls)))
 
     async def pull(self, addr: str, topic: str, queue_id: int, offset: int, max_messages: int, *, tags: str,
                    wait_ms: int, timeout: float, group: str | None = None, client_id: str | None = None,

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["DEFAULT_HANDSHAKE_TIMEOUT_S", "TLS_RECORD_HANDSHAKE", "Listener", "TlsSettings", "create_server",
-           "start_stream_server"]
+           "http_verify", "start_stream_server"]
 
 log = logging.getLogger("sparkmq.tls")
 
@@ -170,6 +170,11 @@ class TlsSettings:
         """:meth:`client_context` when outgoing connections use TLS, else None (what ``ssl=`` arguments take)."""
         return self._client_context if self.connects else None
 
+    def http_verify(self) -> ssl.SSLContext:
+        """What an httpx client's ``verify=`` takes: :meth:`client_context` when outgoing connections use TLS,
+        else the one shared default context (see :func:`http_verify`)."""
+        return self.client_context_if_connecting() or _default_http_context()
+
     def key_pair(self) -> tuple[bytes, bytes]:
         """``(private key PEM, certificate chain PEM)``: what gRPC's server credentials take."""
         if self.cert_file is None or self.key_file is None:
@@ -216,6 +221,19 @@ async def start_stream_server(client_connected: Callable[[asyncio.StreamReader, 
         reader = asyncio.StreamReader(limit=limit, loop=loop)
         return asyncio.StreamReaderProtocol(reader, client_connected, loop=loop)
     return await create_server(factory, host, port, tls=tls)
+
+
+@functools.cache
+def _default_http_context() -> ssl.SSLContext:
+    # httpx's own default (verify=True: SSL_CERT_FILE or certifi), built once: loading the CA bundle costs about
+    # 30 ms and a megabyte, and every plaintext client would otherwise load it again for nothing.
+    import httpx
+    return httpx.create_ssl_context()
+
+
+def http_verify(tls: TlsSettings | None) -> ssl.SSLContext:
+    """``verify=`` for an httpx client of ``tls`` (None: plaintext settings): :meth:`TlsSettings.http_verify`."""
+    return (tls or TlsSettings()).http_verify()
 
 
 class _SniffingServer(asyncio.AbstractServer):
