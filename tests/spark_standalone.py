@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -52,15 +53,30 @@ def get_json(url: str, timeout: float = 5.0) -> Any:
         return json.loads(response.read())
 
 
+#: The line a Spark daemon logs once its web UI listens: "Bound MasterWebUI to 127.0.0.1, and started at URL".
+_BOUND_UI = re.compile(r"Bound \w+WebUI to \S+, and started at (http://\S+)")
+
+
 @dataclass
 class Daemon:
     """One Spark daemon process (the leader of its own process group)."""
 
     kind: str
     proc: subprocess.Popen[bytes]
-    ui_url: str
+    planned_ui_url: str
     log_path: Path
     work_dir: Path | None = None
+
+    @property
+    def ui_url(self) -> str:
+        """Where its web UI listens: what it logged once bound, else the port it was given.
+
+        Spark moves a UI to the next port when its port is taken meanwhile (another process of a parallel
+        run can take a port between :func:`free_port` and the bind), so the planned URL may be another
+        Spark's page.
+        """
+        bound = _BOUND_UI.search(self.log())
+        return bound.group(1) if bound else self.planned_ui_url
 
     def json(self) -> Any:
         """The daemon's status page as JSON (``/json``)."""
@@ -192,7 +208,7 @@ class StandaloneCluster:
                                        f"{daemon.log()[-4000:]}")
             try:
                 last = self.master_json()
-            except OSError:
+            except (OSError, ValueError):  # not listening yet, or not yet logged where it listens
                 last = None
             if last is not None:
                 alive = [w for w in last.get("workers", []) if w.get("state") == "ALIVE"]
@@ -206,7 +222,7 @@ class StandaloneCluster:
     def _worker_registered(worker: Daemon) -> bool:
         try:
             return bool(worker.json().get("masterurl"))
-        except OSError:
+        except (OSError, ValueError):
             return False
 
     def stop(self) -> None:

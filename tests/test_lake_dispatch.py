@@ -35,7 +35,7 @@ from sparkmq.platform.client import TopicRouteInfo
 from sparkmq.platform.common.codec import tag_hash
 from sparkmq.platform.common.system_topics import SCHEDULE_TOPIC, TRACE_TOPIC
 
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(420)]  # several Spark runs each, on a slow day
 
 # The same module-scoped fixtures: a name server + broker-a + broker-b, and the session with the format.
 cluster = lake_source.cluster

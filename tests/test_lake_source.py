@@ -321,14 +321,19 @@ def pull_all(cluster: Cluster, topic: str) -> list[Any]:
     # Percent-encoded by hand: the client puts %DLQ% / %RETRY% names into paths as they are.
     route = TopicRouteInfo.from_dict(topic, cluster.ns.request("GET", f"/routes/{topic_path(topic)}"))
     out = []
-    for q in route.read_queues:
-        offset = 0
-        while True:
-            result = cluster.client(q.broker_name).pull(topic, q.queue_id, offset, 32)  # the client quotes it
-            out.extend(result.messages)
-            if result.status != "FOUND":
-                break
-            offset = result.next_offset
+    clients = {name: cluster.client(name) for name in {q.broker_name for q in route.read_queues}}
+    try:
+        for q in route.read_queues:
+            offset = 0
+            while True:
+                result = clients[q.broker_name].pull(topic, q.queue_id, offset, 32)  # the client quotes it
+                out.extend(result.messages)
+                if result.status != "FOUND":
+                    break
+                offset = result.next_offset
+    finally:
+        for client in clients.values():
+            client.close()
     return out
 
 
