@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from report_guard import pytest_runtest_makereport  # noqa: F401  (a hook: registered by its name here)
 
+from procs import SLOWNESS
 from sparkmq.storage_native import implementations
 
 IMPLS = implementations()
@@ -125,10 +126,16 @@ SLOW_FILES = (
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that starts processes through the harness is marked ``cluster`` even if its module forgot to say so,
     so ``-m "not cluster"`` never runs one.  (Tests that start children another way carry the mark themselves.)
+    A test's time limit (``@pytest.mark.timeout``) stretches by :data:`procs.SLOWNESS` on a slow day.
     The files of :data:`SLOW_FILES` come first, in that order; every file's tests keep their order."""
     for item in items:
         if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())) and not item.get_closest_marker("cluster"):
             item.add_marker(pytest.mark.cluster)
+        limit = item.get_closest_marker("timeout")
+        if limit is not None and SLOWNESS > 1.0:  # a slow day stretches the limit as it stretches the waits
+            seconds = limit.kwargs.get("timeout", limit.args[0] if limit.args else None)
+            if seconds:
+                item.add_marker(pytest.mark.timeout(float(seconds) * SLOWNESS), append=False)
     rank = {name: i for i, name in enumerate(SLOW_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FILES)))   # stable: the rest keep their order
 

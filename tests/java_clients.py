@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from procs import SLOWNESS
 from sparkmq.platform.common import jars
 
 __all__ = ["DRIVERS", "JAVA_DIR", "LOGBACK_FILE", "DriverResult", "JavaClient", "JavaProgram", "java_command",
@@ -201,7 +202,8 @@ class JavaClient:
     def wait_for(self, predicate: Callable[[list[dict[str, Any]]], Any], timeout: float = 60.0,
                  what: str = "events") -> Any:
         """Wait until ``predicate(events)`` is truthy and return its value; AssertionError (with the stderr tail)
-        after ``timeout`` s or when the process ended first."""
+        after ``timeout`` s (times the day's :data:`procs.SLOWNESS`) or when the process ended first."""
+        timeout *= SLOWNESS
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:

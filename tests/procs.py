@@ -38,6 +38,10 @@ BROKER = "sparkmq.api.broker_main"
 #: The head of a test broker's ``[lake]`` table: its lake runs at the broker's own priority.  At the default
 #: (SCHED_IDLE) a test's lake would wait until a parallel test leaves a core idle.
 LAKE_TABLE = "[lake]\nnice = 0\n"
+#: How much slower the machine runs today than the day the suite's waits were set (build.py test measures it with
+#: python_echo): :func:`wait_until` bounds and pytest time limits (conftest.py) multiply by it.  Only bounds of
+#: waits stretch; what a test asserts about timings compares figures measured in the same run.
+SLOWNESS = max(1.0, float(os.environ.get("SPARKMQ_TEST_SLOWNESS") or 1.0))
 
 
 #: Settings every test service gets unless the test says otherwise: 8 MiB segments (a broker's
@@ -141,7 +145,7 @@ class ProcessHarness:
         services = []
         for kind, proc, lines, log_path, argv in pending:
             try:
-                line = lines.get(timeout=ready_timeout)
+                line = lines.get(timeout=ready_timeout * SLOWNESS)
             except queue.Empty:
                 line = ""
             service_url = line.split(" on ", 1)[1].strip() if " listening on http://" in line else ""
@@ -229,9 +233,10 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str | 
                interval: float = 0.05) -> Any:
     """Poll ``predicate`` every ``interval`` s until it returns something truthy, and return that.
 
-    After ``timeout`` s an AssertionError names ``what`` (a string, or a callable giving one: logs, partial
-    results) and the last value the predicate returned.  The suite's one polling helper.
+    After ``timeout`` s (times :data:`SLOWNESS`) an AssertionError names ``what`` (a string, or a callable giving
+    one: logs, partial results) and the last value the predicate returned.  The suite's one polling helper.
     """
+    timeout *= SLOWNESS
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

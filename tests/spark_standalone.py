@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from procs import SLOWNESS
+
 __all__ = ["Daemon", "StandaloneCluster", "free_port", "spark_home"]
 
 
@@ -198,7 +200,7 @@ class StandaloneCluster:
         return self
 
     def _wait_alive(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + timeout_s * SLOWNESS
         last: Any = None
         while time.monotonic() < deadline:
             for daemon in [self.master, *self.workers]:
