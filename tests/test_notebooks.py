@@ -10,6 +10,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from procs import SLOWNESS
+
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 
 # Each notebook runs in a Jupyter kernel: a child process.
@@ -23,13 +25,14 @@ def _kernel_env() -> None:
 
 
 def run_notebook(notebook: Any, cwd: Path, timeout: int = 300) -> list[str]:
-    """Run every cell of ``notebook`` (in place) and return one report per cell that failed or never ran.
+    """Run every cell of ``notebook`` (in place) and return one report per cell that failed or never ran; a cell
+    may take ``timeout`` s (times the day's :data:`procs.SLOWNESS`).
 
     The client does not stop at the first error (``allow_errors``), so the errors come from the outputs
     the kernel recorded: nothing else decides whether the notebook passed.
     """
     _kernel_env()
-    NotebookClient(notebook, timeout=timeout, kernel_name="python3", allow_errors=True,
+    NotebookClient(notebook, timeout=int(timeout * SLOWNESS), kernel_name="python3", allow_errors=True,
                    resources={"metadata": {"path": str(cwd)}}).execute()
     problems = []
     for index, cell in enumerate(notebook.cells):
