@@ -196,8 +196,10 @@ class BrokerService:
                     break
                 await asyncio.sleep(0.01)
             else:
-                # Only now tell the name servers where we are: the socket accepts connections.
+                # Only now tell the name servers where we are: the socket accepts connections.  Ready once they
+                # heard it (or the first attempt failed): a client asking them right away finds this broker.
                 self.broker.start_registration()
+                await asyncio.to_thread(self.broker.registration.wait_first_round)
                 on_ready(self.config.host, self.config.port)
                 if on_remoting is not None and self.broker.remoting_addr is not None:
                     on_remoting(self.broker.remoting_addr)  # after the ready line scripts wait for

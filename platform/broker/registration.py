@@ -72,6 +72,8 @@ class _Worker:
                                     auth=signing_auth(credentials), limits=client_pool_limits())
         self._wake = threading.Event()
         self._stop = threading.Event()
+        #: Set once the first registration attempt has ended, however it went.
+        self.first_round = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"sparkmq-register-{addr}", daemon=True)
 
     def start(self) -> None:
@@ -94,6 +96,7 @@ class _Worker:
         while not self._stop.is_set():
             self._wake.clear()  # before registering: a trigger during the call causes one more round
             self.register()
+            self.first_round.set()
             self._wake.wait(self._interval_s)
 
     def register(self) -> bool:
@@ -151,6 +154,17 @@ class RegistrationService:
             for worker in self._workers:
                 worker.start()
         return self
+
+    def wait_first_round(self, timeout_s: float | None = None) -> bool:
+        """Wait until the first registration attempt with every name server has ended (at most ``timeout_s``,
+        by default one request's timeout and a second); whether all ended.
+
+        A broker announces itself ready only after this, as RocketMQ's does after its first registration: a
+        client or an admin tool that asks the name servers right away then finds it (if they answered)."""
+        if not self._started:
+            return False
+        deadline = time.monotonic() + (self._timeout_s + 1 if timeout_s is None else timeout_s)
+        return all(worker.first_round.wait(max(0.0, deadline - time.monotonic())) for worker in self._workers)
 
     def trigger(self) -> None:
         """Register with every name server now (the topic table changed)."""
