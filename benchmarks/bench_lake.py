@@ -31,6 +31,13 @@ figure printed, reached or not, with its target):
   Delta log entry of the version that added it appeared: that file's modification time) minus its store
   timestamp (the broker acknowledges a send once it is stored): p50/p99/max.  Target p99 <= 1.5 s.
 
+* ``lake.commit_cost`` -- what one micro-batch's commit costs before any row: 1-row appends to a Delta
+  table (``consume_queue``'s spec) through delta-spark, alternately with Delta's idempotent-write
+  options (``txnAppId``/``txnVersion``, as dispatch writes) and without; the median seconds of each,
+  their ratio and the Spark jobs per append (no target: it explains ``lake.freshness``).  Delta looks
+  the app id up in the snapshot's reconstructed state, so an idempotent append runs the state
+  reconstruction's jobs on top of its write (``docs/lake.md``).
+
 Bodies are 100 bytes with one key each.  Brokers run with ``--no-trace`` so the figures are
 about the lake's work, not the trace topic's.  The ``--lake`` broker's Spark runs ``local[1]``
 (``--lake-master`` to change it), its dispatch job on a 0.5 s trigger.  The benchmark process holds its own
@@ -57,6 +64,7 @@ import httpx
 import numpy as np
 import psutil
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sparkmq.platform.client.remoting import BrokerClient
@@ -376,8 +384,9 @@ def wait_lake_running(addr: str, timeout: float = 240.0) -> None:
     raise RuntimeError("the broker's lake did not start")
 
 
-def visible_lags_ms(table_path: Path, since_version: int) -> np.ndarray:
-    """For every row committed after ``since_version``: when its log entry appeared minus its store time, ms."""
+def visible_lags_ms(table_path: Path, since_version: int, topic: str) -> np.ndarray:
+    """For every row of ``topic`` committed after ``since_version``: when its log entry appeared minus its store
+    time, ms.  Rows of other topics (the produce benchmark's backlog, still being dispatched) are left out."""
     log_dir = table_path / "_delta_log"
     lags = []
     for entry in sorted(log_dir.glob("*.json")):
@@ -388,7 +397,8 @@ def visible_lags_ms(table_path: Path, since_version: int) -> np.ndarray:
         files = [json.loads(raw)["add"]["path"] for raw in entry.read_text().splitlines() if '"add"' in raw]
         files = [f for f in files if f]
         for f in files:
-            t = pq.read_table(table_path / unquote(f), columns=["store_ts"])
+            t = pq.read_table(table_path / unquote(f), columns=["topic", "store_ts"])
+            t = t.filter(pc.equal(t.column("topic"), topic))
             lags.append(visible_ms - t.column("store_ts").cast(pa.int64()).to_numpy() / 1000.0)
     return np.concatenate(lags) if lags else np.array([])
 
@@ -424,10 +434,10 @@ def bench_freshness(broker: BrokerProc, rate: int, seconds: float) -> None:
     achieved = sent / (time.monotonic() - started)
     # Wait for the tail to be dispatched (bounded), then measure from the Delta log.
     deadline = time.monotonic() + 60
-    lags = visible_lags_ms(path, start_version)
+    lags = visible_lags_ms(path, start_version, "LakeFresh")
     while lags.size < sent and time.monotonic() < deadline:
         time.sleep(1.0)
-        lags = visible_lags_ms(path, start_version)
+        lags = visible_lags_ms(path, start_version, "LakeFresh")
     if lags.size == 0:
         line("lake.freshness", error="no rows became visible", sent=sent)
         return
@@ -436,6 +446,41 @@ def bench_freshness(broker: BrokerProc, rate: int, seconds: float) -> None:
          sender_behind_s=behind, p50_s=p50 / 1000, p99_s=p99 / 1000, max_s=float(lags.max()) / 1000,
          target_p99_s=TARGET_FRESHNESS_P99_S,
          reached=bool(p99 <= TARGET_FRESHNESS_P99_S * 1000 and lags.size >= sent and achieved >= 0.95 * rate))
+
+
+def bench_commit_cost(spark, root: Path, rounds: int) -> None:
+    """1-row appends with and without ``txnAppId``/``txnVersion``, alternating; medians, ratio, jobs each."""
+    from datetime import UTC, datetime
+
+    from sparkmq.pipelines import tables
+
+    tables.ensure_tables(spark, str(root / "lake-commit"), [tables.CONSUME_QUEUE])
+    path = tables.table_path(root / "lake-commit", tables.CONSUME_QUEUE)
+    schema = spark.table(f"delta.`{path}`").schema
+    tracker = spark.sparkContext.statusTracker()
+
+    def append(version: int, idempotent: bool) -> tuple[float, int]:
+        frame = spark.createDataFrame([("T", "b", 0, version, version, 1, 0, datetime.now(UTC))], schema)
+        writer = frame.write.format("delta").mode("append")
+        if idempotent:
+            writer = writer.option("txnAppId", "bench-commit").option("txnVersion", str(version))
+        group = f"bench-commit-{version}"
+        spark.sparkContext.setJobGroup(group, group)   # Delta's helper threads carry it to their jobs
+        started = time.perf_counter()
+        writer.save(path)
+        return time.perf_counter() - started, len(tracker.getJobIdsForGroup(group))
+
+    for version in range(3):  # warm-up: the first appends of a session pay for Delta's code paths
+        append(version, idempotent=version % 2 == 0)
+    timed: dict[bool, list[tuple[float, int]]] = {True: [], False: []}
+    for version in range(3, 3 + 2 * rounds):
+        idempotent = version % 2 == 1
+        timed[idempotent].append(append(version, idempotent))
+    spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    with_txn = float(np.median([s for s, _ in timed[True]]))
+    without = float(np.median([s for s, _ in timed[False]]))
+    line("lake.commit_cost", rounds=rounds, txn_s=with_txn, plain_s=without, txn_over_plain=with_txn / without,
+         txn_jobs=int(np.median([j for _, j in timed[True]])), plain_jobs=int(np.median([j for _, j in timed[False]])))
 
 
 def python_echo() -> float:
@@ -455,31 +500,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small counts for a CI smoke run")
     parser.add_argument("--only", default="",
-                        help="comma list: read,produce,freshness (default all); source = read without dispatch")
+                        help="comma list: read,produce,freshness,commit (default all); source = read without dispatch")
     parser.add_argument("--lake-master", default="local[1]",
                         help="spark.master of the broker's lake (default local[1]: one core left to delivery)")
     args = parser.parse_args()
     n = 50_000 if args.quick else 1_000_000
     produce_rounds, produce_s = (2, 1.0) if args.quick else (5, 3.0)
     fresh_rate, fresh_s = (5_000, 5.0) if args.quick else (20_000, 30.0)
-    only = set(filter(None, args.only.split(","))) or {"read", "produce", "freshness"}
+    only = set(filter(None, args.only.split(","))) or {"read", "produce", "freshness", "commit"}
     python_echo()
     root = Path(tempfile.mkdtemp(prefix="sparkmq-bench-lake-"))
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     try:
-        if only & {"read", "source"}:
+        if only & {"read", "source", "commit"}:
             from sparkmq.pipelines.session import get_spark, stop_spark
 
             namesrv = NameServerProc(root)
             brokers: list[BrokerProc] = []
             try:
-                brokers.append(BrokerProc(root, "bench-a", lake=False, namesrv=namesrv.addr))
-                brokers.append(BrokerProc(root, "bench-h", lake=False, namesrv=namesrv.addr, remoting=False))
                 spark = get_spark({"spark.master": "local[2]"}, app_name="sparkmq-bench-lake", log_level="ERROR")
                 try:
-                    bench_source_and_dispatch(spark, brokers[0], brokers[1], namesrv, root, n,
-                                              dispatch="read" in only)
+                    if only & {"read", "source"}:
+                        brokers.append(BrokerProc(root, "bench-a", lake=False, namesrv=namesrv.addr))
+                        brokers.append(BrokerProc(root, "bench-h", lake=False, namesrv=namesrv.addr, remoting=False))
+                        bench_source_and_dispatch(spark, brokers[0], brokers[1], namesrv, root, n,
+                                                  dispatch="read" in only)
+                    if "commit" in only:
+                        bench_commit_cost(spark, root, 3 if args.quick else 10)
                 finally:
                     stop_spark()
             finally:
