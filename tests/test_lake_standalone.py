@@ -6,8 +6,9 @@ processes, :mod:`test_lake_source`'s cluster) and sends a few thousand messages 
 queues.  Then two Spark applications run on the standalone master, one after the other,
 each in its own driver process:
 
-1. ``sparkmq lake --spark-master spark://...`` -- the command that runs the lake jobs for a
-   cluster (:class:`~sparkmq.pipelines.lake_service.LakeService`, :func:`~sparkmq.pipelines.dispatch.start_dispatch`).
+1. ``sparkmq lake --spark-master spark://... --job dispatch`` -- the command that runs the lake jobs for a
+   cluster (:class:`~sparkmq.pipelines.lake_service.LakeService`, :func:`~sparkmq.pipelines.dispatch.start_dispatch`),
+   here the index job only: the others would share the two 1-core executors (``test_lake_broker`` runs them all).
    It runs until the Delta tables ``messages``, ``consume_queue`` and ``message_keys`` (written by
    delta-spark on the executors, read here with delta-rs) hold every message exactly once, including a
    wave sent while it runs.
@@ -291,6 +292,7 @@ def test_lake_dispatch_and_a_subscriber_on_a_standalone_cluster(cluster: Cluster
     lake_ui = f"http://127.0.0.1:{conf['spark.ui.port']}"
     argv = [sys.executable, "-m", "sparkmq.api.cli", "lake", "--namesrv", cluster.namesrv.addr,
             "--lake-root", str(lake), "--spark-master", conf.pop("spark.master"), "--status-interval-s", "5",
+            "--job", "dispatch",   # the index only: other jobs would take its two cores (test_lake_broker runs them)
             *(f"--conf={k}={v}" for k, v in conf.items())]
     driver = Driver(argv, tmp_path, "lake")
     try:

@@ -287,6 +287,41 @@ class _Started(Exception):
     """Raised by the fake lake service: the command got as far as starting it."""
 
 
+def test_lake_runs_the_jobs_named_by_job_options(monkeypatch):
+    """``sparkmq lake --job J`` (repeatable) runs only those jobs, each once; without it every job runs; an unknown
+    job is a usage error that lists the known ones, and nothing starts."""
+    import signal
+
+    from click.testing import CliRunner
+
+    import sparkmq.pipelines.lake_service as lake_service
+    from sparkmq.api.cli import main
+
+    started: list[tuple[str, ...]] = []
+
+    class FakeLake:
+        def __init__(self, *_roots: object, jobs: tuple[str, ...], **_settings: object) -> None:
+            started.append(jobs)
+
+        def start(self, background: bool) -> None:
+            raise _Started
+
+    monkeypatch.setattr(lake_service, "LakeService", FakeLake)
+    monkeypatch.setattr(signal, "signal", lambda *_: None)  # the command's handlers must not outlive the test
+    runner = CliRunner()
+    lake = ["lake", "--namesrv", "127.0.0.1:1"]
+    for args, expected in [([], lake_service.LAKE_JOBS), (["--job", "dispatch"], ("dispatch",)),
+                           (["--job", "trace", "--job", "dispatch", "--job", "trace"], ("trace", "dispatch"))]:
+        started.clear()
+        result = runner.invoke(main, lake + args)
+        assert isinstance(result.exception, _Started) and started == [expected], (args, result.output)
+    started.clear()
+    result = runner.invoke(main, lake + ["--job", "index"])
+    assert result.exit_code == 2 and "'index' is not one of 'dispatch', 'trace', 'dlq', 'reports', 'maintenance'" \
+        in result.output, result.output
+    assert started == []
+
+
 def test_lake_and_admin_sign_with_keys_from_options_or_the_environment(monkeypatch):
     """``sparkmq lake`` hands ``--access-key`` / ``--secret-key`` (or SPARKMQ_ACCESS_KEY / SPARKMQ_SECRET_KEY, as
     ``sparkmq admin``) to the lake jobs; one without the other, or a bad one, is a usage error that never echoes

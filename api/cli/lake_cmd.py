@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from ...pipelines.lake_service import LAKE_JOBS
 from .credentials import credential_options, credentials_of
 from .output import console
 
@@ -29,11 +30,17 @@ __all__ = ["lake", "sql"]
               help="streaming checkpoints (default LAKE_ROOT/_checkpoints)")
 @click.option("--spark-master", default=None, help="spark.master (default local[*])")
 @click.option("--conf", "confs", multiple=True, help="extra Spark setting key=value (repeatable)")
+@click.option("--job", "jobs", multiple=True, type=click.Choice(LAKE_JOBS),
+              help="run only this job (repeatable; default: every job, as a broker's [lake] jobs)")
 @click.option("--status-interval-s", type=float, default=30.0, show_default=True, help="print job status this often")
 @credential_options
 def lake(namesrv: str, lake_root: Path, checkpoint_root: Path | None, spark_master: str | None,
-         confs: tuple[str, ...], status_interval_s: float, access_key: str | None, secret_key: str | None) -> None:
-    """Run the lake jobs for a whole cluster until Ctrl-C: one Spark application for many brokers."""
+         confs: tuple[str, ...], jobs: tuple[str, ...], status_interval_s: float, access_key: str | None,
+         secret_key: str | None) -> None:
+    """Run the lake jobs for a whole cluster until Ctrl-C: one Spark application for many brokers.
+
+    ``--job`` picks some of them, e.g. one application for ``dispatch`` and another for the rest, so
+    that the index keeps its cores whatever the reports cost."""
     from ...pipelines.lake_service import LakeService
 
     credentials = credentials_of(access_key, secret_key)
@@ -41,7 +48,8 @@ def lake(namesrv: str, lake_root: Path, checkpoint_root: Path | None, spark_mast
     if spark_master:
         spark_conf["spark.master"] = spark_master
     service = LakeService(lake_root, checkpoint_root or lake_root / "_checkpoints", namesrv=namesrv,
-                          spark_conf=spark_conf, job_name="cluster", credentials=credentials)
+                          spark_conf=spark_conf, job_name="cluster", credentials=credentials,
+                          jobs=tuple(dict.fromkeys(jobs)) or LAKE_JOBS)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
