@@ -420,6 +420,7 @@ LAKE_CONF = f"""
 [broker]
 pop_min_invisible_ms = 1000
 {LAKE_TABLE}trigger_interval_s = 0.5
+jobs = ["dispatch", "trace"]   # what the key lookup and the trace path read; the rest would only share the core
 [lake.spark_conf]
 "spark.master" = "local[1]"
 """

@@ -34,6 +34,7 @@ from sparkmq.platform.common.sysflag import COMPRESSED
 LAKE = """
 [lake]
 trigger_interval_s = 0.5
+jobs = ["dispatch"]   # the job the test watches; the rest would only share the core
 [lake.spark_conf]
 "spark.master" = "local[1]"
 """
