@@ -103,7 +103,7 @@ from deltalake import DeltaTable  # noqa: E402
 from spark_standalone import StandaloneCluster, get_json  # noqa: E402
 from test_lake_source import Cluster  # noqa: E402
 
-from procs import child_env, wait_until  # noqa: E402
+from procs import SLOWNESS, child_env, wait_until  # noqa: E402
 from sparkmq.pipelines import tables  # noqa: E402
 from sparkmq.platform.client import Message, SendResult  # noqa: E402
 from sparkmq.platform.common import jars  # noqa: E402
@@ -221,7 +221,9 @@ def dispatched(lake: Path) -> int:
 
 
 def api(ui: str, path: str) -> Any:
-    return get_json(f"{ui}/api/v1/applications{path}", timeout=10)
+    """GET the driver UI's REST ``path``.  Generous: in CI, beside the lake crash test, the driver's JVM shares two
+    cores with five others, and one answer took longer than 10 s."""
+    return get_json(f"{ui}/api/v1/applications{path}", timeout=60 * SLOWNESS)
 
 
 def the_app(ui: str) -> str:
