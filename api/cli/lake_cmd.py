@@ -39,8 +39,8 @@ def lake(namesrv: str, lake_root: Path, checkpoint_root: Path | None, spark_mast
          secret_key: str | None) -> None:
     """Run the lake jobs for a whole cluster until Ctrl-C: one Spark application for many brokers.
 
-    ``--job`` picks some of them, e.g. one application for ``dispatch`` and another for the rest, so
-    that the index keeps its cores whatever the reports cost."""
+    ``--job`` picks some of them, e.g. one application for ``dispatch`` and another for the rest, each
+    on executors of its own."""
     from ...pipelines.lake_service import LakeService
 
     credentials = credentials_of(access_key, secret_key)
