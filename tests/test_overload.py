@@ -42,6 +42,7 @@ from sparkmq.platform.common.message import Message, SendStatus
 from sparkmq.platform.common.protocol import PULL_OUTCOME_CODES, RequestCode
 from sparkmq.platform.remoting import Frame, RemotingConnection
 from sparkmq.platform.remoting.codec import encode_frame
+from sparkmq.platform.remoting.server import SMALL_REQUEST_BYTES
 
 TESTS = Path(__file__).parent
 MiB = 1 << 20
@@ -64,6 +65,8 @@ BUSY_ANSWER_MARGIN_S = 0.5
 FLOOD_BODY = 32 * 1024
 FLOOD_DEPTH = 512
 FLOOD_S = 8.0
+#: The steady producer's bodies: four times SMALL_REQUEST_BYTES (smaller requests are always taken).
+STEADY_BODY = 4 * SMALL_REQUEST_BYTES
 
 
 def _start_broker(procs: ProcessHarness, tmp_path: Path, namesrv: ServiceProcess, *, module: str,
@@ -229,10 +232,13 @@ def test_a_producer_faster_than_the_disk_gets_system_busy_at_once_and_nothing_ac
                     stop.wait(0.1)
 
             def steady_sends() -> None:
+                # Bodies above SMALL_REQUEST_BYTES: the broker-wide unanswered-bytes limit applies to them, so this
+                # producer meets SYSTEM_BUSY whichever limit the flood fills first on the day's machine.
                 n = 0
                 while not stop.is_set():
                     try:
-                        steady_ids.append(steady.send(Message(topic, b"steady %d" % n)).msg_id)
+                        body = (b"steady %d " % n).ljust(STEADY_BODY, b".")
+                        steady_ids.append(steady.send(Message(topic, body)).msg_id)
                     except BaseException as exc:  # noqa: BLE001  # the assertion below reports it
                         steady_errors.append(exc)
                     n += 1
