@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import cpu_accounting
 import pytest
 from report_guard import pytest_runtest_makereport  # noqa: F401  (a hook: registered by its name here)
 
@@ -210,6 +211,11 @@ def resident_pages(path: Path) -> list[bool]:
     finally:
         os.close(fd)
     return [bool(b & 1) for b in vec.raw]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each test's CPU time in the reports (:mod:`cpu_accounting`: a plugin, for its own configure and teardown)."""
+    config.pluginmanager.register(cpu_accounting, "sparkmq-cpu-accounting")
 
 
 # -- exit ---------------------------------------------------------------------------------------------------------
