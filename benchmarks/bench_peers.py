@@ -679,7 +679,7 @@ def python_echo() -> float:
 def render_table(rows: dict[str, dict[str, object]], *, stamp: str, echo: float, sizes: Sizes, rounds: int,
                  targets: dict[str, str], load: str = "") -> tuple[str, list[str], list[float]]:
     """The run's markdown table (with its heading line) and the chart's labels and ratios (e2e: its p99 ratio)."""
-    head = ["figure", "sparkmq", "peer", "ratio (sparkmq/peer)", "target", "status"]
+    head = ["figure", "sparkmq", "peer", "ratio (sparkmq/peer)", "target", "met", "measured"]
     lines = [f"# sparkmq vs Apache RocketMQ {peers.ROCKETMQ_VERSION} and Apache Kafka {peers.KAFKA_VERSION}",
              "", f"{stamp}; python_echo {echo:,.0f} msgs/s; medians of {rounds} rounds (A B A B); "
              f"sizes {sizes}" + (f"; load average {load}" if load else ""), "",
@@ -695,11 +695,22 @@ def render_table(rows: dict[str, dict[str, object]], *, stamp: str, echo: float,
             ours = f"{float(f['sparkmq_msgs_per_s']):,.0f} msgs/s"  # type: ignore[arg-type]
             theirs = f"{float(f[f'{peer}_msgs_per_s']):,.0f} msgs/s"  # type: ignore[arg-type]
             value = float(f["ratio"])  # type: ignore[arg-type]
-        lines.append(f"| peers.{figure} | {ours} | {theirs} | {value:.3g} | {targets.get(figure, '')} | "
+        target = targets.get(figure, "")
+        lines.append(f"| peers.{figure} | {ours} | {theirs} | {value:.3g} | {target} | {target_met(value, target)} | "
                      f"{f['status']} |")
         labels.append(figure)
         ratios.append(value)
     return "\n".join(lines) + "\n", labels, ratios
+
+
+def target_met(value: float, target: str) -> str:
+    """``yes`` or ``no``: whether ``value`` meets ``target`` (``ratio >= 1.5``, ``p99_ratio <= 1.0``); empty when
+    there is no target or no value (NaN)."""
+    parts = target.split()
+    if len(parts) != 3 or parts[1] not in (">=", "<=") or value != value:
+        return ""
+    bound = float(parts[2])
+    return "yes" if (value >= bound if parts[1] == ">=" else value <= bound) else "no"
 
 
 def write_chart(labels: list[str], ratios: list[float], title: str, paths: list[Path]) -> None:

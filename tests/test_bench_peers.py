@@ -99,11 +99,12 @@ def test_render_table_has_a_row_per_figure_with_its_target_and_the_chart_values(
     lines = text.splitlines()
     assert "2026-11-29 01:00 UTC; python_echo 150,000 msgs/s; medians of 1 rounds" in lines[2]
     assert lines[2].endswith("load average 1.0/2.0/3.0")
-    assert lines[4] == "| figure | sparkmq | peer | ratio (sparkmq/peer) | target | status |"
-    assert lines[6] == "| peers.rocketmq_produce_batch | 150,000 msgs/s | 100,000 msgs/s | 1.5 | ratio >= 1.5 | ok |"
-    assert lines[7] == ("| peers.rocketmq_e2e | p50 1 / p99 2 ms | p50 2 / p99 8 ms | 0.25 | p99_ratio <= 1.0 "
+    assert lines[4] == "| figure | sparkmq | peer | ratio (sparkmq/peer) | target | met | measured |"
+    assert lines[6] == ("| peers.rocketmq_produce_batch | 150,000 msgs/s | 100,000 msgs/s | 1.5 | ratio >= 1.5 | yes "
                         "| ok |")
-    assert lines[8].startswith("| peers.kafka_consume | 1 msgs/s | nan msgs/s | nan |  | peer_error")
+    assert lines[7] == ("| peers.rocketmq_e2e | p50 1 / p99 2 ms | p50 2 / p99 8 ms | 0.25 | p99_ratio <= 1.0 "
+                        "| yes | ok |")
+    assert lines[8].startswith("| peers.kafka_consume | 1 msgs/s | nan msgs/s | nan |  |  | peer_error")
     assert labels == ["rocketmq_produce_batch", "rocketmq_e2e", "kafka_consume"]
     assert ratios[:2] == [1.5, 0.25] and math.isnan(ratios[2])
 
@@ -119,3 +120,9 @@ def test_sizes_quick_are_smaller_and_the_default_drains_a_million() -> None:
     full, quick = bp.Sizes.of(False), bp.Sizes.of(True)
     assert full.drain == full.kafka == full.spark == 1_000_000
     assert quick.drain < full.drain and quick.seconds < full.seconds
+
+
+def test_target_met_reads_the_bound_and_its_direction() -> None:
+    assert bp.target_met(1.49, "ratio >= 1.5") == "no" and bp.target_met(1.5, "ratio >= 1.5") == "yes"
+    assert bp.target_met(0.4, "p99_ratio <= 1.0") == "yes" and bp.target_met(1.2, "p99_ratio <= 1.0") == "no"
+    assert bp.target_met(float("nan"), "ratio >= 1.0") == "" and bp.target_met(2.0, "") == ""
