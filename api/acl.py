@@ -22,7 +22,7 @@ import json
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -39,12 +39,14 @@ from ..platform.auth import (
     User,
 )
 from ..platform.auth.signing import CREDENTIAL_FIELDS
-from ..platform.broker.broker import Broker
 from ..platform.common import http_contract as contract
 from ..platform.common.errors import ErrorCode, SparkMQError
 from ..platform.common.protocol import RequestCode
 from ..platform.remoting import Frame
 from .params import Declared, json_body
+
+if TYPE_CHECKING:   # the name server imports this module too: not the whole broker
+    from ..platform.broker.broker import Broker
 
 __all__ = ["broker_guard", "http_access", "acl_router", "ROUTE_NEEDS", "OPEN", "SIGNED", "AnyOf", "NeedsOf",
            "RemotingNeedsOf", "remoting_access", "remoting_topic", "remoting_group"]

@@ -374,3 +374,35 @@ def test_lake_and_admin_sign_with_keys_from_options_or_the_environment(monkeypat
         result = runner.invoke(main, args, env=no_env)
         assert result.exit_code == 2 and complaint in result.output, (args, result.output)
         assert "lake-secret-1" not in result.output and "'short'" not in result.output
+
+
+def test_every_command_is_found_by_its_name_and_a_short_command_imports_only_what_it_uses():
+    """The ``sparkmq`` group lists every command and imports each one's module when it runs: ``sparkmq admin``
+    and ``produce`` never import the broker, and the name server does not either (each costs a process start
+    seconds of CPU, paid by every script line and every test that starts one)."""
+    import click
+
+    from sparkmq.api import cli
+
+    ctx = cli.main.make_context("sparkmq", ["--help"], resilient_parsing=True)
+    names = cli.main.list_commands(ctx)
+    assert names == sorted(cli.COMMANDS)
+    for name in names:
+        command = cli.main.get_command(ctx, name)
+        assert isinstance(command, click.Command) and command.name == name
+    assert cli.main.get_command(ctx, "no-such-command") is None
+
+    broker = "sparkmq.platform.broker.broker"
+    script = ("import sys, runpy\n"
+              "sys.argv = ['sparkmq', *sys.argv[1:]]\n"
+              "try:\n    runpy.run_module('sparkmq.api.cli', run_name='__main__')\n"
+              "except SystemExit:\n    pass\n"
+              f"print({broker!r} in sys.modules)\n")
+    for args in (["admin", "--help"], ["produce", "--help"], ["store", "--help"]):
+        done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120,
+                              env=child_env())
+        assert done.returncode == 0 and done.stdout.strip().endswith("False"), (args, done.stdout, done.stderr)
+    done = subprocess.run([sys.executable, "-c", "import sys, sparkmq.api.namesrv_main\n"
+                           f"print({broker!r} in sys.modules)"], capture_output=True, text=True, timeout=120,
+                          env=child_env())
+    assert done.stdout.strip() == "False", done.stderr
