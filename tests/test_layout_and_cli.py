@@ -378,8 +378,8 @@ def test_lake_and_admin_sign_with_keys_from_options_or_the_environment(monkeypat
 
 def test_every_command_is_found_by_its_name_and_a_short_command_imports_only_what_it_uses():
     """The ``sparkmq`` group lists every command and imports each one's module when it runs: ``sparkmq admin``
-    and ``produce`` never import the broker, and the name server does not either (each costs a process start
-    seconds of CPU, paid by every script line and every test that starts one)."""
+    and ``produce`` never import the broker, and the name server does not either (importing it costs seconds of
+    CPU at every start, paid by every line of a script and every test that starts one)."""
     import click
 
     from sparkmq.api import cli
