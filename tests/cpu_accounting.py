@@ -32,13 +32,24 @@ def pytest_configure(config: pytest.Config) -> None:
     global _group
     if os.environ.get("SPARKMQ_TEST_CPU_ACCOUNTING", "1") == "0" or not CPUACCT.is_dir():
         return
+    # Runs whose processes outlived pytest (a JVM stopped by an exit handler) left their cgroups behind, empty
+    # now: remove them.  Only an empty cgroup can be removed, so one in use stays.
+    for stale in CPUACCT.glob("sparkmq-tests-*"):
+        try:
+            stale.rmdir()
+        except OSError:
+            pass
     group = CPUACCT / f"sparkmq-tests-{os.getpid()}"
-    try:
-        group.mkdir(exist_ok=True)
-        (group / "cgroup.procs").write_text(str(os.getpid()))
-    except OSError:   # not root, or no cgroup v1 hierarchy: no accounting
+    for _attempt in range(2):   # a second try: another pytest's clean-up may remove it before this one moves in
+        try:
+            group.mkdir(exist_ok=True)
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+        except FileNotFoundError:
+            continue
+        except OSError:   # not root, or no cgroup v1 hierarchy: no accounting
+            return
+        _group = group
         return
-    _group = group
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

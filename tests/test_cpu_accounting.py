@@ -1,4 +1,4 @@
-"""The suite's CPU accounting (tests/cpu_accounting.py) counts what a test's own processes use."""
+"""The suite's CPU accounting (tests/cpu_accounting.py) counts what a test's own processes use, and cleans up."""
 from __future__ import annotations
 
 import os
@@ -23,6 +23,8 @@ def test_a_tests_cpu_includes_the_child_processes_it_starts(tmp_path: Path) -> N
         "import subprocess, sys\n\n"
         f"def test_busy_child():\n    subprocess.run([sys.executable, '-c', {BUSY_CHILD!r}], check=True)\n\n"
         "def test_idle():\n    pass\n")
+    stale = cpu_accounting.CPUACCT / "sparkmq-tests-0"   # an empty cgroup an earlier run left behind
+    stale.mkdir(exist_ok=True)
     report = tmp_path / "report.xml"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     env.pop("SPARKMQ_TEST_CPU_ACCOUNTING", None)
@@ -36,3 +38,4 @@ def test_a_tests_cpu_includes_the_child_processes_it_starts(tmp_path: Path) -> N
     assert cpu["test_busy_child"] >= 0.9 and cpu["test_idle"] < 0.5, cpu
     assert "CPU per test" in out and "test_busy_child" in out, out
     assert not (cpu_accounting.CPUACCT / f"sparkmq-tests-{proc.pid}").exists()  # its cgroup went with it
+    assert not stale.exists()
