@@ -229,23 +229,54 @@ def start_https(procs: ProcessHarness, kind: str, module: str, *args: str, want:
     return HttpsService(proc, found["https"], found.get("remoting"), found.get("grpc"))
 
 
+#: :func:`wait_until` pauses at least this many times the CPU a predicate call cost before the next call ...
+POLL_PAUSE_PER_CALL = 2.0
+#: ... but not longer than this for that reason (a longer ``interval`` still holds).
+MAX_COST_PAUSE_S = 1.0
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds() -> float:
+    """CPU used so far by this process (every thread: delta-rs reads on threads of its own) and by the JVM of its
+    Spark session, if it has one (a child process PySpark started: its queries run there)."""
+    spent = time.process_time()
+    if "pyspark" in sys.modules:
+        from pyspark import SparkContext
+
+        jvm = getattr(SparkContext._gateway, "proc", None)
+        if jvm is not None:
+            try:
+                fields = Path(f"/proc/{jvm.pid}/stat").read_text().rsplit(")", 1)[1].split()
+                spent += (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS   # utime + stime
+            except (OSError, IndexError, ValueError):
+                pass    # the JVM has exited
+    return spent
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str | Callable[[], str] = "condition",
                interval: float = 0.05) -> Any:
     """Poll ``predicate`` every ``interval`` s until it returns something truthy, and return that.
 
+    A predicate that costs CPU (reading Delta tables with delta-rs, a query of this process's Spark session) is
+    polled less often: the pause after a call is at least :data:`POLL_PAUSE_PER_CALL` times the CPU this process
+    and its Spark driver spent meanwhile (up to :data:`MAX_COST_PAUSE_S`), so polling takes at most about a third
+    of the CPU and the processes it waits for keep the cores.  A call that only waits (a request, a long poll)
+    costs little and keeps ``interval``.
     After ``timeout`` s (times :data:`SLOWNESS`) an AssertionError names ``what`` (a string, or a callable giving
     one: logs, partial results) and the last value the predicate returned.  The suite's one polling helper.
     """
     timeout *= SLOWNESS
     deadline = time.monotonic() + timeout
     while True:
+        cpu_before = _cpu_seconds()
         value = predicate()
         if value:
             return value
+        cost = _cpu_seconds() - cpu_before
         if time.monotonic() > deadline:
             said = what() if callable(what) else what
             raise AssertionError(f"timed out after {timeout} s waiting for {said}; last value: {value!r:.500}")
-        time.sleep(interval)
+        time.sleep(max(interval, min(POLL_PAUSE_PER_CALL * cost, MAX_COST_PAUSE_S)))
 
 
 def route_read_queues(admin: Any, topic: str) -> list[Any]:

@@ -63,6 +63,9 @@ PER_ROUND = 3000
 PER_REQUEST = 250
 DEAD_PER_ROUND = 20
 BATCH_LIMIT = 1500  # messages per micro-batch: a round's backlog takes two batches
+# The readers pause between reads: reading the three tables takes a core for about as long, and the Spark
+# drivers they watch need the cores (a reader that never paused took a third of the test's CPU).
+READER_PAUSE_S = 0.1
 
 CONFIG = f"""
 [store]
@@ -302,6 +305,7 @@ def test_a_reader_never_sees_an_index_row_before_its_message(procs: ProcessHarne
             seen.append(len(index))
             if index - messages:
                 failures.append(f"{len(index - messages)} index rows ahead of messages")
+            stop.wait(READER_PAUSE_S)
 
     thread = threading.Thread(target=reader, daemon=True)
     thread.start()
