@@ -252,6 +252,8 @@ class StandaloneCluster:
             "spark.executor.cores": str(self.cores),
             "spark.cores.max": str(self.cores * self.n_workers),
             "spark.driver.memory": "1g",
+            # Executors that live a few minutes: C2 compiling took half their CPU, more than C1's code loses.
+            "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1",
             "spark.sql.shuffle.partitions": "2",
             # Jobs start only once every executor registered (else the first batch may run on one).
             "spark.scheduler.minRegisteredResourcesRatio": "1.0",
