@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import ctypes
+import importlib
 import mmap
 import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import cpu_accounting
@@ -17,7 +19,8 @@ from procs import SLOWNESS
 from sparkmq.storage_native import implementations
 
 IMPLS = implementations()
-#: Run the store suites on every implementation that is importable; CI builds both.
+#: Run the store suites on every implementation that is importable; CI builds both, and a missing native one
+#: fails the run there (pytest_configure) instead of leaving its half of the store suites out.
 IMPL_NAMES = sorted(IMPLS)
 
 # Child processes (crash tests) must import the same sparkmq.
@@ -35,6 +38,15 @@ def need(what: str, ok: bool, why: str, *, module: bool = False) -> None:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"{what} is needed under CI: {why}", pytrace=False)
     pytest.skip(f"{what}: {why}", allow_module_level=module)
+
+
+def need_module(name: str) -> ModuleType:
+    """The module ``name``, imported; like ``pytest.importorskip``, but under CI=true its absence fails."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        need(name, False, f"it does not import ({exc})", module=True)
+        raise   # need() has skipped or failed
 
 
 @pytest.fixture(params=IMPL_NAMES)
@@ -214,8 +226,12 @@ def resident_pages(path: Path) -> list[bool]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Each test's CPU time in the reports (:mod:`cpu_accounting`: a plugin, for its own configure and teardown)."""
+    """Each test's CPU time in the reports (:mod:`cpu_accounting`: a plugin, for its own configure and teardown).
+    Under CI=true the native commit log must import: without it the store suites would run on one implementation."""
     config.pluginmanager.register(cpu_accounting, "sparkmq-cpu-accounting")
+    if os.environ.get("CI", "").lower() == "true" and "native" not in IMPLS:
+        raise pytest.UsageError("the native commit log (sparkmq.storage_native._commitlog) does not import; "
+                                "python3 build.py setup builds it")
 
 
 # -- exit ---------------------------------------------------------------------------------------------------------

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import need_module
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import bench_peers as bp  # noqa: E402  (benchmarks/ is not a package)
@@ -110,7 +112,7 @@ def test_render_table_has_a_row_per_figure_with_its_target_and_the_chart_values(
 
 
 def test_write_chart_writes_a_png(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
+    need_module("matplotlib")
     path = tmp_path / "chart.png"
     bp.write_chart(["a", "b"], [1.5, float("nan")], "title", [path])
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -23,9 +23,10 @@ import zlib
 
 import pytest
 
+from conftest import need_module
 from procs import child_env
 
-native = pytest.importorskip("sparkmq.storage_native._commitlog")
+native = need_module("sparkmq.storage_native._commitlog")
 CommitLog = native.CommitLog
 
 MiB = 1 << 20

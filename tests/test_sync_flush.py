@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import pytest
 
+from conftest import need_module
 from sparkmq.platform.common.errors import ErrorCode, SparkMQError
 from sparkmq.platform.common.message import Message
 from sparkmq.platform.store import FlushMode, MessageStore, PutStatus, StoreConfig
@@ -537,7 +538,7 @@ def test_the_checkpoint_hook_gets_only_full_flush_offsets():
 # -- the native group-commit thread ----------------------------------------------------------------------------
 def native_log(path) -> object:
     """A fresh native commit log with one record not synced yet, and that record's end offset."""
-    native = pytest.importorskip("sparkmq.storage_native._commitlog")
+    native = need_module("sparkmq.storage_native._commitlog")
     log = native.CommitLog(str(path), segment_size=4 << 20)
     log.append("T", 0, b"x" * 100)
     return log, log.max_offset
