@@ -89,9 +89,9 @@ PROCESS_FIXTURES = frozenset({"procs", "module_procs"})
 @pytest.fixture
 def procs(tmp_path: Path) -> Iterator[object]:
     """A :class:`procs.ProcessHarness` under tmp_path; every process it started is stopped (by pid) after the test."""
-    from procs import ProcessHarness
+    from procs import TEST_JAVA_OPTIONS, ProcessHarness
 
-    harness = ProcessHarness(tmp_path)
+    harness = ProcessHarness(tmp_path, TEST_JAVA_OPTIONS)
     yield harness
     harness.stop_all()
 
@@ -99,9 +99,9 @@ def procs(tmp_path: Path) -> Iterator[object]:
 @pytest.fixture(scope="module")
 def module_procs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[object]:
     """A :class:`procs.ProcessHarness` for services a whole module shares; stopped (by pid) after the module."""
-    from procs import ProcessHarness
+    from procs import TEST_JAVA_OPTIONS, ProcessHarness
 
-    harness = ProcessHarness(tmp_path_factory.mktemp(request.module.__name__.removeprefix("test_")))
+    harness = ProcessHarness(tmp_path_factory.mktemp(request.module.__name__.removeprefix("test_")), TEST_JAVA_OPTIONS)
     yield harness
     harness.stop_all()
 
