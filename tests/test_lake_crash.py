@@ -63,8 +63,8 @@ PER_ROUND = 3000
 PER_REQUEST = 250
 DEAD_PER_ROUND = 20
 BATCH_LIMIT = 1500  # messages per micro-batch: a round's backlog takes two batches
-# The readers pause between reads: reading the three tables takes a core for about as long, and the Spark
-# drivers they watch need the cores (a reader that never paused took a third of the test's CPU).
+# The visibility reader pauses between reads: reading the three tables takes a core for about as long, and the
+# Spark drivers it watches need the cores (without the pause its process took 89 s of its test's ~285 s of CPU).
 READER_PAUSE_S = 0.1
 
 CONFIG = f"""
