@@ -44,9 +44,9 @@ LAKE_TABLE = "[lake]\nnice = 0\n"
 SLOWNESS = max(1.0, float(os.environ.get("SPARKMQ_TEST_SLOWNESS") or 1.0))
 
 
-#: The JVMs of test services (a lake broker's Spark driver; the crash tests' job drivers) compile with C1 only:
-#: they live a few minutes and process little, and C2's compiling was most of their CPU.  A B A B on one day:
-#: test_lake_broker.py 287 and 267 s of CPU by default, 206 and 200 s with this.
+#: The JVMs of test services (a lake broker's Spark driver; the crash tests' job drivers; the notebooks' kernels)
+#: compile with C1 only: they live a few minutes and process little, and C2's compiling was most of their CPU.
+#: A B A B on one day: test_lake_broker.py 287 and 267 s of CPU by default, 206 and 200 s with this.
 TEST_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 #: Settings every test service gets unless the test says otherwise: 8 MiB segments (a broker's
