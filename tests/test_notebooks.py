@@ -32,8 +32,8 @@ def run_notebook(notebook: Any, cwd: Path, timeout: int = 300) -> list[str]:
     the kernel recorded: nothing else decides whether the notebook passed.
     """
     _kernel_env()
-    # The kernel's JVMs (its Spark driver, the brokers it starts) on C1 as the tests' services are: A B A B on one
-    # day, this file used 505 and 544 s of CPU by default, 383 and 382 s with it.
+    # The kernel's JVMs on C1, as the tests' services are: A B A B on one day, this file used 505 and 544 s of CPU
+    # by default, 383 and 382 s with it.
     kernel_env = dict(os.environ, JDK_JAVA_OPTIONS=TEST_JAVA_OPTIONS)
     NotebookClient(notebook, timeout=int(timeout * SLOWNESS), kernel_name="python3", allow_errors=True,
                    resources={"metadata": {"path": str(cwd)}}).execute(env=kernel_env)
