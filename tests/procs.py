@@ -44,8 +44,8 @@ LAKE_TABLE = "[lake]\nnice = 0\n"
 SLOWNESS = max(1.0, float(os.environ.get("SPARKMQ_TEST_SLOWNESS") or 1.0))
 
 
-#: The JVMs of test services (a lake broker's Spark driver; the crash tests' job drivers; the notebooks' kernels)
-#: compile with C1 only: they live a few minutes and process little, and C2's compiling was most of their CPU.
+#: The JVMs the tests start (services' Spark drivers, and those of child processes and notebook kernels) compile
+#: with C1 only: they live a few minutes and process little, and C2's compiling was most of their CPU.
 #: A B A B on one day: test_lake_broker.py 287 and 267 s of CPU by default, 206 and 200 s with this.
 TEST_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 
