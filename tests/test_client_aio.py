@@ -188,6 +188,28 @@ def test_sends_and_batches_arrive_once_with_equal_fields(platform: Platform) -> 
 
 
 @pytest.mark.cluster
+def test_a_delay_asked_by_a_property_parks_the_single_send(platform: Platform) -> None:
+    # send() packs a message as a batch of one, which the broker refuses to park: a delay property must take the
+    # other path (SEND_MESSAGE_V2), as it does for RocketMQ's clients, and be honoured.
+    topic = "aio-delay-property"
+    platform.create_topic(topic)
+
+    async def main() -> None:
+        consumer = AsyncConsumer("acg-delay", platform.config(), consume_from_where="FIRST_OFFSET")
+        consumer.subscribe(topic)
+        async with consumer, AsyncProducer("apg-delay", platform.config()) as producer:
+            delayed = await producer.send(Message(topic, b"later", properties={"DELAY": "1"}))  # level 1: 1 s
+            at_once = await producer.send(Message(topic, b"now"))
+            first, second = await take(consumer, 2)
+            assert (first.msg_id, first.body) == (at_once.msg_id, b"now")
+            assert (second.msg_id, second.body, second.topic) == (delayed.msg_id, b"later", topic)
+            assert second.properties["DELAY"] == "1"
+            assert second.store_timestamp - second.born_timestamp >= 900, "stored again when the level was due"
+
+    run(main)
+
+
+@pytest.mark.cluster
 def test_two_consumers_split_the_queues_and_a_join_rebalances_through_the_pushed_notice(platform: Platform) -> None:
     topic = "aio-pair"
     platform.create_topic(topic)

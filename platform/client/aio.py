@@ -60,7 +60,7 @@ from ..common.filtering import FILTER_TAG
 from ..common.ids import UniqueIdGenerator
 from ..common.message import Message, SendResult
 from ..common.protocol import PULL_OUTCOME_CODES, SEND_OUTCOME_CODES, PullStatus, RequestCode, ResponseCode
-from ..common.system_topics import RETRY_PREFIX, retry_topic
+from ..common.system_topics import DELAY_PROPERTIES, RETRY_PREFIX, retry_topic
 from ..common.validation import validate_group, validate_topic
 from ..common.wire import ReceivedMessage
 from ..remoting import AsyncRemotingClient, Ext, Frame, RemotingError, Reply, Response
@@ -105,6 +105,8 @@ __all__ = ["AsyncProducer", "AsyncConsumer"]
 log = logging.getLogger("sparkmq.client")
 
 T = TypeVar("T")
+#: Properties that ask for a delay: a message with any of them is not sent packed (:meth:`AsyncProducer.send`).
+_DELAY_KEYS = frozenset(DELAY_PROPERTIES)
 
 _SUCCESS = frozenset({ResponseCode.SUCCESS})
 _encode_json = msgspec.json.Encoder().encode
@@ -301,6 +303,13 @@ class AsyncProducer(_AsyncClient):
         """
         self._check_running()
         topic, body, compressed = self._prepare(msg)
+        if _DELAY_KEYS.isdisjoint(msg.properties):
+            # Packed as a batch of one (``encode_batch``, in C), as the threaded producer's ``send_async`` does: no
+            # properties string here, no Python object per message in the broker.  messaging.e2e_latency_aio,
+            # A B A B A B on one day: p99 12.6, 12.8 and 9.5 ms with SEND_MESSAGE_V2, 11.3, 9.7 and 7.4 packed.
+            wire = msg if body is msg.body else Message(msg.topic, body, msg.tags, msg.keys, msg.properties, msg.flag)
+            return (await self._send_packed(topic, [wire], compressed, timeout, sharding_key))[0]
+        # A delay asked for by a property: SEND_MESSAGE_V2, whose broker side parks it (the packed path refuses it).
         born_ms = int(time.time() * 1000)
         msg_id = self._ids.next_id(born_ms)  # kept across retries: a duplicate after a timeout has the same id
 
@@ -331,6 +340,11 @@ class AsyncProducer(_AsyncClient):
         topic, compress = check_batch(msgs, self.config.max_message_size, self.config.compress_threshold)
         wire = [Message(m.topic, zlib.compress(bytes(m.body), self.config.compress_level), m.tags, m.keys,
                         m.properties, m.flag) for m in msgs] if compress else list(msgs)
+        return await self._send_packed(topic, wire, compress, timeout, sharding_key)
+
+    async def _send_packed(self, topic: str, wire: Sequence[Message], compressed: bool, timeout: float | None,
+                           sharding_key: str | None) -> Sequence[SendResult]:
+        """SPARKMQ_SEND_PACKED of ``wire`` (validated, bodies already compressed if ``compressed``), with retries."""
         born_ms = int(time.time() * 1000)
         try:
             data, ids, _ = self._ids.with_state(
@@ -339,7 +353,7 @@ class AsyncProducer(_AsyncClient):
             raise SparkMQError(ErrorCode[exc.code], exc.message) from None
 
         async def attempt(addr: str, mq: MessageQueue, left: float) -> Sequence[SendResult]:
-            req = packed_ext(topic, len(ids), self.group, mq.queue_id, compress, sharding_key=sharding_key)
+            req = packed_ext(topic, len(ids), self.group, mq.queue_id, compressed, sharding_key=sharding_key)
             answer, offsets = decode_packed(await self._request(addr, RequestCode.SPARKMQ_SEND_PACKED, req, data, left,
                                                                 SEND_OUTCOME_CODES))
             return BatchSendResults(answer, ids, offsets)

@@ -25,12 +25,7 @@ from ...common.message import (
 from ...common.perm import is_writeable
 from ...common.protocol import MAX_MSG_ID_LENGTH
 from ...common.sysflag import COMPRESSED
-from ...common.system_topics import (
-    PROPERTY_DELAY_LEVEL,
-    PROPERTY_TIMER_DELAY_MS,
-    PROPERTY_TIMER_DELAY_SEC,
-    PROPERTY_TIMER_DELIVER_MS,
-)
+from ...common.system_topics import DELAY_PROPERTIES, PROPERTY_DELAY_LEVEL
 from ...common.validation import MAX_RECONSUME_TIMES, check_int, validate_group, validate_topic
 from ...store import AppendNote, FlushMode, MessageStore, PutResult, PutStatus
 from ..client_manager import ClientManager, MessageModel
@@ -48,16 +43,11 @@ if TYPE_CHECKING:
     from ...ha import ReplicationMaster
     from ...ha.dledger import DLedgerMember
 
-__all__ = ["SendProcessor", "Replication", "OutgoingMessage", "BatchSendResult", "PackedSendResult", "DELAY_PROPERTIES"]
+__all__ = ["SendProcessor", "Replication", "OutgoingMessage", "BatchSendResult", "PackedSendResult"]
 
 log = logging.getLogger("sparkmq.broker")
 
 _HAS_SPACE = re.compile(r"\s")
-
-#: Properties a delayed or timer send uses to ask for parking; stripped before parking.
-DELAY_PROPERTIES = (PROPERTY_DELAY_LEVEL, PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_DELAY_SEC,
-                    PROPERTY_TIMER_DELAY_MS)
-
 
 @dataclass(slots=True)
 class OutgoingMessage:

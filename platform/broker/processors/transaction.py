@@ -9,6 +9,7 @@ from ...common.errors import ErrorCode, SparkMQError
 from ...common.message import SendResult, StoredMessage
 from ...common.protocol import MAX_LONG_POLL_MS
 from ...common.system_topics import (
+    DELAY_PROPERTIES,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_TRANSACTION_CHECK_TIMES,
@@ -21,7 +22,7 @@ from ..client_manager import ClientManager
 from ..config import BrokerConfig
 from ..transaction import COMMIT, ROLLBACK, CheckRequest, TransactionService
 from .base import BrokerState, Processor, StartedServices
-from .send import DELAY_PROPERTIES, OutgoingMessage, SendProcessor
+from .send import OutgoingMessage, SendProcessor
 
 __all__ = ["TransactionProcessor"]
 
