@@ -1,10 +1,11 @@
 """The client's side of the remoting protocol (RocketMQ's, ``docs/remoting.md``): requests to one broker, and the
 requests brokers push.
 
-* Request builders and answer decoders shared by the threaded and the asyncio clients: a single send is
-  SEND_MESSAGE_V2 with RocketMQ's properties string (:func:`send_ext`), a batch sparkmq's SPARKMQ_SEND_PACKED (packed
-  by ``encode_batch`` in C), a pull SPARKMQ_PULL_PACKED (its records decoded by ``decode_records`` in C), heartbeats
-  HEART_BEAT with RocketMQ's HeartbeatData (:func:`heartbeat_data`), offsets QUERY_CONSUMER_OFFSET and sparkmq's batched
+* Request builders and answer decoders shared by the threaded and the asyncio clients: the threaded ``send`` and a
+  delayed send are SEND_MESSAGE_V2 with RocketMQ's properties string (:func:`send_ext`); a batch, ``send_async``'s
+  batches and ``AsyncProducer.send`` sparkmq's SPARKMQ_SEND_PACKED (packed by ``encode_batch`` in C); a pull
+  SPARKMQ_PULL_PACKED (its records decoded by ``decode_records`` in C), heartbeats HEART_BEAT with RocketMQ's
+  HeartbeatData (:func:`heartbeat_data`), offsets QUERY_CONSUMER_OFFSET and sparkmq's batched
   SPARKMQ_UPDATE_CONSUMER_OFFSETS, locks LOCK_BATCH_MQ / UNLOCK_BATCH_MQ, a failed message CONSUMER_SEND_MSG_BACK.
 * :class:`RemotingBrokerClient` -- one broker for the threaded clients, with the method names and results of the
   HTTP :class:`~.remoting.BrokerClient` for what producers and consumers call.  The transport is explicit: a call this
