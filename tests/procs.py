@@ -29,7 +29,7 @@ import httpx
 
 import sparkmq
 
-__all__ = ["BROKER", "NAMESRV", "ProcessHarness", "ServiceProcess", "child_env", "fast_client_config",
+__all__ = ["BROKER", "NAMESRV", "ProcessHarness", "ServiceProcess", "child_env", "jvm_child_env", "fast_client_config",
            "route_has", "wait_until"]
 
 #: The modules of the services (``python -m MODULE``).
@@ -61,6 +61,12 @@ def child_env(**extra: str) -> dict[str, str]:
                PYTHONUNBUFFERED="1")
     env.update(extra)
     return env
+
+
+def jvm_child_env(**extra: str) -> dict[str, str]:
+    """:func:`child_env` for a child that starts a short-lived JVM (a Spark driver): with
+    :data:`TEST_JAVA_OPTIONS` in ``JDK_JAVA_OPTIONS``."""
+    return child_env(JDK_JAVA_OPTIONS=TEST_JAVA_OPTIONS, **extra)
 
 
 def freeze(pid: int, timeout: float = 10.0) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lake_rows import append_rows
-from procs import TEST_JAVA_OPTIONS, child_env
+from procs import jvm_child_env
 from sparkmq.pipelines import tables
 
 pytestmark = [pytest.mark.spark, pytest.mark.cluster]  # the command runs in a child process
@@ -21,7 +21,7 @@ def _sql(lake: Path, query: str) -> list[dict]:
     # 106 s of CPU against 170, 157 and 154 s by default (A B A B A B on one day).
     result = subprocess.run(
         [sys.executable, "-m", "sparkmq.api.cli", "sql", "--lake-root", str(lake), "--json", query],
-        capture_output=True, text=True, timeout=300, env=child_env(JDK_JAVA_OPTIONS=TEST_JAVA_OPTIONS),
+        capture_output=True, text=True, timeout=300, env=jvm_child_env(),
         stdin=subprocess.DEVNULL)
     assert result.returncode == 0, result.stderr[-3000:]
     return [json.loads(line) for line in result.stdout.splitlines()]

@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
-from procs import LAKE_TABLE, TEST_JAVA_OPTIONS, ProcessHarness, ServiceProcess, child_env, wait_until
+from procs import LAKE_TABLE, ProcessHarness, ServiceProcess, jvm_child_env, wait_until
 from sparkmq.pipelines import tables
 from sparkmq.pipelines.cluster_io import Endpoints, pull_queue_range
 from sparkmq.pipelines.dispatch import dispatch_app_id
@@ -267,7 +267,7 @@ def _expected_trace_rows(addr: str) -> Counter:
 
 def _child(spec: dict[str, Any], timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(TESTS / "lake_job_child.py"), json.dumps(spec)], capture_output=True,
-                          text=True, timeout=timeout, env=child_env(JDK_JAVA_OPTIONS=TEST_JAVA_OPTIONS),
+                          text=True, timeout=timeout, env=jvm_child_env(),
                           stdin=subprocess.DEVNULL)
 
 

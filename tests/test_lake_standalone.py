@@ -103,7 +103,7 @@ from deltalake import DeltaTable  # noqa: E402
 from spark_standalone import StandaloneCluster, get_json  # noqa: E402
 from test_lake_source import Cluster  # noqa: E402
 
-from procs import SLOWNESS, TEST_JAVA_OPTIONS, child_env, wait_until  # noqa: E402
+from procs import SLOWNESS, jvm_child_env, wait_until  # noqa: E402
 from sparkmq.pipelines import tables  # noqa: E402
 from sparkmq.platform.client import Message, SendResult  # noqa: E402
 from sparkmq.platform.common import jars  # noqa: E402
@@ -137,7 +137,7 @@ class Driver:
         self.out_path, self.log_path = log_dir / f"{name}.out", log_dir / f"{name}.log"
         with self.out_path.open("wb") as out, self.log_path.open("wb") as err:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                         env=child_env(JDK_JAVA_OPTIONS=TEST_JAVA_OPTIONS),
+                                         env=jvm_child_env(),
                                          start_new_session=True)
         self.reaped = False
 
