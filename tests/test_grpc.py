@@ -352,6 +352,51 @@ def test_received_message_carries_receipt_handle_attempt_and_md5(cluster: GrpcCl
         channel.close()
 
 
+def test_a_receive_cancelled_mid_answer_releases_its_messages_at_once(cluster: GrpcCluster) -> None:
+    """A receive whose answer the client did not finish (it cancelled, or gave up at its deadline) releases what
+    it popped, as RocketMQ's proxy nacks it: the next receive gets every message within seconds, not after the
+    60 s invisible time the cancelled one asked for."""
+    topic = _topic("grpc-cancel")
+    cluster.create_topic(topic)
+    count, pad = 32, b"x" * (1024 * 1024)  # 32 MiB: more than the stream's flow-control window lets through
+    channel, stub = _stub(cluster)
+    try:
+        for i in range(count):
+            assert stub.SendMessage(_send_request(topic, b"%02d" % i + pad), metadata=_META).status.code == 20000
+    finally:
+        channel.close()
+    group = definition_pb2.Resource(name=_topic("cancel-group"))
+    queue = definition_pb2.MessageQueue(topic=definition_pb2.Resource(name=topic), id=0)
+    request = service_pb2.ReceiveMessageRequest(group=group, message_queue=queue, batch_size=32)
+    request.invisible_duration.seconds = 60
+    request.long_polling_timeout.seconds = 1
+
+    cancelled = 0
+    deadline = time.monotonic() + 10
+    while not cancelled and time.monotonic() < deadline:
+        for endpoint in cluster.grpc_addrs.values():
+            with grpc.insecure_channel(endpoint) as ch:
+                call = service_pb2_grpc.MessagingServiceStub(ch).ReceiveMessage(request, metadata=_META)
+                if next(call).status.code == definition_pb2.Code.OK:
+                    assert next(call).HasField("message")
+                    call.cancel()  # one message read, the rest of the answer abandoned
+                    cancelled += 1
+                else:
+                    list(call)
+    assert cancelled, "no receive found the messages"
+
+    seen: set[int] = set()
+    request.invisible_duration.seconds = 30
+    deadline = time.monotonic() + 15
+    while len(seen) < count and time.monotonic() < deadline:
+        for endpoint in cluster.grpc_addrs.values():
+            with grpc.insecure_channel(endpoint) as ch:
+                for answer in service_pb2_grpc.MessagingServiceStub(ch).ReceiveMessage(request, metadata=_META):
+                    if answer.HasField("message"):
+                        seen.add(int(answer.message.body[:2]))
+    assert sorted(seen) == list(range(count)), f"{count - len(seen)} messages still invisible after 15 s"
+
+
 def _queue_stubs(cluster: GrpcCluster, stub: service_pb2_grpc.MessagingServiceStub, topic: str
                  ) -> Iterator[tuple[service_pb2_grpc.MessagingServiceStub, definition_pb2.MessageQueue]]:
     """Each of the topic's queues with a stub on the broker that serves it."""

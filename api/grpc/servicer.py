@@ -71,6 +71,10 @@ _SEND_STATUS_CODES = {SendStatus.FLUSH_DISK_TIMEOUT: Code.MASTER_PERSISTENCE_TIM
                       SendStatus.FLUSH_SLAVE_TIMEOUT: Code.SLAVE_PERSISTENCE_TIMEOUT,
                       SendStatus.SLAVE_NOT_AVAILABLE: Code.HA_NOT_AVAILABLE}
 _RESOLUTIONS = {definition.TransactionResolution.COMMIT: COMMIT, definition.TransactionResolution.ROLLBACK: ROLLBACK}
+#: A receive's long poll ends this long before the client's deadline, so that its answer still reaches the client.
+POLL_DEADLINE_RESERVE_MS = 200
+#: Messages of a receive whose answer was not written are visible again after this (RocketMQ's proxy: 1 s).
+UNDELIVERED_RELEASE_MS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,14 +86,17 @@ class Call:
     peer: str
     #: Every text header (the ``authorization`` signature and its ``x-mq-date-time`` among them).
     headers: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+    #: Milliseconds left before the client's deadline when the call arrived (None: the client set none).
+    remaining_ms: int | None = None
 
     @classmethod
     def of(cls, context: grpc.aio.ServicerContext) -> Call:
         headers = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
         peer = context.peer() or ""
+        remaining_s = context.time_remaining()
         # "ipv4:127.0.0.1:5000" / "ipv6:[::1]:5000" -> the address part.
         return cls(headers.get("x-mq-client-id", ""), headers.get("x-mq-namespace", ""), peer.partition(":")[2],
-                   headers)
+                   headers, None if remaining_s is None else int(remaining_s * 1000))
 
 
 def _status_entry(code: int, message: str = "OK") -> definition.Status:
@@ -380,6 +387,8 @@ class MessagingService:
         invisible_ms = self.renewals.invisible_ms if auto_renew else duration_ms(req.invisible_duration)
         poll_ms = (duration_ms(req.long_polling_timeout) if req.HasField("long_polling_timeout")
                    else self.clients.consumer.long_polling_timeout_ms)
+        if call.remaining_ms is not None:  # answer before the client gives up, as RocketMQ's proxy bounds it
+            poll_ms = min(poll_ms, call.remaining_ms - POLL_DEADLINE_RESERVE_MS)
         expression = req.filter_expression
         kind = ExpressionType.SQL92 if expression.type == definition.FilterType.SQL else ExpressionType.TAG
         fifo = client.settings is not None and client.settings.subscription.fifo
@@ -391,14 +400,40 @@ class MessagingService:
         if not popped:
             yield service.ReceiveMessageResponse(status=_status_entry(Code.MESSAGE_NOT_FOUND, "no new message"))
             return
-        yield service.ReceiveMessageResponse(status=status_ok())
-        for item in popped:
-            if auto_renew:
-                self.renewals.track(group, topic, item.receipt_handle, item.invisible_until_ms)
-            yield service.ReceiveMessageResponse(message=to_v2_message(
-                item.message, call.namespace, receipt_handle=item.receipt_handle,
-                delivery_attempt=item.delivery_attempt, invisible_ms=invisible_ms))
-        yield service.ReceiveMessageResponse(delivery_timestamp=timestamp_of(int(time.time() * 1000)))
+        answered = False
+        try:
+            yield service.ReceiveMessageResponse(status=status_ok())
+            for item in popped:
+                if auto_renew:
+                    self.renewals.track(group, topic, item.receipt_handle, item.invisible_until_ms)
+                yield service.ReceiveMessageResponse(message=to_v2_message(
+                    item.message, call.namespace, receipt_handle=item.receipt_handle,
+                    delivery_attempt=item.delivery_attempt, invisible_ms=invisible_ms))
+            yield service.ReceiveMessageResponse(delivery_timestamp=timestamp_of(int(time.time() * 1000)))
+            answered = True
+        finally:
+            if not answered:  # cancelled or failed mid-answer: the client discards a receive it did not finish
+                self._release_undelivered(group, topic, [item.receipt_handle for item in popped])
+
+    def _release_undelivered(self, group: str, topic: str, handles: list[str]) -> None:
+        """Make a receive's messages visible again soon rather than after their invisible time (no await: this
+        runs while the receive is being cancelled)."""
+        handles = [self.renewals.settle(group, topic, handle) for handle in handles]
+        pop = self.broker.pop_processor
+
+        def release() -> None:
+            try:
+                released = pop.release(group, topic, handles, UNDELIVERED_RELEASE_MS)
+            except SparkMQError as exc:
+                log.warning("a cancelled receive's %d messages of %s/%s stay invisible: %s", len(handles), group,
+                            topic, exc)
+                return
+            log.info("a receive of %s/%s was not answered: %d of its %d messages are visible again in %d ms",
+                     group, topic, released, len(handles), UNDELIVERED_RELEASE_MS)
+        if pop.may_block:  # SYNC_FLUSH waits for the disk: not on the event loop
+            asyncio.get_running_loop().run_in_executor(None, release)
+        else:
+            release()
 
     async def ack_message(self, req: service.AckMessageRequest, call: Call) -> service.AckMessageResponse:
         """Settle received messages (one entry per receipt handle; MULTIPLE_RESULTS when they differ)."""

@@ -461,6 +461,32 @@ class PopProcessor(Processor):
         self._count(group, topic).renewed += 1
         return encode_handle(group, topic, queue_id, lease)
 
+    def release(self, group: str, topic: str, receipt_handles: Sequence[str], delay_ms: int) -> int:
+        """Make deliveries their consumer never got visible again ``delay_ms`` from now, not at the end of
+        their invisible time; how many were released.
+
+        For a receive whose answer could not be written (the client cancelled it or gave up), as RocketMQ's
+        proxy nacks those messages.  The attempt stays; handles no longer current (acked, renewed, expired)
+        are skipped.
+        """
+        self._topic(group, topic)
+        released: dict[int, list[Lease]] = {}
+        end = 0
+        with self._operation(), self._lock:
+            now = _now_ms()
+            for raw in receipt_handles:
+                try:
+                    queue_id, old = self._lease_of(group, topic, raw, now)
+                except SparkMQError:
+                    continue
+                released.setdefault(queue_id, []).append(
+                    Lease(old.offset, old.attempt, self._token(), now + delay_ms, old.max_attempts, old.msg_id))
+            for queue_id, leases in released.items():
+                cursor = self._state.queues[(group, topic, queue_id)].cursor
+                end = max(end, self._write(LeaseRecord(group, topic, queue_id, cursor, cursor, leases)))
+        self._durable(end)
+        return sum(len(leases) for leases in released.values())
+
     def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
         """Send the delivery's message to ``%DLQ%<group>`` now (the send-back path) and settle it.
 
