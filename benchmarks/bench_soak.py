@@ -16,7 +16,11 @@ when consumed and its end-to-end latency is known.  During the run:
 * broker-b's master is killed with SIGKILL at 50 % and restarted 15 s later on the same ports;
 * every 10 s: each broker's RSS, open files and threads (``/proc/<pid>``), the consumer lag the masters report
   (``/consumers/<group>/lag``), the messages overdue (acknowledged over 5 s ago and not yet consumed), and the
-  e2e p99 of the last 10 s, also per door (``<door>_overdue``, ``<door>_e2e_p99_ms``).
+  e2e p99 of the last 10 s, also per door (``<door>_overdue``, ``<door>_e2e_p99_ms``), and the gRPC client's
+  acks (``grpc_ack_p99_ms``, ``grpc_ack_max_ms``, ``grpc_ack_errors``, ``grpc_receive_errors``).
+
+A message counts as consumed when its consumer's application gets it: the push consumers' listener call, the
+HTTP pull's answer, the gRPC ``receive``'s batch (two threads receive; four acknowledge what they received).
 
 The run lasts ``--minutes`` of steady load, longer only when the last disturbance's 60 s window needs it.
 Then producers stop, consumers drain, and the figures are printed (after ``machine.python_echo``):
@@ -52,6 +56,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +93,11 @@ RAMP_S = 15.0
 SETTLE_S = 30.0
 #: Sending threads per door (each sends synchronously, one message at a time).
 SENDERS_PER_DOOR = 4
+#: Threads receiving the gRPC door's messages: a receive long-polls one broker (up to 2 s) while messages wait on
+#: the other, so one thread alone adds that wait whenever a broker has nothing new (after the kill, for instance).
+GRPC_RECEIVE_THREADS = 2
+#: Threads acknowledging the gRPC door's messages, so that the receiving threads go back to receive at once.
+GRPC_ACK_THREADS = 4
 #: The killed master stays down this long.
 RESTART_DELAY_S = 15.0
 #: After the producers stop, consumers get this long to drain before what is left counts as lost.
@@ -376,6 +386,10 @@ class Door:
         seq, latency_ms = decode_body(body)
         self.trackers[0].consumed(seq, latency_ms)
 
+    def take_figures(self) -> dict[str, float | int | None]:
+        """Figures of the door's own client since the last call, for the sample's row (none by default)."""
+        return {}
+
 
 class RemotingDoor(Door):
     """sparkmq's Python client over RocketMQ remoting: ``Producer.send`` and a ``PushConsumer``."""
@@ -495,7 +509,13 @@ class GrpcDoor(Door):
         self.configuration = ClientConfiguration(cluster.grpc_addr("broker-a"), Credentials(), request_timeout=5)
         self.producer = Producer(self.configuration, (self.topic,))
         self.producer.startup()
-        self._thread: threading.Thread | None = None
+        self._consumer: Any = None
+        self._receivers: list[threading.Thread] = []
+        self._acker = ThreadPoolExecutor(GRPC_ACK_THREADS, thread_name_prefix="soak-grpc-ack")
+        #: Each ack's round trip (ms) since the last sample, and the calls that failed.
+        self._ack_ms: list[float] = []
+        self._ack_errors = 0
+        self._receive_errors = 0
 
     def send(self, body: bytes) -> bool:
         from rocketmq import Message as GrpcMessage
@@ -511,28 +531,52 @@ class GrpcDoor(Door):
 
         consumer = SimpleConsumer(self.configuration, self.group, {self.topic: FilterExpression()}, await_duration=2)
         consumer.startup()
+        self._consumer = consumer
+
+        def ack(message: Any) -> None:
+            started = time.monotonic()
+            try:
+                consumer.ack(message)
+            except Exception:  # not settled: it comes back after its invisible time (a duplicate)
+                self._ack_errors += 1
+            self._ack_ms.append((time.monotonic() - started) * 1000)
 
         def loop() -> None:
             while not self.stopping.is_set():
                 try:
                     messages = consumer.receive(32, 30) or []
                 except Exception:  # a broker is down: receive again
+                    self._receive_errors += 1
                     time.sleep(0.5)
                     continue
+                # The application holds the whole batch once receive returns; acking each message in this thread
+                # before looking at the next would put the batch's earlier acks into the later messages' latency.
                 for message in messages:
                     self.deliver(message.body)
-                    try:
-                        consumer.ack(message)
-                    except Exception:  # not settled: it comes back after its invisible time (a duplicate)
-                        pass
-            consumer.shutdown()
-        self._thread = threading.Thread(target=loop, name="soak-grpc-consumer", daemon=True)
-        self._thread.start()
+                for message in messages:
+                    self._acker.submit(ack, message)
+        self._receivers = [threading.Thread(target=loop, name=f"soak-grpc-receive-{i}", daemon=True)
+                           for i in range(GRPC_RECEIVE_THREADS)]
+        for thread in self._receivers:
+            thread.start()
+
+    def take_figures(self) -> dict[str, float | int | None]:
+        """The acks' round trips (p99 and max) and the failed receives and acks since the last call."""
+        ack_ms, self._ack_ms = self._ack_ms, []
+        figures: dict[str, float | int | None] = {
+            "grpc_ack_p99_ms": round(percentile(ack_ms, 0.99), 2) if ack_ms else None,
+            "grpc_ack_max_ms": round(max(ack_ms), 2) if ack_ms else None,
+            "grpc_ack_errors": self._ack_errors, "grpc_receive_errors": self._receive_errors}
+        self._ack_errors = self._receive_errors = 0
+        return figures
 
     def stop(self) -> None:
         super().stop()
-        if self._thread is not None:
-            self._thread.join(30)
+        for thread in self._receivers:
+            thread.join(30)
+        self._acker.shutdown(wait=True)
+        if self._consumer is not None:
+            self._consumer.shutdown()
         self.producer.shutdown()
 
 
@@ -599,6 +643,8 @@ class Run:
     churn_joined: bool = False
     events: list[tuple[str, float]] = field(default_factory=list)
     samples: list[dict[str, float | int | None]] = field(default_factory=list)
+    #: The doors, once made: each adds its client's own figures to every sample.
+    doors: dict[str, Door] = field(default_factory=dict)
     trackers: dict[str, Tracker] = field(init=False)
     churn: Tracker = field(init=False)
 
@@ -673,6 +719,8 @@ class Run:
         row["delivered"] = len(latencies)
         row["acked_total"] = sum(t.acked_total for t in self.trackers.values())
         row["churn_joined"] = int(self.churn_joined)
+        for door in self.doors.values():
+            row.update(door.take_figures())
         self.samples.append(row)
 
 
@@ -893,6 +941,7 @@ def main() -> None:
         doors = {"remoting": RemotingDoor(cluster, [run.trackers["remoting"], churn]),
                  "http": HttpDoor(cluster, [run.trackers["http"]]),
                  "grpc": GrpcDoor(cluster, [run.trackers["grpc"]])}
+        run.doors = doors
         for door in doors.values():
             door.start_consumer()
             for _ in range(20):  # something for each master's lake to dispatch before it counts as running
