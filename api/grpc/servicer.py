@@ -424,9 +424,9 @@ class MessagingService:
         def release() -> None:
             try:
                 released = pop.release(group, topic, handles, UNDELIVERED_RELEASE_MS)
-            except SparkMQError as exc:
-                log.warning("a cancelled receive's %d messages of %s/%s stay invisible: %s", len(handles), group,
-                            topic, exc)
+            except Exception as exc:  # best effort (this runs inside the cancellation): they come back in time anyway
+                log.warning("a cancelled receive's %d messages of %s/%s stay invisible until their time: %r",
+                            len(handles), group, topic, exc)
                 return
             log.info("a receive of %s/%s was not answered: %d of its %d messages are visible again in %d ms",
                      group, topic, released, len(handles), UNDELIVERED_RELEASE_MS)
