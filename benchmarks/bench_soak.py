@@ -512,7 +512,9 @@ class GrpcDoor(Door):
         self._consumer: Any = None
         self._receivers: list[threading.Thread] = []
         self._acker = ThreadPoolExecutor(GRPC_ACK_THREADS, thread_name_prefix="soak-grpc-ack")
-        #: Each ack's round trip (ms) since the last sample, and the calls that failed.
+        #: Each ack's round trip (ms) since the last sample, and the calls that failed (under the lock: several
+        #: threads count).
+        self._figures_lock = threading.Lock()
         self._ack_ms: list[float] = []
         self._ack_errors = 0
         self._receive_errors = 0
@@ -537,16 +539,20 @@ class GrpcDoor(Door):
             started = time.monotonic()
             try:
                 consumer.ack(message)
+                failed = 0
             except Exception:  # not settled: it comes back after its invisible time (a duplicate)
-                self._ack_errors += 1
-            self._ack_ms.append((time.monotonic() - started) * 1000)
+                failed = 1
+            with self._figures_lock:
+                self._ack_errors += failed
+                self._ack_ms.append((time.monotonic() - started) * 1000)
 
         def loop() -> None:
             while not self.stopping.is_set():
                 try:
                     messages = consumer.receive(32, 30) or []
                 except Exception:  # a broker is down: receive again
-                    self._receive_errors += 1
+                    with self._figures_lock:
+                        self._receive_errors += 1
                     time.sleep(0.5)
                     continue
                 # The application holds the whole batch once receive returns; acking each message in this thread
@@ -562,13 +568,12 @@ class GrpcDoor(Door):
 
     def take_figures(self) -> dict[str, float | int | None]:
         """The acks' round trips (p99 and max) and the failed receives and acks since the last call."""
-        ack_ms, self._ack_ms = self._ack_ms, []
-        figures: dict[str, float | int | None] = {
-            "grpc_ack_p99_ms": round(percentile(ack_ms, 0.99), 2) if ack_ms else None,
-            "grpc_ack_max_ms": round(max(ack_ms), 2) if ack_ms else None,
-            "grpc_ack_errors": self._ack_errors, "grpc_receive_errors": self._receive_errors}
-        self._ack_errors = self._receive_errors = 0
-        return figures
+        with self._figures_lock:
+            ack_ms, ack_errors, receive_errors = self._ack_ms, self._ack_errors, self._receive_errors
+            self._ack_ms, self._ack_errors, self._receive_errors = [], 0, 0
+        return {"grpc_ack_p99_ms": round(percentile(ack_ms, 0.99), 2) if ack_ms else None,
+                "grpc_ack_max_ms": round(max(ack_ms), 2) if ack_ms else None,
+                "grpc_ack_errors": ack_errors, "grpc_receive_errors": receive_errors}
 
     def stop(self) -> None:
         super().stop()

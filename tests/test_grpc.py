@@ -326,17 +326,23 @@ def test_settings_handshake_is_answered_like_the_proxy(cluster: GrpcCluster) -> 
         channel.close()
 
 
+def _receive_request(topic: str, group: str, *, invisible_s: int, poll_s: int) -> service_pb2.ReceiveMessageRequest:
+    """A raw ReceiveMessage request of up to 32 messages of ``topic`` for ``group``."""
+    request = service_pb2.ReceiveMessageRequest(
+        group=definition_pb2.Resource(name=group), batch_size=32,
+        message_queue=definition_pb2.MessageQueue(topic=definition_pb2.Resource(name=topic), id=0))
+    request.invisible_duration.seconds = invisible_s
+    request.long_polling_timeout.seconds = poll_s
+    return request
+
+
 def test_received_message_carries_receipt_handle_attempt_and_md5(cluster: GrpcCluster) -> None:
     topic = _topic("grpc-receive")
     cluster.create_topic(topic)
     channel, stub = _stub(cluster)
     try:
         assert stub.SendMessage(_send_request(topic, b"digest-me"), metadata=_META).status.code == 20000
-        group = definition_pb2.Resource(name=_topic("raw-group"))
-        queue = definition_pb2.MessageQueue(topic=definition_pb2.Resource(name=topic), id=0)
-        request = service_pb2.ReceiveMessageRequest(group=group, message_queue=queue, batch_size=32)
-        request.invisible_duration.seconds = 30
-        request.long_polling_timeout.seconds = 1
+        request = _receive_request(topic, _topic("raw-group"), invisible_s=30, poll_s=1)
         messages = []
         deadline = time.monotonic() + 10
         while not messages and time.monotonic() < deadline:
@@ -365,11 +371,7 @@ def test_a_receive_cancelled_mid_answer_releases_its_messages_at_once(cluster: G
             assert stub.SendMessage(_send_request(topic, b"%02d" % i + pad), metadata=_META).status.code == 20000
     finally:
         channel.close()
-    group = definition_pb2.Resource(name=_topic("cancel-group"))
-    queue = definition_pb2.MessageQueue(topic=definition_pb2.Resource(name=topic), id=0)
-    request = service_pb2.ReceiveMessageRequest(group=group, message_queue=queue, batch_size=32)
-    request.invisible_duration.seconds = 60
-    request.long_polling_timeout.seconds = 1
+    request = _receive_request(topic, _topic("cancel-group"), invisible_s=60, poll_s=1)
 
     cancelled = 0
     deadline = time.monotonic() + 10
@@ -395,6 +397,29 @@ def test_a_receive_cancelled_mid_answer_releases_its_messages_at_once(cluster: G
                     if answer.HasField("message"):
                         seen.add(int(answer.message.body[:2]))
     assert sorted(seen) == list(range(count)), f"{count - len(seen)} messages still invisible after 15 s"
+
+
+def test_a_receive_answers_before_the_clients_deadline_when_its_long_poll_would_outlast_it(
+        cluster: GrpcCluster) -> None:
+    """The long poll ends before the call's deadline: a 4 s poll under a 3 s deadline is answered (no message)
+    instead of leaving the client with DEADLINE_EXCEEDED.  Up to three tries, since a loaded machine may take
+    longer than the 200 ms the poll leaves; without the bound every try outlasts the deadline."""
+    topic = _topic("grpc-deadline")
+    cluster.create_topic(topic)
+    request = _receive_request(topic, _topic("deadline-group"), invisible_s=30, poll_s=4)
+    outcomes = []
+    with grpc.insecure_channel(cluster.endpoint()) as ch:
+        stub = service_pb2_grpc.MessagingServiceStub(ch)
+        for _ in range(3):
+            try:
+                answers = list(stub.ReceiveMessage(request, metadata=_META, timeout=3))
+            except grpc.RpcError as exc:
+                outcomes.append(exc.code())
+                continue
+            outcomes.append(answers[0].status.code)
+            if answers[0].status.code == definition_pb2.Code.MESSAGE_NOT_FOUND:
+                break
+    assert outcomes[-1] == definition_pb2.Code.MESSAGE_NOT_FOUND, outcomes
 
 
 def _queue_stubs(cluster: GrpcCluster, stub: service_pb2_grpc.MessagingServiceStub, topic: str

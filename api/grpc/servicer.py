@@ -86,14 +86,15 @@ class Call:
     peer: str
     #: Every text header (the ``authorization`` signature and its ``x-mq-date-time`` among them).
     headers: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
-    #: Milliseconds left before the client's deadline when the call arrived (None: the client set none).
+    #: Milliseconds left before the client's deadline when the call arrived (None: the client set none, or the
+    #: call is unary: only a streamed answer, a receive's long poll, waits for it).
     remaining_ms: int | None = None
 
     @classmethod
-    def of(cls, context: grpc.aio.ServicerContext) -> Call:
+    def of(cls, context: grpc.aio.ServicerContext, *, deadline: bool = False) -> Call:
         headers = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
         peer = context.peer() or ""
-        remaining_s = context.time_remaining()
+        remaining_s = context.time_remaining() if deadline else None
         # "ipv4:127.0.0.1:5000" / "ipv6:[::1]:5000" -> the address part.
         return cls(headers.get("x-mq-client-id", ""), headers.get("x-mq-namespace", ""), peer.partition(":")[2],
                    headers, None if remaining_s is None else int(remaining_s * 1000))
@@ -643,7 +644,7 @@ def _streamed(fn: Callable[[Any, Call], AsyncIterator[Proto]], request_type: typ
     async def handle(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Proto]:
         started = False
         try:
-            async for response in fn(_parse(raw, request_type), Call.of(context)):
+            async for response in fn(_parse(raw, request_type), Call.of(context, deadline=True)):
                 started = True
                 yield response
         except Exception as exc:

@@ -30,6 +30,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import anyio.to_thread
+import msgspec
 
 from ...common.errors import ErrorCode, SparkMQError
 from ...common.filtering import SqlFilter
@@ -454,7 +455,7 @@ class PopProcessor(Processor):
         with self._operation(), self._lock:
             now = _now_ms()
             queue_id, old = self._lease_of(group, topic, receipt_handle, now)
-            lease = Lease(old.offset, old.attempt, self._token(), now + invisible_ms, old.max_attempts, old.msg_id)
+            lease = self._relet(old, now + invisible_ms)
             cursor = self._state.queues[(group, topic, queue_id)].cursor
             end = self._write(LeaseRecord(group, topic, queue_id, cursor, cursor, [lease]))
         self._durable(end)
@@ -479,8 +480,7 @@ class PopProcessor(Processor):
                     queue_id, old = self._lease_of(group, topic, raw, now)
                 except SparkMQError:
                     continue
-                released.setdefault(queue_id, []).append(
-                    Lease(old.offset, old.attempt, self._token(), now + delay_ms, old.max_attempts, old.msg_id))
+                released.setdefault(queue_id, []).append(self._relet(old, now + delay_ms))
             for queue_id, leases in released.items():
                 cursor = self._state.queues[(group, topic, queue_id)].cursor
                 end = max(end, self._write(LeaseRecord(group, topic, queue_id, cursor, cursor, leases)))
@@ -662,6 +662,10 @@ class PopProcessor(Processor):
             group, topic, queue_id = key
             self.offsets.commit(group, topic, queue_id, frontier)
             state.committed = frontier
+
+    def _relet(self, old: Lease, invisible_until: int) -> Lease:
+        """The same delivery (attempt kept) under a new token, invisible until ``invisible_until`` (lock held)."""
+        return msgspec.structs.replace(old, token=self._token(), invisible_until=invisible_until)
 
     def _token(self) -> int:
         """A new delivery's token (lock held: the generator is not shared across threads otherwise)."""
