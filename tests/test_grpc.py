@@ -422,6 +422,23 @@ def test_a_receive_answers_before_the_clients_deadline_when_its_long_poll_would_
     assert outcomes[-1] == definition_pb2.Code.MESSAGE_NOT_FOUND, outcomes
 
 
+def test_a_route_lists_the_brokers_queues_in_turns_so_round_robin_clients_alternate_brokers(
+        cluster: GrpcCluster) -> None:
+    """The official clients walk the route's queues round robin for receives and for a failed send's retry:
+    listed broker by broker, consecutive receives would long-poll one broker while the other's messages wait,
+    and retries would stay on a broker that is down."""
+    topic = _topic("grpc-route-turns")
+    cluster.create_topic(topic)
+    channel, stub = _stub(cluster)
+    try:
+        route = stub.QueryRoute(service_pb2.QueryRouteRequest(topic=definition_pb2.Resource(name=topic)),
+                                metadata=_META)
+    finally:
+        channel.close()
+    listed = [(mq.broker.name, mq.id) for mq in route.message_queues]
+    assert listed == [(broker, queue_id) for queue_id in range(QUEUES) for broker in ("broker-a", "broker-b")]
+
+
 def _queue_stubs(cluster: GrpcCluster, stub: service_pb2_grpc.MessagingServiceStub, topic: str
                  ) -> Iterator[tuple[service_pb2_grpc.MessagingServiceStub, definition_pb2.MessageQueue]]:
     """Each of the topic's queues with a stub on the broker that serves it."""

@@ -6,6 +6,7 @@ sends and POP receives go to masters.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Sequence
@@ -91,7 +92,7 @@ class RouteResolver:
         route = await self._route(topic)
         brokers = {b["broker_name"]: b for b in route.get("broker_datas", ())}
         resource = definition.Resource(name=unwrap(namespace, topic), resource_namespace=namespace)
-        queues: list[definition.MessageQueue] = []
+        per_broker: list[list[definition.MessageQueue]] = []
         for data in sorted(route.get("queue_datas", ()), key=lambda q: q["broker_name"]):
             broker = brokers.get(data["broker_name"], {})
             grpc_addr = (broker.get("grpc_addrs") or {}).get(_MASTER)
@@ -99,6 +100,8 @@ class RouteResolver:
                 continue
             endpoint = definition.Broker(name=data["broker_name"], id=0, endpoints=endpoints_of(grpc_addr))
             reads, writes, perm = data["read_queue_nums"], data["write_queue_nums"], data["perm"]
+            queues: list[definition.MessageQueue] = []
+            per_broker.append(queues)
             for queue_id in range(max(reads, writes)):
                 permission = _permission(queue_id < reads and is_readable(perm),
                                          queue_id < writes and is_writeable(perm))
@@ -106,9 +109,12 @@ class RouteResolver:
                     continue
                 queues.append(definition.MessageQueue(topic=resource, id=queue_id, permission=permission,
                                                       broker=endpoint, accept_message_types=ALL_MESSAGE_TYPES))
-        if not queues:
+        # Brokers take turns (a0 b0 a1 b1 ...): clients walk the list round robin, so consecutive receives, and a
+        # send's retry after a failure, go to the next broker rather than to another queue of the same one.
+        interleaved = [q for turn in itertools.zip_longest(*per_broker) for q in turn if q is not None]
+        if not interleaved:
             raise SparkMQError(ErrorCode.TOPIC_NOT_EXIST, f"no master broker of topic {topic!r} serves gRPC")
-        return queues
+        return interleaved
 
     async def assignments(self, topic: str, namespace: str) -> list[definition.Assignment]:
         """One readable queue per broker (a POP receive there serves every queue of that broker)."""
