@@ -20,7 +20,7 @@ when consumed and its end-to-end latency is known.  During the run:
   acks (``grpc_ack_p99_ms``, ``grpc_ack_max_ms``, ``grpc_ack_errors``, ``grpc_receive_errors``).
 
 A message counts as consumed when its consumer's application gets it: the push consumers' listener call, the
-HTTP pull's answer, the gRPC ``receive``'s batch (two threads receive; four acknowledge what they received).
+HTTP pull's answer, the gRPC ``receive``'s batch (four threads receive; four acknowledge what they received).
 
 The run lasts ``--minutes`` of steady load, longer only when the last disturbance's 60 s window needs it.
 Then producers stop, consumers drain, and the figures are printed (after ``machine.python_echo``):
@@ -94,8 +94,11 @@ SETTLE_S = 30.0
 #: Sending threads per door (each sends synchronously, one message at a time).
 SENDERS_PER_DOOR = 4
 #: Threads receiving the gRPC door's messages: a receive long-polls one broker (up to 2 s) while messages wait on
-#: the other, so one thread alone adds that wait whenever a broker has nothing new (after the kill, for instance).
-GRPC_RECEIVE_THREADS = 2
+#: the other, so two per broker: the client's round robin may send two consecutive receives to the same broker.
+GRPC_RECEIVE_THREADS = 4
+#: After a failed receive (its broker is down: it fails at once), the next receive goes to the next broker; a short
+#: pause only keeps a thread from spinning when every broker is down.
+GRPC_RECEIVE_RETRY_S = 0.1
 #: Threads acknowledging the gRPC door's messages, so that the receiving threads go back to receive at once.
 GRPC_ACK_THREADS = 4
 #: The killed master stays down this long.
@@ -553,7 +556,7 @@ class GrpcDoor(Door):
                 except Exception:  # a broker is down: receive again
                     with self._figures_lock:
                         self._receive_errors += 1
-                    time.sleep(0.5)
+                    time.sleep(GRPC_RECEIVE_RETRY_S)
                     continue
                 # The application holds the whole batch once receive returns; acking each message in this thread
                 # before looking at the next would put the batch's earlier acks into the later messages' latency.
