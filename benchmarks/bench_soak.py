@@ -16,7 +16,8 @@ when consumed and its end-to-end latency is known.  During the run:
 * broker-b's master is killed with SIGKILL at 50 % and restarted 15 s later on the same ports;
 * every 10 s: each broker's RSS, open files and threads (``/proc/<pid>``), the consumer lag the masters report
   (``/consumers/<group>/lag``), the messages overdue (acknowledged over 5 s ago and not yet consumed), and the
-  e2e p99 of the last 10 s, also per door (``<door>_overdue``, ``<door>_e2e_p99_ms``), and the gRPC client's
+  e2e p99 of the last 10 s, also per door (``<door>_overdue``, ``<door>_e2e_p99_ms``, and ``<door>_send_p99_ms``,
+  the producer's share: its acknowledged sends' round trips), and the gRPC client's
   acks (``grpc_ack_p99_ms``, ``grpc_ack_max_ms``, ``grpc_ack_errors``, ``grpc_receive_errors``).
 
 A message counts as consumed when its consumer's application gets it: the push consumers' listener call, the
@@ -357,6 +358,9 @@ class Door:
         self._seqs = itertools.count()  # shared by the door's sending threads (next() is atomic)
         self.send_errors = 0
         self.stopping = threading.Event()
+        #: Each acknowledged send's round trip (ms) since the last sample: the producer's share of the e2e latency.
+        self._send_ms: list[float] = []
+        self._send_lock = threading.Lock()
 
     def send(self, body: bytes) -> bool:
         """Send one message; whether it was acknowledged (SEND_OK)."""
@@ -373,11 +377,14 @@ class Door:
     def send_one(self) -> bool:
         """Send the next sequence number; trackers hear of it when it was acknowledged."""
         seq = next(self._seqs)
+        started = time.monotonic()
         try:
             ok = self.send(encode_body(seq))
         except Exception:  # a broker is down or slow: not acknowledged, so not expected anywhere
             ok = False
         if ok:
+            with self._send_lock:
+                self._send_ms.append((time.monotonic() - started) * 1000)
             for tracker in self.trackers:
                 tracker.acked(seq)
         else:
@@ -390,8 +397,11 @@ class Door:
         self.trackers[0].consumed(seq, latency_ms)
 
     def take_figures(self) -> dict[str, float | int | None]:
-        """Figures of the door's own client since the last call, for the sample's row (none by default)."""
-        return {}
+        """Figures of the door's own client since the last call, for the sample's row: the p99 of its
+        acknowledged sends' round trips (``<door>_send_p99_ms``); subclasses add their own."""
+        with self._send_lock:
+            send_ms, self._send_ms = self._send_ms, []
+        return {f"{self.name}_send_p99_ms": round(percentile(send_ms, 0.99), 2) if send_ms else None}
 
 
 class RemotingDoor(Door):
@@ -574,7 +584,8 @@ class GrpcDoor(Door):
         with self._figures_lock:
             ack_ms, ack_errors, receive_errors = self._ack_ms, self._ack_errors, self._receive_errors
             self._ack_ms, self._ack_errors, self._receive_errors = [], 0, 0
-        return {"grpc_ack_p99_ms": round(percentile(ack_ms, 0.99), 2) if ack_ms else None,
+        return {**super().take_figures(),
+                "grpc_ack_p99_ms": round(percentile(ack_ms, 0.99), 2) if ack_ms else None,
                 "grpc_ack_max_ms": round(max(ack_ms), 2) if ack_ms else None,
                 "grpc_ack_errors": ack_errors, "grpc_receive_errors": receive_errors}
 
