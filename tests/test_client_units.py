@@ -450,6 +450,24 @@ def test_route_queue_lists_follow_perm_and_masters_and_are_sorted() -> None:
     assert all(q.topic == "t" for q in route.read_queues)
 
 
+def test_a_master_that_refused_is_read_from_its_slave_briefly_and_pulls_there_are_held_briefly(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a master is down its queues are read from the slave, but neither the pass-over nor a pull held on the
+    slave may keep a consumer there for long once the master answers again (the soak's killed master: its new
+    messages waited for pulls parked on the slave)."""
+    monkeypatch.setattr(routes_module, "_unreachable", {})
+    route = _route([("broker-a", 2, 2, 6)], {"broker-a": {"0": "a:1", "1": "a:2"}})
+    assert route.read_addr("broker-a") == "a:1"
+    assert route.read_wait_ms("broker-a", "a:1", 15_000) == 15_000  # the master: the consumer's long poll
+    routes_module.mark_unreachable("a:1", routes_module.UNREACHABLE_PASS_OVER_S)
+    assert route.read_addr("broker-a") == "a:2"
+    assert route.read_wait_ms("broker-a", "a:2", 15_000) == 1_000  # the slave: held at most the pass-over
+    assert route.read_wait_ms("broker-a", "a:2", 300) == 300
+    wait_until(lambda: route.read_addr("broker-a") == "a:1", 1.5, "the master tried again after the pass-over")
+    only_slave = _route([("broker-a", 2, 2, 6)], {"broker-a": {"1": "a:2"}})  # the name servers dropped the master
+    assert only_slave.read_wait_ms("broker-a", "a:2", 15_000) == 1_000
+
+
 def test_default_route_covers_every_master_with_four_queues() -> None:
     route = TopicRouteInfo.default_from_cluster("new", {"brokers": {
         "broker-b": {"broker_addrs": {"0": "b:1"}}, "broker-a": {"broker_addrs": {"0": "a:1", "1": "a:2"}},

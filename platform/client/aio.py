@@ -737,14 +737,15 @@ class AsyncConsumer(_AsyncClient):
                 continue
             route = self._routes.cached(mq.topic)
             addr = route.read_addr(mq.broker_name) if route is not None else None
-            if addr is None:
+            if route is None or addr is None:
                 await asyncio.sleep(cfg.pull_error_backoff_s)
                 continue
             sub = self._subscriptions.get(mq.topic) or Subscription(mq.topic, "*", None)
             sql = sub.filter_type != FILTER_TAG
             offset = pq.next_offset
             ext = pull_ext(self.group, mq.topic, mq.queue_id, offset, cfg.pull_batch_size, expression=sub.expression,
-                           filter_type=sub.filter_type if sql else "TAG", wait_ms=cfg.long_poll_wait_ms,
+                           filter_type=sub.filter_type if sql else "TAG",
+                           wait_ms=route.read_wait_ms(mq.broker_name, addr, cfg.long_poll_wait_ms),
                            client_id=self.client_id)
             begin = time.monotonic()
             try:

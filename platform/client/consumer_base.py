@@ -365,7 +365,7 @@ class ConsumerBase(ABC):
                 continue
             route = self._routes.cached(mq.topic)
             addr = route.read_addr(mq.broker_name) if route is not None else None
-            if addr is None:
+            if route is None or addr is None:
                 await asyncio.sleep(cfg.pull_error_backoff_s)
                 continue
             sub = self._subscription_for(mq.topic)
@@ -375,7 +375,8 @@ class ConsumerBase(ABC):
                 result = await self._async.pull(
                     addr, mq.topic, mq.queue_id, offset, cfg.pull_batch_size,
                     tags=sub.expression if sub.filter_type == "TAG" else "*",
-                    wait_ms=cfg.long_poll_wait_ms, timeout=cfg.pull_timeout_s, group=self.group,
+                    wait_ms=route.read_wait_ms(mq.broker_name, addr, cfg.long_poll_wait_ms),
+                    timeout=cfg.pull_timeout_s, group=self.group,
                     client_id=self.client_id, arrow=cfg.pull_format == "arrow", filter_type=sub.filter_type,
                     expression=sub.expression, broker_name=mq.broker_name)
             except SparkMQError as exc:

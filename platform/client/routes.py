@@ -166,6 +166,14 @@ class TopicRouteInfo:
                     return addr
         return ordered[0]
 
+    def read_wait_ms(self, broker_name: str, addr: str, wait_ms: int) -> int:
+        """How long a pull at ``addr`` (from :meth:`read_addr`) may be held: ``wait_ms`` on the master; on a slave
+        at most :data:`UNREACHABLE_PASS_OVER_S`, since a pull held there while the master was down would keep
+        the consumer on the slave after the master is back, and the messages sent to it waiting."""
+        if addr == self.master_addr(broker_name):
+            return wait_ms
+        return min(wait_ms, int(UNREACHABLE_PASS_OVER_S * 1000))
+
     def all_addrs(self) -> list[str]:
         """Every broker address in the route (masters and slaves), sorted."""
         return sorted({a for by_id in self.broker_addrs.values() for a in by_id.values()})
@@ -181,8 +189,10 @@ class TopicRouteInfo:
                 == {k: dict(v) for k, v in other.broker_addrs.items()})
 
 
-#: How long a broker whose connection failed is passed over for reads before it is tried again.
-UNREACHABLE_PASS_OVER_S = 5.0
+#: How long a broker whose connection failed is passed over for reads before it is tried again (a refused
+#: connection costs nothing to retry), and the longest a pull on a slave is held (:meth:`TopicRouteInfo.read_wait_ms`):
+#: together they bound how long a consumer keeps reading a slave after its master answers again.
+UNREACHABLE_PASS_OVER_S = 1.0
 #: Brokers a connection to failed lately -> until when they are passed over for reads (process-wide:
 #: every consumer of the process moves to a slave together while a master is down, as the name servers
 #: only drop a killed master after their expiry).
