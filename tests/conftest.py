@@ -15,7 +15,7 @@ import cpu_accounting
 import pytest
 from report_guard import pytest_runtest_makereport  # noqa: F401  (a hook: registered by its name here)
 
-from procs import SLOWNESS
+from procs import SLOWNESS, TEST_SPARK_SQL_CONF
 from sparkmq.storage_native import implementations
 
 IMPLS = implementations()
@@ -160,10 +160,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def spark():
-    """The run's one SparkSession (local[2], UTC, Arrow on); stopped when the run ends."""
+    """The run's one SparkSession (local[2], UTC, Arrow on, TEST_SPARK_SQL_CONF); stopped when the run ends."""
     from sparkmq.pipelines.session import get_spark, stop_spark
 
-    session = get_spark({"spark.master": "local[2]"}, app_name="sparkmq-tests", log_level="ERROR")
+    session = get_spark({"spark.master": "local[2]", **TEST_SPARK_SQL_CONF}, app_name="sparkmq-tests",
+                        log_level="ERROR")
     yield session
     stop_spark()
 

@@ -44,10 +44,18 @@ LAKE_TABLE = "[lake]\nnice = 0\n"
 SLOWNESS = max(1.0, float(os.environ.get("SPARKMQ_TEST_SLOWNESS") or 1.0))
 
 
+#: Spark's interpreted expressions instead of generated code, in every Spark JVM of the tests (Spark's own suites
+#: run both; the results are the same).  The tests' Delta commits are a few rows each, and generating the code of
+#: the projections over Delta's log actions, again in every task, was a quarter of a session JVM's CPU samples
+#: (JFR, one-row idempotent appends).  A B on one day: test_lake_maintenance.py 418 s of CPU, 353 s with it.
+#: A test setting, as Spark documents it: users' lakes keep generated code.
+TEST_SPARK_SQL_CONF = {"spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+
 #: The JVMs the tests start (services' Spark drivers, and those of child processes and notebook kernels) compile
 #: with C1 only: they live a few minutes and process little, and C2's compiling was most of their CPU.
 #: A B A B on one day: test_lake_broker.py 287 and 267 s of CPU by default, 206 and 200 s with this.
-TEST_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+#: They also get :data:`TEST_SPARK_SQL_CONF`, as system properties (a SparkConf reads ``spark.*`` ones).
+TEST_JAVA_OPTIONS = " ".join(["-XX:TieredStopAtLevel=1", *(f"-D{k}={v}" for k, v in TEST_SPARK_SQL_CONF.items())])
 
 #: Settings every test service gets unless the test says otherwise: 8 MiB segments (a broker's
 #: default 1 GiB segment is allocated up front; dozens of test brokers would write tens of GiB).
