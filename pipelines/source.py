@@ -197,9 +197,17 @@ SOURCE_SCHEMA_DDL = ", ".join(f"{f.name} {f.dataType.simpleString()}{'' if f.nul
 #: Reserved topics that exist on every broker but are not something a subscriber reads
 #: (RocketMQ's auto-create template topic; the rest is ``is_system_topic``).
 _TEMPLATE_TOPICS = frozenset({"TBW102"})
-#: Properties the source shows as columns, left out of ``properties`` unless ``raw``.
-_COLUMN_PROPERTIES = pa.array([PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQUE_ID])
-_NO_PROPERTIES = pa.array([], type=pa.string())
+
+
+@cache
+def _hidden_properties(raw: bool) -> pa.Array:
+    """Properties left out of ``properties``: none when ``raw``, else those the source shows as columns.
+
+    Built on first use, not at import: ``pa.array`` of a list imports pandas (pyarrow checks lists for pandas
+    objects), half a second that Spark's planner and stream-runner workers, which never read rows, need not pay.
+    """
+    return pa.array([] if raw else [PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQUE_ID], type=pa.string())
+
 
 #: Pull statuses (docs/http-api.md).
 _FOUND, _NO_NEW, _NO_MATCHED = "FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG"
@@ -525,7 +533,7 @@ def to_source_batch(pulled: pa.Table, raw: bool = False) -> pa.RecordBatch:
         if n and pc.any(compressed).as_py():
             body = pa.array([inflate(b, f) for b, f in zip(body.to_pylist(), sys_flag.to_pylist(), strict=True)],
                             type=pa.binary())
-    props = _properties(props, _NO_PROPERTIES if raw else _COLUMN_PROPERTIES)
+    props = _properties(props, _hidden_properties(raw))
     columns = {
         "topic": col("topic"), "broker": col("broker_name"), "queue_id": col("queue_id"),
         "queue_offset": col("queue_offset"), "msg_id": col("msg_id"), "offset_msg_id": col("offset_msg_id"),

@@ -8,6 +8,8 @@ import doctest
 import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -1398,3 +1400,19 @@ def test_an_idle_pooled_connection_is_dropped_by_the_client_before_the_server_wo
         client.close()
         server.shutdown()
         server.server_close()
+
+
+def test_the_spark_source_imports_without_the_whole_client_or_pandas() -> None:
+    """Spark starts a Python process for each planner and stream runner of the ``sparkmq`` source, and each
+    imports it: the client package hands out its names on first use, and nothing at import builds Arrow arrays
+    from lists (pyarrow then imports pandas).  Every public name of the package still resolves."""
+    probe = ("import sys, sparkmq.pipelines.source, sparkmq.platform.client as client\n"
+             "heavy = sorted(m for m in ('pandas', 'sparkmq.platform.client.admin', 'sparkmq.platform.client.aio',"
+             " 'sparkmq.platform.client.push_consumer') if m in sys.modules)\n"
+             "names = [getattr(client, n) for n in client.__all__]\n"
+             "print(heavy, all(n in dir(client) for n in client.__all__), len(names) == len(client.__all__))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split() == ["[]", "True", "True"], done.stdout + done.stderr
+    from sparkmq.platform import client
+    with pytest.raises(AttributeError, match="has no attribute 'NoSuchName'"):
+        _ = client.NoSuchName  # type: ignore[attr-defined]
