@@ -204,7 +204,7 @@ def _hidden_properties(raw: bool) -> pa.Array:
     """Properties left out of ``properties``: none when ``raw``, else those the source shows as columns.
 
     Built on first use, not at import: ``pa.array`` of a list imports pandas (pyarrow checks lists for pandas
-    objects), half a second that Spark's planner and stream-runner workers, which never read rows, need not pay.
+    objects), 0.4 s here that Spark's planner and stream-runner workers, which never read rows, need not pay.
     """
     return pa.array([] if raw else [PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQUE_ID], type=pa.string())
 

@@ -108,6 +108,7 @@ _EXPORTS: dict[str, str] = {
 
 
 def __getattr__(name: str) -> Any:
+    """A public name of the package, imported from its submodule on first use (``AttributeError`` otherwise)."""
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -117,6 +118,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
+    """The package's names, those not imported yet included."""
     return sorted(set(globals()) | set(_EXPORTS))
 
 

@@ -46,7 +46,7 @@ _HEADER_DTYPE = np.dtype([(name, _NUMPY_CODES.get(code, f"V{count}")) for name, 
                           zip(RECORD_FIELDS, re.findall(r"(\d*)([Iiqs])", RECORD_HEADER.format), strict=True)])
 assert _HEADER_DTYPE.itemsize == RECORD_HEADER_SIZE
 # Built from typed empty arrays: from_pylist would import pandas (pyarrow checks lists for pandas objects),
-# half a second in every process that imports this module, Spark's Python workers among them.
+# 0.4 s here in every process that imports this module, Spark's Python workers among them.
 EMPTY_PULL_BATCH = pa.record_batch([pa.nulls(0, field.type) for field in PULL_SCHEMA], schema=PULL_SCHEMA)
 _PROPERTY_MAP = PULL_SCHEMA.field("properties").type
 #: Bytes an Arrow binary/string view element holds inline (longer values point into a buffer).
